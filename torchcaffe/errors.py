@@ -1,0 +1,130 @@
+"""The one tree of errors torchcaffe raises.
+
+Every message says where the problem is (file, layer), what was expected and what was found,
+and, where one exists, what to do next — in the manner of Caffe's "rename the layer" hint.
+Format: ``"{path}: layer '{name}' ({type}): {what}; expected {x}, got {y}. {hint}"``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TorchCaffeError(Exception):
+    """Root of every error torchcaffe raises on bad input."""
+
+    def __init__(
+        self,
+        what: str,
+        *,
+        path: str | None = None,
+        layer: str | None = None,
+        layer_type: str | None = None,
+        expected: Any = None,
+        got: Any = None,
+        hint: str | None = None,
+    ) -> None:
+        self.what = what
+        self.path = None if path is None else str(path)
+        self.layer = layer
+        self.layer_type = layer_type
+        self.expected = expected
+        self.got = got
+        self.hint = hint
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        parts = []
+        if self.path:
+            parts.append(f"{self.path}: ")
+        if self.layer is not None:
+            kind = f" ({self.layer_type})" if self.layer_type else ""
+            parts.append(f"layer '{self.layer}'{kind}: ")
+        parts.append(self.what)
+        if self.expected is not None or self.got is not None:
+            parts.append(f"; expected {self.expected}, got {self.got}")
+        if self.hint:
+            parts.append(f". {self.hint}")
+        return "".join(parts)
+
+    def located(self, *, path: str | None = None, layer: str | None = None,
+                layer_type: str | None = None) -> TorchCaffeError:
+        """Fill in the location where the raiser did not know it; returns self for ``raise``."""
+        if path is not None and self.path is None:
+            self.path = str(path)
+        if layer is not None and self.layer is None:
+            self.layer = layer
+        if layer_type is not None and self.layer_type is None:
+            self.layer_type = layer_type
+        self.args = (self._format(),)
+        return self
+
+    def __str__(self) -> str:
+        return self._format()
+
+
+class PrototxtError(TorchCaffeError):
+    """A text or binary proto file that does not parse; carries line and column when known."""
+
+    def __init__(self, what: str, *, path: str | None = None, line: int | None = None,
+                 column: int | None = None, **kw: Any) -> None:
+        self.line = line
+        self.column = column
+        super().__init__(what, path=path, **kw)
+
+    def _format(self) -> str:
+        if self.path and self.line is not None:
+            loc = f"{self.path}:{self.line}" + (f":{self.column}" if self.column else "")
+            saved, self.path = self.path, None
+            try:
+                return f"{loc}: {super()._format()}"
+            finally:
+                self.path = saved
+        return super()._format()
+
+
+class UnknownLayerTypeError(TorchCaffeError):
+    """A layer type string no registered layer answers to; lists close matches."""
+
+    def __init__(self, type_name: str, close_matches: list[str] | tuple[str, ...] = (),
+                 **kw: Any) -> None:
+        self.type_name = type_name
+        self.close_matches = list(close_matches)
+        hint = (f"did you mean {', '.join(repr(m) for m in self.close_matches)}?"
+                if self.close_matches else
+                "see torchcaffe.layer_type_list() for the supported types")
+        kw.setdefault("hint", hint)
+        kw.setdefault("layer_type", type_name)
+        super().__init__(f"unknown layer type {type_name!r}", **kw)
+
+
+class LayerParamError(TorchCaffeError):
+    """A layer's parameters (or bottom shapes) that Caffe would reject at SetUp."""
+
+
+class BlobWiringError(TorchCaffeError):
+    """Net wiring Caffe rejects: unknown bottom, duplicate top, wrong bottom/top count."""
+
+
+class WeightsError(TorchCaffeError):
+    """A caffemodel / HDF5 weights file that does not fit the net."""
+
+
+class UnsupportedError(TorchCaffeError, NotImplementedError):
+    """Input that is valid Caffe but that torchcaffe does not implement (yet)."""
+
+
+class SolverError(TorchCaffeError):
+    """A solver definition or solver state that Caffe would reject."""
+
+
+class DataError(TorchCaffeError):
+    """A data source (DB, image list, HDF5 file, mean file) that cannot be read as asked."""
+
+
+class DeviceError(TorchCaffeError):
+    """A device request the machine cannot serve (e.g. GPU calls without CUDA)."""
+
+
+class TrustError(TorchCaffeError):
+    """Code from a model directory (Python layers) that the user has not opted in to run."""

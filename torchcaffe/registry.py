@@ -1,0 +1,70 @@
+"""Caffe layer type string -> layer class, as Caffe's LayerRegistry.
+
+The key is the exact V2 type string ("InnerProduct"); V1 enum names are mapped by
+``io/upgrade.py`` and never reach the registry. Registration happens by importing
+``torchcaffe.layers`` (an explicit list of modules).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from .errors import TorchCaffeError, UnknownLayerTypeError
+
+if TYPE_CHECKING:
+    from .layers.base import CaffeLayer
+
+_LAYERS: dict[str, type[CaffeLayer]] = {}
+
+L = TypeVar("L", bound=type)
+
+
+class RegistryError(TorchCaffeError):
+    """Two classes claim one Caffe type string (a programming error in torchcaffe)."""
+
+
+def register_layer(caffe_type: str) -> Callable[[L], L]:
+    """Class decorator: make ``cls`` the implementation of ``caffe_type``."""
+
+    def deco(cls: L) -> L:
+        if caffe_type in _LAYERS:
+            raise RegistryError(
+                f"layer type {caffe_type!r} registered by both "
+                f"{_LAYERS[caffe_type].__module__} and {cls.__module__}")
+        cls.caffe_type = caffe_type  # type: ignore[attr-defined]
+        _LAYERS[caffe_type] = cls  # type: ignore[assignment]
+        return cls
+
+    return deco
+
+
+def _ensure_loaded() -> None:
+    from . import layers  # noqa: F401  (import registers every layer)
+
+
+def layer_class(caffe_type: str) -> type[CaffeLayer]:
+    """The class registered for ``caffe_type``; UnknownLayerTypeError names close matches."""
+    _ensure_loaded()
+    try:
+        return _LAYERS[caffe_type]
+    except KeyError:
+        lowered = {k.lower(): k for k in _LAYERS}
+        close = difflib.get_close_matches(caffe_type, list(_LAYERS), n=3, cutoff=0.6)
+        exact_ci = lowered.get(caffe_type.lower())
+        if exact_ci and exact_ci not in close:
+            close.insert(0, exact_ci)
+        raise UnknownLayerTypeError(caffe_type, close) from None
+
+
+def layer_type_list() -> list[str]:
+    """Every registered Caffe type string, sorted (as caffe.layer_type_list())."""
+    _ensure_loaded()
+    return sorted(_LAYERS)
+
+
+def registered_layers() -> dict[str, type[CaffeLayer]]:
+    """A copy of the registry, for docs generation and generic tests."""
+    _ensure_loaded()
+    return dict(_LAYERS)
