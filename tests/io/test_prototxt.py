@@ -1,0 +1,268 @@
+"""Text/binary proto reading and writing: error locations, format detection, atomic writes."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from torchcaffe.errors import PrototxtError, SolverError
+from torchcaffe.io import atomic as atomic_mod
+from torchcaffe.io import prototxt as ptx
+from torchcaffe.io.atomic import atomic_write
+from torchcaffe.io.prototxt import (
+    parse_net_text,
+    read_net,
+    read_net_binary,
+    read_net_text,
+    read_solver,
+    write_binary,
+    write_text,
+)
+from torchcaffe.proto import caffe_pb2 as pb
+
+CURRENT = """name: "tiny"
+layer {
+  name: "data"
+  type: "Input"
+  top: "data"
+  input_param { shape { dim: 2 dim: 3 } }
+}
+layer {
+  name: "ip"
+  type: "InnerProduct"
+  bottom: "data"
+  top: "ip"
+  inner_product_param { num_output: 4 }
+}
+"""
+
+
+@pytest.fixture
+def tiny() -> pb.NetParameter:
+    return parse_net_text(CURRENT)
+
+
+def listing(directory) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+# -- malformed and missing files -------------------------------------------------------------
+
+@pytest.mark.parametrize("text,line,column,what", [
+    ('name: "x"\nlayer {\n  name: "a"\n  nme: "b"\n}\n', 4, 3, 'no field named "nme"'),
+    ('layer {\n  name: "a"\n  convolution_param { pad: 1.5 }\n}\n', 3, 28, "integer"),
+    ('layer { type: CONV }\n', 1, 15, "string"),
+])
+def test_malformed_text_reports_file_line_and_column(tmp_path, text, line, column, what):
+    path = tmp_path / "bad.prototxt"
+    path.write_text(text)
+    with pytest.raises(PrototxtError) as info:
+        read_net(path)
+    err = info.value
+    assert (err.line, err.column) == (line, column)
+    assert str(err).startswith(f"{path}:{line}:{column}: ")
+    assert what in str(err)
+
+
+def test_unterminated_message_is_reported_with_a_location(tmp_path):
+    path = tmp_path / "cut.prototxt"
+    path.write_text('layer {\n  name: "a"\n')
+    with pytest.raises(PrototxtError, match=rf'^{path}:\d+:\d+: .*Expected "}}"') as info:
+        read_net(path)
+    assert info.value.line in (2, 3)  # protobuf points at the last token or at the end
+
+
+def test_malformed_text_given_as_string_is_located():
+    with pytest.raises(PrototxtError, match=r"^<text>:2:3: .*no field named \"nme\""):
+        read_net('name: "x"\n  nme: 1\n')
+
+
+def test_missing_file_is_named(tmp_path):
+    path = tmp_path / "absent.prototxt"
+    with pytest.raises(PrototxtError, match=rf"{path}: file not found"):
+        read_net(path)
+
+
+def test_missing_path_with_colon_is_still_a_path(tmp_path):
+    path = tmp_path / "run:1" / "deploy.prototxt"
+    with pytest.raises(PrototxtError, match="deploy.prototxt: file not found"):
+        read_net(str(path))
+
+
+def test_directory_is_refused(tmp_path):
+    with pytest.raises(PrototxtError, match="directory"):
+        read_net_text(tmp_path)
+
+
+def test_corrupt_binary_is_named(tmp_path, tiny):
+    path = tmp_path / "w.caffemodel"
+    path.write_bytes(tiny.SerializeToString()[:-5])
+    with pytest.raises(PrototxtError, match=rf"{path}: not a valid binary NetParameter"):
+        read_net(path)
+
+
+def test_text_with_binary_extension_is_refused(tmp_path):
+    path = tmp_path / "w.caffemodel"
+    path.write_text(CURRENT)
+    with pytest.raises(PrototxtError, match="not a valid binary"):
+        read_net(path)
+
+
+def test_file_mixing_layer_and_layers_is_refused(tmp_path):
+    path = tmp_path / "mixed.prototxt"
+    path.write_text('layers { name: "r" type: RELU }\nlayer { name: "s" type: "Softmax" }\n')
+    with pytest.raises(PrototxtError, match=rf"{path}: .*both 'layer' and 'layers'"):
+        read_net(path)
+    raw = read_net(path, upgrade=False)
+    assert (len(raw.layer), len(raw.layers)) == (1, 1)
+
+
+# -- format detection ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["net", "net.bin", "net.caffemodel", "net.pb"])
+def test_binary_net_is_detected(tmp_path, tiny, name):
+    path = tmp_path / name
+    write_binary(tiny, path)
+    assert read_net(path) == tiny
+
+
+def test_binary_net_that_is_valid_utf8_is_detected(tmp_path):
+    net = pb.NetParameter(name="tiny")
+    data = net.SerializeToString()
+    data.decode("utf-8")  # the point of the test: these bytes also look like text
+    path = tmp_path / "net"
+    path.write_bytes(data)
+    assert read_net(path) == net
+
+
+@pytest.mark.parametrize("name", ["net", "net.cfg", "net.prototxt", "net.pbtxt"])
+def test_text_net_is_detected(tmp_path, tiny, name):
+    path = tmp_path / name
+    path.write_text(CURRENT)
+    assert read_net(path) == tiny
+
+
+def test_read_net_accepts_text_and_str_paths(tmp_path, tiny):
+    path = tmp_path / "n.prototxt"
+    path.write_text(CURRENT)
+    assert read_net(CURRENT) == tiny
+    assert read_net('name: "tiny"') == pb.NetParameter(name="tiny")
+    assert read_net(str(path)) == tiny
+
+
+def test_read_net_upgrades_legacy_text(tmp_path):
+    path = tmp_path / "v1.prototxt"
+    path.write_text('input: "x" input_dim: 1 input_dim: 2 input_dim: 3 input_dim: 4\n'
+                    'layers { name: "r" type: RELU bottom: "x" top: "x" }\n')
+    out = read_net(path)
+    assert [(layer.name, layer.type) for layer in out.layer] == [("input", "Input"),
+                                                                  ("r", "ReLU")]
+    assert len(read_net(path, upgrade=False).layers) == 1
+
+
+def test_text_with_stray_non_utf8_comment_bytes_parses(tmp_path, tiny):
+    path = tmp_path / "n.prototxt"
+    path.write_bytes(b"# r\xe9seau (latin-1 comment)\n" + CURRENT.encode())
+    assert read_net(path) == tiny
+
+
+# -- round trips ---------------------------------------------------------------------------
+
+def test_text_round_trip(tmp_path, tiny):
+    path = tmp_path / "out.prototxt"
+    write_text(tiny, path)
+    assert read_net_text(path) == tiny
+    assert path.read_text().startswith('name: "tiny"\nlayer {\n  name: "data"')
+
+
+def test_binary_round_trip_keeps_blobs(tmp_path, tiny):
+    tiny.layer[1].blobs.add().data.extend([1.5, -2.0])
+    path = tmp_path / "out.caffemodel"
+    write_binary(tiny, path)
+    assert read_net_binary(path) == tiny
+
+
+def test_solver_round_trip_with_upgrades(tmp_path):
+    path = tmp_path / "lenet_solver.prototxt"
+    write_text(pb.SolverParameter(base_lr=0.5, solver_type=pb.SolverParameter.NESTEROV), path)
+    out = read_solver(path)
+    assert (out.type, out.HasField("solver_type")) == ("Nesterov", False)
+    assert out.snapshot_prefix == str(tmp_path / "lenet_solver")
+    assert read_solver(path, upgrade=False).solver_type == pb.SolverParameter.NESTEROV
+
+
+def test_solver_with_both_types_names_the_file(tmp_path):
+    path = tmp_path / "s.prototxt"
+    path.write_text("solver_type: ADAM\ntype: 'Adam'\n")
+    with pytest.raises(SolverError, match=rf"{path}: .*solver_type"):
+        read_solver(path)
+
+
+# -- atomic writes -------------------------------------------------------------------------
+
+def test_atomic_write_failure_midway_keeps_original_and_leaves_no_temp(tmp_path):
+    target = tmp_path / "w.caffemodel"
+    target.write_bytes(b"original")
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        with atomic_write(target) as f:
+            f.write(b"half a model")
+            raise RuntimeError("disk on fire")
+    assert target.read_bytes() == b"original"
+    assert listing(tmp_path) == ["w.caffemodel"]
+
+
+def test_write_binary_failing_after_writing_keeps_original(tmp_path, tiny, monkeypatch):
+    target = tmp_path / "w.caffemodel"
+    target.write_bytes(b"original")
+
+    def boom(*args, **kwargs):
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(atomic_mod.os, "fsync", boom)
+    with pytest.raises(OSError, match="no space"):
+        write_binary(tiny, target)
+    monkeypatch.undo()
+    assert target.read_bytes() == b"original"
+    assert listing(tmp_path) == ["w.caffemodel"]
+
+
+def test_write_text_failing_serialization_keeps_original(tmp_path, tiny, monkeypatch):
+    target = tmp_path / "n.prototxt"
+    target.write_text("original")
+    monkeypatch.setattr(ptx.text_format, "MessageToString",
+                        lambda msg: (_ for _ in ()).throw(ValueError("cannot print")))
+    with pytest.raises(ValueError, match="cannot print"):
+        write_text(tiny, target)
+    assert target.read_text() == "original"
+    assert listing(tmp_path) == ["n.prototxt"]
+
+
+def test_atomic_write_replaces_and_keeps_permissions(tmp_path):
+    target = tmp_path / "n.prototxt"
+    target.write_text("old")
+    os.chmod(target, 0o640)
+    with atomic_write(target, "w") as f:
+        f.write("new")
+    assert target.read_text() == "new"
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o640
+    assert listing(tmp_path) == ["n.prototxt"]
+
+
+def test_atomic_write_new_file_follows_umask(tmp_path):
+    target = tmp_path / "new.bin"
+    old = os.umask(0o027)
+    try:
+        with atomic_write(target) as f:
+            f.write(b"x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o640
+
+
+@pytest.mark.parametrize("mode", ["rb", "ab", "r+"])
+def test_atomic_write_refuses_non_write_modes(tmp_path, mode):
+    with pytest.raises(ValueError, match="write mode"):
+        with atomic_write(tmp_path / "x", mode):
+            pass

@@ -1,0 +1,196 @@
+"""Read and write Caffe's text and binary protos (nets, solvers) with protobuf's own parsers.
+
+Readers mirror Caffe's ``ReadProtoFromTextFile`` / ``ReadProtoFromBinaryFile`` and
+``ReadNetParamsFrom*FileOrDie`` (read, then ``UpgradeNetAsNeeded``); failures raise
+``PrototxtError`` naming the file (and, for text, the line and column). Writers are atomic.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import TypeVar
+
+from google.protobuf import text_format, unknown_fields
+from google.protobuf.message import DecodeError, Message
+
+from ..errors import PrototxtError
+from ..proto import caffe_pb2 as pb
+from .atomic import atomic_write
+from .upgrade import (
+    upgrade_net_as_needed,
+    upgrade_snapshot_prefix_property,
+    upgrade_solver_as_needed,
+)
+
+PathLike = str | os.PathLike
+M = TypeVar("M", bound=Message)
+
+TEXT_SUFFIXES = frozenset({".prototxt", ".pbtxt", ".txt", ".prototext"})
+BINARY_SUFFIXES = frozenset({".caffemodel", ".binaryproto", ".pb", ".protobin",
+                             ".solverstate"})
+_TEXT_NAME = "<text>"  # names in-memory text in error messages
+_LOCATION_PREFIX = re.compile(r"^\d+:\d+ : ")
+
+
+# -- low level: any message -----------------------------------------------------------------
+
+def read_bytes(path: PathLike) -> bytes:
+    """The file's bytes; a missing or unreadable file raises ``PrototxtError`` naming it."""
+    name = os.fspath(path)
+    try:
+        with open(name, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise PrototxtError("file not found", path=name) from None
+    except IsADirectoryError:
+        raise PrototxtError("is a directory, not a proto file", path=name) from None
+    except OSError as e:
+        raise PrototxtError(f"cannot read the file ({e.strerror})", path=name) from None
+
+
+def _decode(data: bytes) -> str:
+    # Caffe's parser takes raw bytes; surrogateescape keeps stray non-UTF-8 bytes (legacy
+    # comments in another encoding) from failing the whole file.
+    return data.decode("utf-8", errors="surrogateescape")
+
+
+def parse_text_proto(text: str | bytes, message_type: type[M], path: PathLike | None = None
+                     ) -> M:
+    """Parse protobuf text format into a new ``message_type``; errors carry line and column."""
+    name = _TEXT_NAME if path is None else os.fspath(path)
+    if isinstance(text, bytes):
+        text = _decode(text)
+    msg = message_type()
+    try:
+        text_format.Parse(text, msg)
+    except text_format.ParseError as e:
+        what = _LOCATION_PREFIX.sub("", str(e))
+        raise PrototxtError(f"cannot parse as {message_type.DESCRIPTOR.name}: {what}",
+                            path=name, line=e.GetLine(), column=e.GetColumn()) from None
+    except (UnicodeError, ValueError) as e:
+        raise PrototxtError(f"cannot parse as {message_type.DESCRIPTOR.name}: {e}",
+                            path=name) from None
+    return msg
+
+
+def parse_binary_proto(data: bytes, message_type: type[M], path: PathLike | None = None
+                       ) -> M:
+    """Parse protobuf wire format into a new ``message_type``."""
+    name = "<bytes>" if path is None else os.fspath(path)
+    msg = message_type()
+    try:
+        msg.ParseFromString(data)
+    except (DecodeError, ValueError, RuntimeError) as e:
+        raise PrototxtError(
+            f"not a valid binary {message_type.DESCRIPTOR.name} ({e})", path=name,
+            hint="the file may be truncated, or be a text prototxt with a binary extension"
+        ) from None
+    return msg
+
+
+def read_text_proto(path: PathLike, message_type: type[M]) -> M:
+    """Caffe's ReadProtoFromTextFile, raising instead of returning false."""
+    return parse_text_proto(read_bytes(path), message_type, path)
+
+
+def read_binary_proto(path: PathLike, message_type: type[M]) -> M:
+    """Caffe's ReadProtoFromBinaryFile, raising instead of returning false."""
+    return parse_binary_proto(read_bytes(path), message_type, path)
+
+
+def write_text(msg: Message, path: PathLike) -> None:
+    """Caffe's WriteProtoToTextFile, atomically."""
+    text = text_format.MessageToString(msg)
+    with atomic_write(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def write_binary(msg: Message, path: PathLike) -> None:
+    """Caffe's WriteProtoToBinaryFile, atomically."""
+    data = msg.SerializeToString()
+    with atomic_write(path, "wb") as f:
+        f.write(data)
+
+
+# -- nets -------------------------------------------------------------------------------------
+
+def parse_net_text(text: str | bytes, path: PathLike | None = None) -> pb.NetParameter:
+    """A ``NetParameter`` from prototxt text, as written (not upgraded)."""
+    return parse_text_proto(text, pb.NetParameter, path)
+
+
+def read_net_text(path: PathLike) -> pb.NetParameter:
+    """A text prototxt file as written (not upgraded)."""
+    return read_text_proto(path, pb.NetParameter)
+
+
+def read_net_binary(path: PathLike) -> pb.NetParameter:
+    """A binary NetParameter (e.g. a caffemodel) as written (not upgraded)."""
+    return read_binary_proto(path, pb.NetParameter)
+
+
+def read_net(source: PathLike, *, upgrade: bool = True) -> pb.NetParameter:
+    """Caffe's ReadNetParamsFrom{Text,Binary}FileOrDie: read, then upgrade as needed.
+
+    ``source`` is a path to a text or binary net, or prototxt text itself (a ``str`` that is
+    not an existing file and holds a newline or ``{``, or a ``:`` without a proto file
+    extension). Text versus binary goes by the file extension; for other names, text is
+    tried first when the bytes are UTF-8.
+    """
+    path, text = _resolve(source)
+    if text is not None:
+        net = parse_net_text(text)
+    else:
+        net = _parse_net_auto(read_bytes(path), path)
+    return upgrade_net_as_needed(net, path) if upgrade else net
+
+
+def _resolve(source: PathLike) -> tuple[str | None, str | None]:
+    if isinstance(source, os.PathLike):
+        return os.fspath(source), None
+    if not isinstance(source, str):
+        raise TypeError(f"read_net takes a path or prototxt text; got {type(source).__name__}")
+    if os.path.exists(source):
+        return source, None
+    if "\n" in source or "{" in source:
+        return None, source
+    if Path(source).suffix.lower() in TEXT_SUFFIXES | BINARY_SUFFIXES or ":" not in source:
+        return source, None
+    return None, source
+
+
+def _parse_net_auto(data: bytes, path: str) -> pb.NetParameter:
+    suffix = Path(path).suffix.lower()
+    if suffix in BINARY_SUFFIXES:
+        return parse_binary_proto(data, pb.NetParameter, path)
+    if suffix in TEXT_SUFFIXES:
+        return parse_text_proto(data, pb.NetParameter, path)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return parse_binary_proto(data, pb.NetParameter, path)
+    try:
+        return parse_text_proto(text, pb.NetParameter, path)
+    except PrototxtError as text_error:
+        # Small binaries can be valid UTF-8. Take the binary reading only when it is clean
+        # (nothing unknown at top level); otherwise the text error is the useful one.
+        try:
+            net = parse_binary_proto(data, pb.NetParameter, path)
+        except PrototxtError:
+            raise text_error from None
+        if len(unknown_fields.UnknownFieldSet(net)):
+            raise text_error from None
+        return net
+
+
+# -- solvers ----------------------------------------------------------------------------------
+
+def read_solver(path: PathLike, *, upgrade: bool = True) -> pb.SolverParameter:
+    """Caffe's ReadSolverParamsFromTextFileOrDie: solver_type upgrade and snapshot_prefix."""
+    solver = read_text_proto(path, pb.SolverParameter)
+    if not upgrade:
+        return solver
+    solver = upgrade_solver_as_needed(solver, path)
+    return upgrade_snapshot_prefix_property(solver, path)
