@@ -1,0 +1,134 @@
+"""Blob: shape API, legacy accessors, reshape capacity, sharing, math and proto round trips."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from torchcaffe.blob import Blob, BlobShapeError
+from torchcaffe.proto import caffe_pb2
+
+
+def test_shape_count_and_legacy_accessors():
+    b = Blob((2, 3, 4, 5))
+    assert b.shape == (2, 3, 4, 5) and b.num_axes == 4
+    assert b.count() == 120 and b.count(1) == 60 and b.count(1, 3) == 12
+    assert (b.num, b.channels, b.height, b.width) == (2, 3, 4, 5)
+    v = Blob((6, 7))  # legacy accessors pad on the left? no: missing trailing axes read as 1
+    assert (v.num, v.channels, v.height, v.width) == (6, 7, 1, 1)
+
+
+def test_canonical_axis_index_and_errors():
+    b = Blob((2, 3, 4))
+    assert b.canonical_axis_index(-1) == 2 and b.canonical_axis_index(0) == 0
+    with pytest.raises(BlobShapeError, match="axis 3 out of range"):
+        b.canonical_axis_index(3)
+    with pytest.raises(BlobShapeError, match="at most 4 axes"):
+        _ = Blob((1, 2, 3, 4, 5)).num
+
+
+def test_offset_nchw_and_index_list():
+    b = Blob((2, 3, 4, 5))
+    assert b.offset(1, 2, 3, 4) == ((1 * 3 + 2) * 4 + 3) * 5 + 4
+    assert b.offset([1, 2]) == (1 * 3 + 2) * 20
+    assert b.offset([1, 2, 3, 4]) == b.offset(1, 2, 3, 4)
+    with pytest.raises(BlobShapeError):
+        b.offset([2, 0])
+
+
+def test_reshape_reallocates_only_when_growing():
+    b = Blob((4, 5))
+    b.data[...] = 1.0
+    mem = b.data_memory
+    b.reshape(2, 5)
+    assert b.data_memory is mem and b.capacity == 20 and b.count() == 10
+    b.reshape((4, 5))
+    assert b.data_memory is mem
+    b.reshape(5, 5)
+    assert b.data_memory is not mem and b.capacity == 25
+    with pytest.raises(BlobShapeError, match="negative"):
+        b.reshape(-1, 2)
+
+
+def test_data_and_diff_are_writable_numpy_views():
+    b = Blob((2, 3))
+    view = b.data
+    view[...] = 5.0
+    assert torch.equal(b.cpu_data(), torch.full((2, 3), 5.0))
+    b.diff[0, 1] = 2.0
+    assert b.cpu_diff()[0, 1] == 2.0
+
+
+def test_update_asum_sumsq_scale():
+    b = Blob((3,))
+    b.data[...] = [1.0, -2.0, 3.0]
+    b.diff[...] = [0.5, 0.5, -1.0]
+    assert b.asum_data() == 6.0 and b.sumsq_data() == 14.0
+    assert b.asum_diff() == 2.0 and b.sumsq_diff() == 1.5
+    b.update()
+    np.testing.assert_array_equal(b.data, [0.5, -2.5, 4.0])
+    b.scale_data(2.0)
+    b.scale_diff(-1.0)
+    np.testing.assert_array_equal(b.data, [1.0, -5.0, 8.0])
+    np.testing.assert_array_equal(b.diff, [-0.5, -0.5, 1.0])
+
+
+def test_share_data_and_diff():
+    a, b = Blob((2, 2)), Blob((4,))
+    b.share_data(a)
+    a.data[...] = 3.0
+    assert np.all(b.data == 3.0)
+    b.share_diff(a)
+    b.diff[...] = 1.0
+    assert np.all(a.diff == 1.0)
+    with pytest.raises(BlobShapeError, match="different counts"):
+        Blob((3,)).share_data(a)
+
+
+def test_copy_from_with_and_without_reshape():
+    src, dst = Blob((2, 3)), Blob((3, 2))
+    src.data[...] = np.arange(6).reshape(2, 3)
+    with pytest.raises(BlobShapeError, match="another shape"):
+        dst.copy_from(src)
+    dst.copy_from(src, reshape=True)
+    np.testing.assert_array_equal(dst.data, src.data)
+    src.diff[...] = 4.0
+    dst.copy_from(src, copy_diff=True)
+    assert np.all(dst.diff == 4.0)
+
+
+def test_proto_round_trip_nd_and_diff():
+    b = Blob((2, 3, 4))
+    b.data[...] = np.random.default_rng(0).standard_normal((2, 3, 4))
+    b.diff[...] = 0.25
+    proto = b.to_proto(write_diff=True)
+    assert list(proto.shape.dim) == [2, 3, 4] and len(proto.diff) == 24
+    c = Blob()
+    c.from_proto(proto)
+    np.testing.assert_array_equal(c.data, b.data)
+    np.testing.assert_array_equal(c.diff, b.diff)
+
+
+def test_from_proto_legacy_4d_and_double_data():
+    proto = caffe_pb2.BlobProto(num=1, channels=2, height=1, width=3)
+    proto.double_data.extend([1, 2, 3, 4, 5, 6])
+    b = Blob()
+    b.from_proto(proto)
+    assert b.shape == (1, 2, 1, 3)
+    np.testing.assert_array_equal(b.data.reshape(-1), [1, 2, 3, 4, 5, 6])
+    target = Blob((2, 3))  # legacy shape (1,1,2,3) matches a (2,3) blob, as Caffe's ShapeEquals
+    legacy = caffe_pb2.BlobProto(num=1, channels=1, height=2, width=3)
+    legacy.data.extend(range(6))
+    target.from_proto(legacy, reshape=False)
+    with pytest.raises(BlobShapeError, match="shape mismatch"):
+        Blob((3, 2)).from_proto(legacy, reshape=False)
+
+
+def test_empty_versus_zero_axis_blob():
+    # Caffe: a default Blob holds nothing; Reshape to an empty shape holds one scalar (loss tops).
+    assert Blob().count == 0
+    scalar = Blob(())
+    assert scalar.count == 1 and scalar.shape == () and scalar.num_axes == 0
+    scalar.diff[...] = 2.5
+    assert float(scalar.diff) == 2.5

@@ -1,0 +1,94 @@
+"""SyncedMemory head states: copies happen exactly where Caffe's documentation says.
+
+The sequence is the one in Caffe's "Blobs, Layers, and Nets" tutorial. On a CPU-only machine
+the "GPU" side is a second host buffer (or the meta device); on CUDA it is the real GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchcaffe import syncedmem
+from torchcaffe.blob import Blob
+from torchcaffe.errors import DeviceError
+from torchcaffe.syncedmem import Head, SyncedMemory
+
+SECOND_DEVICES = ["cpu", "meta"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture
+def copies():
+    seen: list[str] = []
+
+    def hook(mem, direction):
+        seen.append(direction)
+
+    syncedmem.copy_hooks.append(hook)
+    yield seen
+    syncedmem.copy_hooks.remove(hook)
+
+
+@pytest.mark.parametrize("gpu", SECOND_DEVICES)
+def test_tutorial_sequence_copies_only_when_stale(gpu, copies):
+    blob = Blob((2, 3), gpu_device=gpu)
+    blob.mutable_cpu_data().copy_(torch.arange(6.0).view(2, 3))  # data on the CPU initially
+    steps = [
+        ("gpu_data", ["cpu->gpu"]),
+        ("cpu_data", []),
+        ("mutable_gpu_data", []),
+        ("mutable_gpu_data", []),
+        ("cpu_data", ["gpu->cpu"]),
+        ("gpu_data", []),
+        ("mutable_cpu_data", []),
+        ("mutable_gpu_data", ["cpu->gpu"]),
+        ("mutable_cpu_data", ["gpu->cpu"]),
+    ]
+    for call, expected in steps:
+        del copies[:]
+        getattr(blob, call)()
+        assert copies == expected, f"{call}: copies {copies}, expected {expected}"
+
+
+@pytest.mark.parametrize("gpu", [d for d in SECOND_DEVICES if d != "meta"])
+def test_values_follow_the_head(gpu):
+    blob = Blob((4,), gpu_device=gpu)
+    blob.mutable_cpu_data().fill_(1.0)
+    blob.mutable_gpu_data().add_(2.0)  # GPU now holds 3, CPU stale
+    assert blob.data_memory.head is Head.HEAD_AT_GPU
+    assert torch.equal(blob.cpu_data(), torch.full((4,), 3.0))
+    assert blob.data_memory.head is Head.SYNCED
+
+
+def test_uninitialized_allocates_zeros_without_copy(copies):
+    mem = SyncedMemory(5, gpu_device="cpu")
+    assert mem.head is Head.UNINITIALIZED
+    assert torch.equal(mem.gpu_data(), torch.zeros(5))
+    assert mem.head is Head.HEAD_AT_GPU and copies == []
+    mem2 = SyncedMemory(5, gpu_device="cpu")
+    mem2.mutable_cpu_data()
+    assert mem2.head is Head.HEAD_AT_CPU and copies == []
+
+
+def test_lazy_allocation_only_touched_side():
+    mem = SyncedMemory(3, gpu_device="cpu")
+    mem.cpu_data()
+    assert mem._gpu is None  # the other side is allocated only when asked for
+
+
+def test_set_cpu_data_adopts_buffer():
+    mem = SyncedMemory(3, gpu_device="cpu")
+    ext = torch.tensor([1.0, 2.0, 3.0])
+    mem.set_cpu_data(ext)
+    assert mem.head is Head.HEAD_AT_CPU
+    mem.mutable_cpu_data()[0] = 7.0
+    assert ext[0] == 7.0
+    with pytest.raises(DeviceError, match="wrong size"):
+        mem.set_cpu_data(torch.zeros(4))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
+def test_gpu_calls_without_cuda_raise_clear_error():
+    blob = Blob((2,))
+    with pytest.raises(DeviceError, match="CUDA is not available"):
+        blob.gpu_data()

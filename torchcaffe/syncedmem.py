@@ -1,0 +1,135 @@
+"""SyncedMemory: one flat buffer mirrored on the host and a device, copied only when stale.
+
+This is Caffe's SyncedMemory with torch tensors as the two sides. The head says which side is
+current (UNINITIALIZED, HEAD_AT_CPU, HEAD_AT_GPU, SYNCED); reading a side copies only when the
+other side holds newer data, and asking for a *mutable* side makes it the only current one.
+Every copy is reported to ``copy_hooks`` so tests and profilers can see exactly when one happens.
+
+The "GPU" side is any torch device: CUDA normally; tests on CPU-only machines pass a second CPU
+(or other) device as ``gpu_device`` to exercise the head-state logic.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+
+import torch
+
+from .errors import DeviceError
+
+
+class Head(enum.Enum):
+    UNINITIALIZED = 0
+    HEAD_AT_CPU = 1
+    HEAD_AT_GPU = 2
+    SYNCED = 3
+
+
+CopyHook = Callable[["SyncedMemory", str], None]
+copy_hooks: list[CopyHook] = []  # called with (memory, "cpu->gpu" | "gpu->cpu") on each copy
+
+
+def default_gpu_device() -> torch.device:
+    """The CUDA device Caffe mode would use; a DeviceError on a machine without CUDA."""
+    if not torch.cuda.is_available():
+        raise DeviceError("GPU memory requested but CUDA is not available on this machine",
+                          hint="use caffe.set_mode_cpu(), or install a CUDA build of torch")
+    from . import runtime
+
+    return torch.device("cuda", runtime.device_id())
+
+
+class SyncedMemory:
+    """``count`` elements of ``dtype`` on the host and on ``gpu_device``, synced lazily."""
+
+    def __init__(self, count: int, dtype: torch.dtype = torch.float32,
+                 gpu_device: torch.device | str | None = None) -> None:
+        self.count = int(count)
+        self.dtype = dtype
+        self._gpu_device = None if gpu_device is None else torch.device(gpu_device)
+        self._cpu: torch.Tensor | None = None
+        self._gpu: torch.Tensor | None = None
+        self.head = Head.UNINITIALIZED
+
+    @property
+    def gpu_device(self) -> torch.device:
+        if self._gpu_device is None:
+            self._gpu_device = default_gpu_device()
+        return self._gpu_device
+
+    def _report(self, direction: str) -> None:
+        for hook in list(copy_hooks):
+            hook(self, direction)
+
+    def _to_cpu(self) -> None:
+        if self.head is Head.UNINITIALIZED:
+            self._cpu = torch.zeros(self.count, dtype=self.dtype)
+            self.head = Head.HEAD_AT_CPU
+        elif self.head is Head.HEAD_AT_GPU:
+            assert self._gpu is not None
+            if self._cpu is None:
+                self._cpu = torch.empty(self.count, dtype=self.dtype)
+            if not self._gpu.is_meta:  # a meta "device" (tests) holds no values to copy
+                self._cpu.copy_(self._gpu)
+            self._report("gpu->cpu")
+            self.head = Head.SYNCED
+
+    def _to_gpu(self) -> None:
+        if self.head is Head.UNINITIALIZED:
+            self._gpu = torch.zeros(self.count, dtype=self.dtype, device=self.gpu_device)
+            self.head = Head.HEAD_AT_GPU
+        elif self.head is Head.HEAD_AT_CPU:
+            assert self._cpu is not None
+            if self._gpu is None:
+                self._gpu = torch.empty(self.count, dtype=self.dtype, device=self.gpu_device)
+            self._gpu.copy_(self._cpu)
+            self._report("cpu->gpu")
+            self.head = Head.SYNCED
+
+    def cpu_data(self) -> torch.Tensor:
+        self._to_cpu()
+        assert self._cpu is not None
+        return self._cpu
+
+    def gpu_data(self) -> torch.Tensor:
+        self._to_gpu()
+        assert self._gpu is not None
+        return self._gpu
+
+    def mutable_cpu_data(self) -> torch.Tensor:
+        self._to_cpu()
+        self.head = Head.HEAD_AT_CPU
+        assert self._cpu is not None
+        return self._cpu
+
+    def mutable_gpu_data(self) -> torch.Tensor:
+        self._to_gpu()
+        self.head = Head.HEAD_AT_GPU
+        assert self._gpu is not None
+        return self._gpu
+
+    def set_cpu_data(self, tensor: torch.Tensor) -> None:
+        """Adopt ``tensor`` (flat, host) as the host side, as Caffe's set_cpu_data."""
+        self._cpu = self._check_external(tensor, torch.device("cpu"))
+        self.head = Head.HEAD_AT_CPU
+
+    def set_gpu_data(self, tensor: torch.Tensor) -> None:
+        """Adopt ``tensor`` (flat, device) as the device side, as Caffe's set_gpu_data."""
+        self._gpu = self._check_external(tensor, tensor.device)
+        if self._gpu_device is None:
+            self._gpu_device = tensor.device
+        self.head = Head.HEAD_AT_GPU
+
+    def _check_external(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+        if tensor.numel() != self.count or tensor.dim() != 1:
+            raise DeviceError("external buffer has the wrong size",
+                              expected=f"a flat tensor of {self.count} elements",
+                              got=tuple(tensor.shape))
+        if tensor.device.type != device.type:
+            raise DeviceError("external buffer is on the wrong device", expected=device,
+                              got=tensor.device)
+        return tensor
+
+    def __repr__(self) -> str:
+        return f"SyncedMemory(count={self.count}, head={self.head.name})"
