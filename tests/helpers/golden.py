@@ -1,0 +1,147 @@
+"""Run one golden case (tests/golden/<group>/<case>) through the Caffe face and compare.
+
+Procedure (golden README): build the net in the case's phase, load weights, write ``in/``,
+forward, clear param diffs, write ``topdiff/`` into non-loss outputs, backward; then compare
+every blob's data and diff, every param, param diff and updated param within the case's
+tolerances.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import torchcaffe as caffe
+
+from .compare import assert_blob_close
+
+
+@dataclass
+class Case:
+    path: Path
+    group: str
+    name: str
+    meta: dict
+
+    @property
+    def id(self) -> str:
+        return f"{self.group}/{self.name}"
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        with np.load(self.path / "arrays.npz") as z:
+            return {k: z[k] for k in z.files}
+
+
+def discover(root: Path) -> list[Case]:
+    cases = []
+    for meta_path in sorted(root.glob("*/*/meta.json")):
+        meta = json.loads(meta_path.read_text())
+        cases.append(Case(meta_path.parent, meta_path.parent.parent.name,
+                          meta_path.parent.name, meta))
+    return cases
+
+
+class _Cwd:
+    def __init__(self, path: Path) -> None:
+        self.path, self.old = path, None
+
+    def __enter__(self):
+        self.old = os.getcwd()
+        os.chdir(self.path)
+
+    def __exit__(self, *exc):
+        os.chdir(self.old)
+
+
+def _phase(meta: dict) -> int:
+    return caffe.TRAIN if meta["phase"] == "TRAIN" else caffe.TEST
+
+
+def run_blob_case(case: Case) -> None:
+    """layers/, nets/, forks/: every blob data/diff, param, param diff."""
+    meta, arrays = case.meta, case.arrays()
+    rtol, atol = meta["rtol"], meta["atol"]
+    weights = case.path / "weights.caffemodel"
+    with _Cwd(case.path):
+        net = caffe.Net(str(case.path / "net.prototxt"), _phase(meta),
+                        weights=str(weights) if weights.exists() else None)
+        for key, value in arrays.items():
+            if key.startswith("param/"):
+                _, layer, i = key.split("/")
+                assert_blob_close(key, net.params[layer][int(i)].data, value, rtol, atol)
+        for key, value in arrays.items():
+            if key.startswith("in/"):
+                name = key[3:]
+                net.blobs[name].reshape(*value.shape)
+                net.blobs[name].data[...] = value
+        net.forward()
+        if meta.get("deterministic", True) is False:
+            RELATIONS[case.name](net, arrays, meta)
+            return
+        for key, value in arrays.items():
+            if key.startswith("out/"):
+                assert_blob_close(key, net.blobs[key[4:]].data, value, rtol, atol)
+            elif key.startswith("paramafter/"):
+                _, layer, i = key.split("/")
+                assert_blob_close(key, net.params[layer][int(i)].data, value, rtol, atol)
+        if not meta["backward"]:
+            return
+        net.clear_param_diffs()
+        for key, value in arrays.items():
+            if key.startswith("topdiff/"):
+                net.blobs[key[8:]].diff[...] = value
+        net.backward()
+        for key, value in arrays.items():
+            if key.startswith("diff/"):
+                assert_blob_close(key, net.blobs[key[5:]].diff, value, rtol, atol)
+            elif key.startswith("paramdiff/"):
+                _, layer, i = key.split("/")
+                assert_blob_close(key, net.params[layer][int(i)].diff, value, rtol, atol)
+
+
+def run_legacy_case(case: Case) -> None:
+    """legacy/: the legacy files and the upgraded files give the recorded outputs."""
+    meta, arrays = case.meta, case.arrays()
+    rtol, atol = meta["rtol"], meta["atol"]
+    pairs = [(meta["source_prototxt"], meta["weights"]),
+             (meta["upgraded_prototxt"], meta["upgraded_weights"])]
+    for proto, weights in pairs:
+        net = caffe.Net(str(case.path / proto), str(case.path / weights), _phase(meta))
+        for key, value in arrays.items():
+            if key.startswith("param/"):
+                _, layer, i = key.split("/")
+                assert_blob_close(f"{proto}: {key}", net.params[layer][int(i)].data, value,
+                                  rtol, atol)
+            elif key.startswith("in/"):
+                net.blobs[key[3:]].reshape(*value.shape)
+                net.blobs[key[3:]].data[...] = value
+        net.forward()
+        for key, value in arrays.items():
+            if key.startswith("out/"):
+                assert_blob_close(f"{proto}: {key}", net.blobs[key[4:]].data, value, rtol,
+                                  atol)
+
+
+def _dropout_relations(net, arrays, meta) -> None:
+    """dropout_train: y is 0 or x/(1-p); zero fraction ~ p; diff = topdiff*(y!=0)/(1-p)."""
+    ratio = net.layers[-1].module.param.dropout_ratio
+    x, y = net.blobs["x"].data.copy(), net.blobs["y"].data.copy()
+    kept = y != 0
+    np.testing.assert_allclose(y[kept], x[kept] / (1 - ratio), rtol=meta["rtol"],
+                               atol=meta["atol"])
+    frac = 1 - kept.mean()
+    assert abs(frac - ratio) < 0.15, f"dropped fraction {frac:.3f} far from {ratio}"
+    net.blobs["y"].diff[...] = arrays["topdiff/y"]
+    net.backward()
+    want = arrays["topdiff/y"] * kept / (1 - ratio)
+    np.testing.assert_allclose(net.blobs["x"].diff, want, rtol=meta["rtol"], atol=meta["atol"])
+
+
+RELATIONS = {"dropout_train": _dropout_relations}
+
+RUNNERS = {"layers": run_blob_case, "nets": run_blob_case, "forks": run_blob_case,
+           "legacy": run_legacy_case}

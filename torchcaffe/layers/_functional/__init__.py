@@ -1,0 +1,1 @@
+"""Custom autograd Functions, only where Caffe's gradient differs from the mathematical one."""

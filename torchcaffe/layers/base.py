@@ -1,0 +1,207 @@
+"""CaffeLayer: the nn.Module every Caffe layer type derives from.
+
+A layer knows only tensors and its own LayerParameter. ``from_param`` is Caffe's
+LayerSetUp + Reshape: it validates parameters and arity and creates the param blobs from the
+bottom shapes. ``forward`` maps bottom tensors to top tensors; backward comes from autograd
+unless a layer's gradient in Caffe differs from the mathematical one.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from google.protobuf import text_format
+from torch import nn
+
+from ..errors import LayerParamError, TorchCaffeError
+from ..proto import caffe_pb2
+from .fillers import check_filler, fill_
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Arity:
+    """How many bottoms or tops a layer takes, as Caffe's Exact/Min/MaxNum*Blobs."""
+
+    low: int = 0
+    high: int | None = None  # None: unbounded
+
+    def allows(self, n: int) -> bool:
+        return n >= self.low and (self.high is None or n <= self.high)
+
+    def describe(self) -> str:
+        if self.high == self.low:
+            return f"exactly {self.low}"
+        if self.high is None:
+            return f"at least {self.low}"
+        if self.low == 0:
+            return f"at most {self.high}"
+        return f"{self.low} to {self.high}"
+
+
+def Exactly(n: int) -> Arity:  # noqa: N802 - reads like Caffe's ExactNumBottomBlobs
+    return Arity(n, n)
+
+
+def AtLeast(n: int) -> Arity:  # noqa: N802
+    return Arity(n, None)
+
+
+def Between(low: int, high: int) -> Arity:  # noqa: N802
+    return Arity(low, high)
+
+
+ANY = Arity(0, None)
+
+
+class CaffeLayer(nn.Module):
+    """Base of every registered layer.
+
+    Subclasses declare ``bottoms`` / ``tops`` arities, ``param_field`` (the LayerParameter
+    field holding their ``*_param`` message), and create their param blobs with ``add_blob``
+    in Caffe blob order.
+    """
+
+    caffe_type: ClassVar[str] = ""
+    bottoms: ClassVar[Arity] = Exactly(1)
+    tops: ClassVar[Arity] = Exactly(1)
+    equal_bottom_top: ClassVar[bool] = False  # Caffe's EqualNumBottomTopBlobs
+    param_field: ClassVar[str | None] = None
+    is_loss: ClassVar[bool] = False  # LossLayer: top 0 weighs 1 unless loss_weight says otherwise
+    auto_top_blobs: ClassVar[bool | None] = None  # Caffe's AutoTopBlobs; None: same as is_loss
+    has_backward: ClassVar[bool] = True  # False: Caffe computes no gradient through this layer
+    no_force_backward: ClassVar[frozenset[int]] = frozenset()  # bottoms AllowForceBackward denies
+    restrictions: ClassVar[str] = ""  # what Caffe accepts that this layer does not (docs table)
+
+    def __init__(self, layer_param: caffe_pb2.LayerParameter, bottom_shapes: Sequence[Shape]):
+        super().__init__()
+        self.layer_param = layer_param
+        self.name = layer_param.name
+        self.phase = layer_param.phase
+        self.bottom_shapes = [tuple(int(d) for d in s) for s in bottom_shapes]
+        self.num_tops = len(layer_param.top)
+        self._blob_names: list[str] = []
+        self.train(self.phase == caffe_pb2.TRAIN)
+
+    # -- construction ---------------------------------------------------------------------
+    @classmethod
+    def from_param(cls, layer_param: caffe_pb2.LayerParameter,
+                   bottom_shapes: Sequence[Shape]) -> CaffeLayer:
+        """Validate arity, then build (Caffe's SetUp); errors carry the layer's name and type."""
+        cls.check_arity(layer_param)
+        try:
+            return cls(layer_param, bottom_shapes)
+        except TorchCaffeError as err:
+            raise err.located(layer=layer_param.name, layer_type=layer_param.type) from None
+
+    @classmethod
+    def check_arity(cls, layer_param: caffe_pb2.LayerParameter) -> None:
+        from ..errors import BlobWiringError
+
+        nb, nt = len(layer_param.bottom), len(layer_param.top)
+        for what, arity, n in (("bottom", cls.bottoms, nb), ("top", cls.tops, nt)):
+            if not arity.allows(n):
+                raise BlobWiringError(
+                    f"wrong number of {what} blobs", layer=layer_param.name,
+                    layer_type=layer_param.type, expected=f"{arity.describe()} {what}(s)", got=n)
+        if cls.equal_bottom_top and nb != nt:
+            raise BlobWiringError(
+                "this layer needs as many tops as bottoms", layer=layer_param.name,
+                layer_type=layer_param.type, expected=f"{nb} top(s)", got=nt)
+
+    @property
+    def param(self) -> Any:
+        """This layer's ``*_param`` message (defaults when absent from the prototxt)."""
+        if self.param_field is None:
+            raise AttributeError(f"{type(self).__name__} has no param_field")
+        return getattr(self.layer_param, self.param_field)
+
+    def error(self, what: str, *, expected: Any = None, got: Any = None,
+              hint: str | None = None, cls: type[TorchCaffeError] = LayerParamError
+              ) -> TorchCaffeError:
+        """An error located at this layer, for ``raise self.error(...)``."""
+        return cls(what, layer=self.name, layer_type=self.caffe_type, expected=expected,
+                   got=got, hint=hint)
+
+    def add_blob(self, name: str, shape: Sequence[int], *, filler: Any = None,
+                 learnable: bool = True, value: float | None = None) -> torch.Tensor:
+        """Create the next param blob (Caffe order) as a Parameter, or a buffer if not learnable.
+
+        ``filler`` is a FillerParameter; ``value`` fills a constant instead.
+        """
+        tensor = torch.zeros(tuple(int(d) for d in shape), dtype=torch.float32)
+        if filler is not None:
+            try:
+                check_filler(filler)
+                fill_(tensor, filler)
+            except TorchCaffeError as err:
+                raise err.located(layer=self.name, layer_type=self.caffe_type) from None
+        elif value is not None:
+            tensor.fill_(value)
+        if learnable:
+            self.register_parameter(name, nn.Parameter(tensor))
+        else:
+            self.register_buffer(name, tensor)
+        self._blob_names.append(name)
+        return getattr(self, name)
+
+    # -- the contract the Net uses --------------------------------------------------------
+    @property
+    def blob_names(self) -> list[str]:
+        """Attribute names of the param blobs, in Caffe blob order."""
+        return list(self._blob_names)
+
+    def param_blobs(self) -> list[torch.Tensor]:
+        """Param blobs in Caffe order (weights I/O and export use only this)."""
+        return [getattr(self, n) for n in self._blob_names]
+
+    def set_param_blob(self, index: int, tensor: torch.Tensor) -> None:
+        """Replace param blob ``index`` (weight sharing by ParamSpec name)."""
+        name = self._blob_names[index]
+        if isinstance(tensor, nn.Parameter):
+            setattr(self, name, tensor)
+        else:
+            self.register_buffer(name, tensor)
+
+    def default_loss_weights(self) -> list[float]:
+        """Loss weight per top: explicit ``loss_weight`` entries, else Caffe's defaults."""
+        weights = list(self.layer_param.loss_weight)
+        if weights:
+            return weights + [0.0] * (self.num_tops - len(weights))
+        if self.is_loss:
+            return [1.0] + [0.0] * (self.num_tops - 1)
+        return [0.0] * self.num_tops
+
+    def allow_force_backward(self, bottom_index: int) -> bool:
+        return self.has_backward and bottom_index not in self.no_force_backward
+
+    def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
+        """Top shapes for these bottom shapes (Caffe's Reshape), by a forward on meta tensors.
+
+        Layers whose top shape depends on data values override this.
+        """
+        inputs = tuple(torch.empty(tuple(s), device="meta") for s in bottom_shapes)
+        state = {k: torch.empty_like(v, device="meta") for k, v in
+                 itertools.chain(self.named_parameters(), self.named_buffers())}
+        with torch.no_grad():
+            out = torch.func.functional_call(self, state, inputs)
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        return [tuple(int(d) for d in t.shape) for t in outs]
+
+    def extra_repr(self) -> str:
+        if self.param_field is None or not self.layer_param.HasField(self.param_field):
+            return ""
+        return text_format.MessageToString(self.param, as_one_line=True)
+
+
+def canonical_axis(layer: CaffeLayer, axis: int, num_axes: int, field: str = "axis") -> int:
+    """Caffe's CanonicalAxisIndex with a layer-located error."""
+    if not -num_axes <= axis < num_axes:
+        raise layer.error(f"{field} out of range for a {num_axes}-D bottom",
+                          expected=f"{-num_axes} <= {field} < {num_axes}", got=axis)
+    return axis + num_axes if axis < 0 else axis
