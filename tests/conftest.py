@@ -1,0 +1,79 @@
+"""Shared fixtures: golden data root, the shared models folder, devices, seeding."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+GOLDEN = REPO / "tests" / "golden"
+SHARED = (REPO / ".." / "shared").resolve()
+MODELS = SHARED / "models"
+
+
+@pytest.fixture(scope="session")
+def golden_root() -> Path:
+    return GOLDEN
+
+
+@pytest.fixture(scope="session")
+def models_root() -> Path:
+    if not MODELS.is_dir():
+        pytest.skip(f"../shared/models is absent (looked in {MODELS}); the real-model tests "
+                    "need the shared folder beside the checkout")
+    return MODELS
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> torch.device:
+    return torch.device(request.param)
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_mode():
+    import torchcaffe
+
+    torch.manual_seed(1701)
+    torchcaffe.set_mode_cpu()
+    yield
+    torchcaffe.set_mode_cpu()
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("TORCHCAFFE_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow test: set TORCHCAFFE_SLOW=1 to run")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "conformance: a golden reference case")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print conformance counts per golden group (passed / xfailed / failed)."""
+    counts: dict[str, dict[str, int]] = {}
+    for outcome in ("passed", "failed", "xfailed", "xpassed", "skipped"):
+        for rep in terminalreporter.stats.get(outcome, []):
+            nodeid = getattr(rep, "nodeid", "")
+            if "test_golden_case[" not in nodeid or rep.when not in ("call", "setup"):
+                continue
+            if rep.when == "setup" and outcome == "passed":
+                continue
+            group = nodeid.split("[", 1)[1].split("/", 1)[0]
+            counts.setdefault(group, {}).setdefault(outcome, 0)
+            counts[group][outcome] += 1
+    if not counts:
+        return
+    terminalreporter.section("golden conformance")
+    for group in sorted(counts):
+        row = ", ".join(f"{k} {v}" for k, v in sorted(counts[group].items()))
+        terminalreporter.write_line(f"{group:8s} {row}")

@@ -1,0 +1,241 @@
+"""The torch face: torchcaffe.load(...) -> nn.Module; wiring, errors, params, losses, reshape."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import torchcaffe
+from torchcaffe.errors import (
+    BlobWiringError,
+    LayerParamError,
+    TorchCaffeError,
+    UnknownLayerTypeError,
+    UnsupportedError,
+)
+from torchcaffe.io.prototxt import read_net
+
+MLP = """
+name: "mlp"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 4 dim: 6 } } }
+layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "ip1"
+        inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.5 }
+                              bias_filler { type: "uniform" min: -1 max: 1 } } }
+layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }
+layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2"
+        inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
+"""
+
+
+def build(text: str, phase: str = "test", **kw) -> torchcaffe.TorchNet:
+    return torchcaffe.load(read_net(text), phase=phase, **kw)
+
+
+def mlp_reference(net, x):
+    w1, b1 = net.layer("ip1").param_blobs()
+    w2, b2 = net.layer("ip2").param_blobs()
+    h = np.maximum(x @ w1.detach().numpy().T + b1.detach().numpy(), 0)
+    return h @ w2.detach().numpy().T + b2.detach().numpy()
+
+
+def test_forward_returns_outputs_by_name():
+    net = build(MLP)
+    x = torch.randn(4, 6)
+    out = net(data=x)
+    assert list(out) == ["ip2"]
+    np.testing.assert_allclose(out["ip2"].detach().numpy(), mlp_reference(net, x.numpy()),
+                               rtol=1e-5, atol=1e-6)
+    # positional input binds to the declared input blob
+    torch.testing.assert_close(net(x)["ip2"], out["ip2"])
+
+
+def test_outputs_are_unconsumed_blobs_sorted_by_name():
+    text = MLP + """
+layer { name: "zz" type: "ReLU" bottom: "data" top: "zz" }
+layer { name: "aa" type: "ReLU" bottom: "data" top: "aa" }
+"""
+    assert build(text).output_names == ["aa", "ip2", "zz"]
+
+
+def test_parameters_in_caffe_blob_order():
+    net = build(MLP)
+    names = [n for n, _ in net.named_parameters()]
+    assert names == ["layers.ip1.weight", "layers.ip1.bias", "layers.ip2.weight",
+                     "layers.ip2.bias"]
+    assert tuple(net.layer("ip1").weight.shape) == (5, 6)
+
+
+def test_state_dict_round_trip_and_double():
+    a, b = build(MLP), build(MLP)
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(4, 6)
+    torch.testing.assert_close(a(data=x)["ip2"], b(data=x)["ip2"])
+    d = b.double()
+    assert d(data=x.double())["ip2"].dtype == torch.float64
+
+
+def test_torch_optimizer_reduces_a_loss():
+    net = build(MLP, phase="train")
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    x, target = torch.randn(4, 6), torch.randn(4, 3)
+    losses = []
+    for _ in range(20):
+        opt.zero_grad()
+        loss = ((net(data=x)["ip2"] - target) ** 2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_reshape_on_new_input_shape():
+    net = build(MLP)
+    out = net(data=torch.randn(7, 6))
+    assert tuple(out["ip2"].shape) == (7, 3)
+    with pytest.raises(LayerParamError, match=r"layer 'ip1' \(InnerProduct\)"):
+        net(data=torch.randn(7, 5))
+
+
+def test_input_shapes_override():
+    net = build(MLP, input_shapes={"data": (2, 6)})
+    assert net.blob_shapes["ip2"] == (2, 3)
+
+
+def test_missing_and_unknown_inputs_are_errors():
+    net = build(MLP)
+    with pytest.raises(BlobWiringError, match="missing input"):
+        net()
+    with pytest.raises(BlobWiringError, match="unknown input blob 'dta'"):
+        net(dta=torch.randn(4, 6))
+
+
+def test_missing_bottom_names_layer():
+    text = MLP + 'layer { name: "bad" type: "ReLU" bottom: "nope" top: "y" }'
+    with pytest.raises(BlobWiringError, match=r"layer 'bad' \(ReLU\).*nope"):
+        build(text)
+
+
+def test_duplicate_top_is_an_error():
+    text = MLP + 'layer { name: "dup" type: "ReLU" bottom: "data" top: "ip2" }'
+    with pytest.raises(BlobWiringError, match=r"layer 'dup'.*ip2"):
+        build(text)
+
+
+def test_wrong_bottom_count_names_expected():
+    text = MLP + 'layer { name: "two" type: "ReLU" bottom: "data" bottom: "ip2" top: "y" }'
+    with pytest.raises(BlobWiringError, match=r"layer 'two' \(ReLU\).*expected"):
+        build(text)
+
+
+def test_unknown_type_lists_close_matches():
+    text = MLP + 'layer { name: "c" type: "Convolutoin" bottom: "data" top: "c" }'
+    with pytest.raises(UnknownLayerTypeError, match="Convolution"):
+        build(text)
+
+
+def test_errors_carry_the_file_path(tmp_path):
+    path = tmp_path / "bad.prototxt"
+    path.write_text(MLP + 'layer { name: "bad" type: "ReLU" bottom: "nope" top: "y" }')
+    with pytest.raises(TorchCaffeError, match=str(path)):
+        torchcaffe.load(path)
+
+
+def test_phase_rules_filter_layers():
+    text = MLP + """
+layer { name: "train_only" type: "ReLU" bottom: "ip2" top: "t" include { phase: TRAIN } }
+layer { name: "not_stage" type: "ReLU" bottom: "ip2" top: "s" exclude { stage: "deploy" } }
+"""
+    assert "train_only" not in build(text).layer_names
+    assert "train_only" in build(text, phase="train").layer_names
+    assert "not_stage" not in build(text, stages=["deploy"]).layer_names
+
+
+def test_in_place_relu_keeps_gradient_path():
+    net = build(MLP, phase="train")
+    x = torch.randn(4, 6, requires_grad=True)
+    net(data=x)["ip2"].sum().backward()
+    assert x.grad is not None and net.layer("ip1").weight.grad is not None
+
+
+def test_shared_params_by_name():
+    text = """
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 } } }
+layer { name: "a" type: "InnerProduct" bottom: "data" top: "a"
+        param { name: "w" } param { name: "b" }
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" } } }
+layer { name: "b" type: "InnerProduct" bottom: "a" top: "b"
+        param { name: "w" } param { name: "b" }
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" } } }
+"""
+    net = build(text)
+    assert net.layer("a").weight is net.layer("b").weight
+    assert len(list(net.parameters())) == 2
+
+
+def test_shared_params_with_different_shapes_refused():
+    text = """
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 } } }
+layer { name: "a" type: "InnerProduct" bottom: "data" top: "a" param { name: "w" }
+        inner_product_param { num_output: 4 } }
+layer { name: "b" type: "InnerProduct" bottom: "a" top: "b" param { name: "w" }
+        inner_product_param { num_output: 3 } }
+"""
+    with pytest.raises(TorchCaffeError, match=r"layer 'b'.*'w'"):
+        build(text)
+
+
+def test_lr_mult_zero_freezes_param():
+    text = MLP.replace('top: "ip2"\n', 'top: "ip2" param { lr_mult: 0 } param { lr_mult: 0 }\n')
+    net = build(text, phase="train")
+    assert not net.layer("ip2").weight.requires_grad
+    assert net.layer("ip1").weight.requires_grad
+
+
+def test_loss_weights_default_and_explicit():
+    text = MLP + """
+layer { name: "lbl" type: "Input" top: "label" input_param { shape { dim: 4 dim: 3 } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "ip2" bottom: "label" top: "loss" }
+layer { name: "aux" type: "ReLU" bottom: "ip1" top: "aux" loss_weight: 0.5 }
+"""
+    net = build(text, phase="train")
+    assert net.loss_weights() == {"loss": 1.0, "aux": 0.5}
+    blobs = net.forward_all_blobs(data=torch.randn(4, 6), label=torch.randn(4, 3))
+    want = blobs["loss"].sum() + 0.5 * blobs["aux"].sum()
+    torch.testing.assert_close(net.total_loss(blobs), want)
+
+
+def test_to_moves_every_param_and_buffer():
+    net = build(MLP).to(torch.float64)
+    assert all(p.dtype == torch.float64 for p in net.parameters())
+    out = net(data=torch.randn(4, 6, dtype=torch.float64))
+    assert out["ip2"].dtype == torch.float64
+
+
+def test_repr_reads_like_prototxt():
+    text = repr(build(MLP))
+    assert "num_output: 5" in text and "name='mlp'" in text
+
+
+def test_permissive_shared_params_refused_with_unsupported():
+    text = """
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 6 } } }
+layer { name: "a" type: "InnerProduct" bottom: "data" top: "a"
+        param { name: "w" share_mode: PERMISSIVE } inner_product_param { num_output: 4 } }
+layer { name: "b" type: "InnerProduct" bottom: "data" top: "b"
+        param { name: "w" share_mode: PERMISSIVE } inner_product_param { num_output: 3 axis: 1 } }
+"""
+    with pytest.raises((UnsupportedError, TorchCaffeError)):
+        build(text)
+
+
+def test_loss_layer_without_top_gets_an_automatic_one():
+    text = MLP + """
+layer { name: "lbl" type: "Input" top: "label" input_param { shape { dim: 4 dim: 3 } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "ip2" bottom: "label" }
+"""
+    net = build(text, phase="train")
+    assert net.step("loss").tops == ("(automatic)",)
+    assert "(automatic)" not in net.output_names  # Caffe never makes it a net output
+    blobs = net.forward_all_blobs(data=torch.randn(4, 6), label=torch.randn(4, 3))
+    assert net.total_loss(blobs).item() > 0

@@ -1,0 +1,52 @@
+"""torchcaffe: Caffe nets compiled onto PyTorch.
+
+Torch face::
+
+    net = torchcaffe.load("deploy.prototxt", "weights.caffemodel", phase="test")
+    out = net(data=x)            # {output blob name: tensor}
+
+Caffe face (pycaffe names)::
+
+    import torchcaffe as caffe
+    net = caffe.Net("deploy.prototxt", "weights.caffemodel", caffe.TEST)
+    net.blobs["data"].data[...] = arr; net.forward()
+"""
+
+from __future__ import annotations
+
+from . import proto
+from .api import load, load_weights, save_weights
+from .blob import Blob
+from .errors import (
+                     BlobWiringError,
+                     DataError,
+                     DeviceError,
+                     LayerParamError,
+                     PrototxtError,
+                     SolverError,
+                     TorchCaffeError,
+                     TrustError,
+                     UnknownLayerTypeError,
+                     UnsupportedError,
+                     WeightsError,
+)
+from .layers.base import CaffeLayer
+from .net.net import Net as TorchNet
+from .proto import caffe_pb2
+from .pycaffe.layer import Layer
+from .pycaffe.net import Net
+from .registry import layer_type_list, register_layer
+from .runtime import set_device, set_mode_cpu, set_mode_gpu, set_random_seed
+
+TRAIN = caffe_pb2.TRAIN
+TEST = caffe_pb2.TEST
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "load", "load_weights", "save_weights", "Net", "Layer", "TorchNet", "Blob", "CaffeLayer", "TRAIN",
+    "TEST", "proto", "caffe_pb2", "layer_type_list", "register_layer", "set_mode_cpu",
+    "set_mode_gpu", "set_device", "set_random_seed", "TorchCaffeError", "PrototxtError",
+    "UnknownLayerTypeError", "LayerParamError", "BlobWiringError", "WeightsError",
+    "UnsupportedError", "SolverError", "DataError", "DeviceError", "TrustError",
+]

@@ -1,0 +1,183 @@
+"""Net: a compiled Caffe net as an ordinary ``torch.nn.Module`` (the torch face).
+
+It holds the layer modules (``self.layers``, keyed by a sanitized name) and a static program
+of LayerSteps that ``forward`` runs over a dict of named blobs. ``net(data=x)`` returns the
+output blobs as a dict; ``state_dict``, ``.to()``, autograd and torch optimizers work as for
+any module. The Caffe face (``torchcaffe.pycaffe.Net``) drives the same program layer by layer.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from ..errors import BlobWiringError, LayerParamError, TorchCaffeError
+from ..layers.base import CaffeLayer, Shape
+from ..proto import caffe_pb2
+from .builder import build_net, set_requires_grad
+from .program import LayerStep, ParamInfo
+from .state import make_state
+
+PathLike = str | os.PathLike
+
+
+class Net(nn.Module):
+    """A Caffe net compiled to torch modules; see ``torchcaffe.load``."""
+
+    def __init__(self, net_param: caffe_pb2.NetParameter, phase: int | str | None = None, *,
+                 level: int | None = None, stages: Iterable[str] | None = None,
+                 path: PathLike | None = None,
+                 input_shapes: Mapping[str, Sequence[int]] | None = None) -> None:
+        super().__init__()
+        state = caffe_pb2.NetState()
+        state.CopyFrom(net_param.state)
+        if phase is not None or level is not None or stages is not None:
+            state = make_state(state.phase if phase is None else phase,
+                               state.level if level is None else level,
+                               list(state.stage) if stages is None else stages)
+        self.path = None if path is None else os.fspath(path)
+        self.net_param = net_param
+        self.state = state
+        built = build_net(net_param, state, path=self.path, input_shapes=input_shapes)
+        self.name = built.name
+        self.layers = nn.ModuleDict(built.modules)
+        self.steps: list[LayerStep] = built.steps
+        self.blob_shapes: dict[str, Shape] = built.blob_shapes
+        self.blob_names: list[str] = built.blob_order
+        self.input_names: list[str] = built.input_names
+        self.output_names: list[str] = built.output_names
+        self.param_infos: list[ParamInfo] = built.params
+        self.force_backward = built.force_backward
+        self._step_by_name = {s.name: s for s in self.steps}
+        self._known_input_shapes = {n: self.blob_shapes[n] for n in self.input_names}
+        set_requires_grad(self.layers, self.steps)
+        self.train(self.phase == caffe_pb2.TRAIN)
+
+    # -- identity --------------------------------------------------------------------------
+    @property
+    def phase(self) -> int:
+        return self.state.phase
+
+    @property
+    def layer_names(self) -> list[str]:
+        return [s.name for s in self.steps]
+
+    def layer(self, name: str) -> CaffeLayer:
+        """The module of Caffe layer ``name``."""
+        return self.layers[self.step(name).key]
+
+    def step(self, name: str) -> LayerStep:
+        try:
+            return self._step_by_name[name]
+        except KeyError:
+            import difflib
+
+            close = difflib.get_close_matches(name, list(self._step_by_name), n=3)
+            raise LayerParamError(f"no layer named {name!r} in net '{self.name}'",
+                                  path=self.path,
+                                  hint=f"close matches: {close}" if close else None) from None
+
+    def loss_weights(self) -> dict[str, float]:
+        """Blob -> loss weight, for every top with a nonzero weight."""
+        out: dict[str, float] = {}
+        for step in self.steps:
+            for top, w in zip(step.tops, step.loss_weights):
+                if w:
+                    out[top] = w
+        return out
+
+    def total_loss(self, blobs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Caffe's objective: sum over weighted tops of weight * sum(top)."""
+        terms = [w * blobs[name].sum() for name, w in self.loss_weights().items()
+                 if name in blobs]
+        if not terms:
+            raise LayerParamError("this net has no loss (no top with a loss weight)",
+                                  path=self.path)
+        return torch.stack(terms).sum()
+
+    # -- running -----------------------------------------------------------------------------
+    def bind_inputs(self, args: Sequence[torch.Tensor], kwargs: Mapping[str, torch.Tensor]
+                    ) -> dict[str, torch.Tensor]:
+        if len(args) > len(self.input_names):
+            raise BlobWiringError("too many positional inputs", path=self.path,
+                                  expected=f"at most {len(self.input_names)} "
+                                  f"({', '.join(self.input_names)})", got=len(args))
+        blobs = dict(zip(self.input_names, args))
+        for name, value in kwargs.items():
+            if name not in self.blob_shapes:
+                raise BlobWiringError(f"unknown input blob {name!r}", path=self.path,
+                                      expected=f"one of {self.input_names}", got=name)
+            if name in blobs:
+                raise BlobWiringError(f"input {name!r} given twice", path=self.path)
+            blobs[name] = value
+        missing = [n for n in self.input_names if n not in blobs]
+        if missing:
+            raise BlobWiringError(f"missing input blob(s) {missing}", path=self.path,
+                                  hint=f"call the net with {', '.join(self.input_names)}")
+        self._check_input_shapes(blobs)
+        return blobs
+
+    def _check_input_shapes(self, blobs: Mapping[str, torch.Tensor]) -> None:
+        if torch.compiler.is_compiling() or torch.jit.is_tracing():
+            return
+        shapes = {n: tuple(blobs[n].shape) for n in self.input_names}
+        if shapes != self._known_input_shapes:
+            self.infer_shapes(shapes)
+            self._known_input_shapes = shapes
+
+    def infer_shapes(self, input_shapes: Mapping[str, Sequence[int]]) -> dict[str, Shape]:
+        """Every blob's shape for these input shapes (Caffe's Net::Reshape), without compute.
+
+        Raises a located error when a layer cannot take the new shapes.
+        """
+        shapes: dict[str, Shape] = {n: tuple(int(d) for d in s)
+                                    for n, s in input_shapes.items()}
+        for step in self.steps:
+            if step.is_input:
+                continue
+            bottoms = [shapes[b] for b in step.bottoms]
+            try:
+                tops = self.layers[step.key].output_shapes(bottoms)
+            except TorchCaffeError as err:
+                raise err.located(path=self.path, layer=step.name, layer_type=step.type) from None
+            except (RuntimeError, ValueError, IndexError) as err:
+                raise LayerParamError(f"cannot reshape for bottom shapes {bottoms}: {err}",
+                                      path=self.path, layer=step.name,
+                                      layer_type=step.type) from None
+            shapes.update(zip(step.tops, tops))
+        return shapes
+
+    def run_step(self, step: LayerStep, bottoms: Sequence[torch.Tensor]
+                 ) -> tuple[torch.Tensor, ...]:
+        """One layer's forward; always returns a tuple of tops."""
+        out = self.layers[step.key](*bottoms)
+        return out if isinstance(out, tuple) else (out,)
+
+    def run(self, blobs: dict[str, torch.Tensor], start: int = 0, end: int | None = None
+            ) -> dict[str, torch.Tensor]:
+        """Run steps ``start..end`` (inclusive) over ``blobs`` in place; returns ``blobs``."""
+        end = len(self.steps) - 1 if end is None else end
+        for step in self.steps[start:end + 1]:
+            if step.is_input:
+                continue
+            bottoms = [blobs[b] if keep else blobs[b].detach()
+                       for b, keep in zip(step.bottoms, step.propagate_down)]
+            blobs.update(zip(step.tops, self.run_step(step, bottoms)))
+        return blobs
+
+    def forward(self, *args: torch.Tensor, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``net(data=x)`` -> {output blob name: tensor} (Caffe's net outputs, sorted by name)."""
+        blobs = self.run(self.bind_inputs(args, inputs))
+        return {name: blobs[name] for name in self.output_names}
+
+    def forward_all_blobs(self, *args: torch.Tensor, **inputs: torch.Tensor
+                          ) -> dict[str, torch.Tensor]:
+        """Like ``forward`` but returns every blob (in-place blobs hold their last value)."""
+        return self.run(self.bind_inputs(args, inputs))
+
+    def extra_repr(self) -> str:
+        return (f"name={self.name!r}, phase={caffe_pb2.Phase.Name(self.phase)}, "
+                f"inputs={self.input_names}, outputs={self.output_names}")

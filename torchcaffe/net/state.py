@@ -1,0 +1,70 @@
+"""NetState filtering (Caffe's Net::FilterNet / StateMeetsRule): pure functions on protos."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..errors import LayerParamError
+from ..proto import caffe_pb2
+
+PHASES = {"train": caffe_pb2.TRAIN, "test": caffe_pb2.TEST}
+
+
+def parse_phase(phase: int | str) -> int:
+    """Accept caffe_pb2.TRAIN/TEST, 0/1, or "train"/"test" (any case)."""
+    if isinstance(phase, str):
+        try:
+            return PHASES[phase.lower()]
+        except KeyError:
+            raise LayerParamError("unknown phase", expected="'train' or 'test'",
+                                  got=repr(phase)) from None
+    if phase not in (caffe_pb2.TRAIN, caffe_pb2.TEST):
+        raise LayerParamError("unknown phase", expected="caffe.TRAIN or caffe.TEST", got=phase)
+    return int(phase)
+
+
+def make_state(phase: int | str, level: int = 0,
+               stages: Iterable[str] = ()) -> caffe_pb2.NetState:
+    state = caffe_pb2.NetState(phase=parse_phase(phase), level=level)
+    state.stage.extend(stages)
+    return state
+
+
+def state_meets_rule(state: caffe_pb2.NetState, rule: caffe_pb2.NetStateRule) -> bool:
+    """True when ``state`` satisfies every condition ``rule`` sets."""
+    if rule.HasField("phase") and rule.phase != state.phase:
+        return False
+    if rule.HasField("min_level") and state.level < rule.min_level:
+        return False
+    if rule.HasField("max_level") and state.level > rule.max_level:
+        return False
+    stages = set(state.stage)
+    if any(s not in stages for s in rule.stage):
+        return False
+    if any(s in stages for s in rule.not_stage):
+        return False
+    return True
+
+
+def layer_included(layer: caffe_pb2.LayerParameter, state: caffe_pb2.NetState,
+                   path: str | None = None) -> bool:
+    if layer.include and layer.exclude:
+        raise LayerParamError("specify either include rules or exclude rules, not both",
+                              path=path, layer=layer.name, layer_type=layer.type)
+    if layer.include:
+        return any(state_meets_rule(state, r) for r in layer.include)
+    return not any(state_meets_rule(state, r) for r in layer.exclude)
+
+
+def filter_net(net: caffe_pb2.NetParameter, state: caffe_pb2.NetState | None = None,
+               path: str | None = None) -> caffe_pb2.NetParameter:
+    """A copy of ``net`` holding only the layers its state (or ``state``) includes."""
+    state = net.state if state is None else state
+    out = caffe_pb2.NetParameter()
+    out.CopyFrom(net)
+    out.state.CopyFrom(state)
+    del out.layer[:]
+    for layer in net.layer:
+        if layer_included(layer, state, path):
+            out.layer.add().CopyFrom(layer)
+    return out

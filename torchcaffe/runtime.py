@@ -1,0 +1,60 @@
+"""Process-wide Caffe mode (CPU/GPU), device id and RNG seed, as Caffe's singleton holds them."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import numpy as np
+import torch
+
+from .errors import DeviceError
+
+CPU = "cpu"
+GPU = "gpu"
+
+_state = threading.local()
+
+
+def _get(name: str, default):
+    return getattr(_state, name, default)
+
+
+def mode() -> str:
+    return _get("mode", CPU)
+
+
+def device_id() -> int:
+    return _get("device_id", 0)
+
+
+def set_mode_cpu() -> None:
+    _state.mode = CPU
+
+
+def set_mode_gpu() -> None:
+    if not torch.cuda.is_available():
+        raise DeviceError("caffe.set_mode_gpu(): CUDA is not available on this machine",
+                          hint="use caffe.set_mode_cpu(), or install a CUDA build of torch")
+    _state.mode = GPU
+
+
+def set_device(device: int) -> None:
+    if torch.cuda.is_available() and not 0 <= device < torch.cuda.device_count():
+        raise DeviceError("no such CUDA device",
+                          expected=f"0..{torch.cuda.device_count() - 1}", got=device)
+    _state.device_id = int(device)
+
+
+def compute_device() -> torch.device:
+    """The torch device the current Caffe mode computes on."""
+    if mode() == GPU:
+        return torch.device("cuda", device_id())
+    return torch.device("cpu")
+
+
+def set_random_seed(seed: int) -> None:
+    """Seed every RNG torchcaffe draws from (fillers, dropout, shuffling)."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % (2**32))
+    random.seed(seed)
