@@ -1,0 +1,196 @@
+"""The Caffe face: `import torchcaffe as caffe` behaves as pycaffe's caffe.Net does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import torchcaffe as caffe
+from torchcaffe.errors import BlobWiringError, LayerParamError, WeightsError
+
+NET = """
+name: "face"
+layer { name: "data" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 3 dim: 4 } shape { dim: 3 dim: 2 } } }
+layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "ip1"
+        inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.7 }
+                              bias_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }
+layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2"
+        inner_product_param { num_output: 2 weight_filler { type: "gaussian" std: 0.7 } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "ip2" bottom: "label" top: "loss" }
+"""
+
+
+@pytest.fixture
+def prototxt(tmp_path):
+    path = tmp_path / "net.prototxt"
+    path.write_text(NET)
+    return str(path)
+
+
+def reference(net, x, label):
+    """float64 forward/backward of the same MLP, written out by hand."""
+    w1, b1 = (p.data.astype(np.float64) for p in net.params["ip1"])
+    w2, b2 = (p.data.astype(np.float64) for p in net.params["ip2"])
+    a = x @ w1.T + b1
+    h = np.maximum(a, 0)
+    y = h @ w2.T + b2
+    n = x.shape[0]
+    loss = ((y - label) ** 2).sum() / (2 * n)
+    dy = (y - label) / n
+    dw2, db2 = dy.T @ h, dy.sum(0)
+    dh = dy @ w2
+    da = dh * (a > 0)
+    return dict(y=y, loss=loss, dy=dy, dw2=dw2, db2=db2, da=da, dw1=da.T @ x, db1=da.sum(0),
+                dx=da @ w1)
+
+
+def test_attributes_match_pycaffe(prototxt):
+    net = caffe.Net(prototxt, caffe.TRAIN)
+    assert list(net.blobs) == ["data", "label", "ip1", "ip2", "loss"]
+    assert list(net.params) == ["ip1", "ip2"]
+    assert net._layer_names == ["data", "ip1", "relu1", "ip2", "loss"]
+    assert [layer.type for layer in net.layers] == ["Input", "InnerProduct", "ReLU",
+                                                    "InnerProduct", "EuclideanLoss"]
+    assert list(net.layer_dict) == net._layer_names
+    assert net.inputs == ["data", "label"] and net.outputs == ["loss"]
+    assert net.blobs["data"].data.shape == (3, 4)
+    assert net.params["ip1"][0].data.shape == (5, 4)
+    assert net.blob_loss_weights["loss"] == 1.0
+
+
+def test_forward_backward_match_hand_written_reference(prototxt):
+    net = caffe.Net(prototxt, caffe.TRAIN)
+    rng = np.random.default_rng(0)
+    x, label = rng.standard_normal((3, 4)), rng.standard_normal((3, 2))
+    net.blobs["data"].data[...] = x
+    net.blobs["label"].data[...] = label
+    out = net.forward()
+    ref = reference(net, x, label)
+    np.testing.assert_allclose(out["loss"], ref["loss"], rtol=1e-5)
+    net.backward()
+    np.testing.assert_allclose(net.blobs["ip2"].diff, ref["dy"], rtol=1e-4, atol=1e-6)
+    # ip1 is computed in place by relu1: its diff is the gradient w.r.t. the ReLU input
+    np.testing.assert_allclose(net.blobs["ip1"].diff, ref["da"], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(net.params["ip2"][0].diff, ref["dw2"], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(net.params["ip2"][1].diff, ref["db2"], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(net.params["ip1"][0].diff, ref["dw1"], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(net.params["ip1"][1].diff, ref["db1"], rtol=1e-4, atol=1e-6)
+
+
+def test_param_diffs_accumulate_until_cleared(prototxt):
+    net = caffe.Net(prototxt, caffe.TRAIN)
+    net.blobs["data"].data[...] = np.arange(12).reshape(3, 4) / 10
+    net.forward()
+    net.backward()
+    once = net.params["ip2"][0].diff.copy()
+    net.forward()
+    net.backward()
+    np.testing.assert_allclose(net.params["ip2"][0].diff, 2 * once, rtol=1e-5)
+    net.clear_param_diffs()
+    assert not net.params["ip2"][0].diff.any()
+
+
+def test_writing_param_data_changes_the_forward(prototxt):
+    net = caffe.Net(prototxt, caffe.TEST)
+    net.params["ip2"][0].data[...] = 0
+    net.params["ip2"][1].data[...] = [1.5, -2.0]
+    net.forward()
+    np.testing.assert_allclose(net.blobs["ip2"].data, [[1.5, -2.0]] * 3)
+
+
+def test_forward_start_end_and_kwargs(prototxt):
+    net = caffe.Net(prototxt, caffe.TEST)
+    net.blobs["data"].data[...] = 1.0
+    out = net.forward(end="ip1")
+    assert set(out) == {"ip1"}
+    net.blobs["ip1"].data[...] = 0.0
+    out = net.forward(start="ip2", end="ip2")
+    np.testing.assert_allclose(out["ip2"], np.broadcast_to(net.params["ip2"][1].data, (3, 2)))
+    with pytest.raises(LayerParamError, match="ip3"):
+        net.forward(end="ip3")
+
+
+def test_backward_with_top_diff_kwargs():
+    # Without a loss Caffe prunes every backward unless force_backward is set.
+    no_loss = "force_backward: true\n" + NET.split('layer { name: "loss"')[0]
+    face = caffe.Net(_write(no_loss), caffe.TRAIN)
+    face.blobs["data"].data[...] = np.linspace(-1, 1, 12).reshape(3, 4)
+    face.forward()
+    top = np.ones((3, 2))
+    diffs = face.backward(ip2=top, label=np.zeros((3, 2)), diffs=["ip1"])
+    w2 = face.params["ip2"][0].data
+    mask = face.blobs["ip1"].data > 0
+    np.testing.assert_allclose(diffs["ip1"], (top @ w2) * mask, rtol=1e-5, atol=1e-7)
+    with pytest.raises(BlobWiringError, match="top diff"):
+        face.backward(nope=top)
+
+
+def test_backward_is_pruned_without_loss_or_force_backward():
+    face = caffe.Net(_write(NET.split('layer { name: "loss"')[0]), caffe.TRAIN)
+    face.blobs["data"].data[...] = 1.0
+    face.forward()
+    diffs = face.backward(ip2=np.ones((3, 2)), label=np.zeros((3, 2)), diffs=["ip1"])
+    assert not diffs["ip1"].any()
+
+
+def _write(text: str) -> str:
+    import tempfile
+
+    f = tempfile.NamedTemporaryFile("w", suffix=".prototxt", delete=False)
+    f.write(text)
+    f.close()
+    return f.name
+
+
+def test_blob_reshape_then_net_reshape(prototxt):
+    net = caffe.Net(prototxt, caffe.TEST)
+    net.blobs["data"].reshape(7, 4)
+    net.blobs["label"].reshape(7, 2)
+    net.reshape()
+    assert net.blobs["ip2"].data.shape == (7, 2)
+    net.forward()
+
+
+def test_forward_all_batches_and_concatenates(prototxt):
+    net = caffe.Net(prototxt, caffe.TEST)
+    x = np.random.default_rng(1).standard_normal((8, 4)).astype(np.float32)
+    w1, b1 = net.params["ip1"][0].data, net.params["ip1"][1].data
+    w2, b2 = net.params["ip2"][0].data, net.params["ip2"][1].data
+    result = net.forward_all(blobs=["ip2"], data=x, label=np.zeros((8, 2), np.float32))
+    want = np.maximum(x @ w1.T + b1, 0) @ w2.T + b2
+    np.testing.assert_allclose(result["ip2"], want, rtol=1e-5, atol=1e-6)
+    loss = [name for name in result if result[name].ndim == 1 and name != "ip2"]
+    assert loss == ["loss"] and result["loss"].shape == (3,), "batch 3 over 8 items: 3 forwards"
+
+
+def test_save_copy_from_and_constructor_forms(prototxt, tmp_path):
+    a = caffe.Net(prototxt, caffe.TEST)
+    weights = str(tmp_path / "w.caffemodel")
+    a.save(weights)
+    for b in (caffe.Net(prototxt, weights, caffe.TEST),
+              caffe.Net(prototxt, caffe.TEST, weights=weights),
+              caffe.Net(prototxt, weights=weights, phase=caffe.TEST)):
+        for name in a.params:
+            for pa, pb in zip(a.params[name], b.params[name]):
+                np.testing.assert_array_equal(pa.data, pb.data)
+    with pytest.raises(LayerParamError, match="phase"):
+        caffe.Net(prototxt)
+    with pytest.raises(WeightsError):
+        caffe.Net(prototxt, str(tmp_path / "missing.caffemodel"), caffe.TEST)
+
+
+def test_share_with_uses_the_same_memory(prototxt):
+    a, b = caffe.Net(prototxt, caffe.TRAIN), caffe.Net(prototxt, caffe.TEST)
+    b.share_with(a)
+    a.params["ip1"][0].data[...] = 0.25
+    np.testing.assert_array_equal(b.params["ip1"][0].data, 0.25)
+
+
+def test_pycaffe_module_level_names():
+    assert caffe.TRAIN == 0 and caffe.TEST == 1
+    assert "Convolution" in caffe.layer_type_list()
+    assert caffe.proto.caffe_pb2.NetParameter
+    caffe.set_mode_cpu()
+    caffe.set_random_seed(3)

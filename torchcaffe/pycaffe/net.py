@@ -1,0 +1,412 @@
+"""The Caffe face: ``caffe.Net`` with pycaffe's blobs/params/forward/backward semantics.
+
+It drives the compiled torch Net layer by layer, as Caffe's Net::ForwardFromTo and
+BackwardFromTo do: every blob is a Blob with data and diff; each layer's backward reads its top
+diffs and overwrites its bottom diffs, param diffs accumulate until cleared. Each layer's
+gradient comes from autograd over that layer alone, so partial forward/backward (start/end)
+and blobs edited between calls behave as in Caffe.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .. import runtime
+from ..blob import Blob
+from ..errors import BlobWiringError, LayerParamError
+from ..net.net import Net as TorchNet
+from ..proto import caffe_pb2
+from ..syncedmem import Head
+from . import netio
+
+
+@dataclass
+class _Record:
+    bottoms: list[torch.Tensor]
+    tops: tuple[torch.Tensor, ...]
+
+
+class LayerView:
+    """pycaffe's Layer object: ``type``, ``blobs`` and the underlying module."""
+
+    def __init__(self, name: str, type_: str, module: nn.Module, blobs: list[Blob]) -> None:
+        self.name = name
+        self.type = type_
+        self.module = module
+        self.blobs = blobs
+
+    def __repr__(self) -> str:
+        return f"<Layer {self.name!r} ({self.type})>"
+
+
+class Net:
+    """``caffe.Net(network_file, phase)``, ``caffe.Net(network_file, weights, phase)``, or the
+    keyword forms ``caffe.Net(network_file, phase=..., weights=..., level=..., stages=...)``."""
+
+    def __init__(self, network_file: Any, *args: Any, phase: int | str | None = None,
+                 weights: str | os.PathLike | None = None, level: int = 0,
+                 stages: Sequence[str] | None = None, **load_options: Any) -> None:
+        weights, phase = _parse_net_args(args, weights, phase)
+        self._net: TorchNet = netio.build_torch_net(network_file, phase, level=level,
+                                                    stages=stages or (), **load_options)
+        self._device = torch.device("cpu")
+        self._make_blobs()
+        self._bind_params()
+        self._records: dict[int, _Record] = {}
+        self._overwritten = self._find_overwritten_bottoms()
+        if weights is not None:
+            self.copy_from(weights)
+
+    # -- construction ---------------------------------------------------------------------
+    def _make_blobs(self) -> None:
+        self.blobs: OrderedDict[str, Blob] = OrderedDict(
+            (name, Blob(self._net.blob_shapes[name])) for name in self._net.blob_names)
+        self._blob_loss_weights = {name: 0.0 for name in self.blobs}
+        for step in self._net.steps:
+            for top, w in zip(step.tops, step.loss_weights):
+                if w:
+                    self._blob_loss_weights[top] = w
+                    self.blobs[top].diff[...] = w  # Caffe's SetLossWeights
+
+    def _bind_params(self) -> None:
+        """One Blob per distinct param tensor, sharing memory with the module's tensors."""
+        by_tensor: dict[int, Blob] = {}
+        self.layers: list[LayerView] = []
+        for step in self._net.steps:
+            module = self._net.layers[step.key]
+            blobs = []
+            for tensor in module.param_blobs():
+                blob = by_tensor.get(id(tensor))
+                if blob is None:
+                    blob = self._param_blob(tensor)
+                    by_tensor[id(tensor)] = blob
+                blobs.append(blob)
+            self.layers.append(LayerView(step.name, step.type, module, blobs))
+        self._param_blob_of = by_tensor
+
+    def _param_blob(self, tensor: torch.Tensor) -> Blob:
+        blob = Blob(tuple(tensor.shape), dtype=tensor.dtype)
+        flat = tensor.detach().view(-1)
+        if isinstance(tensor, nn.Parameter):
+            if tensor.grad is None or tensor.grad.shape != tensor.shape:
+                tensor.grad = torch.zeros_like(tensor)
+            grad = tensor.grad.view(-1)
+        else:
+            grad = torch.zeros_like(flat)
+        if flat.device.type == "cpu":
+            blob.data_memory.set_cpu_data(flat)
+            blob.diff_memory.set_cpu_data(grad)
+        else:
+            blob.data_memory.set_gpu_data(flat)
+            blob.diff_memory.set_gpu_data(grad)
+        return blob
+
+    def _find_overwritten_bottoms(self) -> list[list[bool]]:
+        """Per layer and bottom: will this or a later layer overwrite the blob (in-place)?"""
+        steps = self._net.steps
+        out = []
+        for i, step in enumerate(steps):
+            later_tops = {t for s in steps[i:] for t in s.tops}
+            out.append([b in later_tops for b in step.bottoms])
+        return out
+
+    # -- pycaffe attributes -----------------------------------------------------------------
+    @property
+    def module(self) -> TorchNet:
+        """The compiled torch module this Caffe-face net drives."""
+        return self._net
+
+    @property
+    def params(self) -> OrderedDict[str, list[Blob]]:
+        return OrderedDict((lv.name, lv.blobs) for lv in self.layers if lv.blobs)
+
+    @property
+    def layer_dict(self) -> OrderedDict[str, LayerView]:
+        return OrderedDict((lv.name, lv) for lv in self.layers)
+
+    @property
+    def _layer_names(self) -> list[str]:
+        return self._net.layer_names
+
+    @property
+    def _blob_names(self) -> list[str]:
+        return list(self.blobs)
+
+    @property
+    def inputs(self) -> list[str]:
+        return list(self._net.input_names)
+
+    @property
+    def outputs(self) -> list[str]:
+        return list(self._net.output_names)
+
+    @property
+    def name(self) -> str:
+        return self._net.name
+
+    @property
+    def phase(self) -> int:
+        return self._net.phase
+
+    @property
+    def blob_loss_weights(self) -> OrderedDict[str, float]:
+        return OrderedDict(self._blob_loss_weights)
+
+    @property
+    def top_names(self) -> OrderedDict[str, list[str]]:
+        return OrderedDict((s.name, list(s.tops)) for s in self._net.steps)
+
+    @property
+    def bottom_names(self) -> OrderedDict[str, list[str]]:
+        return OrderedDict((s.name, list(s.bottoms)) for s in self._net.steps)
+
+    def _top_ids(self, i: int) -> list[int]:
+        return [self._blob_names.index(t) for t in self._net.steps[i].tops]
+
+    def _bottom_ids(self, i: int) -> list[int]:
+        return [self._blob_names.index(b) for b in self._net.steps[i].bottoms]
+
+    # -- devices ----------------------------------------------------------------------------
+    def _ensure_device(self) -> torch.device:
+        device = runtime.compute_device()
+        if device != self._device:
+            for blob in self._param_blob_of.values():
+                blob.data_at(self._device)  # make the module side current before moving
+                blob.diff_at(self._device)
+            self._net.to(device)
+            self._device = device
+            self._bind_params()
+        for blob in self._param_blob_of.values():  # pull host-side edits to the module
+            blob.data_at(device)
+            blob.diff_at(device)
+        return device
+
+    def _params_written_on_device(self) -> None:
+        """Module tensors were written directly (weights loaded): their side is current."""
+        side = Head.HEAD_AT_CPU if self._device.type == "cpu" else Head.HEAD_AT_GPU
+        for blob in self._param_blob_of.values():
+            blob.data_memory.head = side
+
+    # -- forward / backward -----------------------------------------------------------------
+    def _forward(self, start: int, end: int) -> float:
+        device = self._ensure_device()
+        steps = self._net.steps
+        for i in range(start, end + 1):
+            self._records.pop(i, None)
+        loss = 0.0
+        for i in range(start, end + 1):
+            step = steps[i]
+            if step.is_input:
+                continue
+            bottoms = []
+            for j, name in enumerate(step.bottoms):
+                t = self.blobs[name].data_at(device)
+                t = t.clone() if self._overwritten[i][j] else t.detach()
+                if step.need_backward and step.bottom_need_backward[j] and t.is_floating_point():
+                    t.requires_grad_(True)
+                bottoms.append(t)
+            with torch.set_grad_enabled(step.need_backward):
+                tops = self._net.run_step(step, bottoms)
+            for name, t, w in zip(step.tops, tops, step.loss_weights):
+                blob = self.blobs[name]
+                if blob.shape != tuple(t.shape):
+                    blob.reshape(tuple(t.shape))
+                    if self._blob_loss_weights[name]:
+                        blob.diff[...] = self._blob_loss_weights[name]
+                blob.data_at(device, mutable=True).copy_(t.detach())
+                if w:
+                    loss += w * float(t.detach().sum())
+            if step.need_backward:
+                self._records[i] = _Record(bottoms, tops)
+        return loss
+
+    def _backward(self, start: int, end: int) -> None:
+        device = self._ensure_device()
+        steps = self._net.steps
+        for i in range(start, end - 1, -1):
+            step = steps[i]
+            record = self._records.get(i)
+            if not step.need_backward or record is None:
+                continue
+            module = self._net.layers[step.key]
+            if not module.has_backward:
+                continue
+            outs, grads = [], []
+            for name, t in zip(step.tops, record.tops):
+                if t.requires_grad:
+                    outs.append(t)
+                    grads.append(self.blobs[name].diff_at(device).view(t.shape).to(t.dtype))
+            wanted = [j for j, b in enumerate(record.bottoms)
+                      if step.bottom_need_backward[j] and b.requires_grad]
+            params = [p for p, need in zip(module.param_blobs(), step.param_need_backward)
+                      if need and isinstance(p, nn.Parameter) and p.requires_grad]
+            inputs = [record.bottoms[j] for j in wanted] + params
+            if not outs or not inputs:
+                continue
+            got = torch.autograd.grad(outs, inputs, grads, allow_unused=True,
+                                      retain_graph=True)
+            for j, g in zip(wanted, got[: len(wanted)]):
+                diff = self.blobs[step.bottoms[j]].diff_at(device, mutable=True)
+                if g is None:
+                    diff.zero_()
+                else:
+                    diff.copy_(g.view(diff.shape))
+            for p, g in zip(params, got[len(wanted):]):
+                if g is not None:
+                    self._param_blob_of[id(p)].diff_at(device, mutable=True).add_(
+                        g.view(p.shape))
+
+    def _layer_index(self, name: str) -> int:
+        try:
+            return self._net.layer_names.index(name)
+        except ValueError:
+            self._net.step(name)  # raises with close matches
+            raise
+
+    def forward(self, blobs: Sequence[str] | None = None, start: str | None = None,
+                end: str | None = None, **kwargs: np.ndarray) -> dict[str, np.ndarray]:
+        """pycaffe's forward: set ``kwargs`` inputs, run ``start..end``, return outputs."""
+        blobs = list(blobs or [])
+        start_ind = 0 if start is None else self._layer_index(start)
+        if end is None:
+            end_ind = len(self._net.steps) - 1
+            outputs = set(self.outputs + blobs)
+        else:
+            end_ind = self._layer_index(end)
+            outputs = set(self._net.steps[end_ind].tops) | set(blobs)
+            if end in self.blobs:
+                outputs.add(end)
+        if kwargs:
+            if set(kwargs) != set(self.inputs):
+                raise BlobWiringError("input blob arguments do not match net inputs",
+                                      expected=sorted(self.inputs), got=sorted(kwargs))
+            for name, value in kwargs.items():
+                value = np.asarray(value)
+                if value.shape[0] != self.blobs[name].shape[0]:
+                    raise BlobWiringError(f"input {name!r} is not batch sized",
+                                          expected=self.blobs[name].shape[0],
+                                          got=value.shape[0])
+                self.blobs[name].data[...] = value
+        self._forward(start_ind, end_ind)
+        return {name: self.blobs[name].data for name in outputs}
+
+    def backward(self, diffs: Sequence[str] | None = None, start: str | None = None,
+                 end: str | None = None, **kwargs: np.ndarray) -> dict[str, np.ndarray]:
+        """pycaffe's backward: set ``kwargs`` top diffs, run ``start..end`` in reverse."""
+        diffs = list(diffs or [])
+        start_ind = len(self._net.steps) - 1 if start is None else self._layer_index(start)
+        if end is None:
+            end_ind = 0
+            outputs = set(self.inputs + diffs)
+        else:
+            end_ind = self._layer_index(end)
+            outputs = set(self._net.steps[end_ind].bottoms) | set(diffs)
+            if end in self.blobs:
+                outputs.add(end)
+        if kwargs:
+            if set(kwargs) != set(self.outputs):
+                raise BlobWiringError("top diff arguments do not match net outputs",
+                                      expected=sorted(self.outputs), got=sorted(kwargs))
+            for name, value in kwargs.items():
+                value = np.asarray(value)
+                if value.shape[0] != self.blobs[name].shape[0]:
+                    raise BlobWiringError(f"diff {name!r} is not batch sized",
+                                          expected=self.blobs[name].shape[0],
+                                          got=value.shape[0])
+                self.blobs[name].diff[...] = value
+        self._backward(start_ind, end_ind)
+        return {name: self.blobs[name].diff for name in outputs}
+
+    def forward_backward(self) -> float:
+        """Caffe's Net::ForwardBackward: forward, then backward; returns the loss."""
+        loss = self._forward(0, len(self._net.steps) - 1)
+        self._backward(len(self._net.steps) - 1, 0)
+        return loss
+
+    def forward_all(self, blobs: Sequence[str] | None = None, **kwargs: np.ndarray
+                    ) -> dict[str, np.ndarray]:
+        """Run batches of ``kwargs`` inputs through the net; concatenate the outputs."""
+        return netio.forward_all(self, blobs, kwargs)
+
+    def clear_param_diffs(self) -> None:
+        for blob in self._param_blob_of.values():
+            blob.diff[...] = 0
+
+    def reshape(self) -> None:
+        """Re-infer every blob shape from the input blobs' current shapes (Net::Reshape)."""
+        shapes = self._net.infer_shapes({n: self.blobs[n].shape for n in self.inputs})
+        for name, shape in shapes.items():
+            if self.blobs[name].shape != tuple(shape):
+                self.blobs[name].reshape(shape)
+                if self._blob_loss_weights.get(name):
+                    self.blobs[name].diff[...] = self._blob_loss_weights[name]
+
+    # -- weights -----------------------------------------------------------------------------
+    def copy_from(self, path: str | os.PathLike) -> None:
+        """Caffe's CopyTrainedLayersFrom (binary or HDF5)."""
+        self._ensure_device()
+        netio.load_weights(self._net, path)
+        self._params_written_on_device()
+
+    def save(self, path: str | os.PathLike, write_diff: bool = False) -> None:
+        self._ensure_device()
+        netio.save_weights(self._net, path, write_diff=write_diff)
+
+    def save_hdf5(self, path: str | os.PathLike, write_diff: bool = False) -> None:
+        self._ensure_device()
+        netio.save_weights(self._net, path, write_diff=write_diff, hdf5=True)
+
+    def share_with(self, other: Net) -> None:
+        """Caffe's ShareTrainedLayersWith: same-named layers use ``other``'s param memory."""
+        self._ensure_device()
+        other._ensure_device()
+        for step in self._net.steps:
+            if step.name not in other._net.layer_names:
+                continue
+            mine = self._net.layers[step.key]
+            theirs = other._net.layer(step.name).param_blobs()
+            if len(theirs) != len(mine.param_blobs()):
+                raise LayerParamError("incompatible number of blobs", layer=step.name,
+                                      layer_type=step.type, expected=len(mine.param_blobs()),
+                                      got=len(theirs))
+            for j, (t, s) in enumerate(zip(mine.param_blobs(), theirs)):
+                if tuple(t.shape) != tuple(s.shape):
+                    raise LayerParamError(f"cannot share param {j} weights; shape mismatch",
+                                          layer=step.name, layer_type=step.type,
+                                          expected=tuple(t.shape), got=tuple(s.shape))
+                mine.set_param_blob(j, s)
+        self._bind_params()
+
+    def __repr__(self) -> str:
+        return (f"<caffe.Net {self.name!r} phase={caffe_pb2.Phase.Name(self.phase)} "
+                f"{len(self.layers)} layers>")
+
+
+def _parse_net_args(args: tuple, weights: Any, phase: Any) -> tuple[Any, Any]:
+    """pycaffe accepts (phase), (weights, phase) and keywords; sort them out."""
+    if len(args) == 1:
+        if phase is None and not isinstance(args[0], (str, os.PathLike)):
+            phase = args[0]
+        elif weights is None:
+            weights = args[0]
+        else:
+            raise LayerParamError("caffe.Net got weights twice", got=args)
+    elif len(args) == 2:
+        if weights is not None or phase is not None:
+            raise LayerParamError("caffe.Net got weights/phase twice", got=args)
+        weights, phase = args
+    elif len(args) > 2:
+        raise LayerParamError("caffe.Net takes (network_file, [weights], phase)",
+                              expected="at most 3 positional arguments", got=len(args) + 1)
+    if phase is None:
+        raise LayerParamError("caffe.Net needs a phase", expected="caffe.TRAIN or caffe.TEST",
+                              got=None)
+    return weights, phase
