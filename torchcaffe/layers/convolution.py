@@ -1,0 +1,129 @@
+"""Convolution: N-d grouped, dilated convolution over the axes after ``axis``."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ..registry import register_layer
+from ._conv_geometry import ConvGeometry, conv_geometry, im2col_nd
+from .base import AtLeast, CaffeLayer
+
+
+class ConvolutionBase(CaffeLayer):
+    """Shared by Convolution and Deconvolution (Caffe's BaseConvolutionLayer).
+
+    Several bottoms are convolved with the same filters, one top each; they must share a shape.
+    Leading axes before ``axis`` are independent inputs (flattened into one batch axis).
+    """
+
+    param_field = "convolution_param"
+    bottoms = AtLeast(1)
+    tops = AtLeast(1)
+    equal_bottom_top = True
+    reverse_dimensions = False  # Deconvolution: filters map num_output -> channels
+
+    def __init__(self, layer_param, bottom_shapes):
+        super().__init__(layer_param, bottom_shapes)
+        p = self.param
+        shape = self.bottom_shapes[0]
+        self.geom, self.num_output, self.group = self.setup_geometry(shape)
+        self.channels = shape[self.geom.channel_axis]
+        self.bias_term = p.bias_term
+        for i, other in enumerate(self.bottom_shapes[1:], 1):
+            if other != shape:
+                raise self.error(f"all bottoms must have the same shape; bottom {i} differs",
+                                 expected=shape, got=other)
+        conv_out, conv_in = self.num_output, self.channels
+        if self.reverse_dimensions:
+            conv_out, conv_in = conv_in, conv_out
+        self.add_blob("weight", (conv_out, conv_in // self.group, *self.geom.kernel),
+                      filler=p.weight_filler)
+        if self.bias_term:
+            self.add_blob("bias", (self.num_output,), filler=p.bias_filler)
+        self.top_spatial(shape[self.geom.channel_axis + 1:])
+
+    def setup_geometry(self, shape) -> tuple[ConvGeometry, int, int]:
+        p = self.param
+        geom = conv_geometry(self, p, shape)
+        channels = shape[geom.channel_axis]
+        if p.num_output <= 0:
+            raise self.error("num_output must be positive", expected="> 0", got=p.num_output)
+        if p.group <= 0 or channels % p.group:
+            raise self.error("group must divide the number of input channels",
+                             expected=f"a divisor of {channels}", got=f"group {p.group}")
+        if p.num_output % p.group:
+            raise self.error("num_output must be a multiple of group",
+                             expected=f"a multiple of {p.group}", got=p.num_output)
+        return geom, p.num_output, p.group
+
+    def output_spatial(self, spatial) -> tuple[int, ...]:
+        return self.geom.conv_output(spatial)
+
+    def top_spatial(self, spatial) -> tuple[int, ...]:
+        out = self.output_spatial(spatial)
+        if any(o <= 0 for o in out):
+            raise self.error("output size is not positive for this bottom",
+                             expected="every output dim > 0",
+                             got=f"{tuple(out)} from spatial {tuple(spatial)}")
+        return out
+
+    def forward(self, *bottoms: torch.Tensor):
+        tops = tuple(self._one(x, bottoms[0].shape) for x in bottoms)
+        return tops if len(tops) > 1 else tops[0]
+
+    def _one(self, x: torch.Tensor, shape0) -> torch.Tensor:
+        axis = self.geom.channel_axis
+        if x.dim() != axis + 1 + self.geom.num_spatial or x.shape[axis] != self.channels:
+            raise self.error("bottom incompatible with the convolution set up",
+                             expected=f"{axis + 1 + self.geom.num_spatial} axes with "
+                             f"{self.channels} channels at axis {axis}", got=tuple(x.shape))
+        if x.shape != shape0:
+            raise self.error("all bottoms must have the same shape", expected=tuple(shape0),
+                             got=tuple(x.shape))
+        lead, spatial = x.shape[:axis], tuple(x.shape[axis + 1:])
+        out = self.top_spatial(spatial)
+        y = self.compute(x.reshape(math.prod(lead), self.channels, *spatial), spatial)
+        return y.reshape(*lead, self.num_output, *out)
+
+    def compute(self, x: torch.Tensor, spatial: tuple[int, ...]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def add_bias(self, y: torch.Tensor) -> torch.Tensor:
+        if not self.bias_term:
+            return y
+        return y + self.bias.view(-1, *([1] * (y.dim() - 2)))
+
+
+@register_layer("Convolution")
+class ConvolutionLayer(ConvolutionBase):
+    """Cross-correlation with learned filters. Caffe type ``Convolution``, ``convolution_param``.
+
+    Output: (in + 2 * pad - (dilation * (kernel - 1) + 1)) / stride + 1 per spatial axis, with
+    C's truncating division. Weight blob (num_output, channels / group, *kernel), bias
+    (num_output,). ``force_nd_im2col`` and ``engine`` have no numeric effect.
+    Differs from torch: when in + 2 * pad < extent, C's division still gives one output (the
+    window reads zeros past the end); any number of spatial axes (>3 via im2col).
+    """
+
+    def compute(self, x: torch.Tensor, spatial: tuple[int, ...]) -> torch.Tensor:
+        g, n = self.geom, self.geom.num_spatial
+        weight = self.weight
+        if n == 0:  # no spatial axes: a 1x1 convolution over a length-1 axis
+            y = F.conv1d(x.unsqueeze(-1), weight.unsqueeze(-1), groups=self.group)
+            return self.add_bias(y.squeeze(-1))
+        if n > 3:
+            cols = im2col_nd(x, g)
+            out = cols.shape[2:]
+            cols = cols.reshape(x.shape[0], self.group, -1, math.prod(out))
+            w = weight.reshape(self.group, self.num_output // self.group, -1)
+            y = torch.einsum("gok,ngkl->ngol", w, cols)
+            return self.add_bias(y.reshape(x.shape[0], self.num_output, *out))
+        extra = g.extra_pad(spatial)
+        if any(extra):
+            x = F.pad(x, [v for e in reversed(extra) for v in (0, e)])
+        conv = (F.conv1d, F.conv2d, F.conv3d)[n - 1]
+        return conv(x, weight, self.bias if self.bias_term else None, g.stride, g.pad,
+                    g.dilation, self.group)

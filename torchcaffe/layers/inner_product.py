@@ -1,0 +1,48 @@
+"""InnerProduct: fully connected layer over the axes from ``axis`` on."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..registry import register_layer
+from .base import CaffeLayer, canonical_axis
+
+
+@register_layer("InnerProduct")
+class InnerProductLayer(CaffeLayer):
+    """y = x W^T + b over flattened trailing axes. Caffe type ``InnerProduct``,
+    ``inner_product_param``.
+
+    Output shape: bottom.shape[:axis] + (num_output,). Weight blob is (num_output, K), or
+    (K, num_output) with ``transpose: true``; bias blob is (num_output,).
+    """
+
+    param_field = "inner_product_param"
+
+    def __init__(self, layer_param, bottom_shapes):
+        super().__init__(layer_param, bottom_shapes)
+        p = self.param
+        if p.num_output <= 0:
+            raise self.error("num_output must be positive", expected="> 0", got=p.num_output)
+        shape = self.bottom_shapes[0]
+        self.axis = canonical_axis(self, p.axis, len(shape))
+        self.k = math.prod(shape[self.axis:])
+        self.transpose = p.transpose
+        wshape = (self.k, p.num_output) if p.transpose else (p.num_output, self.k)
+        self.add_blob("weight", wshape, filler=p.weight_filler)
+        if p.bias_term:
+            self.add_blob("bias", (p.num_output,), filler=p.bias_filler)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k = math.prod(x.shape[self.axis:])
+        if k != self.k:
+            raise self.error("input size incompatible with inner product parameters",
+                             expected=f"{self.k} values from axis {self.axis} on", got=k)
+        flat = x.reshape(*x.shape[: self.axis], self.k)
+        weight = self.weight.t() if self.transpose else self.weight
+        y = flat.matmul(weight.t())
+        if self.param.bias_term:
+            y = y + self.bias
+        return y

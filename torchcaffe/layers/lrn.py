@@ -1,0 +1,49 @@
+"""LRN: local response normalization across channels or within each channel."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..proto import caffe_pb2
+from ..registry import register_layer
+from .base import CaffeLayer
+
+LP = caffe_pb2.LRNParameter
+
+
+@register_layer("LRN")
+class LRNLayer(CaffeLayer):
+    """Local response normalization. Caffe type ``LRN``, ``lrn_param``; (N, C, H, W) only.
+
+    ACROSS_CHANNELS: y = x * (k + alpha / n * sum of x^2 over the n channels centred on c,
+    zero beyond the edges)^-beta. WITHIN_CHANNEL (Caffe's composite of Power, AVE Pooling
+    with pad (n - 1) / 2, Power and Eltwise): y = x * (1 + alpha / n^2 * sum of x^2 over the
+    n x n window, zero beyond the borders)^-beta -- ``k`` is not used there.
+    Differs from torch: WITHIN_CHANNEL has no torch equivalent (ACROSS is F.local_response_norm).
+    """
+
+    param_field = "lrn_param"
+
+    def __init__(self, layer_param, bottom_shapes):
+        super().__init__(layer_param, bottom_shapes)
+        p = self.param
+        if p.local_size % 2 != 1:
+            raise self.error("LRN only supports odd values for local_size", expected="odd",
+                             got=p.local_size)
+        self.local_size, self.alpha, self.beta, self.k = p.local_size, p.alpha, p.beta, p.k
+        self.norm_region = p.norm_region
+        self._check(self.bottom_shapes[0])
+
+    def _check(self, shape) -> None:
+        if len(shape) != 4:
+            raise self.error("input must have 4 axes (num, channels, height, width)",
+                             expected=4, got=len(shape))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check(tuple(x.shape))
+        n = self.local_size
+        if self.norm_region == LP.ACROSS_CHANNELS:
+            return F.local_response_norm(x, n, self.alpha, self.beta, self.k)
+        window = F.avg_pool2d(x * x, n, 1, (n - 1) // 2, ceil_mode=True, count_include_pad=True)
+        return x * (1 + self.alpha * window).pow(-self.beta)

@@ -1,0 +1,213 @@
+"""Pooling: 2-D MAX / AVE / STOCHASTIC pooling with Caffe's window and output-size rules."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ..proto import caffe_pb2
+from ..registry import register_layer
+from .base import Between, CaffeLayer
+
+PP = caffe_pb2.PoolingParameter
+FLT_MAX = 3.4028234663852886e38  # Caffe starts every MAX window at -FLT_MAX
+Pair = tuple[int, int]
+
+
+def pooled_size(size: int, kernel: int, stride: int, pad: int, ceil: bool, clip: bool) -> int:
+    """Caffe: ceil/floor((size + 2 * pad - kernel) / stride) + 1, in float; with ``clip`` (any
+    pad on either axis) the last window is dropped when it would start in the padding."""
+    q = (size + 2 * pad - kernel) / stride
+    out = (math.ceil(q) if ceil else math.floor(q)) + 1
+    if clip and (out - 1) * stride >= size + pad:
+        out -= 1
+    return out
+
+
+def _torch_ceil_mode(hw: Pair, kernel: Pair, stride: Pair, pad: Pair, out: Pair) -> bool | None:
+    """torch's pooling ceil_mode flag that yields Caffe's output size on both axes, or None
+    when torch cannot express the geometry (pad > kernel / 2, or different rounding)."""
+    if any(2 * p > k for p, k in zip(pad, kernel)):
+        return None
+    for ceil in (False, True):
+        sizes = []
+        for i, k, s, p in zip(hw, kernel, stride, pad):
+            o = (i + 2 * p - k + (s - 1 if ceil else 0)) // s + 1
+            if ceil and (o - 1) * s >= i + p:
+                o -= 1
+            sizes.append(o)
+        if tuple(sizes) == tuple(out):
+            return ceil
+    return None
+
+
+def _explicit_pad(hw: Pair, kernel: Pair, stride: Pair, pad: Pair, out: Pair) -> list[int]:
+    """F.pad widths (left, right, top, bottom) after which an unpadded floor-mode pooling has
+    exactly Caffe's windows (negative widths crop)."""
+    (h, w), (kh, kw), (sh, sw), (ph, pw), (oh, ow) = hw, kernel, stride, pad, out
+    return [pw, (ow - 1) * sw + kw - w - pw, ph, (oh - 1) * sh + kh - h - ph]
+
+
+def _max_pool(x, kernel, stride, pad, out, want_mask):
+    # NaN and values <= -FLT_MAX never win a window in Caffe (strict > from -FLT_MAX)
+    x = torch.where(x > -FLT_MAX, x, -FLT_MAX)
+    hw = (x.shape[2], x.shape[3])
+    ceil = _torch_ceil_mode(hw, kernel, stride, pad, out)
+    if ceil is not None:
+        pooled = F.max_pool2d(x, kernel, stride, pad, ceil_mode=ceil, return_indices=want_mask)
+        y, idx = pooled if want_mask else (pooled, None)
+    else:
+        widths = _explicit_pad(hw, kernel, stride, pad, out)
+        xp = F.pad(x, widths, value=-math.inf)
+        y, idx = F.max_pool2d(xp, kernel, stride, return_indices=True)
+        wp = xp.shape[3]
+        idx = (idx // wp - widths[2]) * hw[1] + (idx % wp - widths[0])
+        y = y.clamp_min(-FLT_MAX)  # windows entirely in the padding
+    if not want_mask:
+        return y, None
+    return y, torch.where(y > -FLT_MAX, idx.to(y.dtype), -1.0)
+
+
+def _ave_pool(x, kernel, stride, pad, out):
+    hw = (x.shape[2], x.shape[3])
+    ceil = _torch_ceil_mode(hw, kernel, stride, pad, out)
+    if ceil is not None:  # torch's count_include_pad divisor is Caffe's pool_size
+        return F.avg_pool2d(x, kernel, stride, pad, ceil_mode=ceil, count_include_pad=True)
+    sums = F.avg_pool2d(F.pad(x, _explicit_pad(hw, kernel, stride, pad, out)), kernel, stride,
+                        divisor_override=1)
+    sizes = []
+    for i, k, s, p, o in zip(hw, kernel, stride, pad, out):
+        start = torch.arange(o, device=x.device) * s - p
+        sizes.append(torch.clamp(start + k, max=i + p) - start)  # window clipped at size + pad
+    return sums / (sizes[0][:, None] * sizes[1][None, :]).to(x.dtype)
+
+
+def _stochastic_pool(x, kernel, stride, out, sample):
+    hw = (x.shape[2], x.shape[3])
+    xp = F.pad(x, _explicit_pad(hw, kernel, stride, (0, 0), out))
+    win = xp.unfold(2, kernel[0], stride[0]).unfold(3, kernel[1], stride[1])
+    win = win.reshape(*win.shape[:4], -1)  # window positions in Caffe's scan order
+    if sample:  # first position whose running sum reaches u * window sum, u ~ U(0, 1]
+        cum = win.cumsum(-1)
+        u = 1 - torch.rand(cum.shape[:-1], device=x.device, dtype=x.dtype)
+        hit = cum >= (u * cum[..., -1]).unsqueeze(-1)
+        pick = hit.to(torch.int32).argmax(-1, keepdim=True)
+        return win.gather(-1, pick).squeeze(-1)
+    s1, s2 = win.sum(-1), (win * win).sum(-1)
+    pos = s1 > 0
+    return torch.where(pos, s2 / torch.where(pos, s1, torch.ones_like(s1)), 0.0)
+
+
+def caffe_pool2d(x: torch.Tensor, method: int, kernel: Pair, stride: Pair, pad: Pair,
+                 out: Pair, *, sample: bool = False, want_mask: bool = False):
+    """Pool (N, C, H, W) to Caffe's ``out`` size -> (top, mask or None)."""
+    if method == PP.MAX:
+        return _max_pool(x, kernel, stride, pad, out, want_mask)
+    if method == PP.AVE:
+        return _ave_pool(x, kernel, stride, pad, out), None
+    return _stochastic_pool(x, kernel, stride, out, sample), None
+
+
+@register_layer("Pooling")
+class PoolingLayer(CaffeLayer):
+    """2-D pooling. Caffe type ``Pooling``, ``pooling_param``; (N, C, H, W) bottoms only.
+
+    Output: ceil (default ``round_mode``; fork field ``ceil_mode: false`` = FLOOR) or floor of
+    (H + 2 * pad - kernel) / stride, plus one; with any pad, a last window starting at or past
+    H + pad is dropped. MAX: first maximum in scan order wins and gets the gradient; an
+    optional second top is its flat index h * W + w (float). AVE: divides by the window clipped
+    to [-pad, H + pad). STOCHASTIC (Caffe's GPU semantics): TRAIN samples a position with
+    probability proportional to its activation, TEST gives sum(x^2) / sum(x).
+    Differs from torch: output size, pad up to kernel - 1, NaN never selected by MAX; TEST
+    STOCHASTIC backward is the gradient of its formula (Caffe reuses stale TRAIN indices).
+    """
+
+    param_field = "pooling_param"
+    tops = Between(1, 2)
+
+    def __init__(self, layer_param, bottom_shapes):
+        super().__init__(layer_param, bottom_shapes)
+        p = self.param
+        self.pool = p.pool
+        if self.num_tops > 1 and p.pool != PP.MAX:
+            raise self.error("only MAX pooling has a second (mask) top",
+                             expected="1 top", got=self.num_tops)
+        self.global_pooling = p.global_pooling
+        self.kernel = self._kernel(p)
+        self.pad = self._pair(p, "pad")
+        self.stride = self._pair(p, "stride")
+        self.ceil = self._ceil(p)
+        if self.global_pooling and (self.pad != (0, 0) or self.stride != (1, 1)):
+            raise self.error("with global_pooling: true only pad = 0 and stride = 1",
+                             expected="pad 0, stride 1", got=f"pad {self.pad}, stride "
+                             f"{self.stride}")
+        if any(s <= 0 for s in self.stride):
+            raise self.error("stride must be positive", expected="> 0", got=self.stride)
+        if self.pad != (0, 0) and p.pool == PP.STOCHASTIC:
+            raise self.error("padding implemented only for average and max pooling",
+                             expected="pad 0 with STOCHASTIC", got=self.pad)
+        self.geometry(self.bottom_shapes[0])
+
+    def _kernel(self, p) -> Pair | None:
+        sized, hw = p.HasField("kernel_size"), p.HasField("kernel_h") and p.HasField("kernel_w")
+        if self.global_pooling:
+            if sized or p.HasField("kernel_h") or p.HasField("kernel_w"):
+                raise self.error("with global_pooling: true the filter size cannot be "
+                                 "specified", expected="no kernel_size/kernel_h/kernel_w",
+                                 got="a kernel size")
+            return None
+        if sized == hw:
+            raise self.error("filter size is kernel_size OR kernel_h and kernel_w; not both",
+                             expected="kernel_size, or both kernel_h and kernel_w",
+                             got="both" if sized else "neither (or only one of kernel_h/w)")
+        kernel = (p.kernel_size,) * 2 if sized else (p.kernel_h, p.kernel_w)
+        if min(kernel) <= 0:
+            raise self.error("filter dimensions cannot be zero", expected="kernel_size > 0",
+                             got=kernel)
+        return kernel
+
+    def _pair(self, p, field: str) -> Pair:
+        h, w = f"{field}_h", f"{field}_w"
+        if p.HasField(h) or p.HasField(w):
+            if p.HasField(field) or not (p.HasField(h) and p.HasField(w)):
+                raise self.error(f"{field} is {field} OR {h} and {w} are required",
+                                 expected=f"{field}, or both {h} and {w}",
+                                 got="a mix of them")
+            return (getattr(p, h), getattr(p, w))
+        return (getattr(p, field),) * 2
+
+    def _ceil(self, p) -> bool:
+        ceil = p.round_mode == PP.CEIL
+        if p.HasField("ceil_mode"):
+            if p.HasField("round_mode") and p.ceil_mode != ceil:
+                raise self.error("round_mode and ceil_mode disagree", expected="one of them",
+                                 got=f"round_mode {PP.RoundMode.Name(p.round_mode)}, "
+                                 f"ceil_mode {p.ceil_mode}")
+            ceil = p.ceil_mode
+        return ceil
+
+    def geometry(self, shape) -> tuple[Pair, Pair]:
+        """(kernel, output size) for a bottom shape; global pooling follows the bottom."""
+        if len(shape) != 4:
+            raise self.error("input must have 4 axes (num, channels, height, width)",
+                             expected=4, got=len(shape))
+        hw = (shape[2], shape[3])
+        kernel = hw if self.kernel is None else self.kernel
+        if self.pad != (0, 0) and any(p >= k for p, k in zip(self.pad, kernel)):
+            raise self.error("pad must be smaller than the kernel", expected=f"< {kernel}",
+                             got=self.pad)
+        clip = self.pad != (0, 0)
+        out = tuple(pooled_size(i, k, s, p, self.ceil, clip)
+                    for i, k, s, p in zip(hw, kernel, self.stride, self.pad))
+        if min(out) <= 0:
+            raise self.error("pooled output size is not positive (kernel larger than the "
+                             "padded bottom)", expected="> 0", got=f"{out} from {hw}")
+        return kernel, out
+
+    def forward(self, x: torch.Tensor):
+        kernel, out = self.geometry(tuple(x.shape))
+        y, mask = caffe_pool2d(x, self.pool, kernel, self.stride, self.pad, out,
+                               sample=self.training, want_mask=self.num_tops > 1)
+        return (y, mask) if self.num_tops > 1 else y
