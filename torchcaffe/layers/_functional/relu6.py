@@ -1,0 +1,33 @@
+"""brocolli-caffe's ReLU6 with a slope: y = min(leaky_relu(x, negative_slope), threshold).
+
+Caffe's gradient differs from the mathematical one: it is the leaky ReLU gradient (1 for
+x > 0, negative_slope for x <= 0) masked by x < threshold, tested on the input, not on
+whether the leaky output was clipped.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+
+class CaffeReLU6(torch.autograd.Function):
+    """min(x > 0 ? x : negative_slope * x, threshold) with the fork's ReLU6 Backward_cpu."""
+
+    @staticmethod
+    def forward(ctx, x, negative_slope: float, threshold: float):
+        ctx.params = (negative_slope, threshold)
+        ctx.save_for_backward(x)
+        return torch.clamp(torch.where(x > 0, x, x * negative_slope), max=threshold)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        negative_slope, threshold = ctx.params
+        grad = torch.where(x > 0, grad, grad * negative_slope)
+        return torch.where(x < threshold, grad, torch.zeros_like(grad)), None, None
+
+
+def caffe_relu6(x: torch.Tensor, negative_slope: float, threshold: float) -> torch.Tensor:
+    return CaffeReLU6.apply(x, negative_slope, threshold)

@@ -1,0 +1,256 @@
+"""Element-wise neuron layers (Caffe's NeuronLayer family): one bottom, one top, same shape.
+
+ReLU, Sigmoid, TanH, AbsVal, BNLL, Power, Exp, Log, ELU, Threshold, Swish and Clip. Each is a
+line or two of torch; where Caffe's backward differs from the mathematical gradient the layer
+says so (Power uses a custom Function, Threshold has no backward).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..registry import register_layer
+from ._functional.power import caffe_power
+from .base import CaffeLayer, Shape
+
+# Caffe's BNLL backward clamps its exp argument here (exp(50) / (exp(50) + 1) == 1 in float).
+KBNLL_THRESHOLD = 50.0
+
+
+class NeuronLayer(CaffeLayer):
+    """Base of the element-wise layers; in-place use (top == bottom) is allowed."""
+
+    def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
+        return [tuple(int(d) for d in bottom_shapes[0])]
+
+
+def _log_base(layer: CaffeLayer, base: float) -> float:
+    """Caffe's Exp/Log setup: base -1 means e (log 1 exactly); otherwise base > 0, finite log."""
+    if base == -1:
+        return 1.0
+    if not base > 0:
+        raise layer.error("base must be strictly positive (or -1 for e)", expected="> 0",
+                          got=base)
+    log_base = math.log(base)
+    if not math.isfinite(log_base):
+        raise layer.error("log(base) is not finite", expected="a finite base", got=base)
+    return log_base
+
+
+@register_layer("ReLU")
+class ReLULayer(NeuronLayer):
+    """max(x, 0) + negative_slope * min(x, 0). Caffe type ``ReLU``, ``relu_param``.
+
+    Differs from torch: none (the gradient at 0 is negative_slope, as torch's leaky_relu).
+    """
+
+    param_field = "relu_param"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        slope = self.param.negative_slope
+        return F.leaky_relu(x, slope) if slope else F.relu(x)
+
+
+@register_layer("Sigmoid")
+class SigmoidLayer(NeuronLayer):
+    """1 / (1 + exp(-x)). Caffe type ``Sigmoid``, ``sigmoid_param`` (engine only).
+
+    Differs from torch: none (Caffe evaluates 0.5 * tanh(0.5 x) + 0.5 in double precision,
+    which torch.sigmoid matches to float rounding).
+    """
+
+    param_field = "sigmoid_param"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(x)
+
+
+@register_layer("TanH")
+class TanHLayer(NeuronLayer):
+    """tanh(x). Caffe type ``TanH``, ``tanh_param`` (engine only).
+
+    Differs from torch: none.
+    """
+
+    param_field = "tanh_param"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x)
+
+
+@register_layer("AbsVal")
+class AbsValLayer(NeuronLayer):
+    """|x|. Caffe type ``AbsVal``; no params. Caffe refuses in-place use.
+
+    Differs from torch: none (the gradient is sign(x), 0 at x == 0, as torch.abs).
+    """
+
+    def __init__(self, layer_param, bottom_shapes):
+        super().__init__(layer_param, bottom_shapes)
+        if list(layer_param.top[:1]) == list(layer_param.bottom[:1]):
+            raise self.error("AbsVal does not allow in-place computation",
+                             expected="a top blob other than the bottom",
+                             got=f"top {layer_param.top[0]!r} == bottom")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.abs(x)
+
+
+@register_layer("BNLL")
+class BNLLLayer(NeuronLayer):
+    """log(1 + exp(x)), evaluated stably. Caffe type ``BNLL``; no params.
+
+    Backward is exp(min(x, 50)) / (exp(min(x, 50)) + 1), torch's softplus with threshold 50.
+    Differs from torch: none.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.softplus(x, beta=1.0, threshold=KBNLL_THRESHOLD)
+
+
+@register_layer("Power")
+class PowerLayer(NeuronLayer):
+    """(shift + scale * x) ^ power. Caffe type ``Power``, ``power_param`` (power, scale, shift).
+
+    Differs from torch: Caffe's backward is power * y / x (shift 0) or
+    power * scale * y / (shift + scale * x), so it is NaN or inf where the base is 0, and it is
+    0 when power or scale is 0 (the output is then the constant 1 or shift ^ power).
+    """
+
+    param_field = "power_param"
+
+    def __init__(self, layer_param, bottom_shapes):
+        super().__init__(layer_param, bottom_shapes)
+        p = self.param
+        self.power, self.scale, self.shift = p.power, p.scale, p.shift
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return caffe_power(x, self.power, self.scale, self.shift)
+
+
+@register_layer("Exp")
+class ExpLayer(NeuronLayer):
+    """base ^ (shift + scale * x); base -1 means e. Caffe type ``Exp``, ``exp_param``.
+
+    Computed as Caffe does: base^shift * exp(log(base) * scale * x).
+    Differs from torch: none.
+    """
+
+    param_field = "exp_param"
+
+    def __init__(self, layer_param, bottom_shapes):
+        super().__init__(layer_param, bottom_shapes)
+        p = self.param
+        log_base = _log_base(self, p.base)
+        self.inner_scale = log_base * p.scale
+        self.outer_scale = 1.0
+        if p.shift != 0:
+            try:
+                self.outer_scale = (math.exp(p.shift) if p.base == -1
+                                    else math.pow(p.base, p.shift))
+            except OverflowError:  # C's pow/exp give inf, and so does the top
+                self.outer_scale = math.inf
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.exp(x if self.inner_scale == 1 else x * self.inner_scale)
+        return y if self.outer_scale == 1 else y * self.outer_scale
+
+
+@register_layer("Log")
+class LogLayer(NeuronLayer):
+    """log_base(shift + scale * x); base -1 means e. Caffe type ``Log``, ``log_param``.
+
+    base must be positive and not 1 (Caffe checks 1 / log(base) is finite).
+    Differs from torch: none.
+    """
+
+    param_field = "log_param"
+
+    def __init__(self, layer_param, bottom_shapes):
+        super().__init__(layer_param, bottom_shapes)
+        p = self.param
+        log_base = _log_base(self, p.base)
+        if log_base == 0:
+            raise self.error("1 / log(base) is not finite", expected="base != 1", got=p.base)
+        self.base_scale = 1.0 / log_base
+        self.input_scale, self.input_shift = p.scale, p.shift
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.input_scale != 1:
+            x = x * self.input_scale
+        if self.input_shift != 0:
+            x = x + self.input_shift
+        y = torch.log(x)
+        return y if self.base_scale == 1 else y * self.base_scale
+
+
+@register_layer("ELU")
+class ELULayer(NeuronLayer):
+    """x if x > 0 else alpha * (exp(x) - 1). Caffe type ``ELU``, ``elu_param`` (alpha).
+
+    Differs from torch: none (the gradient at 0 is alpha, as torch's elu).
+    """
+
+    param_field = "elu_param"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.elu(x, alpha=self.param.alpha)
+
+
+@register_layer("Threshold")
+class ThresholdLayer(NeuronLayer):
+    """1 where x > threshold (strictly), else 0. Caffe type ``Threshold``, ``threshold_param``.
+
+    Differs from torch: forward only (Caffe's backward is not implemented).
+    """
+
+    param_field = "threshold_param"
+    has_backward = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.detach() > self.param.threshold).to(x.dtype)
+
+
+@register_layer("Swish")
+class SwishLayer(NeuronLayer):
+    """x * sigmoid(beta * x). Caffe type ``Swish``, ``swish_param`` (beta).
+
+    Differs from torch: none (beta == 1 is torch's silu).
+    """
+
+    param_field = "swish_param"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        beta = self.param.beta
+        return F.silu(x) if beta == 1 else x * torch.sigmoid(x * beta)
+
+
+@register_layer("Clip")
+class ClipLayer(NeuronLayer):
+    """max(min, min(x, max)). Caffe type ``Clip``, ``clip_param`` (min, max: both required).
+
+    The gradient passes where min <= x <= max (bounds included). With min > max the output is
+    min everywhere and the gradient 0, as in Caffe.
+    Differs from torch: torch.clamp gives max everywhere when min > max.
+    """
+
+    param_field = "clip_param"
+
+    def __init__(self, layer_param, bottom_shapes):
+        super().__init__(layer_param, bottom_shapes)
+        p = self.param
+        if layer_param.HasField("clip_param"):
+            missing = [f for f in ("min", "max") if not p.HasField(f)]
+            if missing:
+                raise self.error("clip_param is missing a required field",
+                                 expected="both min and max", got=f"no {' and '.join(missing)}")
+        self.min, self.max = p.min, p.max
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.min <= self.max:
+            return torch.clamp(x, self.min, self.max)
+        return torch.clamp(torch.clamp(x, max=self.max), min=self.min)
