@@ -1,0 +1,61 @@
+"""Caffe's clamped logarithms in loss layers, with the gradients Caffe computes.
+
+Caffe takes log(max(p, threshold)) so the loss stays finite, but its backward ignores the
+clamp where it would zero the gradient: SoftmaxWithLoss and InfogainLoss backpropagate the
+log-softmax gradient (prob - target), MultinomialLogisticLoss divides by max(p, threshold).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+
+class LogSoftmaxClamped(torch.autograd.Function):
+    """(log(max(softmax(x), threshold)), softmax(x)) along ``axis``; backward as log_softmax.
+
+    Caffe's gradient differs from the mathematical one where the clamp is active: it is the
+    log-softmax gradient g - p * sum(g) whatever the probability. The probabilities (second
+    output) get no gradient, as Caffe ignores the diff of a loss layer's prob top.
+    """
+
+    @staticmethod
+    def forward(ctx, x, axis: int, threshold: float):
+        prob = torch.softmax(x, dim=axis)  # exp(x - max) / sum, as SoftmaxLayer
+        log_prob = torch.log(torch.clamp(prob, min=threshold))
+        ctx.axis = axis
+        ctx.save_for_backward(prob)
+        ctx.mark_non_differentiable(prob)
+        return log_prob, prob
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad, _grad_prob):
+        (prob,) = ctx.saved_tensors
+        return grad - prob * grad.sum(dim=ctx.axis, keepdim=True), None, None
+
+
+class LogClamped(torch.autograd.Function):
+    """log(max(p, threshold)) with gradient 1 / max(p, threshold) (Caffe keeps it below the
+    threshold, where the mathematical gradient is 0)."""
+
+    @staticmethod
+    def forward(ctx, p, threshold: float):
+        clamped = torch.clamp(p, min=threshold)
+        ctx.save_for_backward(clamped)
+        return torch.log(clamped)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        (clamped,) = ctx.saved_tensors
+        return grad / clamped, None
+
+
+def log_softmax_clamped(x: torch.Tensor, axis: int, threshold: float
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    return LogSoftmaxClamped.apply(x, axis, threshold)
+
+
+def log_clamped(p: torch.Tensor, threshold: float) -> torch.Tensor:
+    return LogClamped.apply(p, threshold)

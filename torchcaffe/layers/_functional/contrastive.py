@@ -1,0 +1,33 @@
+"""The pair distance of Caffe's ContrastiveLoss, with Caffe's epsilon in its gradient.
+
+Caffe's gradient differs from the mathematical one: for a dissimilar pair it divides by
+dist + 1e-4, not dist, so it stays finite (0) when the two embeddings coincide.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+# ContrastiveLossLayer::Backward_cpu adds this to the distance it divides by.
+DIST_EPS = 1e-4
+
+
+class CaffePairDistance(torch.autograd.Function):
+    """sqrt(dist_sq) whose backward is grad / (2 (sqrt(dist_sq) + 1e-4))."""
+
+    @staticmethod
+    def forward(ctx, dist_sq):
+        dist = torch.sqrt(dist_sq)
+        ctx.save_for_backward(dist)
+        return dist
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        (dist,) = ctx.saved_tensors
+        return grad / (2 * (dist + DIST_EPS))
+
+
+def caffe_pair_distance(dist_sq: torch.Tensor) -> torch.Tensor:
+    return CaffePairDistance.apply(dist_sq)

@@ -1,0 +1,45 @@
+"""Smooth L1 of element-weighted differences as the SSD fork's 3-bottom SmoothL1Loss.
+
+That fork's gradient differs from the mathematical one: it is f'(w * d) without the factor
+w, i.e. the weight bottom scales the value but not the gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+
+def smooth_l1(d: torch.Tensor, sigma2: float) -> torch.Tensor:
+    """0.5 sigma^2 d^2 where |d| < 1 / sigma^2, else |d| - 0.5 / sigma^2."""
+    if sigma2 == 0:  # Caffe's 1 / sigma^2 is inf: every element is in the quadratic branch
+        return d * d * 0.0
+    quad = torch.abs(d) < 1.0 / sigma2
+    return torch.where(quad, 0.5 * d * d * sigma2, torch.abs(d) - 0.5 / sigma2)
+
+
+class WeightedSmoothL1Fork(torch.autograd.Function):
+    """smooth_l1(w * d) with backward grad * smooth_l1'(w * d) to d; w gets no gradient."""
+
+    @staticmethod
+    def forward(ctx, d, w, sigma2: float):
+        wd = w * d
+        ctx.save_for_backward(wd)
+        ctx.sigma2 = sigma2
+        return smooth_l1(wd, sigma2)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        (wd,) = ctx.saved_tensors
+        sigma2 = ctx.sigma2
+        slope = torch.sign(wd)
+        if sigma2 == 0:
+            slope = torch.zeros_like(wd)
+        else:
+            slope = torch.where(torch.abs(wd) < 1.0 / sigma2, sigma2 * wd, slope)
+        return grad * slope, None, None
+
+
+def weighted_smooth_l1_fork(d: torch.Tensor, w: torch.Tensor, sigma2: float) -> torch.Tensor:
+    return WeightedSmoothL1Fork.apply(d, w, sigma2)

@@ -1,0 +1,118 @@
+"""Shared pieces of Caffe's loss layers: the LossLayer contract and the loss normalizer.
+
+Caffe's LossLayer takes two bottoms with equal first dimensions, gives a scalar top of loss
+weight 1 by default, and never backpropagates to bottom 1 (the labels). SoftmaxWithLoss,
+SigmoidCrossEntropyLoss and InfogainLoss divide their summed loss by a normalizer chosen by
+``loss_param.normalization`` and clamped to at least 1 (``get_normalizer``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from google.protobuf import text_format
+
+from ..errors import DataError
+from ..proto import caffe_pb2
+from .base import CaffeLayer, Exactly, Shape
+
+Norm = caffe_pb2.LossParameter
+
+FLT_MIN = float(np.finfo(np.float32).tiny)  # SoftmaxWithLoss clamps probabilities here
+# kLOG_THRESHOLD in loss_layer.hpp is a float constant, so it is float32's 1e-20 in both Dtypes.
+LOG_THRESHOLD = float(np.float32(1e-20))
+
+
+def legacy_dim(shape: Shape, index: int) -> int:
+    """Blob::LegacyShape: num/channels/height/width, 1 past the blob's last axis."""
+    return int(shape[index]) if index < len(shape) else 1
+
+
+class LossLayer(CaffeLayer):
+    """Caffe's LossLayer: bottoms (prediction, label), one scalar top, no backprop to labels."""
+
+    bottoms = Exactly(2)
+    tops = Exactly(1)
+    is_loss = True
+    no_force_backward = frozenset({1})
+
+    def __init__(self, layer_param, bottom_shapes):
+        super().__init__(layer_param, bottom_shapes)
+        s0, s1 = self.bottom_shapes[0], self.bottom_shapes[1]
+        if not s0 or not s1 or s0[0] != s1[0]:
+            raise self.error("the data and label should have the same first dimension",
+                             expected=f"label shape starting with {s0[:1]}", got=s1)
+
+    def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
+        return [()] + [tuple(int(d) for d in bottom_shapes[0])] * (self.num_tops - 1)
+
+
+def check_label_count(layer: CaffeLayer, shape: Sequence[int], label_shape: Sequence[int],
+                      axis: int) -> None:
+    """One label per prediction: label count == count of ``shape`` without ``axis``."""
+    want = math.prod(shape[:axis]) * math.prod(shape[axis + 1:])
+    if math.prod(label_shape) != want:
+        raise layer.error("number of labels must match number of predictions",
+                          expected=f"{want} labels (the count of {tuple(shape)} without axis "
+                                   f"{axis}), integers in [0, {shape[axis]})",
+                          got=f"label shape {tuple(label_shape)}")
+
+
+def normalization_mode(layer: CaffeLayer, default: int | None = None) -> int:
+    """The NormalizationMode a layer uses, resolving the legacy ``normalize`` bool.
+
+    SoftmaxWithLoss: ``normalization`` when set, else normalize true -> VALID, false ->
+    BATCH_SIZE, else the field default (VALID). SigmoidCrossEntropyLoss passes
+    ``default=BATCH_SIZE``: its unset default differs from the proto's.
+    """
+    p = layer.layer_param.loss_param
+    if p.HasField("normalization"):
+        return p.normalization
+    if p.HasField("normalize"):
+        return Norm.VALID if p.normalize else Norm.BATCH_SIZE
+    return p.normalization if default is None else default
+
+
+def normalizer(mode: int, outer: int, inner: int, valid: torch.Tensor | None,
+               like: torch.Tensor) -> torch.Tensor | float:
+    """Caffe's get_normalizer, at least 1. ``valid``: mask of counted labels (None: all)."""
+    if mode == Norm.FULL:
+        return float(max(1, outer * inner))
+    if mode == Norm.VALID:
+        if valid is None:
+            return float(max(1, outer * inner))
+        return valid.sum().to(like.dtype).clamp(min=1.0)
+    if mode == Norm.BATCH_SIZE:
+        return float(max(1, outer))
+    if mode == Norm.NONE:
+        return 1.0
+    raise ValueError(f"unknown normalization mode {mode}")
+
+
+def ignore_label(param) -> int | None:
+    """``ignore_label`` of a LossParameter/AccuracyParameter when set, else None."""
+    return param.ignore_label if param.HasField("ignore_label") else None
+
+
+def check_labels(layer: CaffeLayer, labels: torch.Tensor, valid: torch.Tensor | None,
+                 num_labels: int) -> None:
+    """Raise DataError for a counted label outside [0, num_labels) (Caffe only DCHECKs)."""
+    if labels.is_meta:
+        return
+    bad = (labels < 0) | (labels >= num_labels)
+    if valid is not None:
+        bad = bad & valid
+    if bool(bad.any()):
+        first = labels[bad].reshape(-1)[0]
+        raise layer.error("label value out of range", cls=DataError,
+                          expected=f"integers in [0, {num_labels})", got=int(first))
+
+
+def params_repr(layer: CaffeLayer, *fields: str) -> str:
+    """extra_repr for a layer reading several ``*_param`` messages: the ones that are set."""
+    lp = layer.layer_param
+    return " ".join(f"{f} {{ {text_format.MessageToString(getattr(lp, f), as_one_line=True)} }}"
+                    for f in fields if lp.HasField(f))
