@@ -1,0 +1,76 @@
+"""ArgMax: indices (and/or values) of the top_k largest entries, per instance or along an axis."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from ..registry import register_layer
+from .base import CaffeLayer, Shape, canonical_axis
+
+
+def _topk_caffe(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, indices) of the k largest entries along the last dim, in Caffe's order.
+
+    Caffe partially sorts (value, index) pairs with std::greater, so among equal values the
+    larger index comes first: a stable descending sort of the reversed row gives that order.
+    """
+    n = x.shape[-1]
+    rev = x.flip(-1)
+    if k == 1:
+        idx = rev.argmax(-1, keepdim=True)  # first maximum of the reversed row
+    else:
+        idx = rev.sort(dim=-1, descending=True, stable=True).indices[..., :k]
+    return rev.gather(-1, idx), (n - 1) - idx
+
+
+@register_layer("ArgMax")
+class ArgMaxLayer(CaffeLayer):
+    """Top-k arg max. Caffe type ``ArgMax``, ``argmax_param`` (out_max_val, top_k = 1, axis).
+
+    Without axis: over the flattened shape[1:] of each item; top shape (N, 1, top_k) or, with
+    out_max_val, (N, 2, top_k) holding indices then values (padded with 1s to the bottom's
+    axis count when it has more than 3). With axis: shape[axis] becomes top_k, holding the
+    indices, or the values when out_max_val. Ties: the larger index first. Indices are float.
+    Differs from torch: tie order; forward only (Caffe has no backward).
+    """
+
+    param_field = "argmax_param"
+    has_backward = False
+
+    def __init__(self, layer_param, bottom_shapes):
+        super().__init__(layer_param, bottom_shapes)
+        p = self.param
+        self.out_max_val, self.top_k, self.has_axis = p.out_max_val, p.top_k, p.HasField("axis")
+        if self.top_k < 1:
+            raise self.error("top_k must not be less than 1", expected=">= 1", got=self.top_k)
+        self.output_shapes(self.bottom_shapes)
+
+    def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
+        shape = tuple(int(d) for d in bottom_shapes[0])
+        if self.has_axis:
+            axis = canonical_axis(self, self.param.axis, len(shape))
+            if self.top_k > shape[axis]:
+                raise self.error(f"top_k must be at most the size of axis {axis}",
+                                 expected=f"<= {shape[axis]}", got=self.top_k)
+            return [shape[:axis] + (self.top_k,) + shape[axis + 1:]]
+        if self.top_k > math.prod(shape[1:]):
+            raise self.error("top_k must be at most the size of one flattened item",
+                             expected=f"<= {math.prod(shape[1:])}", got=self.top_k)
+        top = [1] * max(3, len(shape))
+        top[0], top[1], top[2] = shape[0], 2 if self.out_max_val else 1, self.top_k
+        return [tuple(top)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        top_shape = self.output_shapes([tuple(x.shape)])[0]
+        x = x.detach()
+        if self.has_axis:
+            axis = canonical_axis(self, self.param.axis, x.dim())
+            values, idx = _topk_caffe(x.movedim(axis, -1), self.top_k)
+            out = values if self.out_max_val else idx.to(x.dtype)
+            return out.movedim(-1, axis).contiguous()
+        values, idx = _topk_caffe(x.reshape(x.shape[0], -1), self.top_k)
+        parts = [idx.to(x.dtype)] + ([values] if self.out_max_val else [])
+        return torch.stack(parts, dim=1).reshape(top_shape)
