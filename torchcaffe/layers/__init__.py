@@ -30,6 +30,7 @@ from . import (  # noqa: F401
     neuron,
     parameter,
     pooling,
+    python_layer,
     reduction,
     reshape,
     sigmoid_cross_entropy_loss,

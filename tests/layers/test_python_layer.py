@@ -1,0 +1,126 @@
+"""Python layers: refused without the opt-in; with it, pycaffe-style layers run forward/backward."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import torchcaffe as caffe
+from tests.helpers.cases import LayerCase
+from tests.helpers.gradcheck import check_layer_gradient
+from tests.helpers.harness import make_layer
+from torchcaffe.errors import LayerParamError, TrustError, UnsupportedError
+from torchcaffe.trust import ENV_VAR, allow_python_layers
+
+AFFINE = ('python_param { module: "tests.helpers.python_layers" layer: "AffineLayer" '
+          "param_str: \"{'w': 1.5}\" }")
+LOSS = 'python_param { module: "tests.helpers.python_layers" layer: "EuclideanLossLayer" }'
+
+CASES = [
+    LayerCase("Python", AFFINE, [(2, 3, 4)], trusted=True, id="affine"),
+    LayerCase("Python", LOSS, [(3, 4), (3, 4)], trusted=True, id="euclidean"),
+]
+
+NET = f"""
+layer {{ name: "data" type: "Input" top: "x" top: "y"
+        input_param {{ shape {{ dim: 3 dim: 4 }} shape {{ dim: 3 dim: 4 }} }} }}
+layer {{ name: "affine" type: "Python" bottom: "x" top: "z" {AFFINE} }}
+layer {{ name: "loss" type: "Python" bottom: "z" bottom: "y" top: "loss" loss_weight: 1
+        {LOSS} }}
+"""
+
+
+def make(snippet, shapes, **kw):
+    with allow_python_layers():
+        return make_layer(snippet, shapes, type="Python", **kw)
+
+
+def test_refused_without_opt_in(monkeypatch, tmp_path):
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    with pytest.raises(TrustError, match=r"layer 'layer' \(Python\).*allow_python_layers=True"):
+        make_layer(AFFINE, [(2, 3)], type="Python")
+    path = tmp_path / "net.prototxt"
+    path.write_text(NET)
+    with pytest.raises(TrustError, match=ENV_VAR):
+        caffe.Net(str(path), caffe.TRAIN)
+
+
+def test_opt_in_by_argument_and_by_environment(monkeypatch, tmp_path):
+    path = tmp_path / "net.prototxt"
+    path.write_text(NET)
+    assert caffe.load(path, allow_python_layers=True).layer("affine").py.param_str
+    monkeypatch.setenv(ENV_VAR, "1")
+    assert caffe.Net(str(path), caffe.TRAIN).layer_dict["loss"].type == "Python"
+
+
+def test_forward_affine_matches_numpy():
+    layer, (x,) = make(AFFINE, [(2, 3, 4)])
+    w, b = np.full(3, 1.5), np.arange(3) * 0.1  # from param_str and the class's setup
+    want = w[None, :, None] * x.numpy() + b[None, :, None]
+    np.testing.assert_allclose(layer(x).detach().numpy(), want, rtol=1e-6)
+    assert [tuple(p.shape) for p in layer.param_blobs()] == [(3,), (3,)]
+
+
+def test_gradient_through_user_backward():
+    layer, bottoms = make(AFFINE, [(2, 3, 4)], dtype=torch.float64)
+    check_layer_gradient(layer, bottoms)
+    loss, bottoms = make(LOSS, [(3, 4), (3, 4)], dtype=torch.float64)
+    check_layer_gradient(loss, bottoms)
+
+
+def test_pycaffe_net_forward_backward(monkeypatch, tmp_path):
+    monkeypatch.setenv(ENV_VAR, "1")
+    path = tmp_path / "net.prototxt"
+    path.write_text(NET)
+    net = caffe.Net(str(path), caffe.TRAIN)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
+    net.blobs["x"].data[...] = x
+    net.blobs["y"].data[...] = y
+    loss = net.forward()["loss"]
+    w, b = net.params["affine"][0].data, net.params["affine"][1].data
+    z = w[None] * x + b[None]
+    np.testing.assert_allclose(loss, ((z - y) ** 2).sum() / 6, rtol=1e-5)
+    net.backward()
+    dz = (z - y) / 3
+    np.testing.assert_allclose(net.blobs["z"].diff, dz, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(net.params["affine"][0].diff, (dz * x).sum(0), rtol=1e-5)
+    np.testing.assert_allclose(net.params["affine"][1].diff, dz.sum(0), rtol=1e-5)
+    np.testing.assert_allclose(net.blobs["x"].diff, 0)  # Input tops need no backward
+
+
+def test_params_save_and_load(monkeypatch, tmp_path):
+    monkeypatch.setenv(ENV_VAR, "1")
+    path = tmp_path / "net.prototxt"
+    path.write_text(NET)
+    a = caffe.Net(str(path), caffe.TEST)
+    a.params["affine"][0].data[...] = [1, 2, 3, 4]
+    a.save(str(tmp_path / "w.caffemodel"))
+    b = caffe.Net(str(path), str(tmp_path / "w.caffemodel"), caffe.TEST)
+    np.testing.assert_array_equal(b.params["affine"][0].data, [1, 2, 3, 4])
+    b.blobs["x"].data[...] = 1
+    b.forward()  # the user's forward reads the loaded blob
+    np.testing.assert_allclose(b.blobs["z"].data, np.tile([1.0, 2.1, 3.2, 4.3], (3, 1)),
+                               rtol=1e-6)
+
+
+def test_missing_module_and_class_are_named():
+    with pytest.raises(LayerParamError, match="cannot import Python layer module 'no_such_mod'"):
+        make('python_param { module: "no_such_mod" layer: "X" }', [(2, 3)])
+    with pytest.raises(LayerParamError, match="has no layer class 'Missing'"):
+        make('python_param { module: "tests.helpers.python_layers" layer: "Missing" }',
+             [(2, 3)])
+
+
+def test_setup_failure_is_reported_at_the_layer():
+    with pytest.raises(LayerParamError, match=r"layer 'layer' \(Python\).*Need two inputs"):
+        make(LOSS, [(3, 4)])
+
+
+def test_missing_backward_is_a_clear_error():
+    layer, (x,) = make('python_param { module: "tests.helpers.python_layers" '
+                       'layer: "NoBackwardLayer" }', [(2, 3)])
+    x.requires_grad_(True)
+    with pytest.raises(UnsupportedError, match="defines no backward"):
+        layer(x).sum().backward()

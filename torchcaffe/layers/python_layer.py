@@ -1,0 +1,180 @@
+"""Python: a layer whose code ships with the model (pycaffe's PythonLayer).
+
+Refused unless the user opts in (``allow_python_layers=True`` or
+TORCHCAFFE_ALLOW_PYTHON_LAYERS=1): importing the module runs arbitrary code. The user's class
+works on Blobs with numpy data, so tensors cross to the host and back around each call; the
+gradient comes from the class's own ``backward``, wrapped in an autograd Function.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from ..blob import Blob
+from ..errors import LayerParamError, TorchCaffeError, TrustError
+from ..proto import caffe_pb2
+from ..registry import register_layer
+from ..trust import ENV_VAR, python_layers_allowed
+from .base import ANY, Arity, CaffeLayer, Shape
+
+OPT_IN_HINT = ("Python layers import and run code named by the model; if you trust this "
+               "model, pass allow_python_layers=True (torchcaffe.load / caffe.Net) or set "
+               f"{ENV_VAR}=1")
+
+
+def import_layer_class(lp: caffe_pb2.LayerParameter) -> type:
+    """The user's layer class named by ``python_param`` (module on sys.path, class name)."""
+    module_name, class_name = lp.python_param.module, lp.python_param.layer
+    if not module_name or not class_name:
+        raise LayerParamError("python_param needs both module and layer",
+                              expected="python_param { module: ... layer: ... }",
+                              got=f"module={module_name!r} layer={class_name!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise LayerParamError(f"cannot import Python layer module {module_name!r}: {err}",
+                              hint="put the module's directory on PYTHONPATH (sys.path)"
+                              ) from err
+    try:
+        return getattr(module, class_name)
+    except AttributeError:
+        raise LayerParamError(f"module {module_name!r} has no layer class {class_name!r}"
+                              ) from None
+
+
+def _blob_of(tensor: torch.Tensor) -> Blob:
+    host = tensor.detach().to("cpu")
+    blob = Blob(tuple(host.shape), dtype=host.dtype)
+    if blob.count():
+        blob.data[...] = host.numpy()
+    return blob
+
+
+class _PythonFunction(torch.autograd.Function):
+    """Forward/backward through the user's numpy code; params get the diffs it writes."""
+
+    @staticmethod
+    def forward(ctx: Any, layer: PythonLayer, n_bottoms: int, *inputs: torch.Tensor
+                ) -> tuple[torch.Tensor, ...]:
+        ctx.layer = layer
+        ctx.n_bottoms = n_bottoms
+        ctx.device = inputs[0].device if inputs else torch.device("cpu")
+        return layer.run_forward(inputs[:n_bottoms])
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        layer: PythonLayer = ctx.layer
+        wanted = [ctx.needs_input_grad[2 + i] for i in range(ctx.n_bottoms)]
+        bottom_diffs, param_diffs = layer.run_backward(grads, wanted)
+        out: list[torch.Tensor | None] = [None, None]
+        out += [d.to(ctx.device) if w else None for d, w in zip(bottom_diffs, wanted)]
+        out += [d.to(ctx.device) for d in param_diffs]
+        return tuple(out)
+
+
+@register_layer("Python")
+class PythonLayer(CaffeLayer):
+    """Runs ``python_param { module layer param_str }``'s class (a ``caffe.Layer``).
+
+    Caffe type: Python (PythonParameter). Tops are shaped by the class's ``reshape``.
+    Differs from torch: computes on the host with numpy, whatever the device.
+    """
+
+    bottoms: ClassVar[Arity] = ANY
+    tops: ClassVar[Arity] = ANY
+    param_field = "python_param"
+
+    def __init__(self, layer_param: caffe_pb2.LayerParameter, bottom_shapes: Sequence[Shape]):
+        super().__init__(layer_param, bottom_shapes)
+        if not python_layers_allowed():
+            raise self.error(
+                f"refusing to run Python layer {layer_param.python_param.module}."
+                f"{layer_param.python_param.layer}", hint=OPT_IN_HINT, cls=TrustError)
+        cls = import_layer_class(layer_param)
+        try:
+            self.py = cls(layer_param)
+            self.py.param_str = layer_param.python_param.param_str
+            self.py.phase = int(layer_param.phase)
+            self._bottoms = [Blob(s) for s in self.bottom_shapes]
+            self._tops = [Blob() for _ in range(self.num_tops)]
+            self.py.setup(self._bottoms, self._tops)
+            self.py.reshape(self._bottoms, self._tops)
+        except TorchCaffeError:
+            raise
+        except Exception as err:  # the user's code: report it at this layer
+            raise self.error(f"Python layer setup failed: {type(err).__name__}: {err}"
+                             ) from err
+        self._adopt_blobs()
+
+    def _adopt_blobs(self) -> None:
+        """The class's ``self.blobs`` become parameters; the Blobs then view their memory."""
+        for i, blob in enumerate(getattr(self.py, "blobs", [])):
+            param = self.add_blob(f"blob{i}", blob.shape)
+            with torch.no_grad():
+                param.copy_(torch.from_numpy(blob.data.copy()))
+            blob.set_cpu_data(param.detach())
+
+    def set_param_blob(self, index: int, tensor: torch.Tensor) -> None:
+        super().set_param_blob(index, tensor)
+        self.py.blobs[index].set_cpu_data(tensor.detach())
+
+    def _sync_blobs_to_params(self) -> None:
+        """After ``.to()`` moved the params, point the user's Blobs at host copies."""
+        for blob, param in zip(getattr(self.py, "blobs", []), self.param_blobs()):
+            host = param.detach()
+            blob.set_cpu_data(host if host.device.type == "cpu" else host.to("cpu"))
+
+    # -- the numpy round trips ---------------------------------------------------------------
+    def run_forward(self, bottoms: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        self._sync_blobs_to_params()
+        self._bottoms = [_blob_of(b) for b in bottoms]
+        try:
+            self.py.reshape(self._bottoms, self._tops)
+            self.py.forward(self._bottoms, self._tops)
+        except TorchCaffeError as err:
+            raise err.located(layer=self.name, layer_type=self.caffe_type) from None
+        device = bottoms[0].device if bottoms else torch.device("cpu")
+        dtype = bottoms[0].dtype if bottoms else torch.float32
+        return tuple(torch.from_numpy(t.data.copy()).to(device, dtype) for t in self._tops)
+
+    def run_backward(self, grads: Sequence[torch.Tensor], wanted: Sequence[bool]
+                     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        for top, grad in zip(self._tops, grads):
+            top.diff[...] = grad.detach().to("cpu").numpy()
+        for blob in self._bottoms:
+            blob.diff[...] = 0
+        blobs = getattr(self.py, "blobs", [])
+        for blob in blobs:
+            blob.diff[...] = 0
+        try:
+            self.py.backward(self._tops, list(wanted), self._bottoms)
+        except TorchCaffeError as err:
+            raise err.located(layer=self.name, layer_type=self.caffe_type) from None
+        bottom_diffs = [torch.from_numpy(b.diff.copy()) for b in self._bottoms]
+        param_diffs = [torch.from_numpy(b.diff.copy()).to(p.dtype)
+                       for b, p in zip(blobs, self.param_blobs())]
+        return bottom_diffs, param_diffs
+
+    def forward(self, *bottoms: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        params = self.param_blobs()
+        tracked = torch.is_grad_enabled() and any(
+            t.requires_grad for t in (*bottoms, *params))
+        if tracked:
+            tops = _PythonFunction.apply(self, len(bottoms), *bottoms, *params)
+        else:
+            tops = self.run_forward(bottoms)
+        return tops[0] if len(tops) == 1 else tuple(tops)
+
+    def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
+        bottoms = [Blob(s) for s in bottom_shapes]
+        tops = [Blob() for _ in range(self.num_tops)]
+        self.py.reshape(bottoms, tops)
+        return [t.shape for t in tops]
+
+    def extra_repr(self) -> str:
+        pp = self.layer_param.python_param
+        return f"module={pp.module!r}, layer={pp.layer!r}, param_str={pp.param_str!r}"
