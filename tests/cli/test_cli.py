@@ -1,0 +1,68 @@
+"""The command line: run, layers, upgrade; errors are one clear line, not a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torchcaffe
+from torchcaffe.cli.__main__ import main
+from torchcaffe.io.prototxt import read_net
+from torchcaffe.layers.catalogue import supported_layers_markdown
+
+REPO = Path(__file__).resolve().parents[2]
+NET = """
+name: "tiny"
+input: "data"
+input_shape { dim: 1 dim: 2 dim: 5 dim: 5 }
+layers { name: "conv" type: CONVOLUTION bottom: "data" top: "conv"
+         convolution_param { num_output: 3 kernel_size: 3 weight_filler { type: "xavier" } } }
+layers { name: "relu" type: RELU bottom: "conv" top: "conv" }
+"""
+
+
+def test_run_prints_outputs_and_saves(tmp_path, capsys):
+    proto = tmp_path / "tiny.prototxt"
+    proto.write_text(NET)
+    out = tmp_path / "tiny.caffemodel"
+    assert main(["run", str(proto), "--save", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "net 'tiny': 3 layers" in text and "conv" in text and "(1, 3, 3, 3)" in text
+    assert torchcaffe.load_weights(torchcaffe.load(proto), out) == ["input", "conv", "relu"]
+
+
+def test_run_with_input_shape_override(tmp_path, capsys):
+    proto = tmp_path / "tiny.prototxt"
+    proto.write_text(NET)
+    assert main(["run", str(proto), "--input", "data=2,2,7,7"]) == 0
+    assert "(2, 3, 5, 5)" in capsys.readouterr().out
+
+
+def test_errors_are_one_line(tmp_path, capsys):
+    proto = tmp_path / "bad.prototxt"
+    proto.write_text(NET + 'layers { name: "x" type: RELU bottom: "nope" top: "y" }')
+    assert main(["run", str(proto)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("torchcaffe run: error: ") and "layer 'x'" in err
+    assert "Traceback" not in err
+
+
+def test_upgrade_writes_v2_text(tmp_path):
+    old, new = tmp_path / "old.prototxt", tmp_path / "new.prototxt"
+    old.write_text(NET)
+    assert main(["upgrade", str(old), str(new)]) == 0
+    text = new.read_text()
+    assert 'type: "Convolution"' in text and 'type: "Input"' in text and "layers {" not in text
+    assert read_net(new) == read_net(old)
+
+
+def test_supported_layers_doc_is_current():
+    committed = (REPO / "docs" / "supported_layers.md").read_text()
+    assert committed == supported_layers_markdown(), (
+        "docs/supported_layers.md is stale: run `torchcaffe layers --out docs/supported_layers.md`")
+
+
+def test_layers_table_lists_every_registered_type(capsys):
+    assert main(["layers"]) == 0
+    text = capsys.readouterr().out
+    for name in torchcaffe.layer_type_list():
+        assert f"| {name} |" in text

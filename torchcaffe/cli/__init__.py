@@ -1,0 +1,1 @@
+"""``torchcaffe <action>``: the command-line face (actions registered in ``__main__``)."""
