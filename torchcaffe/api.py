@@ -21,7 +21,9 @@ def load(prototxt: PathLike | caffe_pb2.NetParameter, caffemodel: PathLike | Non
     """Compile a Caffe net (text prototxt, or a NetParameter) into a torch ``nn.Module``.
 
     ``caffemodel`` (binary or HDF5) fills the params by layer name, as Caffe does.
-    ``input_shapes`` overrides the declared shapes of input blobs. ``allow_python_layers``
+    ``input_shapes`` overrides the declared shapes of input blobs; naming the tops of a data
+    layer (Data, ImageData, HDF5Data, ...) there turns that layer into an input you feed, which is
+    how a train_val net runs before the data layers exist. ``allow_python_layers``
     lets ``type: "Python"`` layers import and run their module (trusted models only).
     """
     if isinstance(prototxt, caffe_pb2.NetParameter):

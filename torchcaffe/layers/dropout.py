@@ -24,6 +24,7 @@ class DropoutLayer(NeuronLayer):
     """
 
     param_field = "dropout_param"
+    restrictions = "TRAIN masks follow Caffe's Bernoulli(1 - ratio) and scaling, not its RNG stream"
 
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)

@@ -125,6 +125,8 @@ class PoolingLayer(CaffeLayer):
     """
 
     param_field = "pooling_param"
+    restrictions = ("STOCHASTIC TRAIN draws follow Caffe's distribution, not its RNG stream "
+                    "(Caffe has it on GPU only; here CPU and CUDA)")
     tops = Between(1, 2)
 
     def __init__(self, layer_param, bottom_shapes):

@@ -87,6 +87,7 @@ class PythonLayer(CaffeLayer):
     bottoms: ClassVar[Arity] = ANY
     tops: ClassVar[Arity] = ANY
     param_field = "python_param"
+    restrictions = "runs the model's module only with the allow_python_layers opt-in"
 
     def __init__(self, layer_param: caffe_pb2.LayerParameter, bottom_shapes: Sequence[Shape]):
         super().__init__(layer_param, bottom_shapes)
