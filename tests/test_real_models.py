@@ -45,18 +45,9 @@ DEPLOY = [
 # Models that need a layer type still being built (issue 3): model folder -> the missing
 # types. Strict xfails: an entry must leave this list when its layers land.
 PENDING = {
-    "densenet121": "BatchNorm, Scale",
-    "dpn92": "BatchNorm, Scale",
-    "faster_rcnn_resnet18": "ROIPooling, Scale, Proposal (Python rpn layer)",
-    "inception_v3": "BatchNorm, Scale",
-    "mobilenet_ssd_voc": "BatchNorm, Scale, Permute, PriorBox, DetectionOutput",
-    "mobilenet_v2": "BatchNorm, Scale",
-    "mtcnn_onet": "PReLU",
-    "mtcnn_pnet": "PReLU",
-    "mtcnn_rnet": "PReLU",
-    "pspnet_resnet101_v2": "Interp, Scale",
-    "resnet50_kaiminghe": "BatchNorm, Scale",
-    "se_resnet_50": "Axpy, BatchNorm, Scale",
+    "faster_rcnn_resnet18": "ROIPooling, Proposal (Python rpn layer)",
+    "mobilenet_ssd_voc": "Permute, PriorBox, DetectionOutput",
+    "se_resnet_50": "Axpy",
     "ultraface_slim320": "Permute",
 }
 

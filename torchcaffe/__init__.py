@@ -44,8 +44,8 @@ TEST = caffe_pb2.TEST
 __version__ = "0.1.0"
 
 __all__ = [
-    "load", "load_weights", "save_weights", "Net", "Layer", "TorchNet", "Blob", "CaffeLayer", "TRAIN",
-    "TEST", "proto", "caffe_pb2", "layer_type_list", "register_layer", "set_mode_cpu",
+    "load", "load_weights", "save_weights", "Net", "Layer", "TorchNet", "Blob", "CaffeLayer",
+    "TRAIN", "TEST", "proto", "caffe_pb2", "layer_type_list", "register_layer", "set_mode_cpu",
     "set_mode_gpu", "set_device", "set_random_seed", "TorchCaffeError", "PrototxtError",
     "UnknownLayerTypeError", "LayerParamError", "BlobWiringError", "WeightsError",
     "UnsupportedError", "SolverError", "DataError", "DeviceError", "TrustError",

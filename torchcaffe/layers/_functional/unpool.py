@@ -1,0 +1,59 @@
+"""Max-unpooling by a pooling mask: each bottom value written at its flat (h * W + w) index.
+
+The forks' loop (SegNet ``Upsample``, brocolli ``MaxUnPool``) zeroes the top and writes bottom
+element i at ``mask[i]`` in order, so where two elements share an index the later one wins.
+SegNet's gradient differs from the mathematical one: every bottom element reads the top diff
+at its index (``bottom_diff[i] = top_diff[mask[i]]``), the losers of a shared index included.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+
+def check_mask_range(mask: torch.Tensor, size: int, error) -> torch.Tensor:
+    """-> the mask as int64 flat indices (``static_cast<int>``: truncation toward 0); raise
+    ``error(got)`` if one lies outside [0, size) (the forks abort or write out of bounds)."""
+    index = mask.detach().to(torch.int64)
+    if index.device.type != "meta" and index.numel():
+        bad = (index < 0) | (index >= size)
+        if bool(bad.any()):
+            raise error(index[bad].unique().tolist()[:5])
+    return index
+
+
+def unpool_forward(x: torch.Tensor, index: torch.Tensor, out_hw: tuple[int, int]
+                   ) -> torch.Tensor:
+    """(N, C, H, W) values + int64 flat indices -> (N, C, *out_hw), zeros where nothing lands."""
+    n, c = x.shape[:2]
+    flat_x, flat_i = x.reshape(n, c, -1), index.reshape(n, c, -1)
+    size = out_hw[0] * out_hw[1]
+    order = torch.arange(flat_x.shape[2], device=x.device).expand_as(flat_i)
+    winner = torch.full((n, c, size), -1, dtype=torch.int64, device=x.device)
+    winner.scatter_reduce_(2, flat_i, order, reduce="amax")  # the last write wins
+    top = flat_x.gather(2, winner.clamp(min=0))
+    top = torch.where(winner >= 0, top, torch.zeros((), dtype=x.dtype, device=x.device))
+    return top.reshape(n, c, *out_hw)
+
+
+class SegNetUnpool(torch.autograd.Function):
+    """``unpool_forward`` with SegNet's Backward_cpu: bottom_diff[i] = top_diff[mask[i]]."""
+
+    @staticmethod
+    def forward(ctx, x, index, out_hw):
+        ctx.save_for_backward(index)
+        return unpool_forward(x, index, out_hw)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        (index,) = ctx.saved_tensors
+        n, c = index.shape[:2]
+        grad_x = grad.reshape(n, c, -1).gather(2, index.reshape(n, c, -1))
+        return grad_x.reshape(index.shape), None, None
+
+
+def segnet_unpool(x: torch.Tensor, index: torch.Tensor, out_hw: tuple[int, int]
+                  ) -> torch.Tensor:
+    return SegNetUnpool.apply(x, index, out_hw)

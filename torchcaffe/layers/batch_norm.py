@@ -1,0 +1,101 @@
+"""BatchNorm: normalize each channel by batch or stored statistics (no scale/shift)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..registry import register_layer
+from .base import CaffeLayer, Shape
+
+
+@register_layer("BatchNorm")
+class BatchNormLayer(CaffeLayer):
+    """y = (x - mean) / sqrt(var + eps) per channel (axis 1). Caffe type ``BatchNorm``,
+    ``batch_norm_param`` (use_global_stats: phase == TEST, moving_average_fraction = .999,
+    eps = 1e-5).
+
+    Three blobs, buffers (Caffe masks them from the solver): ``mean`` (C,), ``variance``
+    (C,), ``scale_factor`` (1,). Batch statistics (mean and biased variance over every axis
+    but 1) also update them: scale_factor = scale_factor * maf + 1, mean = mean * maf +
+    batch_mean, variance = variance * maf + m / (m - 1) * batch_var with m = count / C (factor
+    1 when m == 1). Global statistics are the blobs times 1 / scale_factor (0 when it is 0).
+    Without ``use_global_stats`` in the prototxt, ``self.training`` (from the phase, or
+    ``train()`` / ``eval()``) picks batch or global statistics.
+    Differs from torch: running sums with a scale factor instead of running averages; the
+    stored variance is unbiased, the normalizing one biased; no affine part (see Scale).
+    """
+
+    param_field = "batch_norm_param"
+    restrictions = "brocolli's use_alpha_beta (affine BatchNorm) is not supported"
+
+    def __init__(self, layer_param, bottom_shapes):
+        super().__init__(layer_param, bottom_shapes)
+        p = self.param
+        shape = self.bottom_shapes[0]
+        if len(shape) < 2:
+            # Caffe sets channels = 1 for a 1-D bottom, then its Reshape reads shape(1)
+            # and aborts.
+            raise self.error("bottom must have at least 2 axes (N, C, ...)",
+                             expected="num_axes >= 2", got=len(shape))
+        if p.use_alpha_beta:
+            from ..errors import UnsupportedError
+
+            raise self.error("use_alpha_beta (brocolli's affine BatchNorm) is not supported",
+                             expected="use_alpha_beta: false", got=True, cls=UnsupportedError,
+                             hint="follow the BatchNorm with a Scale layer (bias_term: true)")
+        for i, spec in enumerate(layer_param.param[:3]):
+            if spec.lr_mult != 0:
+                raise self.error("cannot configure batch normalization statistics as layer "
+                                 f"parameters (param {i} has a nonzero lr_mult)",
+                                 expected="lr_mult: 0 or no param spec", got=spec.lr_mult)
+        self.use_global_stats = p.use_global_stats if p.HasField("use_global_stats") else None
+        self.moving_average_fraction = p.moving_average_fraction
+        self.eps = p.eps
+        channels = shape[1]
+        self.add_blob("mean", (channels,), learnable=False)
+        self.add_blob("variance", (channels,), learnable=False)
+        self.add_blob("scale_factor", (1,), learnable=False)
+
+    @property
+    def uses_global_stats(self) -> bool:
+        """Caffe's use_global_stats_: the prototxt's value, else whether testing."""
+        if self.use_global_stats is not None:
+            return self.use_global_stats
+        return not self.training
+
+    def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
+        shape = tuple(int(d) for d in bottom_shapes[0])
+        self._check_bottom(shape)
+        return [shape]
+
+    def _check_bottom(self, shape: Sequence[int]) -> None:
+        channels = self.mean.shape[0]
+        if len(shape) < 2 or shape[1] != channels:
+            raise self.error("bottom channels (axis 1) differ from the statistics blobs",
+                             expected=f"shape (N, {channels}, ...)", got=list(shape))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_bottom(x.shape)
+        dims = [0] + list(range(2, x.dim()))
+        view = (1, -1) + (1,) * (x.dim() - 2)
+        if self.uses_global_stats:
+            stored = self.scale_factor[0]
+            factor = torch.where(stored == 0, torch.zeros_like(stored), 1 / stored)
+            mean, var = self.mean * factor, self.variance * factor
+            centered = x - mean.reshape(view)
+        else:
+            mean = x.mean(dim=dims)
+            centered = x - mean.reshape(view)
+            var = (centered * centered).mean(dim=dims)
+            self._update_stats(mean.detach(), var.detach(), x.numel() // x.shape[1])
+        return centered / torch.sqrt(var + self.eps).reshape(view)
+
+    @torch.no_grad()
+    def _update_stats(self, mean: torch.Tensor, var: torch.Tensor, m: int) -> None:
+        maf = self.moving_average_fraction
+        correction = m / (m - 1) if m > 1 else 1.0
+        self.scale_factor.mul_(maf).add_(1)
+        self.mean.mul_(maf).add_(mean.to(self.mean.dtype))
+        self.variance.mul_(maf).add_(var.to(self.variance.dtype) * correction)
