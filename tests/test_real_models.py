@@ -47,7 +47,6 @@ DEPLOY = [
 PENDING = {
     "faster_rcnn_resnet18": "ROIPooling, Proposal (Python rpn layer)",
     "mobilenet_ssd_voc": "Permute, PriorBox, DetectionOutput",
-    "se_resnet_50": "Axpy",
     "ultraface_slim320": "Permute",
 }
 

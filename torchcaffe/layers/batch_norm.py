@@ -39,17 +39,7 @@ class BatchNormLayer(CaffeLayer):
             # and aborts.
             raise self.error("bottom must have at least 2 axes (N, C, ...)",
                              expected="num_axes >= 2", got=len(shape))
-        if p.use_alpha_beta:
-            from ..errors import UnsupportedError
-
-            raise self.error("use_alpha_beta (brocolli's affine BatchNorm) is not supported",
-                             expected="use_alpha_beta: false", got=True, cls=UnsupportedError,
-                             hint="follow the BatchNorm with a Scale layer (bias_term: true)")
-        for i, spec in enumerate(layer_param.param[:3]):
-            if spec.lr_mult != 0:
-                raise self.error("cannot configure batch normalization statistics as layer "
-                                 f"parameters (param {i} has a nonzero lr_mult)",
-                                 expected="lr_mult: 0 or no param spec", got=spec.lr_mult)
+        self._check_param(p, layer_param)
         self.use_global_stats = p.use_global_stats if p.HasField("use_global_stats") else None
         self.moving_average_fraction = p.moving_average_fraction
         self.eps = p.eps
@@ -57,6 +47,21 @@ class BatchNormLayer(CaffeLayer):
         self.add_blob("mean", (channels,), learnable=False)
         self.add_blob("variance", (channels,), learnable=False)
         self.add_blob("scale_factor", (1,), learnable=False)
+
+    def _check_param(self, p, layer_param) -> None:
+        """BVLC's checks: no affine part, and the statistics masked from the solver."""
+        if p.use_alpha_beta:
+            from ..errors import UnsupportedError
+
+            raise self.error("use_alpha_beta (brocolli's affine BatchNorm) is not supported",
+                             expected="use_alpha_beta: false", got=True, cls=UnsupportedError,
+                             hint="follow the BatchNorm with a Scale layer (bias_term: true), "
+                                  "or use brocolli's type BatchNormKyle")
+        for i, spec in enumerate(layer_param.param[:3]):
+            if spec.lr_mult != 0:
+                raise self.error("cannot configure batch normalization statistics as layer "
+                                 f"parameters (param {i} has a nonzero lr_mult)",
+                                 expected="lr_mult: 0 or no param spec", got=spec.lr_mult)
 
     @property
     def uses_global_stats(self) -> bool:
@@ -77,6 +82,10 @@ class BatchNormLayer(CaffeLayer):
                              expected=f"shape (N, {channels}, ...)", got=list(shape))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._normalize(x)
+
+    def _normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """(x - mean) / sqrt(var + eps) by global or batch statistics (the latter update them)."""
         self._check_bottom(x.shape)
         dims = [0] + list(range(2, x.dim()))
         view = (1, -1) + (1,) * (x.dim() - 2)

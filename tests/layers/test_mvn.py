@@ -1,0 +1,108 @@
+"""MVN: per (n, c) or per-sample groups, mean-only, eps added after the square root, the legacy
+4-D top shape, and Caffe's backward (every term over std + eps, not the exact derivative)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers.cases import LayerCase
+from tests.helpers.gradcheck import check_layer_gradient
+from tests.helpers.harness import make_layer
+from torchcaffe.errors import LayerParamError
+
+CASES = [
+    LayerCase("MVN", "", ((2, 3, 4, 5),), id="mvn_default"),
+    LayerCase("MVN", "mvn_param { across_channels: true }", ((3, 2, 5, 4),), id="mvn_across"),
+    LayerCase("MVN", "mvn_param { normalize_variance: false }", ((2, 4, 3),), id="mvn_mean"),
+    LayerCase("MVN", "mvn_param { across_channels: true eps: 0.5 }", ((4, 3),),
+              id="mvn_2d_eps"),
+]
+
+
+def f32(v):
+    return float(np.float32(v))
+
+
+def _groups(x, across_channels):
+    shape4 = tuple(x.shape) + (1,) * (4 - x.ndim)
+    n = shape4[0] if across_channels else shape4[0] * shape4[1]
+    return x.reshape(n, -1), shape4
+
+
+def ref_mvn(x, normalize_variance=True, across_channels=False, eps=1e-9):
+    """MVNLayer::Forward_cpu: X - EX, then / (sqrt(E((X - EX)^2)) + eps); top is 4-D."""
+    rows, shape4 = _groups(x, across_channels)
+    centered = rows - rows.mean(axis=1, keepdims=True)
+    if not normalize_variance:
+        return centered.reshape(shape4)
+    std = np.sqrt((centered ** 2).mean(axis=1, keepdims=True))
+    return (centered / (std + f32(eps))).reshape(shape4)
+
+
+def ref_mvn_diff(x, top_diff, normalize_variance=True, across_channels=False, eps=1e-9):
+    """MVNLayer::Backward_cpu, step by step on the (groups, dim) view."""
+    rows, shape4 = _groups(x, across_channels)
+    g = top_diff.reshape(rows.shape)
+    dim = rows.shape[1]
+    if not normalize_variance:
+        return (g - g.sum(axis=1, keepdims=True) / dim).reshape(shape4)
+    y = ref_mvn(x, True, across_channels, eps).reshape(rows.shape)
+    variance = np.sqrt(((rows - rows.mean(axis=1, keepdims=True)) ** 2).mean(axis=1,
+                                                                           keepdims=True))
+    variance = variance + f32(eps)
+    bottom = y * (y * g).sum(axis=1, keepdims=True)
+    bottom = bottom + g.sum(axis=1, keepdims=True)
+    bottom = g - bottom / dim
+    return (bottom / variance).reshape(shape4)
+
+
+@pytest.mark.parametrize("snippet,shape,kw", [
+    ("", (2, 3, 4, 5), {}),
+    ("mvn_param { across_channels: true eps: 1e-3 }", (3, 2, 5, 4),
+     {"across_channels": True, "eps": 1e-3}),
+    ("mvn_param { normalize_variance: false }", (2, 4, 3), {"normalize_variance": False}),
+    ("mvn_param { normalize_variance: false across_channels: true }", (3, 2, 2, 5),
+     {"normalize_variance": False, "across_channels": True}),
+    ("mvn_param { eps: 0.75 }", (2, 3, 5), {"eps": 0.75}),
+    ("mvn_param { across_channels: true eps: 0.25 }", (4, 3), {"across_channels": True,
+                                                              "eps": 0.25}),
+])
+def test_forward_backward_match_reference(snippet, shape, kw):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(shape) * 2 + 0.5
+    layer, _ = make_layer(snippet, [shape], type="MVN", dtype=torch.float64)
+    xt = torch.tensor(x, requires_grad=True)
+    top = layer(xt)
+    want = ref_mvn(x, **kw)
+    assert tuple(top.shape) == want.shape == layer.output_shapes([shape])[0]
+    np.testing.assert_allclose(top.detach().numpy(), want, rtol=1e-12, atol=1e-14)
+    top_diff = rng.standard_normal(want.shape)
+    top.backward(torch.tensor(top_diff))
+    np.testing.assert_allclose(xt.grad.numpy(), ref_mvn_diff(x, top_diff, **kw).reshape(shape),
+                               rtol=1e-10, atol=1e-12)
+
+
+def test_backward_with_large_eps_is_caffes_not_the_exact_derivative():
+    layer, (x,) = make_layer("mvn_param { eps: 0.5 }", [(2, 3, 4)], type="MVN",
+                             dtype=torch.float64)
+    xt = x.clone().requires_grad_(True)
+    g = torch.randn(2, 3, 4, 1, dtype=torch.float64)
+    (caffe_grad,) = torch.autograd.grad(layer(xt), xt, g)
+    rows = xt.reshape(6, 4)
+    c = rows - rows.mean(1, keepdim=True)
+    exact = c / (torch.sqrt((c * c).mean(1, keepdim=True)) + 0.5)
+    (exact_grad,) = torch.autograd.grad(exact.reshape(2, 3, 4, 1), xt, g)
+    assert not torch.allclose(caffe_grad, exact_grad, rtol=1e-3)
+
+
+@pytest.mark.parametrize("case", CASES[:3], ids=lambda c: c.name)
+def test_gradient(case):
+    layer, bottoms = case.build()
+    check_layer_gradient(layer, bottoms)
+
+
+def test_error_more_than_four_axes():
+    with pytest.raises(LayerParamError, match=r"layer 'm1' \(MVN\).*num_axes <= 4"):
+        make_layer("", [(2, 3, 2, 2, 2)], type="MVN", name="m1")

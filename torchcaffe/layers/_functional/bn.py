@@ -1,0 +1,36 @@
+"""PSPNet's BN layer outside TRAIN: stored statistics forward, batch-statistics backward.
+
+Caffe's gradient differs from the mathematical one: in TEST phase (not ``frozen``) BNLayer
+normalizes with the stored mean and variance but its backward is the batch-normalization
+formula (g - mean(g) - x_hat * mean(x_hat * g)) * inv_std, as if the statistics came from
+the batch (the exact derivative would be g * inv_std).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+
+class StoredStatsBatchGrad(torch.autograd.Function):
+    """x of shape (N, C, S), mean and inv_std of shape (C, 1): x_hat = (x - mean) * inv_std;
+    means in the backward run over axes 0 and 2; mean and inv_std get no gradient."""
+
+    @staticmethod
+    def forward(ctx, x, mean, inv_std):
+        x_hat = (x - mean) * inv_std
+        ctx.save_for_backward(x_hat, inv_std)
+        return x_hat
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        x_hat, inv_std = ctx.saved_tensors
+        mean_g = grad.mean(dim=(0, 2), keepdim=True)
+        mean_gx = (grad * x_hat).mean(dim=(0, 2), keepdim=True)
+        return (grad - mean_g - x_hat * mean_gx) * inv_std, None, None
+
+
+def stored_stats_batch_grad(x: torch.Tensor, mean: torch.Tensor,
+                            inv_std: torch.Tensor) -> torch.Tensor:
+    return StoredStatsBatchGrad.apply(x, mean, inv_std)

@@ -1,0 +1,38 @@
+"""MVN's variance normalization with the gradient Caffe's MVNLayer computes.
+
+Caffe's gradient differs from the mathematical one: it divides every term by sqrt(var) + eps,
+where the derivative of the 1 / (sqrt(var) + eps) factor has sqrt(var) in one place. The two
+agree when eps is 0.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+
+class CaffeMVN(torch.autograd.Function):
+    """Rows of a (groups, dim) tensor: y = (x - mean) / (sqrt(mean((x - mean)^2)) + eps).
+
+    Backward (MVNLayer::Backward_cpu): (g - mean(g) - y * mean(g * y)) / (sqrt(var) + eps).
+    """
+
+    @staticmethod
+    def forward(ctx, x, eps: float):
+        centered = x - x.mean(dim=1, keepdim=True)
+        denom = torch.sqrt((centered * centered).mean(dim=1, keepdim=True)) + eps
+        y = centered / denom
+        ctx.save_for_backward(y, denom)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        y, denom = ctx.saved_tensors
+        dim = y.shape[1]
+        sums = y * (y * grad).sum(dim=1, keepdim=True) + grad.sum(dim=1, keepdim=True)
+        return (grad - sums / dim) / denom, None
+
+
+def caffe_mvn(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return CaffeMVN.apply(x, eps)

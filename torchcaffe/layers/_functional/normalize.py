@@ -1,0 +1,47 @@
+"""SSD's Normalize (L2 norm, learned scale) with the gradients NormalizeLayer computes.
+
+Caffe's gradient differs from the mathematical one with a per-channel scale: the bottom diff
+is scale[c] * (g - x * sum(x * g) / norm^2) / norm, so the scale of channel c multiplies the
+whole term instead of weighting the sum over channels; and the scale diff is
+sum(top * g) / scale (NaN or inf where a scale is 0).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+
+class CaffeNormalize(torch.autograd.Function):
+    """x of shape (N, C, S): y = x / norm * scale, norm = sqrt(sum x^2 + eps) over ``dims``
+    ((1, 2) across_spatial, else (1,)); scale is a 0-D or (C,) tensor."""
+
+    @staticmethod
+    def forward(ctx, x, scale, dims: tuple[int, ...], eps: float):
+        norm = torch.sqrt((x * x).sum(dim=dims, keepdim=True) + eps)
+        s = scale.reshape(-1, 1) if scale.dim() else scale
+        top = x / norm * s
+        ctx.dims = dims
+        ctx.save_for_backward(x, norm, scale, top)
+        return top
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        x, norm, scale, top = ctx.saved_tensors
+        grad_x = grad_scale = None
+        if ctx.needs_input_grad[1]:
+            if scale.dim():
+                grad_scale = (top * grad).sum(dim=(0, 2)) / scale
+            else:
+                grad_scale = (top * grad).sum() / scale
+        if ctx.needs_input_grad[0]:
+            a = (x * grad).sum(dim=ctx.dims, keepdim=True)
+            grad_x = (grad - x * (a / norm / norm)) / norm
+            grad_x = grad_x * (scale.reshape(-1, 1) if scale.dim() else scale)
+        return grad_x, grad_scale, None, None
+
+
+def caffe_normalize(x: torch.Tensor, scale: torch.Tensor, across_spatial: bool,
+                    eps: float) -> torch.Tensor:
+    return CaffeNormalize.apply(x, scale, (1, 2) if across_spatial else (1,), eps)

@@ -1,0 +1,48 @@
+"""MVN: mean-variance normalization per sample (and channel)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..registry import register_layer
+from ._functional.mvn import caffe_mvn
+from ._legacy import legacy_nchw
+from .base import CaffeLayer, Shape
+
+
+@register_layer("MVN")
+class MVNLayer(CaffeLayer):
+    """y = (x - mean) [/ (std + eps)]. Caffe type ``MVN``, ``mvn_param`` (normalize_variance =
+    true, across_channels = false, eps = 1e-9).
+
+    Statistics over each (n, c) slice, or each sample n with ``across_channels``; std is the
+    biased one, and eps is added to it after the square root. Bottom: 1 to 4 axes, top: the
+    legacy 4-D shape (num, channels, height, width), so a (N, C) bottom gives (N, C, 1, 1).
+    Differs from torch: eps outside the square root; with normalize_variance the backward is
+    Caffe's (every term divided by std + eps), not the exact derivative when eps != 0.
+    """
+
+    param_field = "mvn_param"
+
+    def __init__(self, layer_param, bottom_shapes):
+        super().__init__(layer_param, bottom_shapes)
+        p = self.param
+        self.normalize_variance = p.normalize_variance
+        self.across_channels = p.across_channels
+        self.eps = p.eps
+        self.output_shapes(self.bottom_shapes)
+
+    def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
+        return [legacy_nchw(self, bottom_shapes[0])]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = legacy_nchw(self, x.shape)
+        groups = shape[0] if self.across_channels else shape[0] * shape[1]
+        rows = x.reshape(groups, -1)
+        if self.normalize_variance:
+            y = caffe_mvn(rows, self.eps)
+        else:
+            y = rows - rows.mean(dim=1, keepdim=True)
+        return y.reshape(shape)
