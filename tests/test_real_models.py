@@ -45,7 +45,6 @@ DEPLOY = [
 # Models that need a layer type still being built (issue 3): model folder -> the missing
 # types. Strict xfails: an entry must leave this list when its layers land.
 PENDING = {
-    "faster_rcnn_resnet18": "ROIPooling, Proposal (Python rpn layer)",
     "mobilenet_ssd_voc": "Permute, PriorBox, DetectionOutput",
     "ultraface_slim320": "Permute",
 }

@@ -26,6 +26,8 @@ NO_GOLDEN = {
     "ConvolutionDepthwise": "fork alias of grouped Convolution; numpy reference tests",
     "DepthwiseConvolution": "fork alias of grouped Convolution; numpy reference tests",
     "Python": "runs user code; tested with pycaffe-style layers in test_python_layer.py",
+    "ROIPooling": "caffe-fast-rcnn fork; numpy ports of roi_pooling_layer.cpp and .cu backward",
+    "PSROIPooling": "R-FCN fork, GPU-only there; numpy port of psroi_pooling_layer.cu",
     "Axpy": "SENet fork, not in the reference build; numpy axpy_layer.cpp tests",
     "BN": "PSPNet/SegNet forks, not in the reference build; numpy bn_layer.cpp tests",
     "Interp": "PSPNet/DeepLab fork, not in the reference build; numpy caffe_cpu_interp2 tests",

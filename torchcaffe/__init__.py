@@ -30,6 +30,7 @@ from .errors import (
                      UnsupportedError,
                      WeightsError,
 )
+from .layers._python_substitutes import NativeSubstituteWarning
 from .layers.base import CaffeLayer
 from .net.net import Net as TorchNet
 from .proto import caffe_pb2
@@ -49,4 +50,5 @@ __all__ = [
     "set_mode_gpu", "set_device", "set_random_seed", "TorchCaffeError", "PrototxtError",
     "UnknownLayerTypeError", "LayerParamError", "BlobWiringError", "WeightsError",
     "UnsupportedError", "SolverError", "DataError", "DeviceError", "TrustError",
+    "NativeSubstituteWarning",
 ]

@@ -4,12 +4,21 @@ Refused unless the user opts in (``allow_python_layers=True`` or
 TORCHCAFFE_ALLOW_PYTHON_LAYERS=1): importing the module runs arbitrary code. The user's class
 works on Blobs with numpy data, so tensors cross to the host and back around each call; the
 gradient comes from the class's own ``backward``, wrapped in an autograd Function.
+
+Well-known Python layers (``_python_substitutes.NATIVE_SUBSTITUTES``: py-faster-rcnn's
+``rpn.proposal_layer.ProposalLayer``) run as a native equivalent instead, with a
+``NativeSubstituteWarning`` saying so, unless the user opted in and the module can be
+imported: then the model's own module runs, since it may read settings (py-faster-rcnn's
+``cfg``) that only the user's script sets. The substitute imports nothing, so it needs no
+opt-in.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+import importlib.util
+import warnings
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -19,6 +28,7 @@ from ..errors import LayerParamError, TorchCaffeError, TrustError
 from ..proto import caffe_pb2
 from ..registry import register_layer
 from ..trust import ENV_VAR, python_layers_allowed
+from ._python_substitutes import NATIVE_SUBSTITUTES, RUN_MODULE_HINT, NativeSubstituteWarning
 from .base import ANY, Arity, CaffeLayer, Shape
 
 OPT_IN_HINT = ("Python layers import and run code named by the model; if you trust this "
@@ -44,6 +54,24 @@ def import_layer_class(lp: caffe_pb2.LayerParameter) -> type:
     except AttributeError:
         raise LayerParamError(f"module {module_name!r} has no layer class {class_name!r}"
                               ) from None
+
+
+def native_substitute(lp: caffe_pb2.LayerParameter
+                      ) -> Callable[[caffe_pb2.LayerParameter, Sequence[Shape]], CaffeLayer] | None:
+    """The native builder serving this Python layer, or None to run the model's own module.
+
+    None for modules without a substitute, and for those with one when the user opted in and
+    the module's top-level package is on sys.path (looked up without importing it).
+    """
+    pp = lp.python_param
+    builder = NATIVE_SUBSTITUTES.get((pp.module, pp.layer))
+    if builder is None or not python_layers_allowed():
+        return builder
+    try:
+        found = importlib.util.find_spec(pp.module.partition(".")[0]) is not None
+    except (ImportError, ValueError):
+        found = False
+    return None if found else builder
 
 
 def _blob_of(tensor: torch.Tensor) -> Blob:
@@ -81,13 +109,30 @@ class PythonLayer(CaffeLayer):
     """Runs ``python_param { module layer param_str }``'s class (a ``caffe.Layer``).
 
     Caffe type: Python (PythonParameter). Tops are shaped by the class's ``reshape``.
+    A module with a native substitute (py-faster-rcnn's ``rpn.proposal_layer``) builds that
+    instead, with a NativeSubstituteWarning, unless opted in with the module importable.
     Differs from torch: computes on the host with numpy, whatever the device.
     """
 
     bottoms: ClassVar[Arity] = ANY
     tops: ClassVar[Arity] = ANY
     param_field = "python_param"
-    restrictions = "runs the model's module only with the allow_python_layers opt-in"
+    restrictions = ("runs the model's module only with the allow_python_layers opt-in; "
+                    "py-faster-rcnn's rpn.proposal_layer runs as a native equivalent unless "
+                    "opted in with the module on sys.path")
+
+    @classmethod
+    def from_param(cls, layer_param: caffe_pb2.LayerParameter,
+                   bottom_shapes: Sequence[Shape]) -> CaffeLayer:
+        """A known Python layer becomes its native substitute (layer_param kept as read)."""
+        builder = native_substitute(layer_param)
+        if builder is None:
+            return super().from_param(layer_param, bottom_shapes)
+        layer = builder(layer_param, bottom_shapes)
+        warnings.warn(NativeSubstituteWarning(
+            f"layer '{layer_param.name}' (Python): {layer.extra_repr()}; {RUN_MODULE_HINT}"),
+            stacklevel=2)
+        return layer
 
     def __init__(self, layer_param: caffe_pb2.LayerParameter, bottom_shapes: Sequence[Shape]):
         super().__init__(layer_param, bottom_shapes)
