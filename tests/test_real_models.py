@@ -44,10 +44,7 @@ DEPLOY = [
 
 # Models that need a layer type still being built (issue 3): model folder -> the missing
 # types. Strict xfails: an entry must leave this list when its layers land.
-PENDING = {
-    "mobilenet_ssd_voc": "Permute, PriorBox, DetectionOutput",
-    "ultraface_slim320": "Permute",
-}
+PENDING: dict[str, str] = {}
 
 
 def _pending(rel: str) -> list:

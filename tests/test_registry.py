@@ -26,6 +26,7 @@ NO_GOLDEN = {
     "ConvolutionDepthwise": "fork alias of grouped Convolution; numpy reference tests",
     "DepthwiseConvolution": "fork alias of grouped Convolution; numpy reference tests",
     "Python": "runs user code; tested with pycaffe-style layers in test_python_layer.py",
+    "ShuffleChannel": "ShuffleNet fork, not in the reference build; numpy port of its copy loop",
     "ROIPooling": "caffe-fast-rcnn fork; numpy ports of roi_pooling_layer.cpp and .cu backward",
     "PSROIPooling": "R-FCN fork, GPU-only there; numpy port of psroi_pooling_layer.cu",
     "Axpy": "SENet fork, not in the reference build; numpy axpy_layer.cpp tests",
