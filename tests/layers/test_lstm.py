@@ -155,8 +155,10 @@ def test_non_binary_cont_scales_carried_state():
 @pytest.mark.parametrize("snippet, shapes, match", [
     ("recurrent_param { }", [(3, 2, 4), (3, 2)], r"num_output must be positive"),
     ("recurrent_param { num_output: 2 }", [(3, 2, 4), (3, 3)], r"cont \(bottom\[1\]\)"),
-    ("recurrent_param { num_output: 2 }", [(3,), (3, 2)], r"at least 2 axes"),
+    ("recurrent_param { num_output: 2 }", [(3,), (3, 2)], r"at least 3 axes"),
+    ("recurrent_param { num_output: 2 }", [(3, 2), (3, 2)], r"at least 3 axes"),
     ("recurrent_param { num_output: 2 }", [(3, 2, 4), (3, 2), (4, 5)], r"x_static"),
+    ("recurrent_param { num_output: 2 }", [(3, 2, 4), (3, 2), (2,)], r"x_static"),
     ("recurrent_param { num_output: 2 expose_hidden: true }",
      [(3, 2, 4), (3, 2), (1, 2, 3), (1, 2, 2)], r"initial state h0"),
 ])

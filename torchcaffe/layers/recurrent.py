@@ -2,7 +2,7 @@
 
 Caffe unrolls these layers into an internal net; here the recurrence runs directly on torch
 ops. What the base reproduces from recurrent_layer.cpp:
-- bottoms: x (T, N, ...), cont (T, N), optional x_static (N, ...), then with ``expose_hidden``
+- bottoms: x (T, N, D...), cont (T, N), optional x_static (N, S...), then with ``expose_hidden``
   the initial states (1, N, H) in the order of ``state_names``; tops: the output sequence,
   then with ``expose_hidden`` the final states (1, N, H).
 - cont[t] multiplies the state carried into step t (0 restarts a sequence); cont gets no
@@ -24,6 +24,11 @@ import torch
 
 from ..errors import BlobWiringError
 from .base import Between, CaffeLayer, Shape
+
+# Caffe's own check asks for 2 axes, but its unrolled net's input InnerProduct (axis 2) then
+# fails on a 2-D x; say so up front.
+_X_AXES = ("bottom[0] must have at least 3 axes (#timesteps, #streams, features...): its "
+           "transform is an InnerProduct over axis 2")
 
 
 class RecurrentLayer(CaffeLayer):
@@ -68,9 +73,8 @@ class RecurrentLayer(CaffeLayer):
         n_state = len(self.state_names) if self.expose_hidden else 0
         shapes = self.bottom_shapes
         self.static_input = len(shapes) > 2 + n_state
-        if len(shapes[0]) < 2:
-            raise self.error("bottom[0] must have at least 2 axes (#timesteps, #streams, ...)",
-                             expected=">= 2 axes", got=shapes[0])
+        if len(shapes[0]) < 3:
+            raise self.error(_X_AXES, expected=">= 3 axes", got=shapes[0])
         self.T, n = shapes[0][0], shapes[0][1]
         self._check_shapes(shapes)
         self.input_dim = math.prod(shapes[0][2:])
@@ -84,9 +88,8 @@ class RecurrentLayer(CaffeLayer):
     def _check_shapes(self, shapes: Sequence[Shape]) -> None:
         """Caffe's Reshape checks: T fixed at setup, cont (T, N), x_static (N, ...), states."""
         x, cont = tuple(shapes[0]), tuple(shapes[1])
-        if len(x) < 2:
-            raise self.error("bottom[0] must have at least 2 axes (#timesteps, #streams, ...)",
-                             expected=">= 2 axes", got=x)
+        if len(x) < 3:
+            raise self.error(_X_AXES, expected=">= 3 axes", got=x)
         if x[0] != self.T:
             raise self.error("input number of timesteps changed", expected=self.T, got=x[0])
         if cont != x[:2]:
@@ -94,9 +97,10 @@ class RecurrentLayer(CaffeLayer):
                              expected=x[:2], got=cont)
         if self.static_input:
             static = tuple(shapes[2])
-            if len(static) < 1 or static[0] != x[1]:
-                raise self.error("x_static (bottom[2]) must be (#streams, ...)",
-                                 expected=f"({x[1]}, ...)", got=static)
+            if len(static) < 2 or static[0] != x[1]:
+                raise self.error("x_static (bottom[2]) must be (#streams, features...): its "
+                                 "transform is an InnerProduct over axis 1",
+                                 expected=f"({x[1]}, ...) with >= 2 axes", got=static)
         if self.expose_hidden:
             want = (1, x[1], self.num_output)
             for k, name in enumerate(self.state_names):

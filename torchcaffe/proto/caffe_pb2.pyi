@@ -2061,7 +2061,7 @@ class UpsampleParameter(_message.Message):
     def __init__(self, scale: _Optional[int] = ..., dims_num: _Optional[int] = ..., scale_h: _Optional[int] = ..., scale_w: _Optional[int] = ..., pad_out_h: _Optional[bool] = ..., pad_out_w: _Optional[bool] = ..., upsample_h: _Optional[int] = ..., upsample_w: _Optional[int] = ...) -> None: ...
 
 class DenseImageDataParameter(_message.Message):
-    __slots__ = ("source", "batch_size", "rand_skip", "shuffle", "new_height", "new_width", "is_color", "mean_file", "root_folder", "mirror", "crop_width", "crop_height")
+    __slots__ = ("source", "batch_size", "rand_skip", "shuffle", "new_height", "new_width", "is_color", "mean_file", "root_folder", "mirror", "crop_width", "crop_height", "label_divide_factor")
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     RAND_SKIP_FIELD_NUMBER: _ClassVar[int]
@@ -2074,6 +2074,7 @@ class DenseImageDataParameter(_message.Message):
     MIRROR_FIELD_NUMBER: _ClassVar[int]
     CROP_WIDTH_FIELD_NUMBER: _ClassVar[int]
     CROP_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    LABEL_DIVIDE_FACTOR_FIELD_NUMBER: _ClassVar[int]
     source: str
     batch_size: int
     rand_skip: int
@@ -2086,7 +2087,8 @@ class DenseImageDataParameter(_message.Message):
     mirror: bool
     crop_width: int
     crop_height: int
-    def __init__(self, source: _Optional[str] = ..., batch_size: _Optional[int] = ..., rand_skip: _Optional[int] = ..., shuffle: _Optional[bool] = ..., new_height: _Optional[int] = ..., new_width: _Optional[int] = ..., is_color: _Optional[bool] = ..., mean_file: _Optional[str] = ..., root_folder: _Optional[str] = ..., mirror: _Optional[bool] = ..., crop_width: _Optional[int] = ..., crop_height: _Optional[int] = ...) -> None: ...
+    label_divide_factor: int
+    def __init__(self, source: _Optional[str] = ..., batch_size: _Optional[int] = ..., rand_skip: _Optional[int] = ..., shuffle: _Optional[bool] = ..., new_height: _Optional[int] = ..., new_width: _Optional[int] = ..., is_color: _Optional[bool] = ..., mean_file: _Optional[str] = ..., root_folder: _Optional[str] = ..., mirror: _Optional[bool] = ..., crop_width: _Optional[int] = ..., crop_height: _Optional[int] = ..., label_divide_factor: _Optional[int] = ...) -> None: ...
 
 class ShuffleChannelParameter(_message.Message):
     __slots__ = ("group",)

@@ -30,6 +30,7 @@ FORKS: dict[str, str] = {
     "PSPNet": "hszhao/PSPNet (DeepLab-v2 lineage; DeepLab-v2 uses the same Interp/BN numbers)",
     "SegNet": "alexgkendall/caffe-segnet, branch segnet-cleaned",
     "ShuffleNet": "farmingyard/ShuffleNet (ShuffleChannel layer)",
+    "ENet": "TimoSaemann/caffe-enet (SegNet lineage)",
     "caffe-priv": "soeaver/py-RFCN-priv, caffe-priv (target of soeaver/caffe-model prototxts)",
 }
 
@@ -91,6 +92,9 @@ RELOCATED_FIELDS: tuple[RelocatedField, ...] = (
     _R(_L, "dense_image_data_param", 10138, "SegNet", 138, f"{_L}.tile_param"),
     _R(_L, "upsample_param", 500, "SegNet", 137, f"{_L}.embed_param"),
     _R(_L, "bn_param", 152, "SegNet", 45, f"{_L}.bn_param"),
+    _R(_L, "dense_image_data_param", 10138, "ENet", 46, f"{_L}.dense_image_data_param"),
+    _R(_L, "upsample_param", 500, "ENet", 147, f"{_L}.swish_param"),
+    _R(_L, "bn_param", 152, "ENet", 45, f"{_L}.bn_param"),
     _R(_L, "bn_param", 152, "brocolli", 1111, f"{_L}.bn_param"),
     _R(_L, "psroi_pooling_param", 149, "R-FCN", 10001, f"{_L}.psroi_pooling_param"),
     _R(_L, "psroi_pooling_param", 149, "caffe-priv", 148, f"{_L}.clip_param"),
@@ -185,6 +189,7 @@ FORK_FIELDS: tuple[ForkField, ...] = (
     ForkField("caffe.InterpParameter", "use_blob_size", 7, "caffe-priv"),
     # Others.
     ForkField(_L, "shuffle_channel_param", 164, "ShuffleNet"),
+    ForkField("caffe.DenseImageDataParameter", "label_divide_factor", 13, "ENet"),
 )
 
 FORK_MESSAGES: tuple[ForkMessage, ...] = (
