@@ -36,6 +36,15 @@ from .net.net import Net as TorchNet
 from .proto import caffe_pb2
 from .pycaffe.layer import Layer
 from .pycaffe.net import Net
+from .pycaffe.solver import (
+    AdaDeltaSolver,
+    AdaGradSolver,
+    AdamSolver,
+    NesterovSolver,
+    RMSPropSolver,
+    SGDSolver,
+    get_solver,
+)
 from .registry import layer_type_list, register_layer
 from .runtime import set_device, set_mode_cpu, set_mode_gpu, set_random_seed
 
@@ -50,5 +59,6 @@ __all__ = [
     "set_mode_gpu", "set_device", "set_random_seed", "TorchCaffeError", "PrototxtError",
     "UnknownLayerTypeError", "LayerParamError", "BlobWiringError", "WeightsError",
     "UnsupportedError", "SolverError", "DataError", "DeviceError", "TrustError",
-    "NativeSubstituteWarning",
+    "NativeSubstituteWarning", "SGDSolver", "NesterovSolver", "AdaGradSolver",
+    "RMSPropSolver", "AdaDeltaSolver", "AdamSolver", "get_solver",
 ]

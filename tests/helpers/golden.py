@@ -3,13 +3,17 @@
 Procedure (golden README): build the net in the case's phase, load weights, write ``in/``,
 forward, clear param diffs, write ``topdiff/`` into non-loss outputs, backward; then compare
 every blob's data and diff, every param, param diff and updated param within the case's
-tolerances.
+tolerances. data/ and solvers/ cases run in a writable copy of their folder (as cwd): data
+cases compare every top after each forward, solver cases the loss of every step, the final
+params and the solverstate history.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,6 +130,73 @@ def run_legacy_case(case: Case) -> None:
                                   atol)
 
 
+def _writable_copy(case: Case) -> tempfile.TemporaryDirectory:
+    """A scratch copy of the case folder: cases run with it as cwd (DB readers write locks)."""
+    tmp = tempfile.TemporaryDirectory(prefix=f"golden-{case.group}-{case.name}-")
+    shutil.copytree(case.path, Path(tmp.name) / case.name)
+    return tmp
+
+
+def run_data_case(case: Case) -> None:
+    """data/: build the net in a writable copy of the case, forward ``batches`` times and
+    compare every top after each forward."""
+    meta, arrays = case.meta, case.arrays()
+    rtol, atol = meta["rtol"], meta["atol"]
+    with _writable_copy(case) as tmp, _Cwd(Path(tmp) / case.name):
+        net = caffe.Net("net.prototxt", _phase(meta))
+        if meta.get("feed") == "set_input_arrays":
+            net.set_input_arrays(arrays["in/data"], arrays["in/label"])
+        for k in range(meta["batches"]):
+            net.forward()
+            for top in meta["tops"]:
+                key = f"batch{k}/{top}"
+                assert_blob_close(key, net.blobs[top].data, arrays[key], rtol, atol)
+
+
+def run_solver_case(case: Case) -> None:
+    """solvers/: train from weights.caffemodel step by step in a writable copy of the case;
+    compare the loss of every step, the final params, and the history and counters of the
+    solverstate we write; then restore Caffe's own final.solverstate into a fresh solver."""
+    from torchcaffe.solver import read_solverstate
+
+    meta, arrays = case.meta, case.arrays()
+    rtol, atol = meta["rtol"], meta["atol"]
+    with _writable_copy(case) as tmp, _Cwd(Path(tmp) / case.name):
+        solver = caffe.get_solver("solver.prototxt")
+        assert solver.type == meta["solver_type"], (solver.type, meta["solver_type"])
+        solver.net.copy_from("weights.caffemodel")
+        _check_params(solver.net, arrays, "param_init/", rtol, atol)
+        for i in range(meta["iterations"]):
+            solver.step(1)
+            assert_blob_close(f"loss/{i}", solver.net.blobs["loss"].data, arrays[f"loss/{i}"],
+                              rtol, atol)
+        _check_params(solver.net, arrays, "param/", rtol, atol)
+        mine, caffes = read_solverstate(solver.snapshot()), read_solverstate("final.solverstate")
+        assert (mine.iter, mine.current_step) == (caffes.iter, caffes.current_step)
+        _check_history(mine.history, arrays, rtol, atol)
+        fresh = caffe.get_solver("solver.prototxt")
+        fresh.restore("final.solverstate")
+        assert fresh.iter == caffes.iter
+        _check_params(fresh.net, arrays, "param/", rtol, atol)
+        history = fresh.optimizer.history_blobs([e.tensor for e in fresh._learnables])
+        _check_history([h.numpy() for h in history], arrays, rtol, atol)
+
+
+def _check_params(net, arrays, prefix: str, rtol: float, atol: float) -> None:
+    for key, value in arrays.items():
+        if key.startswith(prefix):
+            _, layer, i = key.split("/")
+            assert_blob_close(key, net.params[layer][int(i)].data, value, rtol, atol)
+
+
+def _check_history(history, arrays, rtol: float, atol: float) -> None:
+    want = sorted((k for k in arrays if k.startswith("history/")),
+                  key=lambda k: int(k.split("/")[1]))
+    assert len(history) == len(want), f"{len(history)} history blobs, expected {len(want)}"
+    for key, blob in zip(want, history):
+        assert_blob_close(key, blob, arrays[key], rtol, atol)
+
+
 def _dropout_relations(net, arrays, meta) -> None:
     """dropout_train: y is 0 or x/(1-p); zero fraction ~ p; diff = topdiff*(y!=0)/(1-p)."""
     ratio = net.layers[-1].module.param.dropout_ratio
@@ -144,4 +215,5 @@ def _dropout_relations(net, arrays, meta) -> None:
 RELATIONS = {"dropout_train": _dropout_relations}
 
 RUNNERS = {"layers": run_blob_case, "nets": run_blob_case, "forks": run_blob_case,
-           "legacy": run_legacy_case}
+           "legacy": run_legacy_case, "data": run_data_case,
+           "solvers": run_solver_case}

@@ -1,7 +1,8 @@
 """``torchcaffe <action> ...``: one small module per action, registered by name.
 
 Like the ``caffe`` tool's RegisterBrewFunction table: ``run`` (forward a net, report its
-outputs), ``layers`` (the supported-layers table), ``upgrade`` (upgrade_net_proto_text).
+outputs), ``layers`` (the supported-layers table), ``upgrade`` (upgrade_net_proto_text),
+``train`` (Caffe's solver loop).
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ import sys
 from collections.abc import Callable
 
 from ..errors import TorchCaffeError
-from . import layers_table, run, upgrade
+from . import layers_table, run, train, upgrade
 
 Action = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
 ACTIONS: dict[str, Action] = {
     "run": (run.add_arguments, run.main),
     "layers": (layers_table.add_arguments, layers_table.main),
     "upgrade": (upgrade.add_arguments, upgrade.main),
+    "train": (train.add_arguments, train.main),
 }
 
 

@@ -28,6 +28,7 @@ from . import (  # noqa: F401
     filter,
     flatten,
     fork_activations,
+    hdf5_data,
     hinge_loss,
     im2col,
     infogain_loss,

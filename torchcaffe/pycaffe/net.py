@@ -189,11 +189,14 @@ class Net:
             blob.diff_at(device)
         return device
 
-    def _params_written_on_device(self) -> None:
-        """Module tensors were written directly (weights loaded): their side is current."""
+    def _params_written_on_device(self, diff: bool = False) -> None:
+        """Module tensors were written directly (weights loaded; with ``diff``, a solver
+        update that also rewrote the grads): their side is current."""
         side = Head.HEAD_AT_CPU if self._device.type == "cpu" else Head.HEAD_AT_GPU
         for blob in self._param_blob_of.values():
             blob.data_memory.head = side
+            if diff:
+                blob.diff_memory.head = side
 
     # -- forward / backward -----------------------------------------------------------------
     def _forward(self, start: int, end: int) -> float:

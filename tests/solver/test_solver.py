@@ -1,0 +1,284 @@
+"""The solver loop (Caffe's Solver::Step / Solve): iter_size, snapshots and restore, test
+nets, smoothing, callbacks, the pycaffe classes and the solver file's variants."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import torchcaffe as caffe
+from torchcaffe.proto import caffe_pb2
+from torchcaffe.solver import read_solverstate
+from torchcaffe.solver.solver import STOP
+
+SGD = 'type: "SGD" base_lr: 0.1 lr_policy: "fixed" momentum: 0.9 weight_decay: 0.01'
+
+
+def params(solver):
+    return {k: [b.data.copy() for b in v] for k, v in solver.net.params.items()}
+
+
+def history(solver):
+    return [h.numpy() for h in solver.optimizer.history_blobs(
+        [e.tensor for e in solver._learnables])]
+
+
+def test_iter_size_accumulates_like_one_larger_batch(setup):
+    """Two batches of 2 with iter_size 2 equal one batch of 4 (losses average per batch)."""
+    setup.net(2, "half.prototxt")
+    big = caffe.get_solver(setup.solver(f"{SGD} max_iter: 4", "big.prototxt"))
+    small = caffe.get_solver(setup.solver(f"{SGD} max_iter: 4 iter_size: 2", "small.prototxt",
+                                          net="half.prototxt"))
+    big.step(4)
+    small.step(4)
+    for name, blobs in params(big).items():
+        for i, want in enumerate(blobs):
+            np.testing.assert_allclose(small.net.params[name][i].data, want, rtol=1e-5,
+                                       atol=1e-6)
+
+
+@pytest.mark.parametrize("body,fmt", [
+    ('type: "SGD" base_lr: 0.1 momentum: 0.9 weight_decay: 0.01 lr_policy: "multistep" '
+     "gamma: 0.5 stepvalue: 1 stepvalue: 3", ""),
+    ('type: "Adam" base_lr: 0.01 lr_policy: "step" gamma: 0.5 stepsize: 3', ""),
+    ('type: "AdaDelta" base_lr: 1 lr_policy: "fixed" momentum: 0.9 delta: 1e-6',
+     "snapshot_format: HDF5"),
+    ('type: "Nesterov" base_lr: 0.1 lr_policy: "exp" gamma: 0.9 momentum: 0.9',
+     "snapshot_format: HDF5"),
+])
+def test_restore_then_continue_equals_an_uninterrupted_run(setup, body, fmt):
+    """4 + 2 iterations through a snapshot give the 6-iteration result bit for bit (8 rows,
+    batch 4: the data position after 4 iterations is the start, as after a restore)."""
+    name = setup.solver(f"{body} {fmt} snapshot_prefix: 'snap'")
+    whole = caffe.get_solver(name)
+    whole.step(6)
+    first = caffe.get_solver(name)
+    first.step(4)
+    state = first.snapshot()
+    assert state == ("snap_iter_4.solverstate.h5" if fmt else "snap_iter_4.solverstate")
+    resumed = caffe.get_solver(name)
+    resumed.restore(state)
+    assert resumed.iter == 4
+    resumed.step(2)
+    for name_, blobs in params(whole).items():
+        for i, want in enumerate(blobs):
+            np.testing.assert_array_equal(resumed.net.params[name_][i].data, want)
+    for got, want in zip(history(resumed), history(whole)):
+        np.testing.assert_array_equal(got, want)
+    assert resumed.lr == whole.lr
+
+
+def test_snapshot_files_hold_the_state(setup):
+    solver = caffe.get_solver(setup.solver(f"{SGD} snapshot_prefix: 'out/run' snapshot_diff: true"))
+    (setup.root / "out").mkdir()
+    solver.step(3)
+    state = read_solverstate(solver.snapshot())
+    assert (state.iter, state.current_step, state.learned_net) == (3, 0,
+                                                                   "out/run_iter_3.caffemodel")
+    for got, want in zip(state.history, history(solver)):
+        np.testing.assert_array_equal(got, want)
+    model = caffe_pb2.NetParameter()
+    model.ParseFromString((setup.root / "out/run_iter_3.caffemodel").read_bytes())
+    ip1 = next(lp for lp in model.layer if lp.name == "ip1")
+    assert len(ip1.blobs[0].diff) == 20  # snapshot_diff writes the diffs too
+
+
+def test_solve_snapshots_on_schedule_and_after_training(setup):
+    name = setup.solver(f"{SGD} max_iter: 5 snapshot: 2 snapshot_prefix: 's'")
+    (setup.root / name).write_text((setup.root / name).read_text().replace(
+        "snapshot_after_train: false", "snapshot_after_train: true"))
+    solver = caffe.get_solver(name)
+    solver.solve()
+    assert solver.iter == 5
+    assert sorted(p.name for p in setup.root.glob("s_iter_*")) == [
+        f"s_iter_{i}.{ext}" for i in (2, 4, 5) for ext in ("caffemodel", "solverstate")]
+
+
+def test_solve_resumes_from_a_state_file(setup):
+    name = setup.solver(f"{SGD} max_iter: 6 snapshot_prefix: 's'")
+    whole = caffe.get_solver(name)
+    whole.solve()
+    part = caffe.get_solver(name)
+    part.step(4)
+    state = part.snapshot()
+    resumed = caffe.get_solver(name)
+    resumed.solve(state)
+    assert resumed.iter == 6
+    np.testing.assert_array_equal(resumed.net.params["ip2"][0].data,
+                                  whole.net.params["ip2"][0].data)
+
+
+def test_test_nets_run_on_schedule_with_shared_weights(setup):
+    body = f"{SGD} max_iter: 4 test_iter: 2 test_interval: 2 test_compute_loss: true"
+    solver = caffe.get_solver(setup.solver(body))
+    assert len(solver.test_nets) == 1 and solver.test_nets[0].phase == caffe.TEST
+    seen = []
+    original = solver.test
+
+    def spy(index=0):
+        seen.append(solver.iter)
+        return original(index)
+
+    solver.test = spy
+    solver.solve()
+    assert seen == [0, 2, 4]  # test_initialization, the interval, the end of Solve
+    scores = solver.test_scores[0]
+    assert list(scores) == ["accuracy", "loss"]
+    test_net = solver.test_nets[0]
+    np.testing.assert_array_equal(test_net.params["ip1"][0].data,
+                                  solver.net.params["ip1"][0].data)
+    # the mean of the two test batches (rows 0-3, 4-7) with the final weights
+    losses = []
+    for _ in range(2):
+        test_net.forward()
+        losses.append(float(test_net.blobs["loss"].data))
+    assert scores["loss"].item() == pytest.approx(np.mean(losses), rel=1e-5)
+
+
+def test_no_test_at_iteration_zero_without_test_initialization(setup):
+    body = f"{SGD} test_iter: 1 test_interval: 2 test_initialization: false"
+    solver = caffe.get_solver(setup.solver(body))
+    seen = []
+    solver.test = lambda index=0: seen.append(solver.iter)
+    solver.step(3)
+    assert seen == [2]
+
+
+def test_smoothed_loss_averages_the_last_average_loss_iterations(setup):
+    solver = caffe.get_solver(setup.solver(f"{SGD} average_loss: 3"))
+    losses = []
+    solver.add_callback(lambda: None, lambda: losses.append(float(
+        solver.net.blobs["loss"].data)))
+    solver.step(5)
+    assert solver.smoothed_loss == pytest.approx(np.mean(losses[-3:]), rel=1e-5)
+
+
+def test_callbacks_run_once_per_iteration(setup):
+    solver = caffe.get_solver(setup.solver(SGD))
+    calls = []
+    solver.add_callback(lambda: calls.append(("start", solver.iter)),
+                        lambda: calls.append(("ready", solver.iter)))
+    solver.step(2)
+    assert calls == [("start", 0), ("ready", 0), ("start", 1), ("ready", 1)]
+
+
+def test_stop_request_ends_training_early(setup):
+    solver = caffe.get_solver(setup.solver(f"{SGD} max_iter: 10"))
+    solver.action_request = lambda: STOP if solver.iter >= 2 else "none"
+    solver.solve()
+    assert solver.iter == 2 and solver.requested_early_exit
+
+
+def test_pycaffe_classes_fix_the_rule_and_get_solver_reads_type(setup):
+    name = setup.solver('type: "Adam" base_lr: 0.01 lr_policy: "fixed"')
+    assert caffe.SGDSolver(name).type == "SGD"
+    assert isinstance(caffe.get_solver(name), caffe.AdamSolver)
+    for cls, rule in [(caffe.NesterovSolver, "Nesterov"), (caffe.AdaGradSolver, "AdaGrad"),
+                      (caffe.RMSPropSolver, "RMSProp"), (caffe.AdaDeltaSolver, "AdaDelta")]:
+        solver = cls(name)
+        assert solver.type == rule and type(solver.optimizer).caffe_type == rule
+
+
+def test_old_solver_type_enum_is_upgraded(setup):
+    name = setup.solver('solver_type: NESTEROV base_lr: 0.1 lr_policy: "fixed" momentum: 0.9')
+    solver = caffe.get_solver(name)
+    assert isinstance(solver, caffe.NesterovSolver) and solver.param.type == "Nesterov"
+
+
+def test_inline_net_param_and_separate_test_net(setup):
+    from torchcaffe.io.prototxt import read_net
+
+    param = caffe_pb2.SolverParameter(base_lr=0.1, lr_policy="fixed", type="SGD")
+    param.net_param.CopyFrom(read_net("train.prototxt"))
+    param.test_iter.append(1)
+    param.test_interval = 10
+    solver = caffe.get_solver(param)
+    assert "accuracy" in solver.test_nets[0].blobs and "accuracy" not in solver.net.blobs
+    (setup.root / "s2.prototxt").write_text(
+        'train_net: "train.prototxt" test_net: "train.prototxt" test_iter: 3 '
+        'test_interval: 5 base_lr: 0.1 lr_policy: "fixed" '
+        'test_state { stage: "x" }')
+    solver = caffe.get_solver("s2.prototxt")
+    assert len(solver.test_nets) == 1 and list(solver.test_nets[0].module.state.stage) == ["x"]
+
+
+def test_weights_field_fills_train_and_test_nets(setup):
+    first = caffe.get_solver(setup.solver(SGD))
+    first.net.params["ip1"][0].data[...] = 0.25
+    first.net.save("w.caffemodel")
+    body = f"{SGD} weights: 'w.caffemodel' test_iter: 1 test_interval: 5"
+    solver = caffe.get_solver(setup.solver(body, "s3.prototxt"))
+    assert (solver.net.params["ip1"][0].data == 0.25).all()
+    assert (solver.test_nets[0].params["ip1"][0].data == 0.25).all()
+
+
+def test_random_seed_makes_the_initial_weights_repeatable(setup):
+    a = caffe.get_solver(setup.solver(SGD, seed=3))
+    b = caffe.get_solver(setup.solver(SGD, seed=3))
+    np.testing.assert_array_equal(a.net.params["ip1"][0].data, b.net.params["ip1"][0].data)
+
+
+def test_lr_mult_zero_and_buffers_do_not_move(setup):
+    text = (setup.root / "train.prototxt").read_text().replace(
+        'param { lr_mult: 1 decay_mult: 1 } param { lr_mult: 2 decay_mult: 0 }',
+        'param { lr_mult: 0 } param { lr_mult: 0 }')
+    (setup.root / "frozen.prototxt").write_text(text)
+    solver = caffe.get_solver(setup.solver(SGD, net="frozen.prototxt"))
+    before = params(solver)
+    solver.step(3)
+    for i in (0, 1):
+        np.testing.assert_array_equal(solver.net.params["ip1"][i].data, before["ip1"][i])
+    assert not np.array_equal(solver.net.params["ip2"][0].data, before["ip2"][0])
+
+
+def test_apply_update_leaves_the_applied_step_in_the_diff(setup):
+    """As Caffe, the param diff holds the update that was subtracted (SGD: the history)."""
+    solver = caffe.get_solver(setup.solver(SGD))
+    solver.net.clear_param_diffs()
+    solver.net.forward_backward()
+    before = solver.net.params["ip2"][0].data.copy()
+    solver.apply_update()
+    diff = solver.net.params["ip2"][0].diff
+    np.testing.assert_allclose(before - diff, solver.net.params["ip2"][0].data, atol=1e-7)
+    assert solver.iter == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU mode needs CUDA")
+def test_gpu_mode_matches_cpu(setup):
+    name = setup.solver('type: "Adam" base_lr: 0.01 lr_policy: "fixed"')
+    cpu = caffe.get_solver(name)
+    cpu.step(4)
+    caffe.set_mode_gpu()
+    gpu = caffe.get_solver(name)
+    gpu.step(4)
+    np.testing.assert_allclose(gpu.net.params["ip1"][0].data, cpu.net.params["ip1"][0].data,
+                               rtol=1e-4, atol=1e-6)
+    state = read_solverstate(gpu.snapshot())
+    for got, want in zip(state.history, history(cpu)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_torch_face_optimizer_trains_like_the_solver(setup):
+    """make_optimizer / make_lr_policy over a torchcaffe.load net, driven by autograd on the
+    total loss, follow the Caffe-face solver's trajectory."""
+    from torchcaffe.solver import load_solver_param, make_lr_policy, make_optimizer
+
+    name = setup.solver('type: "SGD" base_lr: 0.1 momentum: 0.9 weight_decay: 0.01 '
+                        'lr_policy: "step" gamma: 0.5 stepsize: 2')
+    solver = caffe.get_solver(name)
+    solver.net.save("init.caffemodel")
+    solver.step(5)
+    param, _ = load_solver_param(name)
+    net = caffe.load("train.prototxt", "init.caffemodel", phase="train")
+    opt = make_optimizer(param, net)
+    sched = make_lr_policy(param, opt)
+    for _ in range(5):
+        opt.zero_grad()
+        net.total_loss(net.forward_all_blobs()).backward()
+        opt.step()
+        sched.step()
+    for layer in ("ip1", "ip2"):
+        for i, tensor in enumerate(net.layer(layer).param_blobs()):
+            np.testing.assert_allclose(tensor.detach().numpy(),
+                                       solver.net.params[layer][i].data, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,267 @@
+"""Caffe's update rules (SGD, Nesterov, AdaGrad, RMSProp, AdaDelta, Adam) as torch optimizers.
+
+They differ from ``torch.optim`` where Caffe does, because a model trained in Caffe must
+train the same way here:
+
+- one ``step`` is Caffe's ApplyUpdate: clip every gradient by the global L2 norm, then per
+  param divide by ``iter_size`` (accumulated passes), add the L2 or L1 weight decay term
+  (``weight_decay * decay_mult``), compute the update with ``local_rate = lr * lr_mult``,
+  and subtract it (Net::Update);
+- momentum multiplies the previous *step* (``history = momentum*history + local_rate*grad``),
+  so the learning rate is inside the history, not applied after it as in torch's SGD;
+- the gradient tensor ends holding the update that was applied (Caffe reuses the diff);
+- scalars are rounded to float32 before they meet float32 tensors, as Caffe's ``Dtype``.
+
+``group["lr"]`` is the solver-wide rate (what an lr policy computes); ``group["lr_mult"]`` and
+``group["decay_mult"]`` are the ParamSpec multipliers. State per param holds Caffe's history
+blobs under ``history_keys``; ``CaffeOptimizer.history_blobs`` lists them in Caffe's order
+(all params' first history, then all params' second one), as a .solverstate stores them.
+Params whose ``grad`` is None are skipped (torch's convention).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch.optim import Optimizer
+
+REGULARIZATION_TYPES = ("L2", "L1")
+
+
+def _scalar(value: float, dtype: torch.dtype) -> float:
+    """``value`` as Caffe's Dtype holds it: rounded to float32 for float32 tensors."""
+    return float(np.float32(value)) if dtype == torch.float32 else float(value)
+
+
+def _one_minus(value: float, dtype: torch.dtype) -> float:
+    """``1 - value`` as Caffe's ``Dtype(1) - x``: in float32 arithmetic for float32 tensors."""
+    if dtype == torch.float32:
+        return float(np.float32(1) - np.float32(value))
+    return 1.0 - float(value)
+
+
+class CaffeOptimizer(Optimizer):
+    """Base: Caffe's ApplyUpdate around a per-param ``_update`` rule.
+
+    ``clip_gradients`` < 0 disables clipping; ``iter_size`` is the number of forward/backward
+    passes whose gradients were summed before this step (the step divides by it).
+    """
+
+    history_keys: ClassVar[tuple[str, ...]] = ("history",)
+    caffe_type: ClassVar[str] = ""
+
+    def __init__(self, params: Iterable[Any], lr: float, *, lr_mult: float = 1.0,
+                 weight_decay: float = 0.0, decay_mult: float = 1.0,
+                 regularization_type: str = "L2", clip_gradients: float = -1.0,
+                 iter_size: int = 1, **rule: Any) -> None:
+        if lr < 0:
+            raise ValueError(f"invalid learning rate {lr}")
+        if regularization_type not in REGULARIZATION_TYPES:
+            raise ValueError(f"unknown regularization_type {regularization_type!r}; "
+                             f"expected one of {REGULARIZATION_TYPES}")
+        if iter_size < 1:
+            raise ValueError(f"iter_size must be >= 1, got {iter_size}")
+        defaults = dict(lr=lr, lr_mult=lr_mult, weight_decay=weight_decay,
+                        decay_mult=decay_mult, regularization_type=regularization_type, **rule)
+        super().__init__(params, defaults)
+        self.clip_gradients = float(clip_gradients)
+        self.iter_size = int(iter_size)
+
+    # -- Caffe's ApplyUpdate --------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        live = [(g, p, p.grad) for g in self.param_groups for p in g["params"]
+                if p.grad is not None]
+        self._clip([grad for _, _, grad in live])
+        for group, p, grad in live:
+            if self.iter_size != 1:
+                grad.mul_(_scalar(1.0 / self.iter_size, grad.dtype))
+            self._regularize(group, p, grad)
+            local_rate = _scalar(_scalar(group["lr"], p.dtype) *
+                                 _scalar(group["lr_mult"], p.dtype), p.dtype)
+            self._update(group, p, grad, self._state(p), local_rate)
+            p.sub_(grad)
+        return loss
+
+    def _clip(self, grads: Sequence[torch.Tensor]) -> None:
+        """Scale every gradient by clip/norm when their global L2 norm exceeds ``clip``."""
+        if self.clip_gradients < 0 or not grads:
+            return
+        norm = math.sqrt(math.fsum(float(g.double().square().sum()) for g in grads))
+        if norm > self.clip_gradients:
+            factor = self.clip_gradients / norm
+            for g in grads:
+                g.mul_(_scalar(factor, g.dtype))
+
+    def _regularize(self, group: dict, p: torch.Tensor, grad: torch.Tensor) -> None:
+        decay = _scalar(_scalar(group["weight_decay"], p.dtype) *
+                        _scalar(group["decay_mult"], p.dtype), p.dtype)
+        if not decay:
+            return
+        if group["regularization_type"] == "L2":
+            grad.add_(p, alpha=decay)
+        else:  # L1: the sign of the weight
+            grad.add_(torch.sign(p), alpha=decay)
+
+    def _state(self, p: torch.Tensor) -> dict:
+        """This param's history tensors, created as zeros and kept on the param's device."""
+        state = self.state[p]
+        for key in self.history_keys:
+            value = state.get(key)
+            if value is None:
+                state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            elif value.device != p.device or value.dtype != p.dtype:
+                state[key] = value.to(device=p.device, dtype=p.dtype)
+        return state
+
+    def _update(self, group: dict, p: torch.Tensor, grad: torch.Tensor, state: dict,
+                local_rate: float) -> None:
+        """Turn ``grad`` (in place) into the value Net::Update subtracts."""
+        raise NotImplementedError
+
+    # -- Caffe's history blobs ----------------------------------------------------------------
+    def _managed(self) -> set[int]:
+        return {id(p) for g in self.param_groups for p in g["params"]}
+
+    def history_blobs(self, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Caffe's ``history_`` for ``params`` (Caffe's learnable-param order); a tensor this
+        optimizer does not update (a buffer) gets zeros, as Caffe's history of an lr_mult 0
+        blob without weight decay holds."""
+        managed = self._managed()
+        return [self._state(p)[key].detach().clone() if id(p) in managed
+                else torch.zeros_like(p) for key in self.history_keys for p in params]
+
+    def load_history_blobs(self, params: Sequence[torch.Tensor],
+                           blobs: Sequence[torch.Tensor], iteration: int) -> None:
+        """Install a solverstate's history (``history_blobs`` order) and iteration count."""
+        if len(blobs) != len(self.history_keys) * len(params):
+            raise ValueError(f"expected {len(self.history_keys) * len(params)} history "
+                             f"blobs, got {len(blobs)}")
+        managed = self._managed()
+        it = iter(blobs)
+        for key in self.history_keys:
+            for p in params:
+                value = next(it)
+                if id(p) in managed:
+                    self._state(p)[key] = value.to(device=p.device, dtype=p.dtype).reshape(
+                        p.shape).clone()
+        for p in params:
+            if id(p) in managed:
+                self.state[p]["step"] = int(iteration)
+
+
+class CaffeSGD(CaffeOptimizer):
+    """Caffe's SGD: ``history = momentum*history + local_rate*grad``; step = history."""
+
+    caffe_type = "SGD"
+
+    def __init__(self, params, lr: float, momentum: float = 0.0, **kw: Any) -> None:
+        super().__init__(params, lr, momentum=momentum, **kw)
+
+    def _update(self, group, p, grad, state, local_rate):
+        h = state["history"]
+        h.mul_(_scalar(group["momentum"], p.dtype)).add_(grad, alpha=local_rate)
+        grad.copy_(h)
+
+
+class CaffeNesterov(CaffeSGD):
+    """Nesterov: history as SGD; step = (1+momentum)*history - momentum*previous history."""
+
+    caffe_type = "Nesterov"
+
+    def _update(self, group, p, grad, state, local_rate):
+        h = state["history"]
+        momentum = _scalar(group["momentum"], p.dtype)
+        previous = h.clone()
+        h.mul_(momentum).add_(grad, alpha=local_rate)
+        grad.copy_(h).mul_(_scalar(1.0 + momentum, p.dtype)).sub_(previous.mul_(momentum))
+
+
+class CaffeAdaGrad(CaffeOptimizer):
+    """AdaGrad: ``history += grad**2``; step = local_rate * grad / (sqrt(history) + delta)."""
+
+    caffe_type = "AdaGrad"
+
+    def __init__(self, params, lr: float, delta: float = 1e-8, **kw: Any) -> None:
+        super().__init__(params, lr, delta=delta, **kw)
+
+    def _update(self, group, p, grad, state, local_rate):
+        h = state["history"]
+        h.add_(grad.square())
+        grad.div_(h.sqrt().add_(_scalar(group["delta"], p.dtype))).mul_(local_rate)
+
+
+class CaffeRMSProp(CaffeOptimizer):
+    """RMSProp: ``history = rms_decay*history + (1-rms_decay)*grad**2``;
+    step = local_rate * grad / (sqrt(history) + delta)."""
+
+    caffe_type = "RMSProp"
+
+    def __init__(self, params, lr: float, rms_decay: float = 0.99, delta: float = 1e-8,
+                 **kw: Any) -> None:
+        super().__init__(params, lr, rms_decay=rms_decay, delta=delta, **kw)
+
+    def _update(self, group, p, grad, state, local_rate):
+        h, decay = state["history"], group["rms_decay"]
+        h.mul_(_scalar(decay, p.dtype)).add_(grad.square(), alpha=_one_minus(decay, p.dtype))
+        grad.div_(h.sqrt().add_(_scalar(group["delta"], p.dtype))).mul_(local_rate)
+
+
+class CaffeAdaDelta(CaffeOptimizer):
+    """AdaDelta: gradient and update histories (``momentum`` is the decay); step =
+    local_rate * grad * sqrt((update_history + delta) / (grad_history + delta))."""
+
+    caffe_type = "AdaDelta"
+    history_keys = ("history", "update_history")
+
+    def __init__(self, params, lr: float, momentum: float = 0.0, delta: float = 1e-8,
+                 **kw: Any) -> None:
+        super().__init__(params, lr, momentum=momentum, delta=delta, **kw)
+
+    def _update(self, group, p, grad, state, local_rate):
+        h, hu = state["history"], state["update_history"]
+        m = group["momentum"]
+        keep, take = _scalar(m, p.dtype), _one_minus(m, p.dtype)
+        delta = _scalar(group["delta"], p.dtype)
+        h.mul_(keep).add_(grad.square(), alpha=take)
+        ratio = (hu + delta).div_(h + delta).sqrt_()
+        grad.mul_(ratio)
+        hu.mul_(keep).add_(grad.square(), alpha=take)
+        grad.mul_(local_rate)
+
+
+class CaffeAdam(CaffeOptimizer):
+    """Adam with Caffe's bias correction folded into the rate:
+    step = local_rate * sqrt(1-beta2^t)/(1-beta1^t) * m / (sqrt(v) + delta), t = iter + 1."""
+
+    caffe_type = "Adam"
+    history_keys = ("m", "v")
+
+    def __init__(self, params, lr: float, momentum: float = 0.9, momentum2: float = 0.999,
+                 delta: float = 1e-8, **kw: Any) -> None:
+        super().__init__(params, lr, momentum=momentum, momentum2=momentum2, delta=delta, **kw)
+
+    def _update(self, group, p, grad, state, local_rate):
+        m, v = state["m"], state["v"]
+        beta1, beta2 = _scalar(group["momentum"], p.dtype), _scalar(group["momentum2"], p.dtype)
+        t = state.get("step", 0) + 1
+        state["step"] = t
+        correction = math.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t)
+        rate = _scalar(local_rate * _scalar(correction, p.dtype), p.dtype)
+        m.mul_(beta1).add_(grad, alpha=_one_minus(beta1, p.dtype))
+        v.mul_(beta2).add_(grad.square(), alpha=_one_minus(beta2, p.dtype))
+        grad.copy_(m).div_(v.sqrt().add_(_scalar(group["delta"], p.dtype))).mul_(rate)
+
+
+OPTIMIZERS: dict[str, type[CaffeOptimizer]] = {
+    cls.caffe_type: cls for cls in (CaffeSGD, CaffeNesterov, CaffeAdaGrad, CaffeRMSProp,
+                                    CaffeAdaDelta, CaffeAdam)
+}

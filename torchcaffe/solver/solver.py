@@ -1,0 +1,283 @@
+"""Caffe's Solver loop over the Caffe-face net: step, solve, test, snapshot, restore.
+
+The loop is Caffe's Solver::Step: clear param diffs, test at ``test_interval``, run
+``iter_size`` forward/backward passes (diffs accumulate), smooth the loss over
+``average_loss`` iterations, display, apply the update (the torch optimizer of the solver
+type plus the lr policy's scheduler), snapshot every ``snapshot`` iterations. The nets are
+``caffe.Net`` objects, so ``solver.net.blobs[...]`` and ``solver.net.params[...]`` read as in
+pycaffe, and forward/backward are Caffe's layer-by-layer passes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .. import runtime
+from ..errors import SolverError
+from ..proto import caffe_pb2
+from ..pycaffe.net import Net
+from .config import check_solver_param, field_error, load_solver_param
+from .factory import make_lr_policy, make_optimizer
+from .nets import build_test_nets, build_train_net
+from .param_groups import learnable_params
+from .state import (
+    SolverSnapshot,
+    read_solverstate,
+    write_solverstate,
+    write_solverstate_hdf5,
+)
+from .testing import log_outputs, run_test, weighted_loss
+
+log = logging.getLogger("torchcaffe.solver")
+PathLike = str | os.PathLike
+HDF5 = caffe_pb2.SolverParameter.HDF5
+
+# What an action request (Caffe's SolverAction, e.g. from a signal handler) may ask.
+NONE, STOP, SNAPSHOT = "none", "stop", "snapshot"
+
+
+class Callback:
+    """pycaffe's solver callback: ``on_start`` before each iteration's passes,
+    ``on_gradients_ready`` before the update."""
+
+    def __init__(self, on_start: Callable[[], Any] | None = None,
+                 on_gradients_ready: Callable[[], Any] | None = None) -> None:
+        self.on_start = on_start or (lambda: None)
+        self.on_gradients_ready = on_gradients_ready or (lambda: None)
+
+
+class Solver:
+    """A Caffe solver from ``solver.prototxt`` (or a SolverParameter).
+
+    ``solver_type`` fixes the update rule (as pycaffe's ``SGDSolver(path)`` ignores the
+    file's ``type``); ``None`` takes it from the file, as ``caffe.get_solver``.
+    ``progress``: a tqdm bar over long ``step``/``solve`` calls (None: only on a terminal).
+    ``path`` names the file a given SolverParameter came from, for error messages.
+    """
+
+    solver_type: ClassVar[str | None] = None
+
+    def __init__(self, solver: PathLike | caffe_pb2.SolverParameter, *,
+                 allow_python_layers: bool = False, progress: bool | None = None,
+                 path: PathLike | None = None) -> None:
+        param, path_read = load_solver_param(solver)
+        path = path_read if path is None else os.fspath(path)  # path: names an edited param
+        self.type = self.solver_type or param.type
+        check_solver_param(param, path, self.type)
+        self.param, self.path, self.progress = param, path, progress
+        self._iter = 0
+        if param.random_seed >= 0:
+            runtime.set_random_seed(param.random_seed)
+        self._check_snapshot_prefix()
+        options = {"allow_python_layers": allow_python_layers}
+        self.net: Net = build_train_net(param, path, **options)
+        self.test_nets: list[Net] = build_test_nets(param, path, **options)
+        self._learnables = learnable_params(self.net.module)
+        self.optimizer = make_optimizer(param, self._learnables, self.type)
+        self.scheduler = make_lr_policy(param, self.optimizer)
+        self._losses: list[float] = []
+        self.smoothed_loss = 0.0
+        self.test_scores: list[OrderedDict[str, np.ndarray]] = []
+        self.requested_early_exit = False
+        self.action_request: Callable[[], str] | None = None
+        self._callbacks: list[Callback] = []
+
+    # -- pycaffe attributes ---------------------------------------------------------------
+    @property
+    def iter(self) -> int:
+        """The number of updates applied so far."""
+        return self._iter
+
+    @property
+    def lr(self) -> float:
+        """The learning rate of the current iteration (before lr_mult)."""
+        return self.scheduler.lr
+
+    def add_callback(self, on_start: Callable[[], Any] | Callback,
+                     on_gradients_ready: Callable[[], Any] | None = None) -> None:
+        cb = on_start if isinstance(on_start, Callback) else Callback(on_start,
+                                                                     on_gradients_ready)
+        self._callbacks.append(cb)
+
+    def share_weights(self, net: Net) -> None:
+        """Let ``net`` use this solver's train-net params (pycaffe's share_weights)."""
+        net.share_with(self.net)
+
+    # -- the loop -------------------------------------------------------------------------
+    def step(self, iters: int) -> None:
+        """Caffe's Solver::Step: ``iters`` iterations (each one update)."""
+        p = self.param
+        start_iter, stop_iter = self._iter, self._iter + int(iters)
+        self._losses, self.smoothed_loss = [], 0.0
+        timer, last = time.perf_counter(), self._iter
+        disable = None if self.progress is None else not self.progress  # None: tty only
+        with tqdm(total=max(int(iters), 0), unit="iter", desc="train", leave=False,
+                  disable=True if iters < 2 else disable) as bar:
+            while self._iter < stop_iter:
+                self.net.clear_param_diffs()
+                if (p.test_interval and self._iter % p.test_interval == 0
+                        and (self._iter > 0 or p.test_initialization)):
+                    self.test_all()
+                    if self.requested_early_exit:
+                        break
+                for cb in self._callbacks:
+                    cb.on_start()
+                display = bool(p.display) and self._iter % p.display == 0
+                loss = sum(self.net.forward_backward() for _ in range(p.iter_size))
+                loss /= p.iter_size
+                self._update_smoothed_loss(loss, start_iter)
+                if display:
+                    lapse = time.perf_counter() - timer
+                    self._display(lapse, self._iter - last)
+                    timer, last = time.perf_counter(), self._iter
+                for cb in self._callbacks:
+                    cb.on_gradients_ready()
+                self.apply_update()
+                bar.update(1)
+                bar.set_postfix(loss=f"{self.smoothed_loss:.4g}", refresh=False)
+                request = self._requested()
+                if (p.snapshot and self._iter % p.snapshot == 0) or request == SNAPSHOT:
+                    self.snapshot()
+                if request == STOP:
+                    self.requested_early_exit = True
+                    break
+
+    def apply_update(self) -> None:
+        """Caffe's ApplyUpdate: clip, normalize, regularize, update, then ``iter += 1``."""
+        p = self.param
+        if p.display and self._iter % p.display == 0:
+            log.info("Iteration %d, lr = %g", self._iter, self.lr)
+        self.net._ensure_device()  # host-side edits of diffs reach the module's tensors
+        self.optimizer.step()
+        self.net._params_written_on_device(diff=True)
+        self.scheduler.step()
+        self._iter += 1
+
+    def solve(self, resume_file: PathLike | None = None) -> None:
+        """Caffe's Solve: (restore,) step to max_iter, final snapshot, display and test."""
+        p = self.param
+        log.info("Solving %s", self.net.name)
+        log.info("Learning Rate Policy: %s", p.lr_policy)
+        self.requested_early_exit = False
+        if resume_file is not None:
+            log.info("Restoring previous solver status from %s", os.fspath(resume_file))
+            self.restore(resume_file)
+        start_iter = self._iter
+        self.step(p.max_iter - self._iter)
+        if p.snapshot_after_train and (not p.snapshot or self._iter % p.snapshot != 0):
+            self.snapshot()
+        if self.requested_early_exit:
+            log.info("Optimization stopped early.")
+            return
+        if p.display and self._iter % p.display == 0:
+            self.net.forward()
+            self._update_smoothed_loss(weighted_loss(self.net), start_iter)
+            log.info("Iteration %d, loss = %g", self._iter, self.smoothed_loss)
+        if p.test_interval and self._iter % p.test_interval == 0:
+            self.test_all()
+        log.info("Optimization Done.")
+
+    def _requested(self) -> str:
+        return self.action_request() if self.action_request is not None else NONE
+
+    def _update_smoothed_loss(self, loss: float, start_iter: int) -> None:
+        average = self.param.average_loss
+        if len(self._losses) < average:
+            self._losses.append(loss)
+            n = len(self._losses)
+            self.smoothed_loss = (self.smoothed_loss * (n - 1) + loss) / n
+        else:
+            idx = (self._iter - start_iter) % average
+            self.smoothed_loss += (loss - self._losses[idx]) / average
+            self._losses[idx] = loss
+
+    def _display(self, lapse: float, iters: int) -> None:
+        log.info("Iteration %d (%g iter/s, %.3fs/%d iters), loss = %g", self._iter,
+                 iters / lapse if lapse else 0.0, lapse, self.param.display,
+                 self.smoothed_loss)
+        log_outputs(self.net, "Train", {n: self.net.blobs[n].data.ravel()
+                                         for n in self.net.outputs})
+
+    # -- testing --------------------------------------------------------------------------
+    def test_all(self) -> list[OrderedDict[str, np.ndarray]]:
+        """Caffe's TestAll; returns (and keeps in ``test_scores``) each net's mean outputs."""
+        self.test_scores = []
+        for i in range(len(self.test_nets)):
+            if self.requested_early_exit:
+                break
+            self.test_scores.append(self.test(i))
+        return self.test_scores
+
+    def test(self, index: int = 0) -> OrderedDict[str, np.ndarray]:
+        """Caffe's Test: share the trained params, forward test_iter times, average."""
+        return run_test(self, index)
+
+    # -- snapshots ------------------------------------------------------------------------
+    def _filename(self, extension: str) -> str:
+        return f"{self.param.snapshot_prefix}_iter_{self._iter}{extension}"
+
+    def _check_snapshot_prefix(self) -> None:
+        """Caffe's CheckSnapshotWritePermissions: fail now, not after hours of training."""
+        if not self.param.snapshot:
+            return
+        probe = self._filename(".tempfile")
+        try:
+            with open(probe, "w"):
+                pass
+            os.remove(probe)
+        except OSError as err:
+            raise field_error(self.path, "snapshot_prefix", f"cannot write snapshots under "
+                              f"{self.param.snapshot_prefix!r} ({err.strerror})",
+                              hint="make sure the directory exists and is writable") from None
+
+    def snapshot(self) -> str:
+        """Write ``<prefix>_iter_<N>.caffemodel`` and ``.solverstate`` (or their .h5 forms);
+        returns the solver state's file name."""
+        hdf5 = self.param.snapshot_format == HDF5
+        model = self._filename(".caffemodel.h5" if hdf5 else ".caffemodel")
+        log.info("Snapshotting to %s file %s", "HDF5" if hdf5 else "binary proto", model)
+        (self.net.save_hdf5 if hdf5 else self.net.save)(model,
+                                                         write_diff=self.param.snapshot_diff)
+        history = self.optimizer.history_blobs([e.tensor for e in self._learnables])
+        snap = SolverSnapshot(self._iter, self.scheduler.snapshot_step, model,
+                              [h.detach().cpu().numpy() for h in history])
+        state_file = self._filename(".solverstate.h5" if hdf5 else ".solverstate")
+        log.info("Snapshotting solver state to %s", state_file)
+        (write_solverstate_hdf5 if hdf5 else write_solverstate)(state_file, snap)
+        return state_file
+
+    def restore(self, state_file: PathLike) -> None:
+        """Caffe's Restore: iteration, learned net, lr policy step and history."""
+        name = os.fspath(state_file)
+        snap = read_solverstate(name)
+        tensors = [e.tensor for e in self._learnables]
+        want = len(self.optimizer.history_keys) * len(tensors)
+        if len(snap.history) != want:
+            raise SolverError("incorrect number of history blobs", path=name, expected=want,
+                              got=len(snap.history),
+                              hint=f"the state must come from a {self.type} solver on this net")
+        shapes = [tuple(t.shape) for t in tensors] * len(self.optimizer.history_keys)
+        for j, (blob, shape) in enumerate(zip(snap.history, shapes)):
+            if blob.size != int(np.prod(shape, dtype=np.int64)):
+                raise SolverError(f"history blob {j} does not fit its param", path=name,
+                                  expected=shape, got=blob.shape)
+        self._iter = snap.iter
+        if snap.learned_net:
+            self.net.copy_from(snap.learned_net)
+        self.net._ensure_device()
+        self.optimizer.load_history_blobs(tensors, [torch.from_numpy(np.asarray(h))
+                                                    for h in snap.history], snap.iter)
+        self.scheduler.restore(snap.iter, snap.current_step)
+
+    def __repr__(self) -> str:
+        return (f"<caffe.{type(self).__name__} type={self.type} iter={self._iter} "
+                f"net={self.net.name!r} test_nets={len(self.test_nets)}>")
