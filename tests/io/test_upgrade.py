@@ -37,9 +37,6 @@ SHARED = (REPO / ".." / "shared").resolve()
 GOLDEN = REPO / "tests" / "golden" if (REPO / "tests" / "golden").is_dir() else SHARED / "golden"
 LEGACY_CASES = sorted(p for p in (GOLDEN / "legacy").glob("*") if p.is_dir())
 MODELS = SHARED / "models"
-HAS_CEIL_MODE = "ceil_mode" in pb.PoolingParameter.DESCRIPTOR.fields_by_name
-needs_ceil_mode = pytest.mark.skipif(not HAS_CEIL_MODE,
-                                     reason="schema without fork field ceil_mode")
 
 
 def net(text: str) -> pb.NetParameter:
@@ -358,8 +355,6 @@ def test_v1_upgrade_handles_every_schema_field():
     assert set(pb.V1LayerParameter.DESCRIPTOR.fields_by_name) <= handled
 
 
-@pytest.mark.skipif("bn_param" not in pb.V1LayerParameter.DESCRIPTOR.fields_by_name,
-                    reason="schema without fork field V1LayerParameter.bn_param")
 def test_v1_fork_bn_param_is_carried_over():
     out = up.upgrade_v1_layer_parameter(v1_layer("name: 'bn' bn_param { }"))
     assert out.HasField("bn_param")
@@ -477,7 +472,6 @@ def test_batch_norm_upgrade_needs_batch_norm_with_three_params(layer):
 
 # -- fork dialect: Pooling ceil_mode ---------------------------------------------------------
 
-@needs_ceil_mode
 @pytest.mark.parametrize("ceil_mode,round_mode", [("true", "CEIL"), ("false", "FLOOR")])
 def test_ceil_mode_maps_to_round_mode(ceil_mode, round_mode):
     old = net(f'layer {{ name: "p" type: "Pooling" pooling_param {{ ceil_mode: {ceil_mode} }} }}')
@@ -486,7 +480,6 @@ def test_ceil_mode_maps_to_round_mode(ceil_mode, round_mode):
                       f'pooling_param {{ round_mode: {round_mode} }} }}')
 
 
-@needs_ceil_mode
 def test_ceil_mode_agreeing_with_round_mode_is_cleared():
     old = net('layer { name: "p" type: "Pooling" '
               'pooling_param { ceil_mode: false round_mode: FLOOR } }')
@@ -494,7 +487,6 @@ def test_ceil_mode_agreeing_with_round_mode_is_cleared():
     assert out == net('layer { name: "p" type: "Pooling" pooling_param { round_mode: FLOOR } }')
 
 
-@needs_ceil_mode
 def test_ceil_mode_disagreeing_with_round_mode_raises():
     old = net('layer { name: "p" type: "Pooling" '
               'pooling_param { ceil_mode: true round_mode: FLOOR } }')
@@ -633,8 +625,7 @@ def _assert_current(out: pb.NetParameter) -> None:
     assert not out.layers and not out.input and not out.input_dim and not out.input_shape
     for layer in out.layer:
         assert isinstance(layer.type, str) and layer.type, f"layer {layer.name!r} has no type"
-        if HAS_CEIL_MODE:
-            assert not layer.pooling_param.HasField("ceil_mode"), layer.name
+        assert not layer.pooling_param.HasField("ceil_mode"), layer.name
 
 
 @pytest.mark.parametrize("path", _model_files("*/*.prototxt"))

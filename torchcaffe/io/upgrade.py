@@ -514,12 +514,9 @@ def _batch_norm_in_place(net: pb.NetParameter) -> None:
 
 # -- fork dialects (ours) -------------------------------------------------------------------
 
-_HAS_CEIL_MODE = "ceil_mode" in pb.PoolingParameter.DESCRIPTOR.fields_by_name
-
-
 def net_needs_fork_dialect_upgrade(net: pb.NetParameter) -> bool:
     """True when a layer uses a fork field that has a BVLC equivalent (``ceil_mode``)."""
-    return _HAS_CEIL_MODE and any(
+    return any(
         layer.pooling_param.HasField("ceil_mode") for layer in net.layer
         if layer.HasField("pooling_param"))
 
@@ -537,8 +534,6 @@ def upgrade_fork_dialects(net: pb.NetParameter, path: PathLike | None = None
 
 
 def _fork_dialects_in_place(net: pb.NetParameter, path: str | None) -> None:
-    if not _HAS_CEIL_MODE:
-        return
     modes = pb.PoolingParameter.RoundMode
     for layer in net.layer:
         if not layer.HasField("pooling_param"):

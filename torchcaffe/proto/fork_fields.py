@@ -5,8 +5,9 @@ number is free; otherwise they are *relocated* (to 10000 + the fork's number, or
 number we chose for a field several forks define under the same name). A text prototxt from a
 fork parses either way (text format goes by name), but a *binary* file written by that fork
 carries the fork's number, which our schema reads as an unknown field or as a different field.
-The loader uses these tables to recognise a fork's dialect and to map or refuse such fields; the
-docs render them as the list of supported fork fields.
+These tables are reference data for reading such a binary file by hand: nothing maps binary
+dialects automatically yet (text prototxts need no mapping beyond ``ceil_mode``, which
+``io.upgrade`` handles). ``tests/proto/test_fork_fields.py`` checks them against the schema.
 
 Coverage: every field of the schema that BVLC lacks is listed in ``RELOCATED_FIELDS`` (our number
 differs from a fork's), in ``FORK_FIELDS`` (at that fork's own number), or belongs to a message in
