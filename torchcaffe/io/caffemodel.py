@@ -94,16 +94,21 @@ def _string(buf: memoryview, start: int, end: int) -> str:
     return bytes(buf[start:end]).decode("utf-8", errors="replace")
 
 
-def _v2_layer(buf: memoryview, start: int, end: int) -> LayerRecord:
+def _named_layer(buf: memoryview, start: int, end: int, blobs_field: int) -> LayerRecord:
+    """A V2 LayerParameter or a V0 LayerParameter: name 1, type 2 (strings), blobs differ."""
     name, type_, blobs = "", "", []
     for number, wtype, s, e, _ in wire.iter_fields(buf, start, end):
         if number == 1 and wtype == wire.LEN:
             name = _string(buf, s, e)
         elif number == 2 and wtype == wire.LEN:
             type_ = _string(buf, s, e)
-        elif number == 7 and wtype == wire.LEN:
+        elif number == blobs_field and wtype == wire.LEN:
             blobs.append(_blob(buf, s, e))
     return LayerRecord(name, type_, blobs)
+
+
+def _v2_layer(buf: memoryview, start: int, end: int) -> LayerRecord:
+    return _named_layer(buf, start, end, blobs_field=7)
 
 
 def _v1_layer(buf: memoryview, start: int, end: int) -> LayerRecord:
@@ -124,15 +129,7 @@ def _v1_layer(buf: memoryview, start: int, end: int) -> LayerRecord:
 
 
 def _v0_layer(buf: memoryview, start: int, end: int) -> LayerRecord:
-    name, type_, blobs = "", "", []
-    for number, wtype, s, e, _ in wire.iter_fields(buf, start, end):
-        if number == 1 and wtype == wire.LEN:
-            name = _string(buf, s, e)
-        elif number == 2 and wtype == wire.LEN:
-            type_ = _string(buf, s, e)
-        elif number == 50 and wtype == wire.LEN:
-            blobs.append(_blob(buf, s, e))
-    return LayerRecord(name, type_, blobs)
+    return _named_layer(buf, start, end, blobs_field=50)
 
 
 def _v1_type_name(value: int) -> str:
