@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import torchcaffe  # noqa: E402
-from torchcaffe.io.prototxt import parse_net_text  # noqa: E402
+from torchcaffe.formats.prototxt import parse_net_text  # noqa: E402
 
 CONVS = [  # name, num_output, kernel, stride, pad, group, followed by pool+norm
     ("conv1", 96, 11, 4, 0, 1, True),

@@ -30,9 +30,9 @@ from .errors import (
                      UnsupportedError,
                      WeightsError,
 )
-from .layers._python_substitutes import NativeSubstituteWarning
-from .layers.base import CaffeLayer
-from .net.net import Net as TorchNet
+from .ops._python_substitutes import NativeSubstituteWarning
+from .ops.base import CaffeLayer
+from .net.net import TorchNet
 from .proto import caffe_pb2
 from .pycaffe.layer import Layer
 from .pycaffe.net import Net

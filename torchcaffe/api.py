@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping, Sequence
 
-from .io.caffemodel import copy_trained_layers, read_weights, save_caffemodel, save_hdf5
-from .io.prototxt import read_net
-from .net.net import Net
+from .formats.caffemodel import copy_trained_layers, read_weights, save_caffemodel, save_hdf5
+from .formats.prototxt import read_net
+from .net.net import TorchNet
 from .proto import caffe_pb2
 from .trust import allow_python_layers as _allow_python
 
@@ -17,7 +17,7 @@ PathLike = str | os.PathLike
 def load(prototxt: PathLike | caffe_pb2.NetParameter, caffemodel: PathLike | None = None,
          phase: int | str = "test", *, level: int = 0, stages: Iterable[str] = (),
          input_shapes: Mapping[str, Sequence[int]] | None = None,
-         allow_python_layers: bool = False) -> Net:
+         allow_python_layers: bool = False) -> TorchNet:
     """Compile a Caffe net (text prototxt, or a NetParameter) into a torch ``nn.Module``.
 
     ``caffemodel`` (binary or HDF5) fills the params by layer name, as Caffe does.
@@ -27,27 +27,27 @@ def load(prototxt: PathLike | caffe_pb2.NetParameter, caffemodel: PathLike | Non
     lets ``type: "Python"`` layers import and run their module (trusted models only).
     """
     if isinstance(prototxt, caffe_pb2.NetParameter):
-        from .io.upgrade import upgrade_net_as_needed
+        from .formats.upgrade import upgrade_net_as_needed
 
         net_param, path = upgrade_net_as_needed(prototxt), None
     else:
         path = os.fspath(prototxt)
         net_param = read_net(path)
     with _allow_python(allow_python_layers):
-        net = Net(net_param, phase, level=level, stages=list(stages), path=path,
+        net = TorchNet(net_param, phase, level=level, stages=list(stages), path=path,
                   input_shapes=input_shapes)
     if caffemodel is not None:
         load_weights(net, caffemodel)
     return net
 
 
-def load_weights(net: Net, caffemodel: PathLike) -> list[str]:
+def load_weights(net: TorchNet, caffemodel: PathLike) -> list[str]:
     """Copy trained blobs into ``net`` by layer name; returns the layers filled."""
     path = os.fspath(caffemodel)
     return copy_trained_layers(net, read_weights(path), path)
 
 
-def save_weights(net: Net, path: PathLike, *, write_diff: bool = False,
+def save_weights(net: TorchNet, path: PathLike, *, write_diff: bool = False,
                  hdf5: bool | None = None) -> None:
     """Write a caffemodel (binary; HDF5 when ``hdf5`` or the name ends in .h5), atomically."""
     path = os.fspath(path)

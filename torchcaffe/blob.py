@@ -313,7 +313,7 @@ class Blob:
         return tuple(proto.shape.dim) == self.shape
 
     def from_proto(self, proto: caffe_pb2.BlobProto, reshape: bool = True) -> None:
-        from .io.binaryproto import blob_proto_to_array
+        from .formats.binaryproto import blob_proto_to_array
 
         array = blob_proto_to_array(proto)
         if reshape:

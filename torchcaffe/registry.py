@@ -1,8 +1,8 @@
 """Caffe layer type string -> layer class, as Caffe's LayerRegistry.
 
 The key is the exact V2 type string ("InnerProduct"); V1 enum names are mapped by
-``io/upgrade.py`` and never reach the registry. Registration happens by importing
-``torchcaffe.layers`` (an explicit list of modules).
+``formats/upgrade.py`` and never reach the registry. Registration happens by importing
+``torchcaffe.ops`` (an explicit list of modules).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, TypeVar
 from .errors import TorchCaffeError, UnknownLayerTypeError
 
 if TYPE_CHECKING:
-    from .layers.base import CaffeLayer
+    from .ops.base import CaffeLayer
 
 _LAYERS: dict[str, type[CaffeLayer]] = {}
 
@@ -41,7 +41,7 @@ def register_layer(caffe_type: str) -> Callable[[L], L]:
 
 
 def _ensure_loaded() -> None:
-    from . import layers  # noqa: F401  (import registers every layer)
+    from . import ops  # noqa: F401  (import registers every layer)
 
 
 def layer_class(caffe_type: str) -> type[CaffeLayer]:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torchcaffe
 from torchcaffe.cli.__main__ import main
-from torchcaffe.io.prototxt import read_net
-from torchcaffe.layers.catalogue import supported_layers_markdown
+from torchcaffe.formats.prototxt import read_net
+from torchcaffe.ops.catalogue import supported_layers_markdown
 
 REPO = Path(__file__).resolve().parents[2]
 NET = """

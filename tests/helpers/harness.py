@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from google.protobuf import text_format
 
-from torchcaffe.layers.base import CaffeLayer
+from torchcaffe.ops.base import CaffeLayer
 from torchcaffe.proto import caffe_pb2
 from torchcaffe.registry import layer_class
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from torchcaffe.errors import DataError, PrototxtError
-from torchcaffe.io.binaryproto import (
+from torchcaffe.formats.binaryproto import (
     array_to_blob_proto,
     blob_proto_shape,
     blob_proto_to_array,

@@ -10,8 +10,8 @@ import torch
 
 import torchcaffe
 from torchcaffe.errors import WeightsError
-from torchcaffe.io import caffemodel
-from torchcaffe.io.prototxt import read_net
+from torchcaffe.formats import caffemodel
+from torchcaffe.formats.prototxt import read_net
 from torchcaffe.proto import caffe_pb2
 
 NET = """

@@ -8,10 +8,10 @@ import stat
 import pytest
 
 from torchcaffe.errors import PrototxtError, SolverError
-from torchcaffe.io import atomic as atomic_mod
-from torchcaffe.io import prototxt as ptx
-from torchcaffe.io.atomic import atomic_write
-from torchcaffe.io.prototxt import (
+from torchcaffe.formats import atomic as atomic_mod
+from torchcaffe.formats import prototxt as ptx
+from torchcaffe.formats.atomic import atomic_write
+from torchcaffe.formats.prototxt import (
     parse_net_text,
     read_net,
     read_net_binary,

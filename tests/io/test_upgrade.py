@@ -21,9 +21,9 @@ from torchcaffe.errors import (
     SolverError,
     UnknownLayerTypeError,
 )
-from torchcaffe.io import upgrade as up
-from torchcaffe.io.binaryproto import blob_proto_to_array
-from torchcaffe.io.prototxt import (
+from torchcaffe.formats import upgrade as up
+from torchcaffe.formats.binaryproto import blob_proto_to_array
+from torchcaffe.formats.prototxt import (
     parse_net_text,
     parse_text_proto,
     read_net,

@@ -12,7 +12,7 @@ from tests.helpers.cases import LayerCase
 from tests.helpers.gradcheck import check_layer_gradient
 from tests.helpers.harness import make_layer
 from torchcaffe.errors import LayerParamError, UnsupportedError
-from torchcaffe.io.prototxt import read_net
+from torchcaffe.formats.prototxt import read_net
 
 CASES = [
     LayerCase("BatchNorm", "batch_norm_param { moving_average_fraction: 0.9 eps: 0.001 }",

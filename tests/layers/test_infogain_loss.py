@@ -11,7 +11,7 @@ from tests.helpers.cases import LayerCase
 from tests.helpers.gradcheck import check_layer_gradient
 from tests.helpers.harness import make_layer
 from torchcaffe.errors import LayerParamError, PrototxtError
-from torchcaffe.io.binaryproto import write_blob_proto
+from torchcaffe.formats.binaryproto import write_blob_proto
 
 THRESHOLD = float(np.float32(1e-20))
 

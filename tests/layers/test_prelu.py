@@ -11,7 +11,7 @@ from tests.helpers.cases import LayerCase
 from tests.helpers.gradcheck import check_layer_gradient
 from tests.helpers.harness import make_layer
 from torchcaffe.errors import LayerParamError
-from torchcaffe.io.prototxt import read_net
+from torchcaffe.formats.prototxt import read_net
 
 CASES = [
     LayerCase("PReLU", "prelu_param { filler { type: 'uniform' min: -1 max: 1 } }",

@@ -17,8 +17,8 @@ import torch
 from tests.helpers.cases import LayerCase
 from tests.helpers.harness import make_layer
 from torchcaffe.errors import BlobWiringError, LayerParamError
-from torchcaffe.layers._python_substitutes import NativeSubstituteWarning
-from torchcaffe.layers.proposal import fork_sort_order, greedy_nms
+from torchcaffe.ops._python_substitutes import NativeSubstituteWarning
+from torchcaffe.ops.proposal import fork_sort_order, greedy_nms
 
 f32 = np.float32
 FORK = ("proposal_param { feat_stride: 16 base_size: 16 min_size: 8 ratio: 0.5 ratio: 1 "

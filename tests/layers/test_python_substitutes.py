@@ -15,9 +15,9 @@ import torch
 import torchcaffe
 from tests.helpers.harness import make_layer, run
 from torchcaffe.errors import BlobWiringError, LayerParamError
-from torchcaffe.io.prototxt import read_net
-from torchcaffe.layers._python_substitutes import NativeSubstituteWarning, PyFasterRCNNProposalLayer
-from torchcaffe.layers.python_layer import PythonLayer
+from torchcaffe.formats.prototxt import read_net
+from torchcaffe.ops._python_substitutes import NativeSubstituteWarning, PyFasterRCNNProposalLayer
+from torchcaffe.ops.python_layer import PythonLayer
 from torchcaffe.trust import ENV_VAR, allow_python_layers
 
 SHAPES = [(1, 18, 3, 4), (1, 36, 3, 4), (1, 3)]

@@ -7,7 +7,7 @@ import torch
 
 import torchcaffe
 from torchcaffe.errors import UnknownLayerTypeError
-from torchcaffe.io.prototxt import read_net
+from torchcaffe.formats.prototxt import read_net
 from torchcaffe.net.feeds import feed_data_layers
 
 TRAIN_VAL = """

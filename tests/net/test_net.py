@@ -14,7 +14,7 @@ from torchcaffe.errors import (
     UnknownLayerTypeError,
     UnsupportedError,
 )
-from torchcaffe.io.prototxt import read_net
+from torchcaffe.formats.prototxt import read_net
 
 MLP = """
 name: "mlp"

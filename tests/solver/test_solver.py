@@ -187,7 +187,7 @@ def test_old_solver_type_enum_is_upgraded(setup):
 
 
 def test_inline_net_param_and_separate_test_net(setup):
-    from torchcaffe.io.prototxt import read_net
+    from torchcaffe.formats.prototxt import read_net
 
     param = caffe_pb2.SolverParameter(base_lr=0.1, lr_policy="fixed", type="SGD")
     param.net_param.CopyFrom(read_net("train.prototxt"))

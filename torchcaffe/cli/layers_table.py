@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..io.atomic import atomic_write
-from ..layers.catalogue import supported_layers_markdown
+from ..formats.atomic import atomic_write
+from ..ops.catalogue import supported_layers_markdown
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

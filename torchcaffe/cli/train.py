@@ -24,7 +24,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .. import runtime
 from ..errors import SolverError
-from ..io.prototxt import read_solver
+from ..formats.prototxt import read_solver
 from ..proto import caffe_pb2
 from ..pycaffe.solver import SOLVER_CLASSES
 from ..solver.solver import NONE, SNAPSHOT, STOP, Solver

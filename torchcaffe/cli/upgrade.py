@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..io.prototxt import read_net, write_text
+from ..formats.prototxt import read_net, write_text
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -12,7 +12,7 @@ import torch
 
 from ..api import load, save_weights
 from ..errors import WeightsError
-from ..io.atomic import atomic_write
+from ..formats.atomic import atomic_write
 
 PathLike = str | os.PathLike
 

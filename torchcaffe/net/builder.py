@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import BlobWiringError, LayerParamError, TorchCaffeError, UnsupportedError
-from ..layers.base import CaffeLayer, Shape
+from ..ops.base import CaffeLayer, Shape
 from ..proto import caffe_pb2
 from ..registry import layer_class
 from .feeds import feed_data_layers, feed_hint

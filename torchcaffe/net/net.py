@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..errors import BlobWiringError, LayerParamError, TorchCaffeError
-from ..layers.base import CaffeLayer, Shape
+from ..ops.base import CaffeLayer, Shape
 from ..proto import caffe_pb2
 from .builder import build_net, set_requires_grad
 from .program import LayerStep, ParamInfo
@@ -24,7 +24,7 @@ from .state import make_state
 PathLike = str | os.PathLike
 
 
-class Net(nn.Module):
+class TorchNet(nn.Module):
     """A Caffe net compiled to torch modules; see ``torchcaffe.load``."""
 
     def __init__(self, net_param: caffe_pb2.NetParameter, phase: int | str | None = None, *,

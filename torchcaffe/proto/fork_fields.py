@@ -7,7 +7,7 @@ fork parses either way (text format goes by name), but a *binary* file written b
 carries the fork's number, which our schema reads as an unknown field or as a different field.
 These tables are reference data for reading such a binary file by hand: nothing maps binary
 dialects automatically yet (text prototxts need no mapping beyond ``ceil_mode``, which
-``io.upgrade`` handles). ``tests/proto/test_fork_fields.py`` checks them against the schema.
+``formats.upgrade`` handles). ``tests/proto/test_fork_fields.py`` checks them against the schema.
 
 Coverage: every field of the schema that BVLC lacks is listed in ``RELOCATED_FIELDS`` (our number
 differs from a fork's), in ``FORK_FIELDS`` (at that fork's own number), or belongs to a message in

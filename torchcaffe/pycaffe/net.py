@@ -22,7 +22,7 @@ from torch import nn
 from .. import runtime
 from ..blob import Blob
 from ..errors import BlobWiringError, LayerParamError
-from ..net.net import Net as TorchNet
+from ..net.net import TorchNet
 from ..proto import caffe_pb2
 from ..syncedmem import Head
 from . import netio

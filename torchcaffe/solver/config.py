@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 
 from ..errors import SolverError, UnsupportedError
-from ..io.prototxt import read_solver
-from ..io.upgrade import upgrade_solver_as_needed
+from ..formats.prototxt import read_solver
+from ..formats.upgrade import upgrade_solver_as_needed
 from ..proto import caffe_pb2
 from .lr_policy import LR_POLICIES
 from .optimizers import OPTIMIZERS, REGULARIZATION_TYPES

@@ -19,7 +19,7 @@ from .optimizers import OPTIMIZERS, REGULARIZATION_TYPES, CaffeOptimizer
 from .param_groups import Learnable, param_groups
 
 if TYPE_CHECKING:
-    from ..net.net import Net
+    from ..net.net import TorchNet
 
 # SolverParameter fields each update rule reads (beyond lr, decay and clipping).
 RULE_FIELDS = {"SGD": ("momentum",), "Nesterov": ("momentum",), "AdaGrad": ("delta",),
@@ -27,7 +27,7 @@ RULE_FIELDS = {"SGD": ("momentum",), "Nesterov": ("momentum",), "AdaGrad": ("del
                "Adam": ("momentum", "momentum2", "delta")}
 
 
-def make_optimizer(param: caffe_pb2.SolverParameter, net: Net | list[Learnable],
+def make_optimizer(param: caffe_pb2.SolverParameter, net: TorchNet | list[Learnable],
                    solver_type: str | None = None) -> CaffeOptimizer:
     """The update rule of ``solver_type`` (default: ``param.type``) over ``net``'s params."""
     solver_type = solver_type or param.type

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..io.prototxt import read_net
+from ..formats.prototxt import read_net
 from ..proto import caffe_pb2
 from ..pycaffe.net import Net
 from .config import field_error

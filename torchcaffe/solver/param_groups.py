@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from ..net.net import Net
+    from ..net.net import TorchNet
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Learnable:
         return isinstance(self.tensor, nn.Parameter)
 
 
-def learnable_params(net: Net) -> list[Learnable]:
+def learnable_params(net: TorchNet) -> list[Learnable]:
     """Caffe's learnable params of a compiled net, in Caffe's order."""
     out = []
     for info in net.param_infos:
@@ -45,7 +45,7 @@ def learnable_params(net: Net) -> list[Learnable]:
     return out
 
 
-def param_groups(net: Net | list[Learnable], **group_options: Any) -> list[dict[str, Any]]:
+def param_groups(net: TorchNet | list[Learnable], **group_options: Any) -> list[dict[str, Any]]:
     """Param groups, one per distinct (lr_mult, decay_mult), in order of first appearance.
 
     ``group_options`` (e.g. ``lr=0.01``) are copied into every group.

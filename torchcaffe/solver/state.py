@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import SolverError
-from ..io.atomic import atomic_write
-from ..io.binaryproto import array_to_blob_proto, blob_proto_to_array
-from ..io.prototxt import read_binary_proto, write_binary
+from ..formats.atomic import atomic_write
+from ..formats.binaryproto import array_to_blob_proto, blob_proto_to_array
+from ..formats.prototxt import read_binary_proto, write_binary
 from ..proto import caffe_pb2
 
 PathLike = str | os.PathLike

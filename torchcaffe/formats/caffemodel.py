@@ -25,7 +25,7 @@ from . import wire
 from .atomic import atomic_write
 
 if TYPE_CHECKING:
-    from ..net.net import Net
+    from ..net.net import TorchNet
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 RENAME_HINT = ("To learn this layer's parameters from scratch rather than copying from a "
@@ -220,7 +220,7 @@ def _fits(target: Sequence[int], record: BlobRecord) -> bool:
 
 
 @torch.no_grad()
-def copy_trained_layers(net: Net, records: Iterator[LayerRecord], path: str | None = None
+def copy_trained_layers(net: TorchNet, records: Iterator[LayerRecord], path: str | None = None
                         ) -> list[str]:
     """Copy blobs into ``net`` by layer name; returns the names of the layers filled."""
     filled = []
@@ -309,7 +309,7 @@ def _blob_chunks(tensor: torch.Tensor, diff: torch.Tensor | None, double: bool) 
     return chunks
 
 
-def save_caffemodel(net: Net, path: str | os.PathLike, write_diff: bool = False) -> None:
+def save_caffemodel(net: TorchNet, path: str | os.PathLike, write_diff: bool = False) -> None:
     """Write ``net`` as Caffe's Net::ToProto + WriteProtoToBinaryFile would, atomically."""
     with atomic_write(path, "wb") as f:
         if net.name:
@@ -336,7 +336,7 @@ def save_caffemodel(net: Net, path: str | os.PathLike, write_diff: bool = False)
             f.write(high)
 
 
-def save_hdf5(net: Net, path: str | os.PathLike, write_diff: bool = False) -> None:
+def save_hdf5(net: TorchNet, path: str | os.PathLike, write_diff: bool = False) -> None:
     """Caffe's Net::ToHDF5: data/<layer>/<i> for owned params, diff/<layer>/<i> for all."""
     import h5py
 

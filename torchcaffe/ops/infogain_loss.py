@@ -7,7 +7,7 @@ import math
 import torch
 
 from ..errors import TorchCaffeError
-from ..io.binaryproto import blob_proto_to_array, read_blob_proto
+from ..formats.binaryproto import blob_proto_to_array, read_blob_proto
 from ..registry import register_layer
 from ._functional.clamped_log import log_softmax_clamped
 from ._loss_normalization import (
