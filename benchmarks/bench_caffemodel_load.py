@@ -28,25 +28,34 @@ sys.path.insert(0, str(REPO))
 def vgg16_prototxt(scale: float) -> str:
     """VGG16 deploy net; ``scale`` < 1 shrinks fc widths for a quick smoke run."""
     fc = max(16, int(4096 * scale))
-    lines = ['name: "VGG16"',
-             'layer { name: "data" type: "Input" top: "data" '
-             'input_param { shape { dim: 1 dim: 3 dim: 224 dim: 224 } } }']
+    lines = [
+        'name: "VGG16"',
+        'layer { name: "data" type: "Input" top: "data" '
+        "input_param { shape { dim: 1 dim: 3 dim: 224 dim: 224 } } }",
+    ]
     bottom, blocks = "data", [(64, 2), (128, 2), (256, 3), (512, 3), (512, 3)]
     for b, (width, n) in enumerate(blocks, 1):
         for i in range(1, n + 1):
             name = f"conv{b}_{i}"
-            lines.append(f'layer {{ name: "{name}" type: "Convolution" bottom: "{bottom}" '
-                         f'top: "{name}" convolution_param {{ num_output: {width} pad: 1 '
-                         f'kernel_size: 3 }} }}')
-            lines.append(f'layer {{ name: "relu{b}_{i}" type: "ReLU" bottom: "{name}" '
-                         f'top: "{name}" }}')
+            lines.append(
+                f'layer {{ name: "{name}" type: "Convolution" bottom: "{bottom}" '
+                f'top: "{name}" convolution_param {{ num_output: {width} pad: 1 '
+                f"kernel_size: 3 }} }}"
+            )
+            lines.append(
+                f'layer {{ name: "relu{b}_{i}" type: "ReLU" bottom: "{name}" top: "{name}" }}'
+            )
             bottom = name
-        lines.append(f'layer {{ name: "pool{b}" type: "Pooling" bottom: "{bottom}" '
-                     f'top: "pool{b}" pooling_param {{ pool: MAX kernel_size: 2 stride: 2 }} }}')
+        lines.append(
+            f'layer {{ name: "pool{b}" type: "Pooling" bottom: "{bottom}" '
+            f'top: "pool{b}" pooling_param {{ pool: MAX kernel_size: 2 stride: 2 }} }}'
+        )
         bottom = f"pool{b}"
     for name, width in (("fc6", fc), ("fc7", fc), ("fc8", 1000)):
-        lines.append(f'layer {{ name: "{name}" type: "InnerProduct" bottom: "{bottom}" '
-                     f'top: "{name}" inner_product_param {{ num_output: {width} }} }}')
+        lines.append(
+            f'layer {{ name: "{name}" type: "InnerProduct" bottom: "{bottom}" '
+            f'top: "{name}" inner_product_param {{ num_output: {width} }} }}'
+        )
         bottom = name
     return "\n".join(lines) + "\n"
 
@@ -98,15 +107,22 @@ def child(mode: str, prototxt: str, model: str) -> None:
         for layer in msg.layer:
             for j, blob in enumerate(layer.blobs):
                 target = net.layer(layer.name).param_blobs()[j]
-                target.data.copy_(__import__("torch").from_numpy(
-                    np.asarray(blob.data, dtype=np.float32).reshape(target.shape)))
+                target.data.copy_(
+                    __import__("torch").from_numpy(
+                        np.asarray(blob.data, dtype=np.float32).reshape(target.shape)
+                    )
+                )
     seconds = time.perf_counter() - t0
     print(json.dumps({"seconds": seconds, "peak_extra_mb": peak_mb() - before}))
 
 
 def run_child(mode: str, prototxt: str, model: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", mode, prototxt, model],
-                         check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", mode, prototxt, model],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -131,15 +147,21 @@ def main() -> None:
         weights_mb = sum(p.numel() * 4 for p in net.parameters()) / 2**20
         del net
         size_mb = os.path.getsize(model) / 2**20
-        print(f"VGG16-shaped caffemodel: {size_mb:.0f} MiB on disk, "
-              f"{weights_mb:.0f} MiB of float32 weights")
+        print(
+            f"VGG16-shaped caffemodel: {size_mb:.0f} MiB on disk, "
+            f"{weights_mb:.0f} MiB of float32 weights"
+        )
         results = {m: run_child(m, prototxt, model) for m in ("raw", "torchcaffe", "protobuf")}
         raw = results["raw"]["seconds"]
-        print(f"{'loader':12s} {'seconds':>8s} {'x raw read':>10s} {'peak extra MiB':>15s} "
-              f"{'x weights':>10s}")
+        print(
+            f"{'loader':12s} {'seconds':>8s} {'x raw read':>10s} {'peak extra MiB':>15s} "
+            f"{'x weights':>10s}"
+        )
         for mode, r in results.items():
-            print(f"{mode:12s} {r['seconds']:8.3f} {r['seconds'] / raw:10.2f} "
-                  f"{r['peak_extra_mb']:15.0f} {r['peak_extra_mb'] / weights_mb:10.2f}")
+            print(
+                f"{mode:12s} {r['seconds']:8.3f} {r['seconds'] / raw:10.2f} "
+                f"{r['peak_extra_mb']:15.0f} {r['peak_extra_mb'] / weights_mb:10.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -37,40 +37,52 @@ CONVS = [  # name, num_output, kernel, stride, pad, group, followed by pool+norm
 
 def caffenet_prototxt(batch: int) -> str:
     """BVLC reference CaffeNet deploy net (pool before LRN), TRAIN-able with a softmax loss."""
-    lines = ['name: "CaffeNet"',
-             'layer { name: "data" type: "Input" top: "data" top: "label" input_param { '
-             f'shape {{ dim: {batch} dim: 3 dim: 227 dim: 227 }} shape {{ dim: {batch} }} }} }}']
+    lines = [
+        'name: "CaffeNet"',
+        'layer { name: "data" type: "Input" top: "data" top: "label" input_param { '
+        f"shape {{ dim: {batch} dim: 3 dim: 227 dim: 227 }} shape {{ dim: {batch} }} }} }}",
+    ]
     bottom = "data"
     for name, n, k, s, p, g, pool_norm in CONVS:
         i = name[-1]
         lines.append(
             f'layer {{ name: "{name}" type: "Convolution" bottom: "{bottom}" top: "{name}" '
-            f'convolution_param {{ num_output: {n} kernel_size: {k} stride: {s} pad: {p} '
-            f'group: {g} weight_filler {{ type: "gaussian" std: 0.01 }} }} }}')
+            f"convolution_param {{ num_output: {n} kernel_size: {k} stride: {s} pad: {p} "
+            f'group: {g} weight_filler {{ type: "gaussian" std: 0.01 }} }} }}'
+        )
         lines.append(f'layer {{ name: "relu{i}" type: "ReLU" bottom: "{name}" top: "{name}" }}')
         bottom = name
         if pool_norm or name == "conv5":
-            lines.append(f'layer {{ name: "pool{i}" type: "Pooling" bottom: "{bottom}" '
-                         f'top: "pool{i}" pooling_param {{ pool: MAX kernel_size: 3 '
-                         'stride: 2 } }')
+            lines.append(
+                f'layer {{ name: "pool{i}" type: "Pooling" bottom: "{bottom}" '
+                f'top: "pool{i}" pooling_param {{ pool: MAX kernel_size: 3 '
+                "stride: 2 } }"
+            )
             bottom = f"pool{i}"
         if pool_norm:
-            lines.append(f'layer {{ name: "norm{i}" type: "LRN" bottom: "{bottom}" '
-                         f'top: "norm{i}" lrn_param {{ local_size: 5 alpha: 0.0001 '
-                         'beta: 0.75 } }')
+            lines.append(
+                f'layer {{ name: "norm{i}" type: "LRN" bottom: "{bottom}" '
+                f'top: "norm{i}" lrn_param {{ local_size: 5 alpha: 0.0001 '
+                "beta: 0.75 } }"
+            )
             bottom = f"norm{i}"
     for name, n in (("fc6", 4096), ("fc7", 4096), ("fc8", 1000)):
-        lines.append(f'layer {{ name: "{name}" type: "InnerProduct" bottom: "{bottom}" '
-                     f'top: "{name}" inner_product_param {{ num_output: {n} '
-                     f'weight_filler {{ type: "gaussian" std: 0.005 }} }} }}')
+        lines.append(
+            f'layer {{ name: "{name}" type: "InnerProduct" bottom: "{bottom}" '
+            f'top: "{name}" inner_product_param {{ num_output: {n} '
+            f'weight_filler {{ type: "gaussian" std: 0.005 }} }} }}'
+        )
         bottom = name
         if name != "fc8":
             i = name[-1]
             lines.append(f'layer {{ name: "relu{i}" type: "ReLU" bottom: "{name}" top: "{name}" }}')
-            lines.append(f'layer {{ name: "drop{i}" type: "Dropout" bottom: "{name}" '
-                         f'top: "{name}" dropout_param {{ dropout_ratio: 0.5 }} }}')
-    lines.append('layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc8" bottom: "label" '
-                 'top: "loss" }')
+            lines.append(
+                f'layer {{ name: "drop{i}" type: "Dropout" bottom: "{name}" '
+                f'top: "{name}" dropout_param {{ dropout_ratio: 0.5 }} }}'
+            )
+    lines.append(
+        'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc8" bottom: "label" top: "loss" }'
+    )
     return "\n".join(lines)
 
 
@@ -157,13 +169,16 @@ def main() -> None:
     handwritten.eval()
     with torch.no_grad():
         gap = (compiled(data=data, label=label)["loss"] - handwritten(data, label)).abs().item()
-    print(f"CaffeNet batch {args.batch} on {args.device}, torch {torch.__version__}; "
-          f"|loss(compiled) - loss(hand-written)| = {gap:.2e} (eval mode)")
+    print(
+        f"CaffeNet batch {args.batch} on {args.device}, torch {torch.__version__}; "
+        f"|loss(compiled) - loss(hand-written)| = {gap:.2e} (eval mode)"
+    )
 
     def infer(model, call):
         def run():
             with torch.no_grad():
                 call(model)
+
         return run
 
     def train_step(model, call):
@@ -171,10 +186,13 @@ def main() -> None:
             model.zero_grad(set_to_none=True)
             loss = call(model)
             loss.backward()
+
         return run
 
-    calls = {"compiled": lambda m: m(data=data, label=label)["loss"],
-             "hand-written": lambda m: m(data, label)}
+    calls = {
+        "compiled": lambda m: m(data=data, label=label)["loss"],
+        "hand-written": lambda m: m(data, label),
+    }
     models = {"compiled": compiled, "hand-written": handwritten}
     rows = []
     for what, make in (("forward (eval)", infer), ("forward+backward (train)", train_step)):
@@ -185,13 +203,17 @@ def main() -> None:
         rows.append((what, times))
     print(f"{'':26s}{'hand-written (baseline)':>26s}{'torchcaffe':>14s}{'ratio':>9s}")
     for what, t in rows:
-        print(f"{what:26s}{t['hand-written'] * 1e3:23.1f} ms{t['compiled'] * 1e3:11.1f} ms"
-              f"{t['compiled'] / t['hand-written']:8.2f}x")
+        print(
+            f"{what:26s}{t['hand-written'] * 1e3:23.1f} ms{t['compiled'] * 1e3:11.1f} ms"
+            f"{t['compiled'] / t['hand-written']:8.2f}x"
+        )
     if args.device == "cuda":
         peaks = {k: peak_cuda_bytes(train_step(m, calls[k])) for k, m in models.items()}
-        print(f"{'peak memory, train step':26s}{peaks['hand-written'] / 2**20:20.1f} MiB"
-              f"{peaks['compiled'] / 2**20:9.1f} MiB"
-              f"{peaks['compiled'] / peaks['hand-written']:8.2f}x")
+        print(
+            f"{'peak memory, train step':26s}{peaks['hand-written'] / 2**20:20.1f} MiB"
+            f"{peaks['compiled'] / 2**20:9.1f} MiB"
+            f"{peaks['compiled'] / peaks['hand-written']:8.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """caffemodel -> torch state_dict file (thin script over torchcaffe.converters).
 
-    python converters/caffemodel_to_state_dict.py NET.prototxt WEIGHTS.caffemodel OUT.pt
-    python converters/caffemodel_to_state_dict.py --reverse NET.prototxt IN.pt OUT.caffemodel
+python converters/caffemodel_to_state_dict.py NET.prototxt WEIGHTS.caffemodel OUT.pt
+python converters/caffemodel_to_state_dict.py --reverse NET.prototxt IN.pt OUT.caffemodel
 """
 
 import argparse

@@ -45,20 +45,26 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator().manual_seed(0)
 
     # 1. compile: Data layers become inputs of the shapes we feed
-    train = torchcaffe.load(HERE / "lenet_train_test.prototxt", phase="train",
-                            input_shapes={"data": (64, 1, 28, 28), "label": (64,)})
+    train = torchcaffe.load(
+        HERE / "lenet_train_test.prototxt",
+        phase="train",
+        input_shapes={"data": (64, 1, 28, 28), "label": (64,)},
+    )
     train = train.to(args.device)
-    print(f"compiled {train.name}: {len(train.steps)} layers, "
-          f"{sum(p.numel() for p in train.parameters()):,} parameters, "
-          f"inputs {train.input_names}, loss tops {train.loss_weights()}")
+    print(
+        f"compiled {train.name}: {len(train.steps)} layers, "
+        f"{sum(p.numel() for p in train.parameters()):,} parameters, "
+        f"inputs {train.input_names}, loss tops {train.loss_weights()}"
+    )
 
     # 2. train with a torch optimizer; the scale 1/256 is the Data layer's transform_param
     opt = torch.optim.SGD(train.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
     start = time.perf_counter()
     for it in range(args.iters):
         x, y = synthetic_digits(64, gen)
-        blobs = train.forward_all_blobs(data=(x * 0.00390625).to(args.device),
-                                        label=y.to(args.device))
+        blobs = train.forward_all_blobs(
+            data=(x * 0.00390625).to(args.device), label=y.to(args.device)
+        )
         loss = train.total_loss(blobs)
         opt.zero_grad()
         loss.backward()
@@ -80,12 +86,19 @@ def main(argv: list[str] | None = None) -> int:
     accuracy = float((prob.argmax(1) == y.numpy()).mean())
     train.eval()
     with torch.no_grad():
-        ip2 = train.forward_all_blobs(data=torch.from_numpy(scaled).to(args.device),
-                                      label=y.to(args.device))["ip2"].cpu().numpy()
+        ip2 = (
+            train.forward_all_blobs(
+                data=torch.from_numpy(scaled).to(args.device), label=y.to(args.device)
+            )["ip2"]
+            .cpu()
+            .numpy()
+        )
     torch_prob = torch.softmax(torch.from_numpy(ip2), 1).numpy()
     gap = float(np.abs(torch_prob - prob).max())
-    print(f"deploy net from the caffemodel: accuracy {accuracy:.3f} on 100 held-out digits; "
-          f"max |prob - torch module prob| = {gap:.2e}")
+    print(
+        f"deploy net from the caffemodel: accuracy {accuracy:.3f} on 100 held-out digits; "
+        f"max |prob - torch module prob| = {gap:.2e}"
+    )
     return 0 if gap < 1e-5 else 1
 
 

@@ -22,8 +22,10 @@ def golden_root() -> Path:
 @pytest.fixture(scope="session")
 def models_root() -> Path:
     if not MODELS.is_dir():
-        pytest.skip(f"../shared/models is absent (looked in {MODELS}); the real-model tests "
-                    "need the shared folder beside the checkout")
+        pytest.skip(
+            f"../shared/models is absent (looked in {MODELS}); the real-model tests "
+            "need the shared folder beside the checkout"
+        )
     return MODELS
 
 

@@ -11,10 +11,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_every_source_folder_is_an_installed_package():
     packages = set(find_packages(str(ROOT), include=["torchcaffe*"]))
-    folders = {str(p.parent.relative_to(ROOT)).replace("/", ".")
-               for p in (ROOT / "torchcaffe").rglob("*.py")}
+    folders = {
+        str(p.parent.relative_to(ROOT)).replace("/", ".")
+        for p in (ROOT / "torchcaffe").rglob("*.py")
+    }
     assert folders <= packages, f"folders without __init__.py: {sorted(folders - packages)}"
-
 
 
 def test_pycaffe_module_names_are_not_internal_packages():

@@ -81,13 +81,17 @@ STAGES = {("mnist_autoencoder/mnist_autoencoder.prototxt", "test"): ["test-on-te
 WEIGHTED = {
     "lenet_mnist": ("lenet_mnist/lenet.prototxt", "lenet_mnist/lenet_iter_10000.caffemodel"),
     "lenet_v0": ("lenet_v0/lenet.prototxt", "lenet_mnist/lenet_iter_10000.caffemodel"),
-    "cifar10_quick": ("cifar10_quick/cifar10_quick.prototxt",
-                      "cifar10_quick/cifar10_quick_iter_5000.caffemodel"),
+    "cifar10_quick": (
+        "cifar10_quick/cifar10_quick.prototxt",
+        "cifar10_quick/cifar10_quick_iter_5000.caffemodel",
+    ),
     "mtcnn_pnet": ("mtcnn_pnet/det1.prototxt", "mtcnn_pnet/det1.caffemodel"),
     "mtcnn_rnet": ("mtcnn_rnet/det2.prototxt", "mtcnn_rnet/det2.caffemodel"),
     "mtcnn_onet": ("mtcnn_onet/det3.prototxt", "mtcnn_onet/det3.caffemodel"),
-    "ultraface_slim320": ("ultraface_slim320/slim-320.prototxt",
-                          "ultraface_slim320/slim-320.caffemodel"),
+    "ultraface_slim320": (
+        "ultraface_slim320/slim-320.prototxt",
+        "ultraface_slim320/slim-320.caffemodel",
+    ),
 }
 
 
@@ -111,8 +115,12 @@ def test_deploy_net_builds_and_infers_shapes(models_root, rel):
 @pytest.mark.parametrize("rel", _params(sorted(TRAIN_VAL)))
 @pytest.mark.parametrize("phase", ["train", "test"])
 def test_train_val_net_builds_in_both_phases(models_root, rel, phase):
-    net = torchcaffe.load(models_root / rel, phase=phase, input_shapes=TRAIN_VAL[rel],
-                          stages=STAGES.get((rel, phase), ()))
+    net = torchcaffe.load(
+        models_root / rel,
+        phase=phase,
+        input_shapes=TRAIN_VAL[rel],
+        stages=STAGES.get((rel, phase), ()),
+    )
     assert net.output_names or net.loss_weights()  # a loss with no top is not an output
     assert net.phase == caffe_pb2.Phase.Value(phase.upper())
 
@@ -127,16 +135,19 @@ def test_weighted_model_matches_opencv(models_root, model):
     proto, weights = WEIGHTED[model]
     ref = _reference(models_root, model)
     x = torch.from_numpy(ref.pop("input"))
-    net = torchcaffe.load(models_root / proto, models_root / weights,
-                          input_shapes={net_input: tuple(x.shape)
-                                        for net_input in _inputs(models_root / proto)})
+    net = torchcaffe.load(
+        models_root / proto,
+        models_root / weights,
+        input_shapes={net_input: tuple(x.shape) for net_input in _inputs(models_root / proto)},
+    )
     with torch.no_grad():
         out = net(x)
     assert sorted(ref) == sorted(n.replace("/", "_") for n in out)
     for name, got in out.items():
         want = ref[name.replace("/", "_")]
-        np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4,
-                                   err_msg=f"{model}: output {name}")
+        np.testing.assert_allclose(
+            got.numpy(), want, rtol=1e-4, atol=1e-4, err_msg=f"{model}: output {name}"
+        )
 
 
 def _inputs(prototxt: Path) -> list[str]:
@@ -156,8 +167,10 @@ def test_load_save_reload_is_bit_exact(models_root, model, tmp_path):
 
 
 def test_v1_text_and_v1_weights_are_upgraded(models_root):
-    net = torchcaffe.load(models_root / "lenet_mnist/lenet.prototxt",
-                          models_root / "lenet_mnist/lenet_iter_10000.caffemodel")
+    net = torchcaffe.load(
+        models_root / "lenet_mnist/lenet.prototxt",
+        models_root / "lenet_mnist/lenet_iter_10000.caffemodel",
+    )
     assert [net.step(n).type for n in net.layer_names][:3] == ["Input", "Convolution", "Pooling"]
     assert tuple(net.layer("conv1").weight.shape) == (20, 1, 5, 5)
 

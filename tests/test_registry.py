@@ -55,7 +55,8 @@ def golden_types() -> set[str]:
 @pytest.mark.parametrize("layer_type", torchcaffe.layer_type_list())
 def test_registered_type_has_cases(layer_type):
     assert any(c.type == layer_type for c in all_cases()), (
-        f"{layer_type} is registered but no tests/layers/test_*.py lists a LayerCase for it")
+        f"{layer_type} is registered but no tests/layers/test_*.py lists a LayerCase for it"
+    )
 
 
 @pytest.mark.parametrize("layer_type", torchcaffe.layer_type_list())
@@ -64,7 +65,8 @@ def test_registered_type_has_golden_coverage(layer_type):
         assert layer_type not in golden_types(), f"{layer_type} now has a golden case: unlist it"
         return
     assert layer_type in golden_types(), (
-        f"{layer_type} has no golden case; add one or list it in NO_GOLDEN with a reason")
+        f"{layer_type} has no golden case; add one or list it in NO_GOLDEN with a reason"
+    )
 
 
 def test_no_golden_list_names_only_registered_types():

@@ -18,21 +18,21 @@ from . import proto
 from .api import load, load_weights, save_weights
 from .blob import Blob
 from .errors import (
-                     BlobWiringError,
-                     DataError,
-                     DeviceError,
-                     LayerParamError,
-                     PrototxtError,
-                     SolverError,
-                     TorchCaffeError,
-                     TrustError,
-                     UnknownLayerTypeError,
-                     UnsupportedError,
-                     WeightsError,
+    BlobWiringError,
+    DataError,
+    DeviceError,
+    LayerParamError,
+    PrototxtError,
+    SolverError,
+    TorchCaffeError,
+    TrustError,
+    UnknownLayerTypeError,
+    UnsupportedError,
+    WeightsError,
 )
+from .net.net import TorchNet
 from .ops._python_substitutes import NativeSubstituteWarning
 from .ops.base import CaffeLayer
-from .net.net import TorchNet
 from .proto import caffe_pb2
 from .pycaffe.layer import Layer
 from .pycaffe.net import Net
@@ -54,11 +54,41 @@ TEST = caffe_pb2.TEST
 __version__ = "0.1.0"
 
 __all__ = [
-    "load", "load_weights", "save_weights", "Net", "Layer", "TorchNet", "Blob", "CaffeLayer",
-    "TRAIN", "TEST", "proto", "caffe_pb2", "layer_type_list", "register_layer", "set_mode_cpu",
-    "set_mode_gpu", "set_device", "set_random_seed", "TorchCaffeError", "PrototxtError",
-    "UnknownLayerTypeError", "LayerParamError", "BlobWiringError", "WeightsError",
-    "UnsupportedError", "SolverError", "DataError", "DeviceError", "TrustError",
-    "NativeSubstituteWarning", "SGDSolver", "NesterovSolver", "AdaGradSolver",
-    "RMSPropSolver", "AdaDeltaSolver", "AdamSolver", "get_solver",
+    "load",
+    "load_weights",
+    "save_weights",
+    "Net",
+    "Layer",
+    "TorchNet",
+    "Blob",
+    "CaffeLayer",
+    "TRAIN",
+    "TEST",
+    "proto",
+    "caffe_pb2",
+    "layer_type_list",
+    "register_layer",
+    "set_mode_cpu",
+    "set_mode_gpu",
+    "set_device",
+    "set_random_seed",
+    "TorchCaffeError",
+    "PrototxtError",
+    "UnknownLayerTypeError",
+    "LayerParamError",
+    "BlobWiringError",
+    "WeightsError",
+    "UnsupportedError",
+    "SolverError",
+    "DataError",
+    "DeviceError",
+    "TrustError",
+    "NativeSubstituteWarning",
+    "SGDSolver",
+    "NesterovSolver",
+    "AdaGradSolver",
+    "RMSPropSolver",
+    "AdaDeltaSolver",
+    "AdamSolver",
+    "get_solver",
 ]

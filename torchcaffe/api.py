@@ -14,10 +14,16 @@ from .trust import allow_python_layers as _allow_python
 PathLike = str | os.PathLike
 
 
-def load(prototxt: PathLike | caffe_pb2.NetParameter, caffemodel: PathLike | None = None,
-         phase: int | str = "test", *, level: int = 0, stages: Iterable[str] = (),
-         input_shapes: Mapping[str, Sequence[int]] | None = None,
-         allow_python_layers: bool = False) -> TorchNet:
+def load(
+    prototxt: PathLike | caffe_pb2.NetParameter,
+    caffemodel: PathLike | None = None,
+    phase: int | str = "test",
+    *,
+    level: int = 0,
+    stages: Iterable[str] = (),
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    allow_python_layers: bool = False,
+) -> TorchNet:
     """Compile a Caffe net (text prototxt, or a NetParameter) into a torch ``nn.Module``.
 
     ``caffemodel`` (binary or HDF5) fills the params by layer name, as Caffe does.
@@ -34,8 +40,9 @@ def load(prototxt: PathLike | caffe_pb2.NetParameter, caffemodel: PathLike | Non
         path = os.fspath(prototxt)
         net_param = read_net(path)
     with _allow_python(allow_python_layers):
-        net = TorchNet(net_param, phase, level=level, stages=list(stages), path=path,
-                  input_shapes=input_shapes)
+        net = TorchNet(
+            net_param, phase, level=level, stages=list(stages), path=path, input_shapes=input_shapes
+        )
     if caffemodel is not None:
         load_weights(net, caffemodel)
     return net
@@ -47,8 +54,9 @@ def load_weights(net: TorchNet, caffemodel: PathLike) -> list[str]:
     return copy_trained_layers(net, read_weights(path), path)
 
 
-def save_weights(net: TorchNet, path: PathLike, *, write_diff: bool = False,
-                 hdf5: bool | None = None) -> None:
+def save_weights(
+    net: TorchNet, path: PathLike, *, write_diff: bool = False, hdf5: bool | None = None
+) -> None:
     """Write a caffemodel (binary; HDF5 when ``hdf5`` or the name ends in .h5), atomically."""
     path = os.fspath(path)
     if hdf5 is None:

@@ -39,16 +39,23 @@ class Count(int):
         num_axes = len(self.shape)
         end = num_axes if end is None else end
         if not 0 <= start <= end <= num_axes:
-            raise BlobShapeError("count range out of bounds",
-                                 expected=f"0 <= start <= end <= {num_axes}", got=(start, end))
+            raise BlobShapeError(
+                "count range out of bounds",
+                expected=f"0 <= start <= end <= {num_axes}",
+                got=(start, end),
+            )
         return math.prod(self.shape[start:end])
 
 
 class Blob:
     """An N-d float blob with data and diff; ``gpu_device`` is forwarded to SyncedMemory."""
 
-    def __init__(self, shape: Sequence[int] | None = None, dtype: torch.dtype = torch.float32,
-                 gpu_device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        shape: Sequence[int] | None = None,
+        dtype: torch.dtype = torch.float32,
+        gpu_device: torch.device | str | None = None,
+    ) -> None:
         self.dtype = dtype
         self.gpu_device = gpu_device
         self._shape: tuple[int, ...] = ()
@@ -76,8 +83,7 @@ class Blob:
                 raise BlobShapeError("negative blob dimension", expected=">= 0", got=dims)
             count *= d
         if count > INT_MAX:
-            raise BlobShapeError("blob size exceeds INT_MAX", expected=f"<= {INT_MAX}",
-                                 got=count)
+            raise BlobShapeError("blob size exceeds INT_MAX", expected=f"<= {INT_MAX}", got=count)
         self._shape = dims
         self._count = count
         if count > self.capacity:
@@ -102,9 +108,11 @@ class Blob:
     def canonical_axis_index(self, axis: int) -> int:
         n = self.num_axes
         if not -n <= axis < n:
-            raise BlobShapeError(f"axis {axis} out of range for a {n}-D blob "
-                                 f"with shape {self.shape_string()}",
-                                 expected=f"{-n} <= axis < {n}", got=axis)
+            raise BlobShapeError(
+                f"axis {axis} out of range for a {n}-D blob with shape {self.shape_string()}",
+                expected=f"{-n} <= axis < {n}",
+                got=axis,
+            )
         return axis + n if axis < 0 else axis
 
     def shape_at(self, axis: int) -> int:
@@ -119,8 +127,11 @@ class Blob:
     def legacy_shape(self, index: int) -> int:
         """Caffe's LegacyShape: axes past a <= 4-D shape read as 1."""
         if self.num_axes > 4:
-            raise BlobShapeError("legacy accessors need a blob of at most 4 axes",
-                                 expected="<= 4 axes", got=self.num_axes)
+            raise BlobShapeError(
+                "legacy accessors need a blob of at most 4 axes",
+                expected="<= 4 axes",
+                got=self.num_axes,
+            )
         if not -4 <= index < 4:
             raise BlobShapeError("legacy axis index out of range", expected="-4..3", got=index)
         if index >= self.num_axes or index < -self.num_axes:
@@ -148,16 +159,19 @@ class Blob:
         if len(indices) == 1 and not isinstance(indices[0], (int, np.integer)):
             idx = [int(i) for i in indices[0]]
             if len(idx) > self.num_axes:
-                raise BlobShapeError("too many indices", expected=f"<= {self.num_axes}",
-                                     got=len(idx))
+                raise BlobShapeError(
+                    "too many indices", expected=f"<= {self.num_axes}", got=len(idx)
+                )
             off = 0
             for axis in range(self.num_axes):
                 off *= self._shape[axis]
                 if axis < len(idx):
                     if not 0 <= idx[axis] < self._shape[axis]:
-                        raise BlobShapeError(f"index out of range on axis {axis}",
-                                             expected=f"0..{self._shape[axis] - 1}",
-                                             got=idx[axis])
+                        raise BlobShapeError(
+                            f"index out of range on axis {axis}",
+                            expected=f"0..{self._shape[axis] - 1}",
+                            got=idx[axis],
+                        )
                     off += idx[axis]
             return off
         n, c, h, w = (list(indices) + [0, 0, 0, 0])[:4]
@@ -218,8 +232,9 @@ class Blob:
         """Adopt an external host tensor (same count) as the data, as Caffe's set_cpu_data."""
         flat = tensor.reshape(-1)
         if flat.numel() != self._count:
-            raise BlobShapeError("set_cpu_data with a tensor of another size",
-                                 expected=self._count, got=flat.numel())
+            raise BlobShapeError(
+                "set_cpu_data with a tensor of another size", expected=self._count, got=flat.numel()
+            )
         if self._data.count != self._count:
             self._data = SyncedMemory(self._count, self.dtype, self.gpu_device)
             self._diff = SyncedMemory(self._count, self.dtype, self.gpu_device)
@@ -228,14 +243,20 @@ class Blob:
     def share_data(self, other: Blob) -> None:
         """Use ``other``'s data memory (same count required), as Caffe's ShareData."""
         if other.count() != self._count:
-            raise BlobShapeError("share_data between blobs of different counts",
-                                 expected=self._count, got=other.count())
+            raise BlobShapeError(
+                "share_data between blobs of different counts",
+                expected=self._count,
+                got=other.count(),
+            )
         self._data = other._data
 
     def share_diff(self, other: Blob) -> None:
         if other.count() != self._count:
-            raise BlobShapeError("share_diff between blobs of different counts",
-                                 expected=self._count, got=other.count())
+            raise BlobShapeError(
+                "share_diff between blobs of different counts",
+                expected=self._count,
+                got=other.count(),
+            )
         self._diff = other._diff
 
     def copy_from(self, source: Blob, copy_diff: bool = False, reshape: bool = False) -> None:
@@ -243,9 +264,12 @@ class Blob:
             if reshape:
                 self.reshape_like(source)
             else:
-                raise BlobShapeError("copy_from a blob of another shape",
-                                     expected=self.shape, got=source.shape,
-                                     hint="pass reshape=True to adopt the source shape")
+                raise BlobShapeError(
+                    "copy_from a blob of another shape",
+                    expected=self.shape,
+                    got=source.shape,
+                    hint="pass reshape=True to adopt the source shape",
+                )
         if copy_diff:
             self.mutable_cpu_diff().copy_(source.cpu_diff())
         else:
@@ -307,9 +331,12 @@ class Blob:
         if any(proto.HasField(f) for f in ("num", "channels", "height", "width")):
             if self.num_axes > 4:
                 return False
-            return (self.legacy_shape(-4), self.legacy_shape(-3), self.legacy_shape(-2),
-                    self.legacy_shape(-1)) == (proto.num, proto.channels, proto.height,
-                                               proto.width)
+            return (
+                self.legacy_shape(-4),
+                self.legacy_shape(-3),
+                self.legacy_shape(-2),
+                self.legacy_shape(-1),
+            ) == (proto.num, proto.channels, proto.height, proto.width)
         return tuple(proto.shape.dim) == self.shape
 
     def from_proto(self, proto: caffe_pb2.BlobProto, reshape: bool = True) -> None:
@@ -319,14 +346,16 @@ class Blob:
         if reshape:
             self.reshape(array.shape)
         elif not self.shape_equals(proto):
-            raise BlobShapeError("shape mismatch (reshape not set)", expected=self.shape,
-                                 got=array.shape)
+            raise BlobShapeError(
+                "shape mismatch (reshape not set)", expected=self.shape, got=array.shape
+            )
         self.mutable_cpu_data().copy_(torch.from_numpy(array.reshape(self.shape)))
         diff = _proto_diff(proto)
         if diff is not None:
             if diff.size != self._count:
-                raise BlobShapeError("diff size does not match the blob", expected=self._count,
-                                     got=diff.size)
+                raise BlobShapeError(
+                    "diff size does not match the blob", expected=self._count, got=diff.size
+                )
             self.mutable_cpu_diff().copy_(torch.from_numpy(diff.reshape(self.shape)))
 
     def to_proto(self, write_diff: bool = False) -> caffe_pb2.BlobProto:

@@ -47,8 +47,9 @@ class TorchCaffeError(Exception):
             parts.append(f". {self.hint}")
         return "".join(parts)
 
-    def located(self, *, path: str | None = None, layer: str | None = None,
-                layer_type: str | None = None) -> TorchCaffeError:
+    def located(
+        self, *, path: str | None = None, layer: str | None = None, layer_type: str | None = None
+    ) -> TorchCaffeError:
         """Fill in the location where the raiser did not know it; returns self for ``raise``."""
         if path is not None and self.path is None:
             self.path = str(path)
@@ -66,8 +67,15 @@ class TorchCaffeError(Exception):
 class PrototxtError(TorchCaffeError):
     """A text or binary proto file that does not parse; carries line and column when known."""
 
-    def __init__(self, what: str, *, path: str | None = None, line: int | None = None,
-                 column: int | None = None, **kw: Any) -> None:
+    def __init__(
+        self,
+        what: str,
+        *,
+        path: str | None = None,
+        line: int | None = None,
+        column: int | None = None,
+        **kw: Any,
+    ) -> None:
         self.line = line
         self.column = column
         super().__init__(what, path=path, **kw)
@@ -86,13 +94,16 @@ class PrototxtError(TorchCaffeError):
 class UnknownLayerTypeError(TorchCaffeError):
     """A layer type string no registered layer answers to; lists close matches."""
 
-    def __init__(self, type_name: str, close_matches: list[str] | tuple[str, ...] = (),
-                 **kw: Any) -> None:
+    def __init__(
+        self, type_name: str, close_matches: list[str] | tuple[str, ...] = (), **kw: Any
+    ) -> None:
         self.type_name = type_name
         self.close_matches = list(close_matches)
-        hint = (f"did you mean {', '.join(repr(m) for m in self.close_matches)}?"
-                if self.close_matches else
-                "see torchcaffe.layer_type_list() for the supported types")
+        hint = (
+            f"did you mean {', '.join(repr(m) for m in self.close_matches)}?"
+            if self.close_matches
+            else "see torchcaffe.layer_type_list() for the supported types"
+        )
         kw.setdefault("hint", hint)
         kw.setdefault("layer_type", type_name)
         super().__init__(f"unknown layer type {type_name!r}", **kw)

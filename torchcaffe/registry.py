@@ -32,7 +32,8 @@ def register_layer(caffe_type: str) -> Callable[[L], L]:
         if caffe_type in _LAYERS:
             raise RegistryError(
                 f"layer type {caffe_type!r} registered by both "
-                f"{_LAYERS[caffe_type].__module__} and {cls.__module__}")
+                f"{_LAYERS[caffe_type].__module__} and {cls.__module__}"
+            )
         cls.caffe_type = caffe_type  # type: ignore[attr-defined]
         _LAYERS[caffe_type] = cls  # type: ignore[assignment]
         return cls

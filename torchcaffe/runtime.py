@@ -34,15 +34,18 @@ def set_mode_cpu() -> None:
 
 def set_mode_gpu() -> None:
     if not torch.cuda.is_available():
-        raise DeviceError("caffe.set_mode_gpu(): CUDA is not available on this machine",
-                          hint="use caffe.set_mode_cpu(), or install a CUDA build of torch")
+        raise DeviceError(
+            "caffe.set_mode_gpu(): CUDA is not available on this machine",
+            hint="use caffe.set_mode_cpu(), or install a CUDA build of torch",
+        )
     _state.mode = GPU
 
 
 def set_device(device: int) -> None:
     if torch.cuda.is_available() and not 0 <= device < torch.cuda.device_count():
-        raise DeviceError("no such CUDA device",
-                          expected=f"0..{torch.cuda.device_count() - 1}", got=device)
+        raise DeviceError(
+            "no such CUDA device", expected=f"0..{torch.cuda.device_count() - 1}", got=device
+        )
     _state.device_id = int(device)
 
 

@@ -33,8 +33,10 @@ copy_hooks: list[CopyHook] = []  # called with (memory, "cpu->gpu" | "gpu->cpu")
 def default_gpu_device() -> torch.device:
     """The CUDA device Caffe mode would use; a DeviceError on a machine without CUDA."""
     if not torch.cuda.is_available():
-        raise DeviceError("GPU memory requested but CUDA is not available on this machine",
-                          hint="use caffe.set_mode_cpu(), or install a CUDA build of torch")
+        raise DeviceError(
+            "GPU memory requested but CUDA is not available on this machine",
+            hint="use caffe.set_mode_cpu(), or install a CUDA build of torch",
+        )
     from . import runtime
 
     return torch.device("cuda", runtime.device_id())
@@ -43,8 +45,12 @@ def default_gpu_device() -> torch.device:
 class SyncedMemory:
     """``count`` elements of ``dtype`` on the host and on ``gpu_device``, synced lazily."""
 
-    def __init__(self, count: int, dtype: torch.dtype = torch.float32,
-                 gpu_device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        count: int,
+        dtype: torch.dtype = torch.float32,
+        gpu_device: torch.device | str | None = None,
+    ) -> None:
         self.count = int(count)
         self.dtype = dtype
         self._gpu_device = None if gpu_device is None else torch.device(gpu_device)
@@ -123,12 +129,15 @@ class SyncedMemory:
 
     def _check_external(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
         if tensor.numel() != self.count or tensor.dim() != 1:
-            raise DeviceError("external buffer has the wrong size",
-                              expected=f"a flat tensor of {self.count} elements",
-                              got=tuple(tensor.shape))
+            raise DeviceError(
+                "external buffer has the wrong size",
+                expected=f"a flat tensor of {self.count} elements",
+                got=tuple(tensor.shape),
+            )
         if tensor.device.type != device.type:
-            raise DeviceError("external buffer is on the wrong device", expected=device,
-                              got=tensor.device)
+            raise DeviceError(
+                "external buffer is on the wrong device", expected=device, got=tensor.device
+            )
         return tensor
 
     def __repr__(self) -> str:

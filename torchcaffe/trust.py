@@ -14,8 +14,9 @@ import os
 from collections.abc import Iterator
 
 ENV_VAR = "TORCHCAFFE_ALLOW_PYTHON_LAYERS"
-_allowed: contextvars.ContextVar[bool] = contextvars.ContextVar("allow_python_layers",
-                                                                default=False)
+_allowed: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "allow_python_layers", default=False
+)
 
 
 def python_layers_allowed() -> bool:

@@ -58,7 +58,8 @@ def test_upgrade_writes_v2_text(tmp_path):
 def test_supported_layers_doc_is_current():
     committed = (REPO / "docs" / "supported_layers.md").read_text()
     assert committed == supported_layers_markdown(), (
-        "docs/supported_layers.md is stale: run `torchcaffe layers --out docs/supported_layers.md`")
+        "docs/supported_layers.md is stale: run `torchcaffe layers --out docs/supported_layers.md`"
+    )
 
 
 def test_layers_table_lists_every_registered_type(capsys):

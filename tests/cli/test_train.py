@@ -21,34 +21,50 @@ def case(tmp_path, monkeypatch):
     monkeypatch.chdir(work)
     text = (work / "solver.prototxt").read_text()
     text = text.replace("snapshot: 0", "snapshot: 10").replace(
-        "snapshot_after_train: false", "snapshot_after_train: true")
+        "snapshot_after_train: false", "snapshot_after_train: true"
+    )
     (work / "solver.prototxt").write_text(text)
     return work
 
 
 def test_train_finetunes_from_weights_like_the_golden_run(case, capsys):
-    assert main(["train", "--solver", "solver.prototxt", "--weights", "weights.caffemodel",
-                 "--quiet"]) == 0
+    assert (
+        main(["train", "--solver", "solver.prototxt", "--weights", "weights.caffemodel", "--quiet"])
+        == 0
+    )
     assert "to iteration 15" in capsys.readouterr().out
     assert (case / "final_iter_10.solverstate").exists()
     net = caffe.Net("train.prototxt", "final_iter_15.caffemodel", caffe.TRAIN)
     with np.load(case / "arrays.npz") as golden:
-        np.testing.assert_allclose(net.params["ip1"][0].data, golden["param/ip1/0"],
-                                   rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(
+            net.params["ip1"][0].data, golden["param/ip1/0"], rtol=1e-4, atol=1e-5
+        )
 
 
 def test_train_resumes_from_a_snapshot(case, capsys):
-    assert main(["train", "--solver", "solver.prototxt", "--weights", "weights.caffemodel",
-                 "--quiet"]) == 0
+    assert (
+        main(["train", "--solver", "solver.prototxt", "--weights", "weights.caffemodel", "--quiet"])
+        == 0
+    )
     (case / "final_iter_15.caffemodel").unlink()
-    assert main(["train", "--solver", "solver.prototxt", "--snapshot",
-                 "final_iter_10.solverstate", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--solver",
+                "solver.prototxt",
+                "--snapshot",
+                "final_iter_10.solverstate",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert (case / "final_iter_15.caffemodel").exists()
 
 
 def test_weights_and_snapshot_together_is_one_line_error(case, capsys):
-    assert main(["train", "--solver", "solver.prototxt", "--weights", "w", "--snapshot",
-                 "s"]) == 2
+    assert main(["train", "--solver", "solver.prototxt", "--weights", "w", "--snapshot", "s"]) == 2
     err = capsys.readouterr().err
     assert "torchcaffe train: error: solver.prototxt:" in err and "not both" in err
 

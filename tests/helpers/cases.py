@@ -31,14 +31,20 @@ class LayerCase:
     id: str = field(default="")
     trusted: bool = False  # Python layers: build with the allow_python_layers opt-in
 
-
     def build(self, seed: int = 1701):
         bottoms = None
         if self.make_bottoms is not None:
             bottoms = self.make_bottoms(torch.Generator().manual_seed(seed))
         with allow_python_layers(self.trusted):
-            return make_layer(self.snippet, self.bottom_shapes, type=self.type,
-                              n_tops=self.n_tops, phase=self.phase, seed=seed, bottoms=bottoms)
+            return make_layer(
+                self.snippet,
+                self.bottom_shapes,
+                type=self.type,
+                n_tops=self.n_tops,
+                phase=self.phase,
+                seed=seed,
+                bottoms=bottoms,
+            )
 
     @property
     def name(self) -> str:

@@ -22,4 +22,5 @@ def assert_blob_close(name: str, got, want, rtol: float, atol: float) -> None:
         raise AssertionError(
             f"{name}: {len(bad)}/{want.size} elements differ (rtol={rtol}, atol={atol}); "
             f"first at {idx}: got {got[idx]!r}, expected {want[idx]!r}; worst at "
-            f"{tuple(int(i) for i in worst)}: got {got[worst]!r}, expected {want[worst]!r}")
+            f"{tuple(int(i) for i in worst)}: got {got[worst]!r}, expected {want[worst]!r}"
+        )

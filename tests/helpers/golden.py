@@ -44,8 +44,9 @@ def discover(root: Path) -> list[Case]:
     cases = []
     for meta_path in sorted(root.glob("*/*/meta.json")):
         meta = json.loads(meta_path.read_text())
-        cases.append(Case(meta_path.parent, meta_path.parent.parent.name,
-                          meta_path.parent.name, meta))
+        cases.append(
+            Case(meta_path.parent, meta_path.parent.parent.name, meta_path.parent.name, meta)
+        )
     return cases
 
 
@@ -71,8 +72,11 @@ def run_blob_case(case: Case) -> None:
     rtol, atol = meta["rtol"], meta["atol"]
     weights = case.path / "weights.caffemodel"
     with _Cwd(case.path):
-        net = caffe.Net(str(case.path / "net.prototxt"), _phase(meta),
-                        weights=str(weights) if weights.exists() else None)
+        net = caffe.Net(
+            str(case.path / "net.prototxt"),
+            _phase(meta),
+            weights=str(weights) if weights.exists() else None,
+        )
         for key, value in arrays.items():
             if key.startswith("param/"):
                 _, layer, i = key.split("/")
@@ -111,23 +115,25 @@ def run_legacy_case(case: Case) -> None:
     """legacy/: the legacy files and the upgraded files give the recorded outputs."""
     meta, arrays = case.meta, case.arrays()
     rtol, atol = meta["rtol"], meta["atol"]
-    pairs = [(meta["source_prototxt"], meta["weights"]),
-             (meta["upgraded_prototxt"], meta["upgraded_weights"])]
+    pairs = [
+        (meta["source_prototxt"], meta["weights"]),
+        (meta["upgraded_prototxt"], meta["upgraded_weights"]),
+    ]
     for proto, weights in pairs:
         net = caffe.Net(str(case.path / proto), str(case.path / weights), _phase(meta))
         for key, value in arrays.items():
             if key.startswith("param/"):
                 _, layer, i = key.split("/")
-                assert_blob_close(f"{proto}: {key}", net.params[layer][int(i)].data, value,
-                                  rtol, atol)
+                assert_blob_close(
+                    f"{proto}: {key}", net.params[layer][int(i)].data, value, rtol, atol
+                )
             elif key.startswith("in/"):
                 net.blobs[key[3:]].reshape(*value.shape)
                 net.blobs[key[3:]].data[...] = value
         net.forward()
         for key, value in arrays.items():
             if key.startswith("out/"):
-                assert_blob_close(f"{proto}: {key}", net.blobs[key[4:]].data, value, rtol,
-                                  atol)
+                assert_blob_close(f"{proto}: {key}", net.blobs[key[4:]].data, value, rtol, atol)
 
 
 def _writable_copy(case: Case) -> tempfile.TemporaryDirectory:
@@ -168,8 +174,9 @@ def run_solver_case(case: Case) -> None:
         _check_params(solver.net, arrays, "param_init/", rtol, atol)
         for i in range(meta["iterations"]):
             solver.step(1)
-            assert_blob_close(f"loss/{i}", solver.net.blobs["loss"].data, arrays[f"loss/{i}"],
-                              rtol, atol)
+            assert_blob_close(
+                f"loss/{i}", solver.net.blobs["loss"].data, arrays[f"loss/{i}"], rtol, atol
+            )
         _check_params(solver.net, arrays, "param/", rtol, atol)
         mine, caffes = read_solverstate(solver.snapshot()), read_solverstate("final.solverstate")
         assert (mine.iter, mine.current_step) == (caffes.iter, caffes.current_step)
@@ -190,8 +197,9 @@ def _check_params(net, arrays, prefix: str, rtol: float, atol: float) -> None:
 
 
 def _check_history(history, arrays, rtol: float, atol: float) -> None:
-    want = sorted((k for k in arrays if k.startswith("history/")),
-                  key=lambda k: int(k.split("/")[1]))
+    want = sorted(
+        (k for k in arrays if k.startswith("history/")), key=lambda k: int(k.split("/")[1])
+    )
     assert len(history) == len(want), f"{len(history)} history blobs, expected {len(want)}"
     for key, blob in zip(want, history):
         assert_blob_close(key, blob, arrays[key], rtol, atol)
@@ -202,8 +210,7 @@ def _dropout_relations(net, arrays, meta) -> None:
     ratio = net.layers[-1].module.param.dropout_ratio
     x, y = net.blobs["x"].data.copy(), net.blobs["y"].data.copy()
     kept = y != 0
-    np.testing.assert_allclose(y[kept], x[kept] / (1 - ratio), rtol=meta["rtol"],
-                               atol=meta["atol"])
+    np.testing.assert_allclose(y[kept], x[kept] / (1 - ratio), rtol=meta["rtol"], atol=meta["atol"])
     frac = 1 - kept.mean()
     assert abs(frac - ratio) < 0.15, f"dropped fraction {frac:.3f} far from {ratio}"
     net.blobs["y"].diff[...] = arrays["topdiff/y"]
@@ -214,6 +221,11 @@ def _dropout_relations(net, arrays, meta) -> None:
 
 RELATIONS = {"dropout_train": _dropout_relations}
 
-RUNNERS = {"layers": run_blob_case, "nets": run_blob_case, "forks": run_blob_case,
-           "legacy": run_legacy_case, "data": run_data_case,
-           "solvers": run_solver_case}
+RUNNERS = {
+    "layers": run_blob_case,
+    "nets": run_blob_case,
+    "forks": run_blob_case,
+    "legacy": run_legacy_case,
+    "data": run_data_case,
+    "solvers": run_solver_case,
+}

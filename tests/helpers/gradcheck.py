@@ -27,13 +27,21 @@ def _objective(layer, bottoms, top_index, seed, buffers):
     return tops[which].reshape(-1)[flat].double()
 
 
-def check_layer_gradient(layer, bottoms: Sequence[torch.Tensor], *, step: float = 1e-2,
-                         threshold: float = 1e-3, kink: float = 0.0, kink_range: float = -1.0,
-                         check: Iterable[str] = ("bottoms", "params"),
-                         top_index: tuple[int, int] | None = None, seed: int = 1701,
-                         bottom_indices: Iterable[int] | None = None,
-                         dtype: torch.dtype = torch.float64, max_points: int | None = None
-                         ) -> None:
+def check_layer_gradient(
+    layer,
+    bottoms: Sequence[torch.Tensor],
+    *,
+    step: float = 1e-2,
+    threshold: float = 1e-3,
+    kink: float = 0.0,
+    kink_range: float = -1.0,
+    check: Iterable[str] = ("bottoms", "params"),
+    top_index: tuple[int, int] | None = None,
+    seed: int = 1701,
+    bottom_indices: Iterable[int] | None = None,
+    dtype: torch.dtype = torch.float64,
+    max_points: int | None = None,
+) -> None:
     """Raise AssertionError naming layer/top/blob/index when analytic != numeric gradient."""
     layer = copy.deepcopy(layer).to(dtype)
     buffers = {n: b.detach().clone() for n, b in layer.named_buffers()}
@@ -44,8 +52,11 @@ def check_layer_gradient(layer, bottoms: Sequence[torch.Tensor], *, step: float 
     if "bottoms" in check:
         blobs += [(f"bottom {i}", bottoms[i]) for i in which]
     if "params" in check:
-        blobs += [(f"param {i}", p) for i, p in enumerate(layer.param_blobs())
-                  if isinstance(p, torch.nn.Parameter)]
+        blobs += [
+            (f"param {i}", p)
+            for i, p in enumerate(layer.param_blobs())
+            if isinstance(p, torch.nn.Parameter)
+        ]
     leaves = []
     for _, t in blobs:
         t.requires_grad_(True)
@@ -79,4 +90,5 @@ def check_layer_gradient(layer, bottoms: Sequence[torch.Tensor], *, step: float 
                 raise AssertionError(
                     f"layer '{layer.name}' ({layer.caffe_type}), {tops}, {label}, flat index "
                     f"{k}: analytic {a:.6g} vs numeric {numeric:.6g} (x={x:.6g}, "
-                    f"objective+={pos:.8g}, objective-={neg:.8g}, step={step})")
+                    f"objective+={pos:.8g}, objective-={neg:.8g}, step={step})"
+                )

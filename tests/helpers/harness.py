@@ -12,9 +12,15 @@ from torchcaffe.proto import caffe_pb2
 from torchcaffe.registry import layer_class
 
 
-def layer_param(snippet: str = "", *, type: str | None = None, n_bottoms: int = 1,
-                n_tops: int = 1, phase: str = "TRAIN", name: str = "layer"
-                ) -> caffe_pb2.LayerParameter:
+def layer_param(
+    snippet: str = "",
+    *,
+    type: str | None = None,
+    n_bottoms: int = 1,
+    n_tops: int = 1,
+    phase: str = "TRAIN",
+    name: str = "layer",
+) -> caffe_pb2.LayerParameter:
     lp = text_format.Parse(snippet, caffe_pb2.LayerParameter())
     if type is not None:
         lp.type = type
@@ -29,17 +35,28 @@ def layer_param(snippet: str = "", *, type: str | None = None, n_bottoms: int = 
     return lp
 
 
-def make_layer(snippet: str = "", bottom_shapes: Sequence[Sequence[int]] = ((2, 3, 4, 5),), *,
-               type: str | None = None, n_tops: int = 1, phase: str = "TRAIN",
-               name: str = "layer", seed: int = 1701, bottoms: Sequence[torch.Tensor] | None = None,
-               dtype: torch.dtype = torch.float32) -> tuple[CaffeLayer, list[torch.Tensor]]:
+def make_layer(
+    snippet: str = "",
+    bottom_shapes: Sequence[Sequence[int]] = ((2, 3, 4, 5),),
+    *,
+    type: str | None = None,
+    n_tops: int = 1,
+    phase: str = "TRAIN",
+    name: str = "layer",
+    seed: int = 1701,
+    bottoms: Sequence[torch.Tensor] | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[CaffeLayer, list[torch.Tensor]]:
     """-> (layer, bottoms). Bottoms are standard normal unless given."""
-    lp = layer_param(snippet, type=type, n_bottoms=len(bottom_shapes), n_tops=n_tops,
-                     phase=phase, name=name)
+    lp = layer_param(
+        snippet, type=type, n_bottoms=len(bottom_shapes), n_tops=n_tops, phase=phase, name=name
+    )
     gen = torch.Generator().manual_seed(seed)
     if bottoms is None:
-        bottoms = [torch.randn(tuple(s), generator=gen, dtype=torch.float64).to(dtype)
-                   for s in bottom_shapes]
+        bottoms = [
+            torch.randn(tuple(s), generator=gen, dtype=torch.float64).to(dtype)
+            for s in bottom_shapes
+        ]
     torch.manual_seed(seed)
     layer = layer_class(lp.type).from_param(lp, [tuple(b.shape) for b in bottoms])
     return layer.to(dtype), list(bottoms)

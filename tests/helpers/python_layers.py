@@ -22,7 +22,7 @@ class EuclideanLossLayer(caffe.Layer):
 
     def forward(self, bottom, top):
         self.diff[...] = bottom[0].data - bottom[1].data
-        top[0].data[...] = np.sum(self.diff ** 2) / bottom[0].num / 2.0
+        top[0].data[...] = np.sum(self.diff**2) / bottom[0].num / 2.0
 
     def backward(self, top, propagate_down, bottom):
         for i in range(2):
@@ -51,8 +51,9 @@ class AffineLayer(caffe.Layer):
 
     def forward(self, bottom, top):
         x = bottom[0].data
-        top[0].data[...] = self._expand(self.blobs[0].data, x.ndim) * x + \
-            self._expand(self.blobs[1].data, x.ndim)
+        top[0].data[...] = self._expand(self.blobs[0].data, x.ndim) * x + self._expand(
+            self.blobs[1].data, x.ndim
+        )
 
     def backward(self, top, propagate_down, bottom):
         x, dy = bottom[0].data, top[0].diff

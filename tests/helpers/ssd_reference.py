@@ -57,8 +57,7 @@ def encode(prior, var, gt, code_type, var_in_target):
     if code_type == CORNER_SIZE:
         return (np.asarray(gt) - prior) / np.array([pw, ph, pw, ph]) / v
     gw, gh, gcx, gcy = _center(gt)
-    return np.array([(gcx - pcx) / pw, (gcy - pcy) / ph, np.log(gw / pw),
-                     np.log(gh / ph)]) / v
+    return np.array([(gcx - pcx) / pw, (gcy - pcy) / ph, np.log(gw / pw), np.log(gh / ph)]) / v
 
 
 def random_priors(rng, num: int) -> np.ndarray:

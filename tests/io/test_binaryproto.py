@@ -21,8 +21,11 @@ from torchcaffe.formats.binaryproto import (
 from torchcaffe.proto import caffe_pb2 as pb
 
 REPO = Path(__file__).resolve().parents[2]
-GOLDEN = (REPO / "tests" / "golden" if (REPO / "tests" / "golden").is_dir()
-          else (REPO / ".." / "shared" / "golden").resolve())
+GOLDEN = (
+    REPO / "tests" / "golden"
+    if (REPO / "tests" / "golden").is_dir()
+    else (REPO / ".." / "shared" / "golden").resolve()
+)
 MEAN_CASES = sorted(p.parent for p in (GOLDEN / "data").glob("*/mean.binaryproto"))
 
 
@@ -31,6 +34,7 @@ def arange(*shape: int, dtype=np.float32) -> np.ndarray:
 
 
 # -- arrays <-> BlobProto ------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("shape", [(2, 3, 4, 5), (7,), (2, 3, 4, 5, 6), ()])
 def test_nd_round_trip(shape):
@@ -43,8 +47,9 @@ def test_nd_round_trip(shape):
     np.testing.assert_array_equal(back, arr)
 
 
-@pytest.mark.parametrize("shape,legacy", [((2, 3, 4, 5), (2, 3, 4, 5)), ((4, 5), (1, 1, 4, 5)),
-                                          ((6,), (1, 1, 1, 6))])
+@pytest.mark.parametrize(
+    "shape,legacy", [((2, 3, 4, 5), (2, 3, 4, 5)), ((4, 5), (1, 1, 4, 5)), ((6,), (1, 1, 1, 6))]
+)
 def test_legacy_4d_round_trip(shape, legacy):
     arr = arange(*shape)
     proto = array_to_blob_proto(arr, legacy_4d=True)
@@ -104,6 +109,7 @@ def test_diff_shape_mismatch_raises():
 
 
 # -- files ---------------------------------------------------------------------------------
+
 
 def test_blob_file_round_trip(tmp_path):
     path = tmp_path / "b.binaryproto"

@@ -32,8 +32,10 @@ def build(text: str = NET) -> torchcaffe.TorchNet:
 
 
 def params_of(net) -> dict[str, list[np.ndarray]]:
-    return {name: [b.detach().numpy().copy() for b in net.layer(name).param_blobs()]
-            for name in net.layer_names}
+    return {
+        name: [b.detach().numpy().copy() for b in net.layer(name).param_blobs()]
+        for name in net.layer_names
+    }
 
 
 def assert_same_params(a, b) -> None:
@@ -70,8 +72,9 @@ def test_saved_file_is_a_caffe_netparameter(tmp_path):
     assert msg.name == "small"
     conv = [lp for lp in msg.layer if lp.name == "conv"][0]
     assert list(conv.blobs[0].shape.dim) == [4, 3, 3, 3]
-    np.testing.assert_array_equal(np.array(conv.blobs[0].data, np.float32),
-                                  a.layer("conv").weight.detach().numpy().ravel())
+    np.testing.assert_array_equal(
+        np.array(conv.blobs[0].data, np.float32), a.layer("conv").weight.detach().numpy().ravel()
+    )
     assert conv.convolution_param.num_output == 4
     # protobuf re-serializes our bytes identically: fields are in canonical order
     assert msg.SerializeToString() == path.read_bytes()
@@ -87,10 +90,13 @@ def test_hdf5_round_trip(tmp_path):
 
 
 def test_layers_absent_from_net_are_ignored(tmp_path):
-    bigger = NET + """
+    bigger = (
+        NET
+        + """
 layer { name: "extra" type: "InnerProduct" bottom: "ip" top: "extra"
         inner_product_param { num_output: 2 } }
 """
+    )
     path = tmp_path / "big.caffemodel"
     torchcaffe.save_weights(build(bigger), path)
     small = build()
@@ -129,8 +135,10 @@ def test_missing_file_and_garbage_file(tmp_path):
 def _v1_weights(net, legacy_4d: bool) -> bytes:
     """A V1 (``layers``) NetParameter with legacy num/channels/height/width blobs."""
     msg = caffe_pb2.NetParameter(name="small")
-    for name, v1type in (("conv", caffe_pb2.V1LayerParameter.CONVOLUTION),
-                         ("ip", caffe_pb2.V1LayerParameter.INNER_PRODUCT)):
+    for name, v1type in (
+        ("conv", caffe_pb2.V1LayerParameter.CONVOLUTION),
+        ("ip", caffe_pb2.V1LayerParameter.INNER_PRODUCT),
+    ):
         layer = msg.layers.add(name=name, type=v1type)
         for blob in net.layer(name).param_blobs():
             bp = layer.blobs.add()
@@ -167,8 +175,9 @@ def test_legacy_4d_shape_with_equal_count_is_accepted(tmp_path):
     path = tmp_path / "legacy.caffemodel"
     path.write_bytes(msg.SerializeToString())
     torchcaffe.load_weights(b, path)
-    np.testing.assert_array_equal(b.layer("ip").weight.detach().numpy(),
-                                  a.layer("ip").weight.detach().numpy())
+    np.testing.assert_array_equal(
+        b.layer("ip").weight.detach().numpy(), a.layer("ip").weight.detach().numpy()
+    )
     layer.blobs[0].num = 3
     path.write_bytes(msg.SerializeToString())
     with pytest.raises(WeightsError, match="shape mismatch"):
@@ -203,8 +212,9 @@ def test_double_data_blobs_load(tmp_path):
     path = tmp_path / "double.caffemodel"
     path.write_bytes(msg.SerializeToString())
     torchcaffe.load_weights(b, path)
-    np.testing.assert_array_equal(b.layer("ip").bias.detach().numpy(),
-                                  a.layer("ip").bias.detach().numpy())
+    np.testing.assert_array_equal(
+        b.layer("ip").bias.detach().numpy(), a.layer("ip").bias.detach().numpy()
+    )
 
 
 def test_float64_net_saves_double_data(tmp_path):
@@ -226,8 +236,9 @@ def test_write_diff(tmp_path):
     torchcaffe.save_weights(a, path, write_diff=True)
     msg = caffe_pb2.NetParameter.FromString(path.read_bytes())
     ip = [lp for lp in msg.layer if lp.name == "ip"][0]
-    np.testing.assert_array_equal(np.array(ip.blobs[1].diff, np.float32),
-                                  a.layer("ip").bias.grad.numpy())
+    np.testing.assert_array_equal(
+        np.array(ip.blobs[1].diff, np.float32), a.layer("ip").bias.grad.numpy()
+    )
 
 
 def test_failed_save_leaves_previous_file_untouched(tmp_path, monkeypatch):
@@ -249,10 +260,12 @@ def test_failed_save_leaves_previous_file_untouched(tmp_path, monkeypatch):
 def test_file_over_protobuf_2gb_limit_loads(tmp_path):
     """A 2.2 GB caffemodel (over protobuf's message limit) loads with one copy of the weights."""
     n_out, n_in = 33, 17_000_000  # 561M floats = 2.24 GB
-    text = ('layer { name: "data" type: "Input" top: "data" '
-            f'input_param {{ shape {{ dim: 1 dim: {n_in} }} }} }}\n'
-            'layer { name: "fc" type: "InnerProduct" bottom: "data" top: "fc" '
-            f'inner_product_param {{ num_output: {n_out} bias_term: false }} }}\n')
+    text = (
+        'layer { name: "data" type: "Input" top: "data" '
+        f"input_param {{ shape {{ dim: 1 dim: {n_in} }} }} }}\n"
+        'layer { name: "fc" type: "InnerProduct" bottom: "data" top: "fc" '
+        f"inner_product_param {{ num_output: {n_out} bias_term: false }} }}\n"
+    )
     net = torchcaffe.load(read_net(text))
     with torch.no_grad():
         net.layer("fc").weight[:, :4] = torch.arange(n_out * 4, dtype=torch.float32).view(n_out, 4)

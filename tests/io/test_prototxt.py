@@ -50,11 +50,15 @@ def listing(directory) -> list[str]:
 
 # -- malformed and missing files -------------------------------------------------------------
 
-@pytest.mark.parametrize("text,line,column,what", [
-    ('name: "x"\nlayer {\n  name: "a"\n  nme: "b"\n}\n', 4, 3, 'no field named "nme"'),
-    ('layer {\n  name: "a"\n  convolution_param { pad: 1.5 }\n}\n', 3, 28, "integer"),
-    ('layer { type: CONV }\n', 1, 15, "string"),
-])
+
+@pytest.mark.parametrize(
+    "text,line,column,what",
+    [
+        ('name: "x"\nlayer {\n  name: "a"\n  nme: "b"\n}\n', 4, 3, 'no field named "nme"'),
+        ('layer {\n  name: "a"\n  convolution_param { pad: 1.5 }\n}\n', 3, 28, "integer"),
+        ("layer { type: CONV }\n", 1, 15, "string"),
+    ],
+)
 def test_malformed_text_reports_file_line_and_column(tmp_path, text, line, column, what):
     path = tmp_path / "bad.prototxt"
     path.write_text(text)
@@ -121,6 +125,7 @@ def test_file_mixing_layer_and_layers_is_refused(tmp_path):
 
 # -- format detection ----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", ["net", "net.bin", "net.caffemodel", "net.pb"])
 def test_binary_net_is_detected(tmp_path, tiny, name):
     path = tmp_path / name
@@ -154,11 +159,12 @@ def test_read_net_accepts_text_and_str_paths(tmp_path, tiny):
 
 def test_read_net_upgrades_legacy_text(tmp_path):
     path = tmp_path / "v1.prototxt"
-    path.write_text('input: "x" input_dim: 1 input_dim: 2 input_dim: 3 input_dim: 4\n'
-                    'layers { name: "r" type: RELU bottom: "x" top: "x" }\n')
+    path.write_text(
+        'input: "x" input_dim: 1 input_dim: 2 input_dim: 3 input_dim: 4\n'
+        'layers { name: "r" type: RELU bottom: "x" top: "x" }\n'
+    )
     out = read_net(path)
-    assert [(layer.name, layer.type) for layer in out.layer] == [("input", "Input"),
-                                                                  ("r", "ReLU")]
+    assert [(layer.name, layer.type) for layer in out.layer] == [("input", "Input"), ("r", "ReLU")]
     assert len(read_net(path, upgrade=False).layers) == 1
 
 
@@ -169,6 +175,7 @@ def test_text_with_stray_non_utf8_comment_bytes_parses(tmp_path, tiny):
 
 
 # -- round trips ---------------------------------------------------------------------------
+
 
 def test_text_round_trip(tmp_path, tiny):
     path = tmp_path / "out.prototxt"
@@ -202,6 +209,7 @@ def test_solver_with_both_types_names_the_file(tmp_path):
 
 # -- atomic writes -------------------------------------------------------------------------
 
+
 def test_atomic_write_failure_midway_keeps_original_and_leaves_no_temp(tmp_path):
     target = tmp_path / "w.caffemodel"
     target.write_bytes(b"original")
@@ -231,8 +239,11 @@ def test_write_binary_failing_after_writing_keeps_original(tmp_path, tiny, monke
 def test_write_text_failing_serialization_keeps_original(tmp_path, tiny, monkeypatch):
     target = tmp_path / "n.prototxt"
     target.write_text("original")
-    monkeypatch.setattr(ptx.text_format, "MessageToString",
-                        lambda msg: (_ for _ in ()).throw(ValueError("cannot print")))
+    monkeypatch.setattr(
+        ptx.text_format,
+        "MessageToString",
+        lambda msg: (_ for _ in ()).throw(ValueError("cannot print")),
+    )
     with pytest.raises(ValueError, match="cannot print"):
         write_text(tiny, target)
     assert target.read_text() == "original"

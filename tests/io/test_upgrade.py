@@ -124,14 +124,30 @@ def test_padding_upgrade_unknown_bottom_raises():
 
 # V0 type string -> the V2 type string it ends as (UpgradeV0LayerType, then UpgradeV1LayerType).
 V0_TO_V2 = {
-    "accuracy": "Accuracy", "bnll": "BNLL", "concat": "Concat", "conv": "Convolution",
-    "data": "Data", "dropout": "Dropout", "euclidean_loss": "EuclideanLoss",
-    "flatten": "Flatten", "hdf5_data": "HDF5Data", "hdf5_output": "HDF5Output",
-    "im2col": "Im2col", "images": "ImageData", "infogain_loss": "InfogainLoss",
-    "innerproduct": "InnerProduct", "lrn": "LRN",
-    "multinomial_logistic_loss": "MultinomialLogisticLoss", "pool": "Pooling", "relu": "ReLU",
-    "sigmoid": "Sigmoid", "softmax": "Softmax", "softmax_loss": "SoftmaxWithLoss",
-    "split": "Split", "tanh": "TanH", "window_data": "WindowData",
+    "accuracy": "Accuracy",
+    "bnll": "BNLL",
+    "concat": "Concat",
+    "conv": "Convolution",
+    "data": "Data",
+    "dropout": "Dropout",
+    "euclidean_loss": "EuclideanLoss",
+    "flatten": "Flatten",
+    "hdf5_data": "HDF5Data",
+    "hdf5_output": "HDF5Output",
+    "im2col": "Im2col",
+    "images": "ImageData",
+    "infogain_loss": "InfogainLoss",
+    "innerproduct": "InnerProduct",
+    "lrn": "LRN",
+    "multinomial_logistic_loss": "MultinomialLogisticLoss",
+    "pool": "Pooling",
+    "relu": "ReLU",
+    "sigmoid": "Sigmoid",
+    "softmax": "Softmax",
+    "softmax_loss": "SoftmaxWithLoss",
+    "split": "Split",
+    "tanh": "TanH",
+    "window_data": "WindowData",
 }
 
 
@@ -151,14 +167,26 @@ V0_FIELD_CASES = [
     ("innerproduct", "num_output: 7", "inner_product_param { num_output: 7 }"),
     ("conv", "biasterm: false", "convolution_param { bias_term: false }"),
     ("innerproduct", "biasterm: false", "inner_product_param { bias_term: false }"),
-    ("conv", "weight_filler { type: 'xavier' }",
-     "convolution_param { weight_filler { type: 'xavier' } }"),
-    ("innerproduct", "weight_filler { type: 'gaussian' std: 0.5 }",
-     "inner_product_param { weight_filler { type: 'gaussian' std: 0.5 } }"),
-    ("conv", "bias_filler { type: 'constant' value: 0.25 }",
-     "convolution_param { bias_filler { type: 'constant' value: 0.25 } }"),
-    ("innerproduct", "bias_filler { type: 'constant' value: 0.25 }",
-     "inner_product_param { bias_filler { type: 'constant' value: 0.25 } }"),
+    (
+        "conv",
+        "weight_filler { type: 'xavier' }",
+        "convolution_param { weight_filler { type: 'xavier' } }",
+    ),
+    (
+        "innerproduct",
+        "weight_filler { type: 'gaussian' std: 0.5 }",
+        "inner_product_param { weight_filler { type: 'gaussian' std: 0.5 } }",
+    ),
+    (
+        "conv",
+        "bias_filler { type: 'constant' value: 0.25 }",
+        "convolution_param { bias_filler { type: 'constant' value: 0.25 } }",
+    ),
+    (
+        "innerproduct",
+        "bias_filler { type: 'constant' value: 0.25 }",
+        "inner_product_param { bias_filler { type: 'constant' value: 0.25 } }",
+    ),
     ("conv", "pad: 2", "convolution_param { pad: 2 }"),
     ("pool", "pad: 2", "pooling_param { pad: 2 }"),
     ("conv", "kernelsize: 5", "convolution_param { kernel_size: 5 }"),
@@ -178,8 +206,7 @@ V0_FIELD_CASES = [
     ("hdf5_data", "source: 'h5.txt'", "hdf5_data_param { source: 'h5.txt' }"),
     ("images", "source: 'list.txt'", "image_data_param { source: 'list.txt' }"),
     ("window_data", "source: 'win.txt'", "window_data_param { source: 'win.txt' }"),
-    ("infogain_loss", "source: 'H.binaryproto'",
-     "infogain_loss_param { source: 'H.binaryproto' }"),
+    ("infogain_loss", "source: 'H.binaryproto'", "infogain_loss_param { source: 'H.binaryproto' }"),
     ("data", "scale: 0.5", "transform_param { scale: 0.5 }"),
     ("relu", "scale: 0.5", "transform_param { scale: 0.5 }"),
     ("data", "meanfile: 'm.binaryproto'", "transform_param { mean_file: 'm.binaryproto' }"),
@@ -200,13 +227,19 @@ V0_FIELD_CASES = [
     ("window_data", "det_fg_fraction: 0.25", "window_data_param { fg_fraction: 0.25 }"),
     ("window_data", "det_context_pad: 16", "window_data_param { context_pad: 16 }"),
     ("window_data", "det_crop_mode: 'square'", "window_data_param { crop_mode: 'square' }"),
-    ("hdf5_output", "hdf5_output_param { file_name: 'out.h5' }",
-     "hdf5_output_param { file_name: 'out.h5' }"),
+    (
+        "hdf5_output",
+        "hdf5_output_param { file_name: 'out.h5' }",
+        "hdf5_output_param { file_name: 'out.h5' }",
+    ),
 ]
 
 
-@pytest.mark.parametrize("v0_type,v0_fields,v1_fields", V0_FIELD_CASES,
-                         ids=[f"{t}-{f.split(':')[0].split()[0]}" for t, f, _ in V0_FIELD_CASES])
+@pytest.mark.parametrize(
+    "v0_type,v0_fields,v1_fields",
+    V0_FIELD_CASES,
+    ids=[f"{t}-{f.split(':')[0].split()[0]}" for t, f, _ in V0_FIELD_CASES],
+)
 def test_v0_field_maps_to_v1_param(v0_type, v0_fields, v1_fields):
     conn = v1_layer(f"layer {{ name: 'l' type: '{v0_type}' {v0_fields} }} bottom: 'a' top: 'b'")
     v1_enum = pb.V1LayerParameter.LayerType.Name(up.upgrade_v0_layer_type(v0_type))
@@ -215,11 +248,19 @@ def test_v0_field_maps_to_v1_param(v0_type, v0_fields, v1_fields):
         assert up.upgrade_v0_layer_parameter(conn) == want
 
 
-@pytest.mark.parametrize("v0_type,v0_field", [
-    ("relu", "num_output: 3"), ("pool", "group: 2"), ("conv", "dropout_ratio: 0.5"),
-    ("innerproduct", "pad: 1"), ("data", "new_height: 3"), ("softmax", "source: 'x'"),
-    ("pool", "biasterm: true"), ("concat", "local_size: 5"),
-])
+@pytest.mark.parametrize(
+    "v0_type,v0_field",
+    [
+        ("relu", "num_output: 3"),
+        ("pool", "group: 2"),
+        ("conv", "dropout_ratio: 0.5"),
+        ("innerproduct", "pad: 1"),
+        ("data", "new_height: 3"),
+        ("softmax", "source: 'x'"),
+        ("pool", "biasterm: true"),
+        ("concat", "local_size: 5"),
+    ],
+)
 def test_v0_field_on_other_layer_type_warns_and_is_dropped(v0_type, v0_field):
     conn = v1_layer(f"layer {{ name: 'l' type: '{v0_type}' {v0_field} }}")
     field = v0_field.split(":")[0]
@@ -241,11 +282,13 @@ def test_v0_layer_carries_blobs_and_learning_rates():
 
 
 def test_v0_net_keeps_name_inputs_and_force_backward():
-    out = up.upgrade_v0_net(net("""
+    out = up.upgrade_v0_net(
+        net("""
         name: "n" input: "data" input_dim: 1 input_dim: 2 input_dim: 3 input_dim: 4
         force_backward: true
         layers { layer { name: "r" type: "relu" } bottom: "data" top: "data" }
-    """))
+    """)
+    )
     assert (out.name, list(out.input), list(out.input_dim)) == ("n", ["data"], [1, 2, 3, 4])
     assert out.force_backward and out.layers[0].type == pb.V1LayerParameter.RELU
 
@@ -260,11 +303,13 @@ def test_v0_net_mixed_with_layer_raises():
 
 
 def test_v0_data_layer_upgrades_to_v2_data_and_transform_params():
-    out = up.upgrade_net_as_needed(net("""
+    out = up.upgrade_net_as_needed(
+        net("""
         layers { layer { name: "d" type: "data" source: "db" batchsize: 8 scale: 0.5
                          meanfile: "m.binaryproto" cropsize: 7 mirror: true }
                  top: "data" top: "label" }
-    """))
+    """)
+    )
     assert out == net("""
         layer { name: "d" type: "Data" top: "data" top: "label"
                 data_param { source: "db" batch_size: 8 }
@@ -277,18 +322,45 @@ def test_v0_data_layer_upgrades_to_v2_data_and_transform_params():
 
 # Every V1 enum and the V2 type string Caffe's UpgradeV1LayerType gives it.
 V1_TO_V2 = {
-    "NONE": "", "ABSVAL": "AbsVal", "ACCURACY": "Accuracy", "ARGMAX": "ArgMax", "BNLL": "BNLL",
-    "CONCAT": "Concat", "CONTRASTIVE_LOSS": "ContrastiveLoss", "CONVOLUTION": "Convolution",
-    "DECONVOLUTION": "Deconvolution", "DATA": "Data", "DROPOUT": "Dropout",
-    "DUMMY_DATA": "DummyData", "EUCLIDEAN_LOSS": "EuclideanLoss", "ELTWISE": "Eltwise",
-    "EXP": "Exp", "FLATTEN": "Flatten", "HDF5_DATA": "HDF5Data", "HDF5_OUTPUT": "HDF5Output",
-    "HINGE_LOSS": "HingeLoss", "IM2COL": "Im2col", "IMAGE_DATA": "ImageData",
-    "INFOGAIN_LOSS": "InfogainLoss", "INNER_PRODUCT": "InnerProduct", "LRN": "LRN",
-    "MEMORY_DATA": "MemoryData", "MULTINOMIAL_LOGISTIC_LOSS": "MultinomialLogisticLoss",
-    "MVN": "MVN", "POOLING": "Pooling", "POWER": "Power", "RELU": "ReLU",
-    "SIGMOID": "Sigmoid", "SIGMOID_CROSS_ENTROPY_LOSS": "SigmoidCrossEntropyLoss",
-    "SILENCE": "Silence", "SOFTMAX": "Softmax", "SOFTMAX_LOSS": "SoftmaxWithLoss",
-    "SPLIT": "Split", "SLICE": "Slice", "TANH": "TanH", "WINDOW_DATA": "WindowData",
+    "NONE": "",
+    "ABSVAL": "AbsVal",
+    "ACCURACY": "Accuracy",
+    "ARGMAX": "ArgMax",
+    "BNLL": "BNLL",
+    "CONCAT": "Concat",
+    "CONTRASTIVE_LOSS": "ContrastiveLoss",
+    "CONVOLUTION": "Convolution",
+    "DECONVOLUTION": "Deconvolution",
+    "DATA": "Data",
+    "DROPOUT": "Dropout",
+    "DUMMY_DATA": "DummyData",
+    "EUCLIDEAN_LOSS": "EuclideanLoss",
+    "ELTWISE": "Eltwise",
+    "EXP": "Exp",
+    "FLATTEN": "Flatten",
+    "HDF5_DATA": "HDF5Data",
+    "HDF5_OUTPUT": "HDF5Output",
+    "HINGE_LOSS": "HingeLoss",
+    "IM2COL": "Im2col",
+    "IMAGE_DATA": "ImageData",
+    "INFOGAIN_LOSS": "InfogainLoss",
+    "INNER_PRODUCT": "InnerProduct",
+    "LRN": "LRN",
+    "MEMORY_DATA": "MemoryData",
+    "MULTINOMIAL_LOGISTIC_LOSS": "MultinomialLogisticLoss",
+    "MVN": "MVN",
+    "POOLING": "Pooling",
+    "POWER": "Power",
+    "RELU": "ReLU",
+    "SIGMOID": "Sigmoid",
+    "SIGMOID_CROSS_ENTROPY_LOSS": "SigmoidCrossEntropyLoss",
+    "SILENCE": "Silence",
+    "SOFTMAX": "Softmax",
+    "SOFTMAX_LOSS": "SoftmaxWithLoss",
+    "SPLIT": "Split",
+    "SLICE": "Slice",
+    "TANH": "TanH",
+    "WINDOW_DATA": "WindowData",
     "THRESHOLD": "Threshold",
 }
 
@@ -331,13 +403,16 @@ def test_v1_layer_copies_wiring_rules_loss_weight_blobs_and_typed_params():
         softmax_param { axis: 2 } loss_param { ignore_label: 3 }
         transform_param { scale: 0.5 }
     """)
-    assert up.upgrade_v1_layer_parameter(v1) == parse_text_proto("""
+    assert up.upgrade_v1_layer_parameter(v1) == parse_text_proto(
+        """
         name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss"
         include { phase: TRAIN } exclude { stage: "deploy" } loss_weight: 2
         blobs { shape { dim: 2 } data: 1 data: 2 }
         softmax_param { axis: 2 } loss_param { ignore_label: 3 }
         transform_param { scale: 0.5 }
-    """, pb.LayerParameter)
+    """,
+        pb.LayerParameter,
+    )
 
 
 @pytest.mark.parametrize("field", up.V1_PARAM_FIELDS)
@@ -349,8 +424,21 @@ def test_v1_typed_param_is_copied(field):
 
 
 def test_v1_upgrade_handles_every_schema_field():
-    handled = {"bottom", "top", "name", "include", "exclude", "type", "blobs", "param",
-               "blob_share_mode", "blobs_lr", "weight_decay", "loss_weight", "layer"}
+    handled = {
+        "bottom",
+        "top",
+        "name",
+        "include",
+        "exclude",
+        "type",
+        "blobs",
+        "param",
+        "blob_share_mode",
+        "blobs_lr",
+        "weight_decay",
+        "loss_weight",
+        "layer",
+    }
     handled |= set(up.V1_PARAM_FIELDS) | set(up.V1_FORK_PARAM_FIELDS)
     assert set(pb.V1LayerParameter.DESCRIPTOR.fields_by_name) <= handled
 
@@ -376,20 +464,27 @@ def test_v1_net_mixed_with_layer_raises():
 
 
 def test_v1_net_keeps_net_fields():
-    out = up.upgrade_v1_net(net("""
+    out = up.upgrade_v1_net(
+        net("""
         name: "n" force_backward: true state { phase: TEST }
         layers { name: "r" type: RELU bottom: "x" top: "x" }
-    """))
+    """)
+    )
     assert (out.name, out.force_backward, out.state.phase) == ("n", True, pb.TEST)
     assert len(out.layers) == 0 and out.layer[0].type == "ReLU"
 
 
 # -- V1 data transformation ----------------------------------------------------------------
 
-@pytest.mark.parametrize("enum_name,param", [
-    ("DATA", "data_param"), ("IMAGE_DATA", "image_data_param"),
-    ("WINDOW_DATA", "window_data_param"),
-])
+
+@pytest.mark.parametrize(
+    "enum_name,param",
+    [
+        ("DATA", "data_param"),
+        ("IMAGE_DATA", "image_data_param"),
+        ("WINDOW_DATA", "window_data_param"),
+    ],
+)
 def test_data_transform_fields_move_to_transform_param(enum_name, param):
     old = net(f"""
         layers {{ name: "d" type: {enum_name} top: "data"
@@ -411,13 +506,16 @@ def test_data_transform_leaves_other_layer_types_alone():
 
 # -- legacy input fields -------------------------------------------------------------------
 
+
 def test_input_dim_groups_of_four_become_input_layer_first():
-    out = up.upgrade_net_as_needed(net("""
+    out = up.upgrade_net_as_needed(
+        net("""
         input: "a" input: "b"
         input_dim: 1 input_dim: 2 input_dim: 3 input_dim: 4
         input_dim: 5 input_dim: 6 input_dim: 7 input_dim: 8
         layer { name: "r" type: "ReLU" bottom: "a" top: "a" }
-    """))
+    """)
+    )
     assert out == net("""
         layer { name: "input" type: "Input" top: "a" top: "b"
                 input_param { shape { dim: 1 dim: 2 dim: 3 dim: 4 }
@@ -427,11 +525,13 @@ def test_input_dim_groups_of_four_become_input_layer_first():
 
 
 def test_input_shape_becomes_input_layer():
-    out = up.upgrade_net_input(net("""
+    out = up.upgrade_net_input(
+        net("""
         input: "x" input_shape { dim: 2 dim: 9 }
         layer { name: "s" type: "Softmax" bottom: "x" top: "y" }
         layer { name: "t" type: "TanH" bottom: "y" top: "z" }
-    """))
+    """)
+    )
     assert [layer.name for layer in out.layer] == ["input", "s", "t"]
     assert list(out.layer[0].input_param.shape[0].dim) == [2, 9]
     assert not (out.input or out.input_shape or out.input_dim)
@@ -451,6 +551,7 @@ def test_input_with_too_few_dims_raises():
 
 # -- BatchNorm -----------------------------------------------------------------------------
 
+
 def test_batch_norm_with_three_params_gets_zero_rates():
     old = net("""
         layer { name: "bn" type: "BatchNorm" param { lr_mult: 1 name: "m" } param { lr_mult: 1 }
@@ -462,34 +563,41 @@ def test_batch_norm_with_three_params_gets_zero_rates():
     assert out.layer[0].param[0].name == "m"
 
 
-@pytest.mark.parametrize("layer", [
-    'layer { name: "bn" type: "BatchNorm" param { lr_mult: 1 } param { lr_mult: 1 } }',
-    'layer { name: "s" type: "Scale" param { lr_mult: 1 } param { } param { } }',
-])
+@pytest.mark.parametrize(
+    "layer",
+    [
+        'layer { name: "bn" type: "BatchNorm" param { lr_mult: 1 } param { lr_mult: 1 } }',
+        'layer { name: "s" type: "Scale" param { lr_mult: 1 } param { } param { } }',
+    ],
+)
 def test_batch_norm_upgrade_needs_batch_norm_with_three_params(layer):
     assert not up.net_needs_batch_norm_upgrade(net(layer))
 
 
 # -- fork dialect: Pooling ceil_mode ---------------------------------------------------------
 
+
 @pytest.mark.parametrize("ceil_mode,round_mode", [("true", "CEIL"), ("false", "FLOOR")])
 def test_ceil_mode_maps_to_round_mode(ceil_mode, round_mode):
     old = net(f'layer {{ name: "p" type: "Pooling" pooling_param {{ ceil_mode: {ceil_mode} }} }}')
     out = up.upgrade_net_as_needed(old)
-    assert out == net(f'layer {{ name: "p" type: "Pooling" '
-                      f'pooling_param {{ round_mode: {round_mode} }} }}')
+    assert out == net(
+        f'layer {{ name: "p" type: "Pooling" pooling_param {{ round_mode: {round_mode} }} }}'
+    )
 
 
 def test_ceil_mode_agreeing_with_round_mode_is_cleared():
-    old = net('layer { name: "p" type: "Pooling" '
-              'pooling_param { ceil_mode: false round_mode: FLOOR } }')
+    old = net(
+        'layer { name: "p" type: "Pooling" pooling_param { ceil_mode: false round_mode: FLOOR } }'
+    )
     out = up.upgrade_fork_dialects(old)
     assert out == net('layer { name: "p" type: "Pooling" pooling_param { round_mode: FLOOR } }')
 
 
 def test_ceil_mode_disagreeing_with_round_mode_raises():
-    old = net('layer { name: "p" type: "Pooling" '
-              'pooling_param { ceil_mode: true round_mode: FLOOR } }')
+    old = net(
+        'layer { name: "p" type: "Pooling" pooling_param { ceil_mode: true round_mode: FLOOR } }'
+    )
     with pytest.raises(LayerParamError, match=r"f\.prototxt: layer 'p' \(Pooling\).*ceil_mode"):
         up.upgrade_fork_dialects(old, "f.prototxt")
 
@@ -502,14 +610,22 @@ def test_pooling_without_ceil_mode_is_unchanged():
 
 # -- solvers -------------------------------------------------------------------------------
 
+
 def solver(text: str) -> pb.SolverParameter:
     return parse_text_proto(text, pb.SolverParameter)
 
 
-@pytest.mark.parametrize("old,new", [
-    ("SGD", "SGD"), ("NESTEROV", "Nesterov"), ("ADAGRAD", "AdaGrad"), ("RMSPROP", "RMSProp"),
-    ("ADADELTA", "AdaDelta"), ("ADAM", "Adam"),
-])
+@pytest.mark.parametrize(
+    "old,new",
+    [
+        ("SGD", "SGD"),
+        ("NESTEROV", "Nesterov"),
+        ("ADAGRAD", "AdaGrad"),
+        ("RMSPROP", "RMSProp"),
+        ("ADADELTA", "AdaDelta"),
+        ("ADAM", "Adam"),
+    ],
+)
 def test_solver_type_enum_becomes_type_string(old, new):
     out = up.upgrade_solver_as_needed(solver(f"base_lr: 0.5 solver_type: {old}"))
     assert out == solver(f"base_lr: 0.5 type: '{new}'")
@@ -533,15 +649,17 @@ def test_snapshot_prefix_defaults_to_solver_path_without_extension():
 
 
 def test_snapshot_prefix_directory_gets_solver_stem(tmp_path):
-    out = up.upgrade_snapshot_prefix_property(solver(f"snapshot_prefix: '{tmp_path}'"),
-                                              "a/lenet_solver.prototxt")
+    out = up.upgrade_snapshot_prefix_property(
+        solver(f"snapshot_prefix: '{tmp_path}'"), "a/lenet_solver.prototxt"
+    )
     assert out.snapshot_prefix == str(tmp_path / "lenet_solver")
 
 
 def test_snapshot_prefix_that_is_not_a_directory_is_kept(tmp_path):
     prefix = str(tmp_path / "snap" / "lenet")
-    out = up.upgrade_snapshot_prefix_property(solver(f"snapshot_prefix: '{prefix}'"),
-                                              "solver.prototxt")
+    out = up.upgrade_snapshot_prefix_property(
+        solver(f"snapshot_prefix: '{prefix}'"), "solver.prototxt"
+    )
     assert out.snapshot_prefix == prefix
 
 
@@ -554,15 +672,24 @@ V1_EVERYTHING = """
 """
 
 
-@pytest.mark.parametrize("func,text", [
-    (up.upgrade_v0_padding_layers, PADDED_V0), (up.upgrade_v0_net, PADDED_V0),
-    (up.upgrade_net_as_needed, PADDED_V0), (up.upgrade_net_data_transformation, V1_EVERYTHING),
-    (up.upgrade_v1_net, V1_EVERYTHING), (up.upgrade_net_as_needed, V1_EVERYTHING),
-    (up.upgrade_net_input, V1_EVERYTHING),
-    (up.upgrade_net_batch_norm,
-     'layer { name: "b" type: "BatchNorm" param { } param { } param { } }'),
-    (up.upgrade_fork_dialects, 'layer { name: "p" type: "Pooling" pooling_param { pad: 1 } }'),
-], ids=lambda v: getattr(v, "__name__", None))
+@pytest.mark.parametrize(
+    "func,text",
+    [
+        (up.upgrade_v0_padding_layers, PADDED_V0),
+        (up.upgrade_v0_net, PADDED_V0),
+        (up.upgrade_net_as_needed, PADDED_V0),
+        (up.upgrade_net_data_transformation, V1_EVERYTHING),
+        (up.upgrade_v1_net, V1_EVERYTHING),
+        (up.upgrade_net_as_needed, V1_EVERYTHING),
+        (up.upgrade_net_input, V1_EVERYTHING),
+        (
+            up.upgrade_net_batch_norm,
+            'layer { name: "b" type: "BatchNorm" param { } param { } param { } }',
+        ),
+        (up.upgrade_fork_dialects, 'layer { name: "p" type: "Pooling" pooling_param { pad: 1 } }'),
+    ],
+    ids=lambda v: getattr(v, "__name__", None),
+)
 def test_upgrade_does_not_mutate_its_input(func, text):
     original = net(text)
     before = original.SerializeToString()
@@ -588,6 +715,7 @@ def test_current_net_upgrades_to_an_equal_copy_without_warnings():
 
 # -- reference data: golden/legacy ---------------------------------------------------------
 
+
 @pytest.mark.parametrize("case", LEGACY_CASES, ids=lambda p: p.name)
 def test_golden_legacy_prototxt_upgrades_as_caffe_did(case):
     (source,) = case.glob("net_v*.prototxt")
@@ -609,15 +737,21 @@ def test_golden_legacy_caffemodel_upgrades_as_caffe_did(case):
 
 def test_golden_legacy_cases_exist():
     assert {p.name for p in LEGACY_CASES} >= {"v0_padding_net", "v1_conv_net"}, (
-        f"golden legacy cases missing under {GOLDEN}")
+        f"golden legacy cases missing under {GOLDEN}"
+    )
 
 
 # -- real published models ------------------------------------------------------------------
 
+
 def _model_files(pattern: str) -> list:
     if not MODELS.is_dir():
-        return [pytest.param(None, marks=pytest.mark.skip(
-            reason=f"../shared/models is absent (looked in {MODELS})"))]
+        return [
+            pytest.param(
+                None,
+                marks=pytest.mark.skip(reason=f"../shared/models is absent (looked in {MODELS})"),
+            )
+        ]
     return [pytest.param(p, id=f"{p.parent.name}/{p.name}") for p in sorted(MODELS.glob(pattern))]
 
 

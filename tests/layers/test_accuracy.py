@@ -13,19 +13,37 @@ from torchcaffe.errors import DataError, LayerParamError
 
 def _scores_labels(shape, label_shape, classes):
     def make(g):
-        return [torch.randn(shape, generator=g, dtype=torch.float64),
-                torch.randint(0, classes, label_shape, generator=g).double()]
+        return [
+            torch.randn(shape, generator=g, dtype=torch.float64),
+            torch.randint(0, classes, label_shape, generator=g).double(),
+        ]
+
     return make
 
 
 CASES = [
-    LayerCase("Accuracy", "", ((6, 5), (6,)), make_bottoms=_scores_labels((6, 5), (6,), 5),
-              id="accuracy_top1"),
-    LayerCase("Accuracy", "accuracy_param { top_k: 2 ignore_label: 1 }", ((2, 4, 3, 5),
-              (2, 3, 5)), n_tops=2, make_bottoms=_scores_labels((2, 4, 3, 5), (2, 3, 5), 4),
-              id="accuracy_spatial_topk_perclass"),
-    LayerCase("Accuracy", "accuracy_param { axis: 2 }", ((2, 3, 4), (2, 3)),
-              make_bottoms=_scores_labels((2, 3, 4), (2, 3), 4), id="accuracy_axis2"),
+    LayerCase(
+        "Accuracy",
+        "",
+        ((6, 5), (6,)),
+        make_bottoms=_scores_labels((6, 5), (6,), 5),
+        id="accuracy_top1",
+    ),
+    LayerCase(
+        "Accuracy",
+        "accuracy_param { top_k: 2 ignore_label: 1 }",
+        ((2, 4, 3, 5), (2, 3, 5)),
+        n_tops=2,
+        make_bottoms=_scores_labels((2, 4, 3, 5), (2, 3, 5), 4),
+        id="accuracy_spatial_topk_perclass",
+    ),
+    LayerCase(
+        "Accuracy",
+        "accuracy_param { axis: 2 }",
+        ((2, 3, 4), (2, 3)),
+        make_bottoms=_scores_labels((2, 3, 4), (2, 3), 4),
+        id="accuracy_axis2",
+    ),
 ]
 
 
@@ -33,7 +51,7 @@ def ref_accuracy(x, label, axis, top_k, ignore):
     """Caffe's AccuracyLayer::Forward_cpu loop: count scores >= the label's (itself included,
     starting from -1); correct when that count < top_k. Returns (accuracy, per_class)."""
     outer, c = int(np.prod(x.shape[:axis])), x.shape[axis]
-    inner = int(np.prod(x.shape[axis + 1:]))
+    inner = int(np.prod(x.shape[axis + 1 :]))
     xs = x.reshape(outer, c, inner)
     lab = np.trunc(label.reshape(outer, inner)).astype(int)
     acc, count = 0, 0
@@ -58,8 +76,9 @@ def ref_accuracy(x, label, axis, top_k, ignore):
 
 
 def _run(snippet, x, label, n_tops=2):
-    layer, _ = make_layer(snippet, [x.shape, label.shape], type="Accuracy", n_tops=n_tops,
-                          dtype=torch.float64)
+    layer, _ = make_layer(
+        snippet, [x.shape, label.shape], type="Accuracy", n_tops=n_tops, dtype=torch.float64
+    )
     out = layer(torch.tensor(x), torch.tensor(label))
     return out if n_tops == 2 else (out,)
 
@@ -92,8 +111,7 @@ def test_ties_count_against_the_label():
 
 
 def test_all_ignored_gives_zero():
-    acc, per_class = _run("accuracy_param { ignore_label: 1 }", np.ones((3, 2)),
-                          np.ones(3))
+    acc, per_class = _run("accuracy_param { ignore_label: 1 }", np.ones((3, 2)), np.ones(3))
     assert float(acc) == 0.0 and not per_class.any()
 
 

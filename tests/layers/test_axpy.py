@@ -62,12 +62,15 @@ def test_gradient(case):
     check_layer_gradient(layer, bottoms)
 
 
-@pytest.mark.parametrize("shapes,match", [
-    (((2, 4), (2, 3, 4, 5), (2, 3, 4, 5)), r"\(N, C\) = \(2, 3\)"),
-    (((2, 3, 2, 1), (2, 3, 4, 5), (2, 3, 4, 5)), r"scale a"),
-    (((3,), (3,), (3,)), r"scale a"),
-    (((2, 3), (2, 3, 4, 5), (2, 3, 5, 4)), r"same shape"),
-])
+@pytest.mark.parametrize(
+    "shapes,match",
+    [
+        (((2, 4), (2, 3, 4, 5), (2, 3, 4, 5)), r"\(N, C\) = \(2, 3\)"),
+        (((2, 3, 2, 1), (2, 3, 4, 5), (2, 3, 4, 5)), r"scale a"),
+        (((3,), (3,), (3,)), r"scale a"),
+        (((2, 3), (2, 3, 4, 5), (2, 3, 5, 4)), r"same shape"),
+    ],
+)
 def test_error_shapes(shapes, match):
     with pytest.raises(LayerParamError, match=rf"layer 'a1' \(Axpy\).*{match}"):
         make_layer("", shapes, type="Axpy", name="a1")

@@ -15,12 +15,20 @@ from torchcaffe.errors import LayerParamError, UnsupportedError
 from torchcaffe.formats.prototxt import read_net
 
 CASES = [
-    LayerCase("BatchNorm", "batch_norm_param { moving_average_fraction: 0.9 eps: 0.001 }",
-              ((4, 3, 5, 2),), id="bn_train"),
+    LayerCase(
+        "BatchNorm",
+        "batch_norm_param { moving_average_fraction: 0.9 eps: 0.001 }",
+        ((4, 3, 5, 2),),
+        id="bn_train",
+    ),
     LayerCase("BatchNorm", "", ((5, 3),), id="bn_train_2d"),
     LayerCase("BatchNorm", "batch_norm_param { eps: 0.5 }", phase="TEST", id="bn_test"),
-    LayerCase("BatchNorm", "batch_norm_param { use_global_stats: true }", ((3, 4, 2),),
-              id="bn_train_use_global"),
+    LayerCase(
+        "BatchNorm",
+        "batch_norm_param { use_global_stats: true }",
+        ((3, 4, 2),),
+        id="bn_train_use_global",
+    ),
 ]
 
 
@@ -86,8 +94,9 @@ def _blobs(rng, c, factor):
 def test_train_forward_backward_and_blob_update(shape):
     rng = np.random.default_rng(11)
     blobs = _blobs(rng, shape[1], 2.5)
-    layer = _layer("batch_norm_param { moving_average_fraction: 0.9 eps: 0.001 }", shape,
-                   "TRAIN", blobs)
+    layer = _layer(
+        "batch_norm_param { moving_average_fraction: 0.9 eps: 0.001 }", shape, "TRAIN", blobs
+    )
     x = rng.standard_normal(shape) * 3 + 1
     xt = torch.tensor(x, requires_grad=True)
     top = layer(xt)
@@ -97,8 +106,9 @@ def test_train_forward_backward_and_blob_update(shape):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-12)
     top_diff = rng.standard_normal(shape)
     top.backward(torch.tensor(top_diff))
-    np.testing.assert_allclose(xt.grad.numpy(), ref_bn_train_diff(x, top_diff, 1e-3),
-                               rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(
+        xt.grad.numpy(), ref_bn_train_diff(x, top_diff, 1e-3), rtol=1e-8, atol=1e-10
+    )
     # a second forward accumulates again from the updated blobs
     layer(torch.tensor(x))
     _, twice = ref_bn_train(x, want_blobs, 0.9, 1e-3)
@@ -129,14 +139,15 @@ def test_use_global_stats_overrides_phase():
     shape = (3, 4, 2, 5)
     blobs = _blobs(rng, 4, 2.0)
     x = rng.standard_normal(shape)
-    glob = _layer("batch_norm_param { use_global_stats: true eps: 1e-4 }", shape, "TRAIN",
-                  blobs)
-    np.testing.assert_allclose(glob(torch.tensor(x)).numpy(),
-                               ref_bn_global(x, blobs, 1e-4)[0], rtol=1e-12)
+    glob = _layer("batch_norm_param { use_global_stats: true eps: 1e-4 }", shape, "TRAIN", blobs)
+    np.testing.assert_allclose(
+        glob(torch.tensor(x)).numpy(), ref_bn_global(x, blobs, 1e-4)[0], rtol=1e-12
+    )
     np.testing.assert_array_equal(glob.scale_factor.numpy(), [2.0])
     batch = _layer("batch_norm_param { use_global_stats: false }", shape, "TEST", blobs)
-    np.testing.assert_allclose(batch(torch.tensor(x)).numpy(),
-                               ref_bn_train(x, blobs, 0.999, 1e-5)[0], rtol=1e-10)
+    np.testing.assert_allclose(
+        batch(torch.tensor(x)).numpy(), ref_bn_train(x, blobs, 0.999, 1e-5)[0], rtol=1e-10
+    )
     np.testing.assert_allclose(batch.scale_factor.numpy(), [2.0 * f32(0.999) + 1], rtol=1e-12)
 
 
@@ -202,13 +213,20 @@ def test_gradient_test_phase_with_stored_statistics():
     check_layer_gradient(layer, [torch.randn(2, 3, 4, dtype=torch.float64)])
 
 
-@pytest.mark.parametrize("snippet,shape,what,cls", [
-    ("", (5,), r"at least 2 axes", LayerParamError),
-    ("param { lr_mult: 1 }", (2, 3), r"lr_mult", LayerParamError),
-    ("param { lr_mult: 0 } param { lr_mult: 0 } param { lr_mult: 0.1 }", (2, 3), r"param 2",
-     LayerParamError),
-    ("batch_norm_param { use_alpha_beta: true }", (2, 3), r"use_alpha_beta", UnsupportedError),
-])
+@pytest.mark.parametrize(
+    "snippet,shape,what,cls",
+    [
+        ("", (5,), r"at least 2 axes", LayerParamError),
+        ("param { lr_mult: 1 }", (2, 3), r"lr_mult", LayerParamError),
+        (
+            "param { lr_mult: 0 } param { lr_mult: 0 } param { lr_mult: 0.1 }",
+            (2, 3),
+            r"param 2",
+            LayerParamError,
+        ),
+        ("batch_norm_param { use_alpha_beta: true }", (2, 3), r"use_alpha_beta", UnsupportedError),
+    ],
+)
 def test_error(snippet, shape, what, cls):
     with pytest.raises(cls, match=rf"layer 'bn1' \(BatchNorm\).*{what}"):
         make_layer(snippet, [shape], type="BatchNorm", name="bn1")

@@ -16,10 +16,18 @@ AB = "batch_norm_param { use_alpha_beta: true moving_average_fraction: 0.9 eps: 
 CASES = [
     LayerCase("BatchNormKyle", AB, ((4, 3, 2, 5),), id="kyle_train_ab"),
     LayerCase("BatchNormKyle", "", ((5, 3),), id="kyle_train_plain"),
-    LayerCase("BatchNormKyle", "batch_norm_param { use_alpha_beta: true }", phase="TEST",
-              id="kyle_test_ab"),
-    LayerCase("BatchNormKyle", "batch_norm_param { use_global_stats: true }", ((3, 4, 2),),
-              id="kyle_global"),
+    LayerCase(
+        "BatchNormKyle",
+        "batch_norm_param { use_alpha_beta: true }",
+        phase="TEST",
+        id="kyle_test_ab",
+    ),
+    LayerCase(
+        "BatchNormKyle",
+        "batch_norm_param { use_global_stats: true }",
+        ((3, 4, 2),),
+        id="kyle_global",
+    ),
 ]
 
 
@@ -50,13 +58,12 @@ def ref_kyle_train(x, blobs, maf, eps, top_diff):
     alpha, beta = blobs[3], blobs[4]
     top = x_norm * _b(alpha, x) + _b(beta, x)
     dy = top_diff * _b(alpha, x)  # x_norm_'s diff
-    bottom = (dy - _b(dy.mean(axis=axes), x) - _b((dy * x_norm).mean(axis=axes), x) * x_norm)
+    bottom = dy - _b(dy.mean(axis=axes), x) - _b((dy * x_norm).mean(axis=axes), x) * x_norm
     return top, new, bottom / std, (x_norm * top_diff).sum(axis=axes), top_diff.sum(axis=axes)
 
 
 def _layer(snippet, shape, phase, blobs):
-    layer, _ = make_layer(snippet, [shape], type="BatchNormKyle", phase=phase,
-                          dtype=torch.float64)
+    layer, _ = make_layer(snippet, [shape], type="BatchNormKyle", phase=phase, dtype=torch.float64)
     with torch.no_grad():
         for blob, value in zip(layer.param_blobs(), blobs):
             blob.copy_(torch.tensor(value))
@@ -64,8 +71,13 @@ def _layer(snippet, shape, phase, blobs):
 
 
 def _blobs(rng, c, factor):
-    return [rng.standard_normal(c), rng.uniform(0.5, 2.0, c), np.array([factor]),
-            rng.uniform(0.5, 2.0, c), rng.standard_normal(c)]
+    return [
+        rng.standard_normal(c),
+        rng.uniform(0.5, 2.0, c),
+        np.array([factor]),
+        rng.uniform(0.5, 2.0, c),
+        rng.standard_normal(c),
+    ]
 
 
 @pytest.mark.parametrize("shape", [(4, 3, 2, 5), (5, 3), (2, 3, 4)])
@@ -77,8 +89,7 @@ def test_train_forward_backward_and_running_sums(shape):
     xt = torch.tensor(x, requires_grad=True)
     top = layer(xt)
     top_diff = rng.standard_normal(shape)
-    want_top, want_blobs, want_dx, want_da, want_db = ref_kyle_train(x, blobs, 0.9, 1e-3,
-                                                                     top_diff)
+    want_top, want_blobs, want_dx, want_da, want_db = ref_kyle_train(x, blobs, 0.9, 1e-3, top_diff)
     np.testing.assert_allclose(top.detach().numpy(), want_top, rtol=1e-10, atol=1e-12)
     for got, want in zip(layer.param_blobs()[:3], want_blobs):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-12)
@@ -100,8 +111,9 @@ def test_test_phase_global_stats_and_no_alpha_beta_diffs(factor):
     scale = 0.0 if factor == 0 else 1 / factor
     std = np.sqrt(_b(blobs[1] * scale, x) + f32(1e-5))
     x_norm = (x - _b(blobs[0] * scale, x)) / std
-    np.testing.assert_allclose(top.detach().numpy(),
-                               x_norm * _b(blobs[3], x) + _b(blobs[4], x), rtol=1e-12)
+    np.testing.assert_allclose(
+        top.detach().numpy(), x_norm * _b(blobs[3], x) + _b(blobs[4], x), rtol=1e-12
+    )
     top_diff = rng.standard_normal(shape)
     top.backward(torch.tensor(top_diff))
     np.testing.assert_allclose(xt.grad.numpy(), top_diff * _b(blobs[3], x) / std, rtol=1e-12)
@@ -114,8 +126,9 @@ def test_blobs_without_and_with_alpha_beta():
     plain, _ = make_layer("", [(2, 3, 4)], type="BatchNormKyle")
     assert plain.blob_names == ["mean", "variance", "scale_factor"]
     assert not any(isinstance(b, torch.nn.Parameter) for b in plain.param_blobs())
-    ab, _ = make_layer("batch_norm_param { use_alpha_beta: true }", [(2, 3, 4)],
-                       type="BatchNormKyle")
+    ab, _ = make_layer(
+        "batch_norm_param { use_alpha_beta: true }", [(2, 3, 4)], type="BatchNormKyle"
+    )
     assert ab.blob_names == ["mean", "variance", "scale_factor", "alpha", "beta"]
     np.testing.assert_array_equal(ab.alpha.detach().numpy(), np.ones(3))
     np.testing.assert_array_equal(ab.beta.detach().numpy(), np.zeros(3))
@@ -129,8 +142,9 @@ def test_param_specs_left_as_written():
 
 
 def test_use_global_stats_overrides_phase():
-    layer, _ = make_layer("batch_norm_param { use_global_stats: false }", [(4, 3)],
-                          type="BatchNormKyle", phase="TEST")
+    layer, _ = make_layer(
+        "batch_norm_param { use_global_stats: false }", [(4, 3)], type="BatchNormKyle", phase="TEST"
+    )
     assert layer.uses_global_stats is False
     layer, _ = make_layer("", [(4, 3)], type="BatchNormKyle", phase="TRAIN")
     assert layer.uses_global_stats is False

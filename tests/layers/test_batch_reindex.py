@@ -14,15 +14,20 @@ from torchcaffe.errors import BlobWiringError, LayerParamError
 
 
 def _data_and_index(shape, index):
-    return lambda g: [torch.randn(shape, generator=g, dtype=torch.float64),
-                      torch.tensor(index, dtype=torch.float64)]
+    return lambda g: [
+        torch.randn(shape, generator=g, dtype=torch.float64),
+        torch.tensor(index, dtype=torch.float64),
+    ]
 
 
 CASES = [
-    LayerCase("BatchReindex", "", ((4, 3, 2), (6,)),
-              make_bottoms=_data_and_index((4, 3, 2), [3, 0, 1, 3, 2, 3])),
-    LayerCase("BatchReindex", "", ((5, 3), (2,)),
-              make_bottoms=_data_and_index((5, 3), [4, 1])),
+    LayerCase(
+        "BatchReindex",
+        "",
+        ((4, 3, 2), (6,)),
+        make_bottoms=_data_and_index((4, 3, 2), [3, 0, 1, 3, 2, 3]),
+    ),
+    LayerCase("BatchReindex", "", ((5, 3), (2,)), make_bottoms=_data_and_index((5, 3), [4, 1])),
 ]
 
 
@@ -35,18 +40,26 @@ def ref_batch_reindex(x, index, top_diff):
     return out, diff
 
 
-@pytest.mark.parametrize("shape,index", [
-    ((4, 3, 2), [3, 0, 1, 3, 2, 3]),
-    ((5, 3), [4, 1]),
-    ((3, 2, 4), [2.7, 0.2, 1.0]),  # truncated toward 0, as static_cast<int>
-    ((3,), [1, 1, 1, 1]),
-])
+@pytest.mark.parametrize(
+    "shape,index",
+    [
+        ((4, 3, 2), [3, 0, 1, 3, 2, 3]),
+        ((5, 3), [4, 1]),
+        ((3, 2, 4), [2.7, 0.2, 1.0]),  # truncated toward 0, as static_cast<int>
+        ((3,), [1, 1, 1, 1]),
+    ],
+)
 def test_forward_backward_match_caffe(shape, index):
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=True)
     idx = torch.tensor(index, dtype=torch.float64, requires_grad=True)
-    layer, _ = make_layer("", [shape, (len(index),)], type="BatchReindex",
-                          bottoms=[x.detach(), idx.detach()], dtype=torch.float64)
+    layer, _ = make_layer(
+        "",
+        [shape, (len(index),)],
+        type="BatchReindex",
+        bottoms=[x.detach(), idx.detach()],
+        dtype=torch.float64,
+    )
     top = layer(x, idx)
     top_diff = np.random.default_rng(0).standard_normal(top.shape)
     want, want_diff = ref_batch_reindex(x.detach().numpy(), index, top_diff)

@@ -16,8 +16,7 @@ UNIFORM = "filler { type: 'uniform' min: -1 max: 1 }"
 
 CASES = [
     LayerCase("Bias", f"bias_param {{ {UNIFORM} }}", id="bias_param_default"),
-    LayerCase("Bias", f"bias_param {{ axis: -2 num_axes: -1 {UNIFORM} }}",
-              id="bias_param_tail"),
+    LayerCase("Bias", f"bias_param {{ axis: -2 num_axes: -1 {UNIFORM} }}", id="bias_param_tail"),
     LayerCase("Bias", "", ((2, 3, 4, 5), (3, 4)), id="bias_2bottoms"),
     LayerCase("Bias", "bias_param { axis: 0 }", ((2, 3, 4), ()), id="bias_2bottoms_scalar"),
 ]
@@ -38,13 +37,16 @@ def ref_bias_diff(top_diff, b_shape, axis):
     return top_diff.reshape(outer, bias_dim, -1).sum(axis=(0, 2)).reshape(b_shape)
 
 
-@pytest.mark.parametrize("snippet,shape,axis,b_shape", [
-    ("", (2, 3, 4, 5), 1, (3,)),
-    ("bias_param { axis: 0 num_axes: 2 }", (2, 3, 4, 5), 0, (2, 3)),
-    ("bias_param { axis: -1 }", (2, 3, 4, 5), 3, (5,)),
-    ("bias_param { axis: 2 num_axes: -1 }", (2, 3, 4, 5), 2, (4, 5)),
-    ("bias_param { axis: 1 num_axes: 0 }", (2, 3, 4), 0, ()),
-])
+@pytest.mark.parametrize(
+    "snippet,shape,axis,b_shape",
+    [
+        ("", (2, 3, 4, 5), 1, (3,)),
+        ("bias_param { axis: 0 num_axes: 2 }", (2, 3, 4, 5), 0, (2, 3)),
+        ("bias_param { axis: -1 }", (2, 3, 4, 5), 3, (5,)),
+        ("bias_param { axis: 2 num_axes: -1 }", (2, 3, 4, 5), 2, (4, 5)),
+        ("bias_param { axis: 1 num_axes: 0 }", (2, 3, 4), 0, ()),
+    ],
+)
 def test_learned_bias_matches_reference(snippet, shape, axis, b_shape):
     snippet = snippet or "bias_param { }"
     snippet = snippet[:-1] + UNIFORM + " }"
@@ -52,31 +54,34 @@ def test_learned_bias_matches_reference(snippet, shape, axis, b_shape):
     assert tuple(layer.bias.shape) == b_shape
     b = layer.bias.detach().numpy().copy()
     top = layer(x)
-    np.testing.assert_allclose(top.detach().numpy(), ref_bias(x.numpy(), b, axis),
-                               rtol=1e-12)
+    np.testing.assert_allclose(top.detach().numpy(), ref_bias(x.numpy(), b, axis), rtol=1e-12)
     top_diff = np.random.default_rng(1).standard_normal(shape)
     top.backward(torch.tensor(top_diff))
-    np.testing.assert_allclose(layer.bias.grad.numpy(), ref_bias_diff(top_diff, b_shape, axis),
-                               rtol=1e-10)
+    np.testing.assert_allclose(
+        layer.bias.grad.numpy(), ref_bias_diff(top_diff, b_shape, axis), rtol=1e-10
+    )
 
 
-@pytest.mark.parametrize("snippet,shapes,axis", [
-    ("", ((2, 3, 4, 5), (3, 4)), 1),
-    ("bias_param { axis: -3 }", ((2, 3, 4, 5), (3, 4, 5)), 1),
-    ("bias_param { axis: 0 }", ((2, 3, 4), (2,)), 0),
-    ("bias_param { axis: 7 }", ((2, 3, 4), ()), 0),  # scalar: axis ignored
-])
+@pytest.mark.parametrize(
+    "snippet,shapes,axis",
+    [
+        ("", ((2, 3, 4, 5), (3, 4)), 1),
+        ("bias_param { axis: -3 }", ((2, 3, 4, 5), (3, 4, 5)), 1),
+        ("bias_param { axis: 0 }", ((2, 3, 4), (2,)), 0),
+        ("bias_param { axis: 7 }", ((2, 3, 4), ()), 0),  # scalar: axis ignored
+    ],
+)
 def test_bottom_bias_matches_reference(snippet, shapes, axis):
     layer, (x, b) = make_layer(snippet, shapes, type="Bias", dtype=torch.float64)
     assert layer.param_blobs() == []
     b = b.requires_grad_(True)
     top = layer(x, b)
-    np.testing.assert_allclose(top.detach().numpy(),
-                               ref_bias(x.numpy(), b.detach().numpy(), axis), rtol=1e-12)
+    np.testing.assert_allclose(
+        top.detach().numpy(), ref_bias(x.numpy(), b.detach().numpy(), axis), rtol=1e-12
+    )
     top_diff = np.random.default_rng(2).standard_normal(shapes[0])
     top.backward(torch.tensor(top_diff))
-    np.testing.assert_allclose(b.grad.numpy(), ref_bias_diff(top_diff, shapes[1], axis),
-                               rtol=1e-10)
+    np.testing.assert_allclose(b.grad.numpy(), ref_bias_diff(top_diff, shapes[1], axis), rtol=1e-10)
 
 
 def test_default_filler_is_zero():
@@ -90,15 +95,18 @@ def test_gradient(case):
     check_layer_gradient(layer, bottoms)
 
 
-@pytest.mark.parametrize("snippet,shapes,what", [
-    ("bias_param { axis: 4 }", ((2, 3, 4, 5),), r"bias_param\.axis"),
-    ("bias_param { axis: -5 }", ((2, 3, 4, 5),), r"bias_param\.axis"),
-    ("bias_param { num_axes: -2 }", ((2, 3, 4, 5),), r"num_axes must be non-negative"),
-    ("bias_param { axis: 2 num_axes: 3 }", ((2, 3, 4, 5),), r"extends past bottom\[0\]"),
-    ("", ((2, 3, 4, 5), (4,)), r"dimension mismatch.*expected \[3\], got \[4\]"),
-    ("bias_param { axis: 2 }", ((2, 3, 4, 5), (4, 5, 6)), r"extends past bottom\[0\]"),
-    ("bias_param { axis: 4 }", ((2, 3, 4, 5), (3,)), r"bias_param\.axis"),
-])
+@pytest.mark.parametrize(
+    "snippet,shapes,what",
+    [
+        ("bias_param { axis: 4 }", ((2, 3, 4, 5),), r"bias_param\.axis"),
+        ("bias_param { axis: -5 }", ((2, 3, 4, 5),), r"bias_param\.axis"),
+        ("bias_param { num_axes: -2 }", ((2, 3, 4, 5),), r"num_axes must be non-negative"),
+        ("bias_param { axis: 2 num_axes: 3 }", ((2, 3, 4, 5),), r"extends past bottom\[0\]"),
+        ("", ((2, 3, 4, 5), (4,)), r"dimension mismatch.*expected \[3\], got \[4\]"),
+        ("bias_param { axis: 2 }", ((2, 3, 4, 5), (4, 5, 6)), r"extends past bottom\[0\]"),
+        ("bias_param { axis: 4 }", ((2, 3, 4, 5), (3,)), r"bias_param\.axis"),
+    ],
+)
 def test_error(snippet, shapes, what):
     with pytest.raises(LayerParamError, match=rf"layer 'b1' \(Bias\).*{what}"):
         make_layer(snippet, shapes, type="Bias", name="b1")

@@ -24,8 +24,10 @@ from torchcaffe.proto import caffe_pb2
 
 PSP = "bn_param { slope_filler { type: 'constant' value: 1.5 } momentum: 0.8 eps: 0.001 }"
 FROZEN = "bn_param { slope_filler { type: 'uniform' min: 0.5 max: 2 } frozen: true }"
-SEGNET = ("bn_param { scale_filler { type: 'constant' value: 1.25 } "
-          "shift_filler { type: 'constant' value: 0.5 } }")
+SEGNET = (
+    "bn_param { scale_filler { type: 'constant' value: 1.25 } "
+    "shift_filler { type: 'constant' value: 0.5 } }"
+)
 INFER = "bn_param { bn_mode: INFERENCE scale_filler { type: 'uniform' min: 0.5 max: 2 } }"
 CASES = [
     LayerCase("BN", PSP, ((2, 3, 4, 5),), id="bn_psp_train"),
@@ -84,7 +86,7 @@ def ref_segnet(x, scale, shift, top_diff):
     r, shape4 = _rows(x)
     g = top_diff.reshape(r.shape)
     mu = r.mean(axis=2).mean(axis=0)
-    var = (r ** 2).mean(axis=2).mean(axis=0) - mu ** 2
+    var = (r**2).mean(axis=2).mean(axis=0) - mu**2
     std = np.sqrt(var + f32(1e-9))
     xn = (r - _c(mu)) / _c(std)
     dxh = g * _c(scale)
@@ -94,8 +96,9 @@ def ref_segnet(x, scale, shift, top_diff):
 
 
 def _layer(snippet, shape, phase, blobs, n_tops=1):
-    layer, _ = make_layer(snippet, [shape], type="BN", phase=phase, n_tops=n_tops,
-                          dtype=torch.float64)
+    layer, _ = make_layer(
+        snippet, [shape], type="BN", phase=phase, n_tops=n_tops, dtype=torch.float64
+    )
     with torch.no_grad():
         for blob, value in zip(layer.param_blobs(), blobs):
             blob.copy_(torch.tensor(value).reshape(blob.shape))
@@ -103,8 +106,12 @@ def _layer(snippet, shape, phase, blobs, n_tops=1):
 
 
 def _psp_blobs(rng, c):
-    return [rng.uniform(0.5, 2, c), rng.standard_normal(c), rng.standard_normal(c),
-            rng.uniform(0.5, 2, c)]
+    return [
+        rng.uniform(0.5, 2, c),
+        rng.standard_normal(c),
+        rng.standard_normal(c),
+        rng.uniform(0.5, 2, c),
+    ]
 
 
 def _run(layer, x, top_diff):
@@ -208,8 +215,9 @@ def test_segnet_inference_is_scale_and_shift():
     r, shape4 = _rows(x)
     np.testing.assert_allclose(top, (r * _c(scale) + _c(shift)).reshape(shape4), rtol=1e-14)
     np.testing.assert_allclose(dx, (g.reshape(r.shape) * _c(scale)).reshape(shape), rtol=1e-14)
-    np.testing.assert_allclose(layer.weight.grad.numpy().ravel(),
-                               (r * g.reshape(r.shape)).sum(axis=(0, 2)), rtol=1e-12)
+    np.testing.assert_allclose(
+        layer.weight.grad.numpy().ravel(), (r * g.reshape(r.shape)).sum(axis=(0, 2)), rtol=1e-12
+    )
 
 
 def test_blob_order_shapes_fillers_and_param_specs():
@@ -218,7 +226,11 @@ def test_blob_order_shapes_fillers_and_param_specs():
     assert all(tuple(b.shape) == (1, 3, 1, 1) for b in psp.param_blobs())
     assert [float(b.detach().sum()) for b in psp.param_blobs()] == [4.5, 0.0, 0.0, 0.0]
     assert [(s.lr_mult, s.decay_mult) for s in psp.layer_param.param] == [
-        (1, 1), (1, 1), (0, 0), (0, 0)]
+        (1, 1),
+        (1, 1),
+        (0, 0),
+        (0, 0),
+    ]
     frozen, _ = make_layer(FROZEN, [(2, 3, 4, 5)], type="BN")
     assert float(frozen.variance.sum()) == 3.0
     assert all(s.lr_mult == 0 and s.decay_mult == 0 for s in frozen.layer_param.param)
@@ -227,13 +239,14 @@ def test_blob_order_shapes_fillers_and_param_specs():
     assert [float(b.detach().sum()) for b in seg.param_blobs()] == [3.75, 1.5]
 
 
-@pytest.mark.parametrize("bn_param,legacy", [("frozen: true", False),
-                                             ("bn_mode: INFERENCE", True)])
+@pytest.mark.parametrize("bn_param,legacy", [("frozen: true", False), ("bn_mode: INFERENCE", True)])
 def test_caffemodel_blobs_load(tmp_path, bn_param, legacy):
     """Published PSPNet models store 4 (1, C, 1, 1) blobs as shape, SegNet's 2 as legacy 4-D."""
-    net_text = ('layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 '
-                'dim: 4 dim: 4 } } }\n'
-                f'layer {{ name: "bn" type: "BN" bottom: "x" top: "x" bn_param {{ {bn_param} }} }}')
+    net_text = (
+        'layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 '
+        "dim: 4 dim: 4 } } }\n"
+        f'layer {{ name: "bn" type: "BN" bottom: "x" top: "x" bn_param {{ {bn_param} }} }}'
+    )
     net_param = text_format.Parse(net_text, caffe_pb2.NetParameter())
     values = [np.arange(3) + 10 * i + 1.0 for i in range(4 if "frozen" in bn_param else 2)]
     weights = caffe_pb2.NetParameter()
@@ -266,11 +279,14 @@ def test_gradient_frozen_bottoms():
     check_layer_gradient(layer, bottoms, check=("bottoms",))
 
 
-@pytest.mark.parametrize("snippet,n_tops,match", [
-    ("bn_param { frozen: true bn_mode: INFERENCE }", 1, r"mixes SegNet fields.*bn_mode"),
-    ("", 2, r"too many top blobs for the PSPNet dialect"),
-    ("bn_param { bn_mode: INFERENCE }", 3, r"too many top blobs for the SegNet bn_mode"),
-])
+@pytest.mark.parametrize(
+    "snippet,n_tops,match",
+    [
+        ("bn_param { frozen: true bn_mode: INFERENCE }", 1, r"mixes SegNet fields.*bn_mode"),
+        ("", 2, r"too many top blobs for the PSPNet dialect"),
+        ("bn_param { bn_mode: INFERENCE }", 3, r"too many top blobs for the SegNet bn_mode"),
+    ],
+)
 def test_error_params(snippet, n_tops, match):
     with pytest.raises(LayerParamError, match=rf"layer 'b1' \(BN\).*{match}"):
         make_layer(snippet, [(2, 3, 4)], type="BN", n_tops=n_tops, name="b1")

@@ -43,8 +43,9 @@ def test_forward_backward_match_caffe_including_extremes(dtype):
     rtol = 1e-12 if dtype == torch.float64 else 1e-6
     assert torch.isfinite(y).all() and torch.isfinite(xt.grad).all()
     np.testing.assert_allclose(y.detach().double().numpy(), ref_bnll(x), rtol=rtol, atol=1e-30)
-    np.testing.assert_allclose(xt.grad.double().numpy(), ref_bnll_diff(x, top_diff), rtol=rtol,
-                               atol=1e-30)
+    np.testing.assert_allclose(
+        xt.grad.double().numpy(), ref_bnll_diff(x, top_diff), rtol=rtol, atol=1e-30
+    )
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)

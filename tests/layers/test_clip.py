@@ -42,8 +42,9 @@ def test_gradient(case):
     check_layer_gradient(layer, [x])
 
 
-@pytest.mark.parametrize("snippet,missing", [("clip_param { min: 0 }", "max"),
-                                             ("clip_param { max: 1 }", "min")])
+@pytest.mark.parametrize(
+    "snippet,missing", [("clip_param { min: 0 }", "max"), ("clip_param { max: 1 }", "min")]
+)
 def test_error_missing_required_field(snippet, missing):
     with pytest.raises(LayerParamError, match=rf"layer 'c1' \(Clip\).*clip_param.*{missing}"):
         make_layer(snippet, type="Clip", name="c1")

@@ -30,14 +30,17 @@ def ref_concat(arrays, axis):
     return out.reshape(shape)
 
 
-@pytest.mark.parametrize("snippet,shapes,axis", [
-    ("", ((2, 3, 4, 5), (2, 1, 4, 5), (2, 6, 4, 5)), 1),
-    ("concat_param { axis: 0 }", ((2, 3, 4), (5, 3, 4)), 0),
-    ("concat_param { axis: -1 }", ((2, 3, 4), (2, 3, 1)), 2),
-    ("concat_param { axis: -3 }", ((2, 3, 4), (4, 3, 4)), 0),
-    ("concat_param { concat_dim: 2 }", ((2, 3, 4, 5), (2, 3, 6, 5)), 2),
-    ("concat_param { concat_dim: 0 }", ((2, 3), (1, 3), (4, 3)), 0),
-])
+@pytest.mark.parametrize(
+    "snippet,shapes,axis",
+    [
+        ("", ((2, 3, 4, 5), (2, 1, 4, 5), (2, 6, 4, 5)), 1),
+        ("concat_param { axis: 0 }", ((2, 3, 4), (5, 3, 4)), 0),
+        ("concat_param { axis: -1 }", ((2, 3, 4), (2, 3, 1)), 2),
+        ("concat_param { axis: -3 }", ((2, 3, 4), (4, 3, 4)), 0),
+        ("concat_param { concat_dim: 2 }", ((2, 3, 4, 5), (2, 3, 6, 5)), 2),
+        ("concat_param { concat_dim: 0 }", ((2, 3), (1, 3), (4, 3)), 0),
+    ],
+)
 def test_forward_matches_reference(snippet, shapes, axis):
     layer, bottoms = make_layer(snippet, shapes, type="Concat", dtype=torch.float64)
     want = ref_concat([b.numpy() for b in bottoms], axis)
@@ -57,14 +60,17 @@ def test_gradient(case):
     check_layer_gradient(layer, bottoms)
 
 
-@pytest.mark.parametrize("snippet,shapes,field", [
-    ("concat_param { axis: 1 concat_dim: 1 }", ((2, 3), (2, 3)), "concat_dim"),
-    ("concat_param { concat_dim: 3 }", ((2, 3, 4), (2, 3, 4)), "concat_dim"),
-    ("concat_param { axis: 3 }", ((2, 3, 4), (2, 3, 4)), "axis"),
-    ("concat_param { axis: -4 }", ((2, 3, 4), (2, 3, 4)), "axis"),
-    ("", ((2, 3, 4), (2, 3)), "axes"),
-    ("", ((2, 3, 4), (2, 3, 5)), "shape"),
-])
+@pytest.mark.parametrize(
+    "snippet,shapes,field",
+    [
+        ("concat_param { axis: 1 concat_dim: 1 }", ((2, 3), (2, 3)), "concat_dim"),
+        ("concat_param { concat_dim: 3 }", ((2, 3, 4), (2, 3, 4)), "concat_dim"),
+        ("concat_param { axis: 3 }", ((2, 3, 4), (2, 3, 4)), "axis"),
+        ("concat_param { axis: -4 }", ((2, 3, 4), (2, 3, 4)), "axis"),
+        ("", ((2, 3, 4), (2, 3)), "axes"),
+        ("", ((2, 3, 4), (2, 3, 5)), "shape"),
+    ],
+)
 def test_error(snippet, shapes, field):
     with pytest.raises(LayerParamError, match=rf"layer 'c1' \(Concat\).*{field}"):
         make_layer(snippet, shapes, type="Concat", name="c1")

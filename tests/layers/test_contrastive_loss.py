@@ -20,15 +20,25 @@ def _pairs(num, channels, four_d=False):
         b = torch.rand(shape, generator=g, dtype=torch.float64) * 0.6
         y = (torch.rand(num, generator=g) > 0.5).double()
         return [a, b, y.reshape(num, 1, 1, 1) if four_d else y]
+
     return make
 
 
 CASES = [
-    LayerCase("ContrastiveLoss", "contrastive_loss_param { margin: 1.5 }", ((5, 3), (5, 3), (5,)),
-              make_bottoms=_pairs(5, 3), id="contrastive"),
-    LayerCase("ContrastiveLoss", "contrastive_loss_param { margin: 0.8 legacy_version: true }",
-              ((4, 6, 1, 1), (4, 6, 1, 1), (4, 1, 1, 1)), make_bottoms=_pairs(4, 6, True),
-              id="contrastive_legacy"),
+    LayerCase(
+        "ContrastiveLoss",
+        "contrastive_loss_param { margin: 1.5 }",
+        ((5, 3), (5, 3), (5,)),
+        make_bottoms=_pairs(5, 3),
+        id="contrastive",
+    ),
+    LayerCase(
+        "ContrastiveLoss",
+        "contrastive_loss_param { margin: 0.8 legacy_version: true }",
+        ((4, 6, 1, 1), (4, 6, 1, 1), (4, 1, 1, 1)),
+        make_bottoms=_pairs(4, 6, True),
+        id="contrastive_legacy",
+    ),
 ]
 
 
@@ -60,9 +70,12 @@ def test_forward_backward_match_reference(legacy):
     b[0] = a[0]  # a coincident dissimilar pair: Caffe's gradient is 0, not NaN
     y = np.array([0.0, 1.0, 0.0, 0.7, 2.0, 0.0])  # 0.7 truncates to 0: dissimilar
     margin = 0.9
-    layer, _ = make_layer(f"contrastive_loss_param {{ margin: {margin} legacy_version: "
-                          f"{str(legacy).lower()} }}", [a.shape, b.shape, y.shape],
-                          type="ContrastiveLoss", dtype=torch.float64)
+    layer, _ = make_layer(
+        f"contrastive_loss_param {{ margin: {margin} legacy_version: {str(legacy).lower()} }}",
+        [a.shape, b.shape, y.shape],
+        type="ContrastiveLoss",
+        dtype=torch.float64,
+    )
     at, bt = torch.tensor(a, requires_grad=True), torch.tensor(b, requires_grad=True)
     loss = layer(at, bt, torch.tensor(y))
     loss.backward(torch.tensor(2.0, dtype=torch.float64))
@@ -86,12 +99,15 @@ def test_similarity_bottom_gets_no_gradient():
     assert not layer.allow_force_backward(2)
 
 
-@pytest.mark.parametrize("shapes,field", [
-    (((2, 3), (2, 4), (2,)), "channels"),
-    (((2, 3, 2), (2, 3, 2), (2,)), "height"),
-    (((2, 3), (2, 3), (2, 2)), "channels"),
-    (((2, 3), (2, 3), (1,)), "similarity"),
-])
+@pytest.mark.parametrize(
+    "shapes,field",
+    [
+        (((2, 3), (2, 4), (2,)), "channels"),
+        (((2, 3, 2), (2, 3, 2), (2,)), "height"),
+        (((2, 3), (2, 3), (2, 2)), "channels"),
+        (((2, 3), (2, 3), (1,)), "similarity"),
+    ],
+)
 def test_error_shapes(shapes, field):
     with pytest.raises(LayerParamError, match=rf"layer 'layer' \(ContrastiveLoss\).*{field}"):
         make_layer("", shapes, type="ContrastiveLoss")

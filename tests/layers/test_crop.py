@@ -32,14 +32,21 @@ def ref_crop(x, ref_shape, axis, offsets):
     return x[tuple(index)]
 
 
-@pytest.mark.parametrize("snippet,shapes,axis,offsets", [
-    ("", ((2, 3, 6, 7), (2, 3, 4, 5)), 2, []),
-    ("crop_param { axis: 1 offset: 1 }", ((2, 5, 6, 7), (1, 3, 4, 5)), 1, [1]),
-    ("crop_param { axis: 2 offset: 1 offset: 2 }", ((2, 3, 6, 7), (4, 1, 4, 5)), 2, [1, 2]),
-    ("crop_param { axis: -1 offset: 3 }", ((2, 3, 6, 7), (1, 1, 1, 4)), 3, [3]),
-    ("crop_param { axis: 0 offset: 1 offset: 0 offset: 2 }", ((3, 4, 6), (2, 4, 3, 9)), 0,
-     [1, 0, 2]),
-])
+@pytest.mark.parametrize(
+    "snippet,shapes,axis,offsets",
+    [
+        ("", ((2, 3, 6, 7), (2, 3, 4, 5)), 2, []),
+        ("crop_param { axis: 1 offset: 1 }", ((2, 5, 6, 7), (1, 3, 4, 5)), 1, [1]),
+        ("crop_param { axis: 2 offset: 1 offset: 2 }", ((2, 3, 6, 7), (4, 1, 4, 5)), 2, [1, 2]),
+        ("crop_param { axis: -1 offset: 3 }", ((2, 3, 6, 7), (1, 1, 1, 4)), 3, [3]),
+        (
+            "crop_param { axis: 0 offset: 1 offset: 0 offset: 2 }",
+            ((3, 4, 6), (2, 4, 3, 9)),
+            0,
+            [1, 0, 2],
+        ),
+    ],
+)
 def test_forward_matches_reference(snippet, shapes, axis, offsets):
     layer, (x, ref) = make_layer(snippet, shapes, type="Crop", dtype=torch.float64)
     want = ref_crop(x.numpy(), ref.shape, axis, offsets)
@@ -59,12 +66,15 @@ def test_gradient_to_data_bottom_only(case):
     assert x.grad.sum() == top.numel() and set(x.grad.unique().tolist()) == {0.0, 1.0}
 
 
-@pytest.mark.parametrize("snippet,shapes,field", [
-    ("crop_param { axis: 1 offset: 1 offset: 1 }", ((2, 3, 6, 7), (2, 3, 4, 5)), "offset"),
-    ("crop_param { offset: 3 }", ((2, 3, 6, 7), (2, 3, 4, 5)), "out of bounds"),
-    ("crop_param { axis: 4 }", ((2, 3, 6, 7), (2, 3, 4, 5)), "axis"),
-    ("", ((2, 3, 6, 7), (2, 3, 4)), "axes"),
-])
+@pytest.mark.parametrize(
+    "snippet,shapes,field",
+    [
+        ("crop_param { axis: 1 offset: 1 offset: 1 }", ((2, 3, 6, 7), (2, 3, 4, 5)), "offset"),
+        ("crop_param { offset: 3 }", ((2, 3, 6, 7), (2, 3, 4, 5)), "out of bounds"),
+        ("crop_param { axis: 4 }", ((2, 3, 6, 7), (2, 3, 4, 5)), "axis"),
+        ("", ((2, 3, 6, 7), (2, 3, 4)), "axes"),
+    ],
+)
 def test_error(snippet, shapes, field):
     with pytest.raises(LayerParamError, match=rf"layer 'k1' \(Crop\).*{field}"):
         make_layer(snippet, shapes, type="Crop", name="k1")

@@ -21,8 +21,16 @@ def make_data(rng, num_images=3, num_gt=6, labels=(1, 2, 3), placeholder=True):
     for _ in range(num_gt):
         c = rng.uniform(0.2, 0.8, 2)
         wh = rng.uniform(0.1, 0.4, 2)
-        gt.append([rng.integers(num_images - 1), rng.choice(labels), 0, *(c - wh / 2),
-                   *(c + wh / 2), float(rng.random() < 0.3)])
+        gt.append(
+            [
+                rng.integers(num_images - 1),
+                rng.choice(labels),
+                0,
+                *(c - wh / 2),
+                *(c + wh / 2),
+                float(rng.random() < 0.3),
+            ]
+        )
     det = []
     for g in gt:
         for _ in range(rng.integers(0, 3)):
@@ -30,8 +38,9 @@ def make_data(rng, num_images=3, num_gt=6, labels=(1, 2, 3), placeholder=True):
             det.append([g[0], g[1], rng.random(), *box])
     for _ in range(4):
         c = rng.uniform(0.1, 0.9, 2)
-        det.append([rng.integers(num_images), rng.choice(labels), rng.random(), *(c - 0.1),
-                    *(c + 0.1)])
+        det.append(
+            [rng.integers(num_images), rng.choice(labels), rng.random(), *(c - 0.1), *(c + 0.1)]
+        )
     det.append([-1, 2, 0.5, 0.1, 0.1, 0.3, 0.3])  # counted in the top shape, never written
     if placeholder:
         det.append([num_images - 1, -1, -1, -1, -1, -1, -1])  # DetectionOutput's placeholder
@@ -43,6 +52,7 @@ def _bottoms(seed, placeholder=True):
     def make(g):
         rng = np.random.default_rng(int(torch.randint(1 << 30, (1,), generator=g)) + seed)
         return [torch.tensor(a) for a in make_data(rng, placeholder=placeholder)]
+
     return make
 
 
@@ -52,18 +62,30 @@ def _shapes(seed, placeholder=True):
 
 
 CASES = [
-    LayerCase("DetectionEvaluate", "detection_evaluate_param { num_classes: 4 }", _shapes(0),
-              make_bottoms=_bottoms(0), phase="TEST", id="deteval_default"),
-    LayerCase("DetectionEvaluate", "detection_evaluate_param { num_classes: 4 "
-              "background_label_id: 4294967295 overlap_threshold: 0.3 "
-              "evaluate_difficult_gt: false }",
-              _shapes(1, False), make_bottoms=_bottoms(1, False), phase="TEST",
-              id="deteval_no_background"),
+    LayerCase(
+        "DetectionEvaluate",
+        "detection_evaluate_param { num_classes: 4 }",
+        _shapes(0),
+        make_bottoms=_bottoms(0),
+        phase="TEST",
+        id="deteval_default",
+    ),
+    LayerCase(
+        "DetectionEvaluate",
+        "detection_evaluate_param { num_classes: 4 "
+        "background_label_id: 4294967295 overlap_threshold: 0.3 "
+        "evaluate_difficult_gt: false }",
+        _shapes(1, False),
+        make_bottoms=_bottoms(1, False),
+        phase="TEST",
+        id="deteval_no_background",
+    ),
 ]
 
 
-def ref_detection_evaluate(det, gt, num_classes, background=0, overlap_threshold=0.5,
-                           evaluate_difficult=True):
+def ref_detection_evaluate(
+    det, gt, num_classes, background=0, overlap_threshold=0.5, evaluate_difficult=True
+):
     """The fork's Forward_cpu with normalized boxes: rows [image, label, score, tp, fp]."""
     all_det, all_gt = {}, {}
     for row in det.reshape(-1, 7):
@@ -106,20 +128,32 @@ def ref_detection_evaluate(det, gt, num_classes, background=0, overlap_threshold
 
 
 def _run(snippet, det, gt):
-    layer, _ = make_layer(f"detection_evaluate_param {{ {snippet} }}", [det.shape, gt.shape],
-                          type="DetectionEvaluate", phase="TEST", dtype=torch.float64)
+    layer, _ = make_layer(
+        f"detection_evaluate_param {{ {snippet} }}",
+        [det.shape, gt.shape],
+        type="DetectionEvaluate",
+        phase="TEST",
+        dtype=torch.float64,
+    )
     return layer(torch.tensor(det), torch.tensor(gt))
 
 
 @pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("snippet,kw", [
-    ("num_classes: 4", {}),
-    ("num_classes: 4 evaluate_difficult_gt: false overlap_threshold: 0.6",
-     dict(evaluate_difficult=False, overlap_threshold=0.6)),
-    ("num_classes: 5 background_label_id: 4294967295 overlap_threshold: 0.2",
-     dict(num_classes=5, background=-1, overlap_threshold=0.2)),
-    ("num_classes: 5 background_label_id: 4", dict(num_classes=5, background=4)),
-])
+@pytest.mark.parametrize(
+    "snippet,kw",
+    [
+        ("num_classes: 4", {}),
+        (
+            "num_classes: 4 evaluate_difficult_gt: false overlap_threshold: 0.6",
+            dict(evaluate_difficult=False, overlap_threshold=0.6),
+        ),
+        (
+            "num_classes: 5 background_label_id: 4294967295 overlap_threshold: 0.2",
+            dict(num_classes=5, background=-1, overlap_threshold=0.2),
+        ),
+        ("num_classes: 5 background_label_id: 4", dict(num_classes=5, background=4)),
+    ],
+)
 def test_forward_matches_reference(seed, snippet, kw):
     det, gt = make_data(np.random.default_rng(seed), placeholder=kw.get("background") != -1)
     top = _run(snippet, det, gt)
@@ -130,41 +164,71 @@ def test_forward_matches_reference(seed, snippet, kw):
 def test_greedy_true_and_false_positives_and_difficult():
     """Descending score: the best-overlapping gt is a TP once, then FP; a difficult one
     (not evaluated) gives neither; gt rows after the first image -1 row are dropped."""
-    gt = np.array([[0, 1, 0, 0.1, 0.1, 0.5, 0.5, 0], [0, 1, 1, 0.6, 0.6, 0.9, 0.9, 1],
-                   [-1, 1, 0, 0, 0, 0, 0, 0], [0, 2, 0, 0.1, 0.1, 0.5, 0.5, 0]])[None, None]
-    det = np.array([[0, 1, 0.6, 0.1, 0.1, 0.5, 0.5], [0, 1, 0.9, 0.11, 0.1, 0.5, 0.5],
-                    [0, 1, 0.7, 0.6, 0.6, 0.9, 0.9], [1, 1, 0.8, 0.1, 0.1, 0.5, 0.5],
-                    [0, 2, 0.4, 0.1, 0.1, 0.5, 0.5]])[None, None]
+    gt = np.array(
+        [
+            [0, 1, 0, 0.1, 0.1, 0.5, 0.5, 0],
+            [0, 1, 1, 0.6, 0.6, 0.9, 0.9, 1],
+            [-1, 1, 0, 0, 0, 0, 0, 0],
+            [0, 2, 0, 0.1, 0.1, 0.5, 0.5, 0],
+        ]
+    )[None, None]
+    det = np.array(
+        [
+            [0, 1, 0.6, 0.1, 0.1, 0.5, 0.5],
+            [0, 1, 0.9, 0.11, 0.1, 0.5, 0.5],
+            [0, 1, 0.7, 0.6, 0.6, 0.9, 0.9],
+            [1, 1, 0.8, 0.1, 0.1, 0.5, 0.5],
+            [0, 2, 0.4, 0.1, 0.1, 0.5, 0.5],
+        ]
+    )[None, None]
     top = _run("num_classes: 3 evaluate_difficult_gt: false", det, gt)[0, 0].tolist()
-    assert top == [[-1, 1, 1, -1, -1], [-1, 2, 0, -1, -1],  # gt after the -1 row is dropped
-                   [0, 1, 0.9, 1, 0], [0, 1, 0.7, 0, 0], [0, 1, 0.6, 0, 1],
-                   [0, 2, 0.4, 0, 1], [1, 1, 0.8, 0, 1]]
+    assert top == [
+        [-1, 1, 1, -1, -1],
+        [-1, 2, 0, -1, -1],  # gt after the -1 row is dropped
+        [0, 1, 0.9, 1, 0],
+        [0, 1, 0.7, 0, 0],
+        [0, 1, 0.6, 0, 1],
+        [0, 2, 0.4, 0, 1],
+        [1, 1, 0.8, 0, 1],
+    ]
 
 
 def test_no_backward_and_output_shape():
-    layer, _ = make_layer("detection_evaluate_param { num_classes: 4 }",
-                          [(1, 1, 5, 7), (1, 1, 2, 8)], type="DetectionEvaluate")
+    layer, _ = make_layer(
+        "detection_evaluate_param { num_classes: 4 }",
+        [(1, 1, 5, 7), (1, 1, 2, 8)],
+        type="DetectionEvaluate",
+    )
     assert not layer.has_backward and not layer.allow_force_backward(0)
     assert layer.output_shapes([(1, 1, 5, 7), (1, 1, 2, 8)]) == [(1, 1, 3 + 5, 5)]
 
 
-@pytest.mark.parametrize("snippet,shapes,match", [
-    ("overlap_threshold: 0.5", None, r"must provide num_classes"),
-    ("num_classes: 3 overlap_threshold: 0", None, r"overlap_threshold must be positive"),
-    ("num_classes: 3", [(1, 1, 5, 6), (1, 1, 2, 8)], r"bottom 0 must be \(1, 1, rows, 7\)"),
-    ("num_classes: 3", [(2, 1, 5, 7), (1, 1, 2, 8)], r"bottom 0 must be \(1, 1, rows, 7\)"),
-    ("num_classes: 3", [(1, 1, 5, 7), (1, 2, 8)], r"bottom 1 must be \(1, 1, rows, 8\)"),
-])
+@pytest.mark.parametrize(
+    "snippet,shapes,match",
+    [
+        ("overlap_threshold: 0.5", None, r"must provide num_classes"),
+        ("num_classes: 3 overlap_threshold: 0", None, r"overlap_threshold must be positive"),
+        ("num_classes: 3", [(1, 1, 5, 6), (1, 1, 2, 8)], r"bottom 0 must be \(1, 1, rows, 7\)"),
+        ("num_classes: 3", [(2, 1, 5, 7), (1, 1, 2, 8)], r"bottom 0 must be \(1, 1, rows, 7\)"),
+        ("num_classes: 3", [(1, 1, 5, 7), (1, 2, 8)], r"bottom 1 must be \(1, 1, rows, 8\)"),
+    ],
+)
 def test_error_bad_params_and_shapes(snippet, shapes, match):
     with pytest.raises(LayerParamError, match=r"layer 'layer' \(DetectionEvaluate\): " + match):
-        make_layer(f"detection_evaluate_param {{ {snippet} }}",
-                   shapes or [(1, 1, 5, 7), (1, 1, 2, 8)], type="DetectionEvaluate")
+        make_layer(
+            f"detection_evaluate_param {{ {snippet} }}",
+            shapes or [(1, 1, 5, 7), (1, 1, 2, 8)],
+            type="DetectionEvaluate",
+        )
 
 
 def test_error_name_size_file_unsupported():
     with pytest.raises(UnsupportedError, match=r"\(DetectionEvaluate\): name_size_file"):
-        make_layer("detection_evaluate_param { num_classes: 3 name_size_file: 'sizes.txt' }",
-                   [(1, 1, 5, 7), (1, 1, 2, 8)], type="DetectionEvaluate")
+        make_layer(
+            "detection_evaluate_param { num_classes: 3 name_size_file: 'sizes.txt' }",
+            [(1, 1, 5, 7), (1, 1, 2, 8)],
+            type="DetectionEvaluate",
+        )
 
 
 @pytest.mark.parametrize("which", ["detections", "ground truth"])

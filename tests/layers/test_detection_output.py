@@ -18,33 +18,47 @@ P, C = 24, 4
 
 def _bottoms(num=2, loc_classes=1, seed=0):
     """loc (N, P*L*4), softmax conf (N, P*C), priors (1, 2, P*4), as float64 tensors."""
+
     def make(g):
         rng = np.random.default_rng(int(torch.randint(1 << 30, (1,), generator=g)) + seed)
         loc = rng.normal(0, 0.5, size=(num, P * loc_classes * 4))
         conf = ref.softmax(rng.normal(0, 1.5, size=(num, P, C))).reshape(num, -1)
         return [torch.tensor(a) for a in (loc, conf, ref.random_priors(rng, P))]
+
     return make
 
 
 SHAPES = ((2, P * 4), (2, P * C), (1, 2, P * 4))
 CASES = [
-    LayerCase("DetectionOutput", "detection_output_param { num_classes: 4 nms_param { "
-              "nms_threshold: 0.45 top_k: 10 } keep_top_k: 6 confidence_threshold: 0.05 "
-              "code_type: CENTER_SIZE }", SHAPES, make_bottoms=_bottoms(), phase="TEST",
-              id="detout_ssd"),
-    LayerCase("DetectionOutput", "detection_output_param { num_classes: 4 share_location: "
-              "false background_label_id: -1 code_type: CORNER variance_encoded_in_target: "
-              "true nms_param { nms_threshold: 0.3 } confidence_threshold: 0.2 }",
-              ((2, P * C * 4),) + SHAPES[1:], make_bottoms=_bottoms(loc_classes=C),
-              phase="TEST", id="detout_corner_nonshared"),
+    LayerCase(
+        "DetectionOutput",
+        "detection_output_param { num_classes: 4 nms_param { "
+        "nms_threshold: 0.45 top_k: 10 } keep_top_k: 6 confidence_threshold: 0.05 "
+        "code_type: CENTER_SIZE }",
+        SHAPES,
+        make_bottoms=_bottoms(),
+        phase="TEST",
+        id="detout_ssd",
+    ),
+    LayerCase(
+        "DetectionOutput",
+        "detection_output_param { num_classes: 4 share_location: "
+        "false background_label_id: -1 code_type: CORNER variance_encoded_in_target: "
+        "true nms_param { nms_threshold: 0.3 } confidence_threshold: 0.2 }",
+        ((2, P * C * 4),) + SHAPES[1:],
+        make_bottoms=_bottoms(loc_classes=C),
+        phase="TEST",
+        id="detout_corner_nonshared",
+    ),
 ]
 
 
 def ref_nms_fast(boxes, scores, score_threshold, nms_threshold, eta, top_k):
     """ApplyNMSFast: stable descending candidates above the threshold, at most top_k; keep a
     box when it overlaps every kept one at most the (adaptive) threshold."""
-    cand = sorted([(s, j) for j, s in enumerate(scores) if s > score_threshold],
-                  key=lambda t: -t[0])
+    cand = sorted(
+        [(s, j) for j, s in enumerate(scores) if s > score_threshold], key=lambda t: -t[0]
+    )
     if -1 < top_k < len(cand):
         cand = cand[:top_k]
     kept, adaptive = [], nms_threshold
@@ -57,9 +71,21 @@ def ref_nms_fast(boxes, scores, score_threshold, nms_threshold, eta, top_k):
     return kept
 
 
-def ref_detection_output(loc, conf, prior, num_classes, share_location=True, background=0,
-                         nms_threshold=0.3, top_k=-1, keep_top_k=-1, threshold=-np.inf,
-                         code_type=ref.CORNER, var_in_target=False, eta=1.0):
+def ref_detection_output(
+    loc,
+    conf,
+    prior,
+    num_classes,
+    share_location=True,
+    background=0,
+    nms_threshold=0.3,
+    top_k=-1,
+    keep_top_k=-1,
+    threshold=-np.inf,
+    code_type=ref.CORNER,
+    var_in_target=False,
+    eta=1.0,
+):
     """The fork's Forward_cpu: rows [image, label, score, xmin, ymin, xmax, ymax]."""
     num, p = loc.shape[0], prior.shape[2] // 4
     pbox, pvar = prior[0, 0].reshape(p, 4), prior[0, 1].reshape(p, 4)
@@ -67,14 +93,27 @@ def ref_detection_output(loc, conf, prior, num_classes, share_location=True, bac
     loc, conf = loc.reshape(num, p, nloc, 4), conf.reshape(num, p, num_classes)
     rows = []
     for i in range(num):
-        boxes = [[ref.decode(pbox[j], pvar[j], loc[i, j, c], code_type, var_in_target)
-                  for j in range(p)] for c in range(nloc)]
-        indices = {c: ref_nms_fast(boxes[0 if share_location else c], conf[i, :, c], threshold,
-                                   nms_threshold, eta, top_k)
-                   for c in range(num_classes) if c != background}
+        boxes = [
+            [ref.decode(pbox[j], pvar[j], loc[i, j, c], code_type, var_in_target) for j in range(p)]
+            for c in range(nloc)
+        ]
+        indices = {
+            c: ref_nms_fast(
+                boxes[0 if share_location else c],
+                conf[i, :, c],
+                threshold,
+                nms_threshold,
+                eta,
+                top_k,
+            )
+            for c in range(num_classes)
+            if c != background
+        }
         if -1 < keep_top_k < sum(len(v) for v in indices.values()):
-            pairs = sorted([(conf[i, j, c], c, j) for c in sorted(indices)
-                            for j in indices[c]], key=lambda t: -t[0])[:keep_top_k]
+            pairs = sorted(
+                [(conf[i, j, c], c, j) for c in sorted(indices) for j in indices[c]],
+                key=lambda t: -t[0],
+            )[:keep_top_k]
             indices = {}
             for _, c, j in pairs:
                 indices.setdefault(c, []).append(j)
@@ -87,31 +126,60 @@ def ref_detection_output(loc, conf, prior, num_classes, share_location=True, bac
 
 
 def _run(snippet, bottoms, n_bottoms=3):
-    layer, _ = make_layer(f"detection_output_param {{ {snippet} }}",
-                          [tuple(b.shape) for b in bottoms[:n_bottoms]],
-                          type="DetectionOutput", phase="TEST", dtype=torch.float64)
+    layer, _ = make_layer(
+        f"detection_output_param {{ {snippet} }}",
+        [tuple(b.shape) for b in bottoms[:n_bottoms]],
+        type="DetectionOutput",
+        phase="TEST",
+        dtype=torch.float64,
+    )
     return layer(*bottoms[:n_bottoms])
 
 
-@pytest.mark.parametrize("snippet,kw,loc_classes", [
-    ("num_classes: 4 nms_param { nms_threshold: 0.45 top_k: 10 } keep_top_k: 6 "
-     "code_type: CENTER_SIZE confidence_threshold: 0.05",
-     dict(nms_threshold=0.45, top_k=10, keep_top_k=6, threshold=0.05,
-          code_type=ref.CENTER_SIZE), 1),
-    ("num_classes: 4 share_location: false background_label_id: -1 code_type: CORNER "
-     "variance_encoded_in_target: true nms_param { nms_threshold: 0.3 } "
-     "confidence_threshold: 0.2", dict(share_location=False, background=-1,
-                                       code_type=ref.CORNER, var_in_target=True,
-                                       threshold=0.2), C),
-    ("num_classes: 4 background_label_id: 2 code_type: CORNER_SIZE nms_param { "
-     "nms_threshold: 0.9 eta: 0.7 } keep_top_k: 30", dict(background=2,
-                                                        code_type=ref.CORNER_SIZE,
-                                                        nms_threshold=0.9, eta=0.7,
-                                                        keep_top_k=30), 1),
-    ("num_classes: 4 code_type: CORNER_SIZE variance_encoded_in_target: true nms_param { "
-     "nms_threshold: 0.2 top_k: 0 }", dict(code_type=ref.CORNER_SIZE, var_in_target=True,
-                                          nms_threshold=0.2, top_k=0), 1),
-])
+@pytest.mark.parametrize(
+    "snippet,kw,loc_classes",
+    [
+        (
+            "num_classes: 4 nms_param { nms_threshold: 0.45 top_k: 10 } keep_top_k: 6 "
+            "code_type: CENTER_SIZE confidence_threshold: 0.05",
+            dict(
+                nms_threshold=0.45,
+                top_k=10,
+                keep_top_k=6,
+                threshold=0.05,
+                code_type=ref.CENTER_SIZE,
+            ),
+            1,
+        ),
+        (
+            "num_classes: 4 share_location: false background_label_id: -1 code_type: CORNER "
+            "variance_encoded_in_target: true nms_param { nms_threshold: 0.3 } "
+            "confidence_threshold: 0.2",
+            dict(
+                share_location=False,
+                background=-1,
+                code_type=ref.CORNER,
+                var_in_target=True,
+                threshold=0.2,
+            ),
+            C,
+        ),
+        (
+            "num_classes: 4 background_label_id: 2 code_type: CORNER_SIZE nms_param { "
+            "nms_threshold: 0.9 eta: 0.7 } keep_top_k: 30",
+            dict(
+                background=2, code_type=ref.CORNER_SIZE, nms_threshold=0.9, eta=0.7, keep_top_k=30
+            ),
+            1,
+        ),
+        (
+            "num_classes: 4 code_type: CORNER_SIZE variance_encoded_in_target: true nms_param { "
+            "nms_threshold: 0.2 top_k: 0 }",
+            dict(code_type=ref.CORNER_SIZE, var_in_target=True, nms_threshold=0.2, top_k=0),
+            1,
+        ),
+    ],
+)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_forward_matches_reference(snippet, kw, loc_classes, seed):
     bottoms = _bottoms(loc_classes=loc_classes, seed=seed)(torch.Generator().manual_seed(3))
@@ -134,9 +202,14 @@ def test_nms_suppresses_and_keep_top_k_cuts_across_labels():
         assert mine[:, 2].sort().values.tolist() == theirs[:, 2].sort().values[-3:].tolist()
 
 
-@pytest.mark.parametrize("snippet", ["num_classes: 4 confidence_threshold: 0.999",
-                                     "num_classes: 4 keep_top_k: 0",
-                                     "num_classes: 1 background_label_id: 0"])
+@pytest.mark.parametrize(
+    "snippet",
+    [
+        "num_classes: 4 confidence_threshold: 0.999",
+        "num_classes: 4 keep_top_k: 0",
+        "num_classes: 1 background_label_id: 0",
+    ],
+)
 def test_no_detection_placeholder(snippet):
     bottoms = _bottoms()(torch.Generator().manual_seed(1))
     if "num_classes: 1" in snippet:
@@ -151,27 +224,43 @@ def test_optional_image_bottom_and_no_backward():
     bottoms = [b.requires_grad_() for b in bottoms] + [torch.zeros(2, 3, 8, 8)]
     top = _run("num_classes: 4 nms_param { nms_threshold: 0.45 }", bottoms, n_bottoms=4)
     assert top.shape[0:2] == (1, 1) and top.shape[3] == 7 and not top.requires_grad
-    layer, _ = make_layer("detection_output_param { num_classes: 4 }", SHAPES,
-                          type="DetectionOutput")
+    layer, _ = make_layer(
+        "detection_output_param { num_classes: 4 }", SHAPES, type="DetectionOutput"
+    )
     assert not layer.has_backward and not any(layer.allow_force_backward(i) for i in range(3))
     assert layer.output_shapes(SHAPES) == [(1, 1, 1, 7)]
 
 
-@pytest.mark.parametrize("snippet,shapes,match", [
-    ("nms_param { nms_threshold: 0.5 }", SHAPES, r"must specify num_classes"),
-    ("num_classes: 4 nms_param { nms_threshold: -0.1 }", SHAPES,
-     r"nms_threshold must be non negative"),
-    ("num_classes: 4 nms_param { eta: 0 }", SHAPES, r"nms_param.eta must be in \(0, 1\]"),
-    ("num_classes: 4 nms_param { eta: 1.5 }", SHAPES, r"nms_param.eta must be in \(0, 1\]"),
-    ("num_classes: 4", ((2, P * 4 - 4),) + SHAPES[1:],
-     r"number of priors must match number of location predictions"),
-    ("num_classes: 4 share_location: false", SHAPES,
-     r"number of priors must match number of location predictions.*24 priors \* 16"),
-    ("num_classes: 3", SHAPES, r"number of priors must match number of confidence"),
-    ("num_classes: 4", ((3, P * 4),) + SHAPES[1:],
-     r"loc and conf must have the same number of images"),
-    ("num_classes: 4", SHAPES[:2] + ((1, 3, P * 4),), r"bottom 2 must be PriorBox output"),
-])
+@pytest.mark.parametrize(
+    "snippet,shapes,match",
+    [
+        ("nms_param { nms_threshold: 0.5 }", SHAPES, r"must specify num_classes"),
+        (
+            "num_classes: 4 nms_param { nms_threshold: -0.1 }",
+            SHAPES,
+            r"nms_threshold must be non negative",
+        ),
+        ("num_classes: 4 nms_param { eta: 0 }", SHAPES, r"nms_param.eta must be in \(0, 1\]"),
+        ("num_classes: 4 nms_param { eta: 1.5 }", SHAPES, r"nms_param.eta must be in \(0, 1\]"),
+        (
+            "num_classes: 4",
+            ((2, P * 4 - 4),) + SHAPES[1:],
+            r"number of priors must match number of location predictions",
+        ),
+        (
+            "num_classes: 4 share_location: false",
+            SHAPES,
+            r"number of priors must match number of location predictions.*24 priors \* 16",
+        ),
+        ("num_classes: 3", SHAPES, r"number of priors must match number of confidence"),
+        (
+            "num_classes: 4",
+            ((3, P * 4),) + SHAPES[1:],
+            r"loc and conf must have the same number of images",
+        ),
+        ("num_classes: 4", SHAPES[:2] + ((1, 3, P * 4),), r"bottom 2 must be PriorBox output"),
+    ],
+)
 def test_error_bad_params_and_shapes(snippet, shapes, match):
     with pytest.raises(LayerParamError, match=r"layer 'layer' \(DetectionOutput\): " + match):
         make_layer(f"detection_output_param {{ {snippet} }}", shapes, type="DetectionOutput")
@@ -179,8 +268,11 @@ def test_error_bad_params_and_shapes(snippet, shapes, match):
 
 def test_error_brocolli_thresholds_unsupported():
     with pytest.raises(UnsupportedError, match=r"\(DetectionOutput\): per-class thresholds"):
-        make_layer("detection_output_param { num_classes: 4 thresholds: 0.5 }", SHAPES,
-                   type="DetectionOutput")
+        make_layer(
+            "detection_output_param { num_classes: 4 thresholds: 0.5 }",
+            SHAPES,
+            type="DetectionOutput",
+        )
 
 
 def test_error_degenerate_prior_for_center_size():
@@ -199,9 +291,12 @@ def test_many_candidates_span_several_nms_blocks(eta):
     loc = rng.normal(0, 0.3, size=(1, many * 4))
     conf = ref.softmax(rng.normal(0, 1, size=(1, many, 2))).reshape(1, -1)
     bottoms = [torch.tensor(a) for a in (loc, conf, prior)]
-    top = _run(f"num_classes: 2 code_type: CENTER_SIZE nms_param {{ nms_threshold: 0.6 "
-               f"eta: {eta} }}", bottoms)
-    want = ref_detection_output(loc, conf, prior, num_classes=2, code_type=ref.CENTER_SIZE,
-                                nms_threshold=0.6, eta=eta)
+    top = _run(
+        f"num_classes: 2 code_type: CENTER_SIZE nms_param {{ nms_threshold: 0.6 eta: {eta} }}",
+        bottoms,
+    )
+    want = ref_detection_output(
+        loc, conf, prior, num_classes=2, code_type=ref.CENTER_SIZE, nms_threshold=0.6, eta=eta
+    )
     assert 50 < want.shape[2] < many
     np.testing.assert_allclose(top.numpy(), want, rtol=1e-12, atol=1e-12)

@@ -17,14 +17,32 @@ from torchcaffe.errors import LayerParamError
 
 CASES = [
     LayerCase("Dropout", "dropout_param { dropout_ratio: 0.3 }", phase="TEST", id="dropout_test"),
-    LayerCase("Dropout", "dropout_param { dropout_ratio: 0.4 }", ((4, 5, 6),),
-              deterministic=False, id="dropout_train"),
-    LayerCase("Dropout", "dropout_param { dropout_ratio: 0.25 scale_train: false }",
-              deterministic=False, id="dropout_train_no_scale"),
-    LayerCase("Dropout", "dropout_param { dropout_ratio: 0.25 scale_train: false }",
-              phase="TEST", id="dropout_test_no_scale"),
-    LayerCase("Dropout", "dropout_param { sample_weights_test: true }", phase="TEST",
-              deterministic=False, id="dropout_test_sampled"),
+    LayerCase(
+        "Dropout",
+        "dropout_param { dropout_ratio: 0.4 }",
+        ((4, 5, 6),),
+        deterministic=False,
+        id="dropout_train",
+    ),
+    LayerCase(
+        "Dropout",
+        "dropout_param { dropout_ratio: 0.25 scale_train: false }",
+        deterministic=False,
+        id="dropout_train_no_scale",
+    ),
+    LayerCase(
+        "Dropout",
+        "dropout_param { dropout_ratio: 0.25 scale_train: false }",
+        phase="TEST",
+        id="dropout_test_no_scale",
+    ),
+    LayerCase(
+        "Dropout",
+        "dropout_param { sample_weights_test: true }",
+        phase="TEST",
+        deterministic=False,
+        id="dropout_test_sampled",
+    ),
 ]
 
 N = 200_000  # elements for the statistical checks: 5 sigma of the kept fraction is < 0.006
@@ -36,8 +54,9 @@ def _layer(snippet, phase, shape=(N,)):
 
 
 def _x(shape=(N,), seed=0):
-    return torch.rand(shape, generator=torch.Generator().manual_seed(seed),
-                      dtype=torch.float64) + 0.5  # no zeros: y == 0 means dropped
+    return (
+        torch.rand(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) + 0.5
+    )  # no zeros: y == 0 means dropped
 
 
 def _assert_fraction(dropped, ratio):
@@ -119,13 +138,13 @@ def test_sample_weights_test_samples_in_test_phase():
     y = layer(x)
     kept = y != 0
     _assert_fraction(~kept, float(np.float32(0.3)))
-    torch.testing.assert_close(y[kept], x[kept] / (1 - float(np.float32(0.3))), rtol=1e-12,
-                               atol=0)
+    torch.testing.assert_close(y[kept], x[kept] / (1 - float(np.float32(0.3))), rtol=1e-12, atol=0)
 
 
 def test_gradient_train_fixed_seed():
-    layer, bottoms = make_layer("dropout_param { dropout_ratio: 0.4 }", [(2, 3, 4, 5)],
-                                type="Dropout", phase="TRAIN")
+    layer, bottoms = make_layer(
+        "dropout_param { dropout_ratio: 0.4 }", [(2, 3, 4, 5)], type="Dropout", phase="TRAIN"
+    )
     check_layer_gradient(layer, bottoms)
 
 

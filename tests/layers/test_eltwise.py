@@ -18,22 +18,27 @@ S = (2, 3, 4, 5)
 
 def _separated(n, shape):
     """n bottoms whose values are all at least 0.05 apart (no ties within a gradient step)."""
+
     def make(gen):
         count = int(np.prod(shape))
         values = (torch.randperm(n * count, generator=gen).double() - n * count / 2) * 0.05
         return list(values.reshape(n, *shape))
+
     return make
 
 
 CASES = [
     LayerCase("Eltwise", "", (S, S)),
-    LayerCase("Eltwise", "eltwise_param { operation: SUM coeff: 0.5 coeff: -2 coeff: 1.5 }",
-              (S, S, S)),
+    LayerCase(
+        "Eltwise", "eltwise_param { operation: SUM coeff: 0.5 coeff: -2 coeff: 1.5 }", (S, S, S)
+    ),
     LayerCase("Eltwise", "eltwise_param { operation: PROD }", (S, S, S)),
-    LayerCase("Eltwise", "eltwise_param { operation: PROD stable_prod_grad: false }",
-              ((3, 2, 5),) * 3),
-    LayerCase("Eltwise", "eltwise_param { operation: MAX }", (S, S, S),
-              make_bottoms=_separated(3, S)),
+    LayerCase(
+        "Eltwise", "eltwise_param { operation: PROD stable_prod_grad: false }", ((3, 2, 5),) * 3
+    ),
+    LayerCase(
+        "Eltwise", "eltwise_param { operation: MAX }", (S, S, S), make_bottoms=_separated(3, S)
+    ),
 ]
 
 
@@ -67,21 +72,23 @@ def ref_forward_backward(op, arrays, top_diff, coeff=None, stable=True):
 
 
 def _run(snippet, arrays, top_diff):
-    layer, _ = make_layer(snippet, [a.shape for a in arrays], type="Eltwise",
-                          dtype=torch.float64)
+    layer, _ = make_layer(snippet, [a.shape for a in arrays], type="Eltwise", dtype=torch.float64)
     xs = [torch.tensor(a, requires_grad=True) for a in arrays]
     top = layer(*xs)
     top.backward(torch.tensor(top_diff))
     return top.detach().numpy(), [x.grad.numpy() for x in xs]
 
 
-@pytest.mark.parametrize("op,extra,coeff,stable", [
-    ("SUM", "", None, True),
-    ("SUM", "coeff: 0.5 coeff: -2 coeff: 1.5", [0.5, -2, 1.5], True),
-    ("PROD", "", None, True),
-    ("PROD", "stable_prod_grad: false", None, False),
-    ("MAX", "", None, True),
-])
+@pytest.mark.parametrize(
+    "op,extra,coeff,stable",
+    [
+        ("SUM", "", None, True),
+        ("SUM", "coeff: 0.5 coeff: -2 coeff: 1.5", [0.5, -2, 1.5], True),
+        ("PROD", "", None, True),
+        ("PROD", "stable_prod_grad: false", None, False),
+        ("MAX", "", None, True),
+    ],
+)
 def test_forward_backward_match_caffe(op, extra, coeff, stable):
     rng = np.random.default_rng(3)
     arrays = [rng.standard_normal(S) for _ in range(3)]
@@ -112,8 +119,9 @@ def test_prod_unstable_gradient_divides_by_the_bottom():
     a = np.array([0.0, 2.0, -1.5])
     b = np.array([3.0, 0.5, 2.0])
     top_diff = np.array([1.0, -1.0, 0.5])
-    _, unstable = _run("eltwise_param { operation: PROD stable_prod_grad: false }", [a, b],
-                       top_diff)
+    _, unstable = _run(
+        "eltwise_param { operation: PROD stable_prod_grad: false }", [a, b], top_diff
+    )
     _, want = ref_forward_backward("PROD", [a, b], top_diff, stable=False)
     assert np.isnan(unstable[0][0])
     np.testing.assert_allclose(unstable[0], want[0], rtol=1e-12, equal_nan=True)
@@ -127,11 +135,14 @@ def test_gradient(case):
     check_layer_gradient(layer, bottoms)
 
 
-@pytest.mark.parametrize("snippet,shapes,field", [
-    ("eltwise_param { coeff: 1 }", (S, S), "coeff"),
-    ("eltwise_param { operation: PROD coeff: 1 coeff: 2 }", (S, S), "coeff"),
-    ("", (S, (2, 3, 4, 6)), "shape"),
-])
+@pytest.mark.parametrize(
+    "snippet,shapes,field",
+    [
+        ("eltwise_param { coeff: 1 }", (S, S), "coeff"),
+        ("eltwise_param { operation: PROD coeff: 1 coeff: 2 }", (S, S), "coeff"),
+        ("", (S, (2, 3, 4, 6)), "shape"),
+    ],
+)
 def test_error(snippet, shapes, field):
     with pytest.raises(LayerParamError, match=rf"layer 'e1' \(Eltwise\).*{field}"):
         make_layer(snippet, shapes, type="Eltwise", name="e1")

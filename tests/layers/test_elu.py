@@ -23,8 +23,9 @@ def test_forward_backward_match_caffe_with_zeros(alpha):
     x = rng.standard_normal((2, 3, 4, 5)) * 2
     x.flat[::6] = 0.0
     top_diff = rng.standard_normal(x.shape)
-    layer, _ = make_layer(f"elu_param {{ alpha: {alpha} }}", [x.shape], type="ELU",
-                          dtype=torch.float64)
+    layer, _ = make_layer(
+        f"elu_param {{ alpha: {alpha} }}", [x.shape], type="ELU", dtype=torch.float64
+    )
     xt = torch.tensor(x, requires_grad=True)
     y = layer(xt)
     y.backward(torch.tensor(top_diff))

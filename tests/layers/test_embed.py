@@ -21,10 +21,19 @@ def _indices(shape, high):
 
 
 CASES = [
-    LayerCase("Embed", f"embed_param {{ input_dim: 7 num_output: 5 {FILL} }}", ((3, 4),),
-              make_bottoms=_indices((3, 4), 7)),
-    LayerCase("Embed", "embed_param { input_dim: 5 num_output: 4 bias_term: false "
-              "weight_filler { type: 'gaussian' } }", ((8,),), make_bottoms=_indices((8,), 5)),
+    LayerCase(
+        "Embed",
+        f"embed_param {{ input_dim: 7 num_output: 5 {FILL} }}",
+        ((3, 4),),
+        make_bottoms=_indices((3, 4), 7),
+    ),
+    LayerCase(
+        "Embed",
+        "embed_param { input_dim: 5 num_output: 4 bias_term: false "
+        "weight_filler { type: 'gaussian' } }",
+        ((8,),),
+        make_bottoms=_indices((8,), 5),
+    ),
 ]
 
 
@@ -43,16 +52,21 @@ def ref_embed(index, weight, bias, top_diff):
 
 
 @pytest.mark.parametrize("bias_term", [True, False])
-@pytest.mark.parametrize("index", [
-    np.array([[0.0, 6, 3, 3], [2, 2, 2, 5], [1, 0, 6, 4]]),
-    np.array([4.0, 0, 1.9, 0.5, 3]),  # truncated toward 0
-])
+@pytest.mark.parametrize(
+    "index",
+    [
+        np.array([[0.0, 6, 3, 3], [2, 2, 2, 5], [1, 0, 6, 4]]),
+        np.array([4.0, 0, 1.9, 0.5, 3]),  # truncated toward 0
+    ],
+)
 def test_forward_backward_match_caffe(bias_term, index):
-    snippet = (f"embed_param {{ input_dim: 7 num_output: 5 bias_term: "
-               f"{str(bias_term).lower()} {FILL} }}")
+    snippet = (
+        f"embed_param {{ input_dim: 7 num_output: 5 bias_term: {str(bias_term).lower()} {FILL} }}"
+    )
     idx = torch.tensor(index, requires_grad=True)
-    layer, _ = make_layer(snippet, [index.shape], type="Embed", bottoms=[idx.detach()],
-                          dtype=torch.float64)
+    layer, _ = make_layer(
+        snippet, [index.shape], type="Embed", bottoms=[idx.detach()], dtype=torch.float64
+    )
     blobs = layer.param_blobs()
     assert [tuple(b.shape) for b in blobs] == [(7, 5)] + ([(5,)] if bias_term else [])
     top = layer(idx)
@@ -79,11 +93,14 @@ def test_gradient(case):
     check_layer_gradient(layer, bottoms, check=("params",))
 
 
-@pytest.mark.parametrize("snippet,field", [
-    ("embed_param { input_dim: 3 }", "num_output"),
-    ("embed_param { num_output: 3 }", "input_dim"),
-    ("embed_param { input_dim: 3 num_output: 2 weight_filler { type: 'nope' } }", "nope"),
-])
+@pytest.mark.parametrize(
+    "snippet,field",
+    [
+        ("embed_param { input_dim: 3 }", "num_output"),
+        ("embed_param { num_output: 3 }", "input_dim"),
+        ("embed_param { input_dim: 3 num_output: 2 weight_filler { type: 'nope' } }", "nope"),
+    ],
+)
 def test_error(snippet, field):
     with pytest.raises(LayerParamError, match=rf"layer 'e1' \(Embed\).*{field}"):
         make_layer(snippet, [(4,)], type="Embed", name="e1")
@@ -91,7 +108,8 @@ def test_error(snippet, field):
 
 @pytest.mark.parametrize("index", [[0.0, 3.0], [-1.0, 0.0], [3.5]])
 def test_error_index_out_of_range(index):
-    layer, _ = make_layer("embed_param { input_dim: 3 num_output: 2 }", [(len(index),)],
-                          type="Embed", name="e1")
+    layer, _ = make_layer(
+        "embed_param { input_dim: 3 num_output: 2 }", [(len(index),)], type="Embed", name="e1"
+    )
     with pytest.raises(LayerParamError, match=r"layer 'e1' \(Embed\).*index"):
         layer(torch.tensor(index))

@@ -13,8 +13,9 @@ from torchcaffe.errors import LayerParamError
 
 CASES = [
     LayerCase("EuclideanLoss", "", ((2, 3, 4, 5), (2, 3, 4, 5)), id="euclidean_4d"),
-    LayerCase("EuclideanLoss", "loss_weight: 2.5", ((3, 12), (3, 3, 4)),
-              id="euclidean_reshaped_lw"),
+    LayerCase(
+        "EuclideanLoss", "loss_weight: 2.5", ((3, 12), (3, 3, 4)), id="euclidean_reshaped_lw"
+    ),
 ]
 
 

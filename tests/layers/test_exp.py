@@ -32,8 +32,11 @@ def ref_exp_diff(y, top_diff, base, scale):
     return top_diff * y * log_base * scale
 
 
-@pytest.mark.parametrize("params", [(-1, 1, 0), (2, 0.5, 0.3), (-1, -1.2, 0.7), (0.5, 1, 0),
-                                    (10, 0.3, -1), (1, 1, 2)], ids=str)
+@pytest.mark.parametrize(
+    "params",
+    [(-1, 1, 0), (2, 0.5, 0.3), (-1, -1.2, 0.7), (0.5, 1, 0), (10, 0.3, -1), (1, 1, 2)],
+    ids=str,
+)
 def test_forward_backward_match_caffe(params):
     base, scale, shift = (float(np.float32(v)) for v in params)
     rng = np.random.default_rng(6)
@@ -46,8 +49,9 @@ def test_forward_backward_match_caffe(params):
     y.backward(torch.tensor(top_diff))
     want = ref_exp(x, base, scale, shift)
     np.testing.assert_allclose(y.detach().numpy(), want, rtol=1e-12)
-    np.testing.assert_allclose(xt.grad.numpy(), ref_exp_diff(want, top_diff, base, scale),
-                               rtol=1e-12, atol=1e-300)
+    np.testing.assert_allclose(
+        xt.grad.numpy(), ref_exp_diff(want, top_diff, base, scale), rtol=1e-12, atol=1e-300
+    )
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)

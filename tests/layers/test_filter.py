@@ -14,15 +14,21 @@ from torchcaffe.errors import BlobWiringError, LayerParamError
 
 
 def _with_selector(shapes, selector):
-    return lambda g: [torch.randn(s, generator=g, dtype=torch.float64) for s in shapes] + [
-        torch.tensor(selector, dtype=torch.float64).reshape(len(selector), -1)[:, 0]]
+    return lambda g: (
+        [torch.randn(s, generator=g, dtype=torch.float64) for s in shapes]
+        + [torch.tensor(selector, dtype=torch.float64).reshape(len(selector), -1)[:, 0]]
+    )
 
 
 CASES = [
-    LayerCase("Filter", "", ((5, 3, 2), (5, 4), (5,)), n_tops=2,
-              make_bottoms=_with_selector([(5, 3, 2), (5, 4)], [1, 0, 1, 1, 0])),
-    LayerCase("Filter", "", ((4, 3), (4,)),
-              make_bottoms=_with_selector([(4, 3)], [0, 2, 0, -1])),
+    LayerCase(
+        "Filter",
+        "",
+        ((5, 3, 2), (5, 4), (5,)),
+        n_tops=2,
+        make_bottoms=_with_selector([(5, 3, 2), (5, 4)], [1, 0, 1, 1, 0]),
+    ),
+    LayerCase("Filter", "", ((4, 3), (4,)), make_bottoms=_with_selector([(4, 3)], [0, 2, 0, -1])),
 ]
 
 
@@ -39,19 +45,27 @@ def ref_filter(arrays, selector, top_diffs):
     return tops, diffs
 
 
-@pytest.mark.parametrize("shapes,selector_shape,selector", [
-    (((5, 3, 2), (5, 4)), (5,), [1, 0, 1, 1, 0]),
-    (((4, 3),), (4, 1, 1), [0, 2.5, 0, -1]),
-    (((3, 2),), (3,), [0, 0, 0]),
-    (((3, 2), (3,)), (3, 1), [1, 1, 1]),
-])
+@pytest.mark.parametrize(
+    "shapes,selector_shape,selector",
+    [
+        (((5, 3, 2), (5, 4)), (5,), [1, 0, 1, 1, 0]),
+        (((4, 3),), (4, 1, 1), [0, 2.5, 0, -1]),
+        (((3, 2),), (3,), [0, 0, 0]),
+        (((3, 2), (3,)), (3, 1), [1, 1, 1]),
+    ],
+)
 def test_forward_backward_match_caffe(shapes, selector_shape, selector):
     gen = torch.Generator().manual_seed(4)
-    xs = [torch.randn(s, generator=gen, dtype=torch.float64, requires_grad=True)
-          for s in shapes]
+    xs = [torch.randn(s, generator=gen, dtype=torch.float64, requires_grad=True) for s in shapes]
     sel = torch.tensor(selector, dtype=torch.float64).reshape(selector_shape)
-    layer, _ = make_layer("", [*shapes, selector_shape], type="Filter", n_tops=len(shapes),
-                          bottoms=[*(x.detach() for x in xs), sel], dtype=torch.float64)
+    layer, _ = make_layer(
+        "",
+        [*shapes, selector_shape],
+        type="Filter",
+        n_tops=len(shapes),
+        bottoms=[*(x.detach() for x in xs), sel],
+        dtype=torch.float64,
+    )
     assert layer.output_shapes([*shapes, selector_shape]) == list(shapes)
     tops = layer(*xs, sel)
     tops = tops if isinstance(tops, tuple) else (tops,)
@@ -76,10 +90,13 @@ def test_selector_refuses_force_backward():
     assert [layer.allow_force_backward(i) for i in range(3)] == [True, True, False]
 
 
-@pytest.mark.parametrize("shapes,field", [
-    (((5, 3), (5, 2)), "singleton"),
-    (((5, 3), (4,)), "first dimension"),
-])
+@pytest.mark.parametrize(
+    "shapes,field",
+    [
+        (((5, 3), (5, 2)), "singleton"),
+        (((5, 3), (4,)), "first dimension"),
+    ],
+)
 def test_error(shapes, field):
     with pytest.raises(LayerParamError, match=rf"layer 'f1' \(Filter\).*{field}"):
         make_layer("", shapes, type="Filter", name="f1")

@@ -24,18 +24,21 @@ def ref_flatten_shape(shape, axis, end_axis):
     """Caffe's Reshape: dims before axis, count(axis, end_axis + 1), dims after end_axis."""
     n = len(shape)
     a, e = axis % n, end_axis % n
-    return tuple(shape[:a]) + (int(np.prod(shape[a:e + 1])),) + tuple(shape[e + 1:])
+    return tuple(shape[:a]) + (int(np.prod(shape[a : e + 1])),) + tuple(shape[e + 1 :])
 
 
-@pytest.mark.parametrize("snippet,shape,axis,end_axis", [
-    ("", (2, 3, 4, 5), 1, -1),
-    ("flatten_param { axis: 2 }", (2, 3, 4, 5), 2, -1),
-    ("flatten_param { axis: 1 end_axis: 2 }", (2, 3, 4, 5), 1, 2),
-    ("flatten_param { axis: -3 end_axis: -2 }", (2, 3, 4, 5), -3, -2),
-    ("flatten_param { axis: 0 }", (2, 3, 4), 0, -1),
-    ("flatten_param { axis: 2 end_axis: 1 }", (2, 3, 4, 5), 2, 1),
-    ("flatten_param { axis: 3 end_axis: 3 }", (2, 3, 4, 5), 3, 3),
-])
+@pytest.mark.parametrize(
+    "snippet,shape,axis,end_axis",
+    [
+        ("", (2, 3, 4, 5), 1, -1),
+        ("flatten_param { axis: 2 }", (2, 3, 4, 5), 2, -1),
+        ("flatten_param { axis: 1 end_axis: 2 }", (2, 3, 4, 5), 1, 2),
+        ("flatten_param { axis: -3 end_axis: -2 }", (2, 3, 4, 5), -3, -2),
+        ("flatten_param { axis: 0 }", (2, 3, 4), 0, -1),
+        ("flatten_param { axis: 2 end_axis: 1 }", (2, 3, 4, 5), 2, 1),
+        ("flatten_param { axis: 3 end_axis: 3 }", (2, 3, 4, 5), 3, 3),
+    ],
+)
 def test_forward_matches_reference(snippet, shape, axis, end_axis):
     layer, (x,) = make_layer(snippet, [shape], type="Flatten", dtype=torch.float64)
     want_shape = ref_flatten_shape(shape, axis, end_axis)
@@ -51,11 +54,14 @@ def test_gradient(case):
     check_layer_gradient(layer, bottoms)
 
 
-@pytest.mark.parametrize("snippet,field", [
-    ("flatten_param { axis: 4 }", "axis"),
-    ("flatten_param { end_axis: -5 }", "end_axis"),
-    ("flatten_param { axis: 3 end_axis: 1 }", "end_axis"),
-])
+@pytest.mark.parametrize(
+    "snippet,field",
+    [
+        ("flatten_param { axis: 4 }", "axis"),
+        ("flatten_param { end_axis: -5 }", "end_axis"),
+        ("flatten_param { axis: 3 end_axis: 1 }", "end_axis"),
+    ],
+)
 def test_error(snippet, field):
     with pytest.raises(LayerParamError, match=rf"layer 'f1' \(Flatten\).*{field}"):
         make_layer(snippet, [(2, 3, 4, 5)], type="Flatten", name="f1")

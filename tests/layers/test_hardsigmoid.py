@@ -11,8 +11,12 @@ from tests.helpers.harness import make_layer
 
 CASES = [
     LayerCase("HardSigmoid", id="hardsigmoid_default"),
-    LayerCase("HardSigmoid", "hardsigmoid_param { alpha: 0.3 beta: 0.4 }", ((4, 3, 5),),
-              id="hardsigmoid_alpha_beta"),
+    LayerCase(
+        "HardSigmoid",
+        "hardsigmoid_param { alpha: 0.3 beta: 0.4 }",
+        ((4, 3, 5),),
+        id="hardsigmoid_alpha_beta",
+    ),
 ]
 
 
@@ -22,8 +26,12 @@ def test_forward_matches_fork(alpha, beta, dtype):
     alpha, beta = float(np.float32(alpha)), float(np.float32(beta))
     rng = np.random.default_rng(14)
     x = torch.tensor(rng.standard_normal((2, 3, 4, 5)) * 4, dtype=dtype)
-    layer, _ = make_layer(f"hardsigmoid_param {{ alpha: {alpha} beta: {beta} }}", [x.shape],
-                          type="HardSigmoid", dtype=dtype)
+    layer, _ = make_layer(
+        f"hardsigmoid_param {{ alpha: {alpha} beta: {beta} }}",
+        [x.shape],
+        type="HardSigmoid",
+        dtype=dtype,
+    )
     xn = x.double().numpy()
     want = np.maximum(0, np.minimum(1, xn * alpha + beta))
     rtol = 1e-12 if dtype == torch.float64 else 1e-6

@@ -39,9 +39,13 @@ def two_files(folder: Path) -> tuple[Path, list[dict[str, np.ndarray]]]:
     """7 + 5 rows: float32 data (3, 4), int32 labels, float64 aux (2,)."""
     parts = []
     for name, rows in (("a", 7), ("b", 5)):
-        parts.append({"data": RNG.standard_normal((rows, 3, 4)).astype(np.float32),
-                      "label": RNG.integers(0, 10, rows).astype(np.int32),
-                      "aux": RNG.standard_normal((rows, 2))})
+        parts.append(
+            {
+                "data": RNG.standard_normal((rows, 3, 4)).astype(np.float32),
+                "label": RNG.integers(0, 10, rows).astype(np.int32),
+                "aux": RNG.standard_normal((rows, 2)),
+            }
+        )
         write_h5(folder / f"{name}.h5", **parts[-1])
     return write_list(folder / "list.txt", [folder / "a.h5", folder / "b.h5"]), parts
 
@@ -51,10 +55,18 @@ atexit.register(shutil.rmtree, _CASE_DIR, ignore_errors=True)
 _CASE_LIST, _ = two_files(_CASE_DIR)
 
 CASES = [
-    LayerCase("HDF5Data", f'top: "data" top: "label" hdf5_data_param {{ source: "{_CASE_LIST}" '
-              "batch_size: 4 }", bottom_shapes=(), n_tops=2),
-    LayerCase("HDF5Data", f'top: "aux" hdf5_data_param {{ source: "{_CASE_LIST}" '
-              "batch_size: 9 }", bottom_shapes=(), phase="TEST"),
+    LayerCase(
+        "HDF5Data",
+        f'top: "data" top: "label" hdf5_data_param {{ source: "{_CASE_LIST}" batch_size: 4 }}',
+        bottom_shapes=(),
+        n_tops=2,
+    ),
+    LayerCase(
+        "HDF5Data",
+        f'top: "aux" hdf5_data_param {{ source: "{_CASE_LIST}" batch_size: 9 }}',
+        bottom_shapes=(),
+        phase="TEST",
+    ),
 ]
 
 
@@ -63,14 +75,15 @@ def ref_batches(parts, tops, batch_size, n_batches):
     order = [(f, r) for f, part in enumerate(parts) for r in range(len(part[tops[0]]))]
     flat = [order[i % len(order)] for i in range(batch_size * n_batches)]
     for b in range(n_batches):
-        rows = flat[b * batch_size:(b + 1) * batch_size]
+        rows = flat[b * batch_size : (b + 1) * batch_size]
         yield {t: np.stack([parts[f][t][r] for f, r in rows]).astype(np.float32) for t in tops}
 
 
 def hdf5_layer(source, batch_size, tops=("data", "label"), extra="", **kw):
     top_text = " ".join(f'top: "{t}"' for t in tops)
-    snippet = (f'{top_text} hdf5_data_param {{ source: "{source}" batch_size: {batch_size} '
-               f"{extra} }}")
+    snippet = (
+        f'{top_text} hdf5_data_param {{ source: "{source}" batch_size: {batch_size} {extra} }}'
+    )
     layer, _ = make_layer(snippet, (), type="HDF5Data", n_tops=len(tops), **kw)
     return layer
 
@@ -130,8 +143,10 @@ def test_in_a_net_the_tops_need_no_backward(tmp_path):
     import torchcaffe
 
     source, parts = two_files(tmp_path)
-    net_text = (f'layer {{ name: "d" type: "HDF5Data" top: "data" top: "label" '
-                f'hdf5_data_param {{ source: "{source}" batch_size: 4 }} }}')
+    net_text = (
+        f'layer {{ name: "d" type: "HDF5Data" top: "data" top: "label" '
+        f'hdf5_data_param {{ source: "{source}" batch_size: 4 }} }}'
+    )
     path = tmp_path / "net.prototxt"
     path.write_text(net_text)
     net = torchcaffe.Net(str(path), torchcaffe.TRAIN)
@@ -160,8 +175,7 @@ def test_missing_dataset_names_file_and_top(tmp_path):
 
 
 def test_datasets_with_different_row_counts(tmp_path):
-    write_h5(tmp_path / "a.h5", data=np.zeros((3, 2), np.float32),
-             label=np.zeros(4, np.float32))
+    write_h5(tmp_path / "a.h5", data=np.zeros((3, 2), np.float32), label=np.zeros(4, np.float32))
     source = write_list(tmp_path / "list.txt", [tmp_path / "a.h5"])
     with pytest.raises(DataError, match="another number of rows"):
         hdf5_layer(source, 2)
@@ -186,8 +200,12 @@ def test_string_dataset_is_refused(tmp_path):
 def test_transform_param_is_refused(tmp_path):
     source, _ = two_files(tmp_path)
     with pytest.raises(LayerParamError, match="does not transform data"):
-        make_layer(f'top: "data" transform_param {{ scale: 2 }} hdf5_data_param {{ source: '
-                   f'"{source}" batch_size: 2 }}', (), type="HDF5Data")
+        make_layer(
+            f'top: "data" transform_param {{ scale: 2 }} hdf5_data_param {{ source: '
+            f'"{source}" batch_size: 2 }}',
+            (),
+            type="HDF5Data",
+        )
 
 
 def test_batch_size_must_be_positive(tmp_path):
@@ -199,5 +217,8 @@ def test_batch_size_must_be_positive(tmp_path):
 def test_takes_no_bottoms(tmp_path):
     source, _ = two_files(tmp_path)
     with pytest.raises(BlobWiringError, match="wrong number of bottom"):
-        make_layer(f'top: "data" hdf5_data_param {{ source: "{source}" batch_size: 2 }}',
-                   ((2, 3),), type="HDF5Data")
+        make_layer(
+            f'top: "data" hdf5_data_param {{ source: "{source}" batch_size: 2 }}',
+            ((2, 3),),
+            type="HDF5Data",
+        )

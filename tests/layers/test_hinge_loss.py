@@ -15,16 +15,25 @@ from torchcaffe.errors import DataError, LayerParamError
 def _scores_labels(shape, label_shape):
     def make(g):
         dim = int(np.prod(shape[1:]))
-        return [torch.randn(shape, generator=g, dtype=torch.float64) * 2,
-                torch.randint(0, dim, label_shape, generator=g).double()]
+        return [
+            torch.randn(shape, generator=g, dtype=torch.float64) * 2,
+            torch.randint(0, dim, label_shape, generator=g).double(),
+        ]
+
     return make
 
 
 CASES = [
-    LayerCase("HingeLoss", "", ((4, 5), (4,)), make_bottoms=_scores_labels((4, 5), (4,)),
-              id="hinge_l1"),
-    LayerCase("HingeLoss", "hinge_loss_param { norm: L2 }", ((3, 2, 2, 2), (3, 1, 1, 1)),
-              make_bottoms=_scores_labels((3, 2, 2, 2), (3, 1, 1, 1)), id="hinge_l2_4d"),
+    LayerCase(
+        "HingeLoss", "", ((4, 5), (4,)), make_bottoms=_scores_labels((4, 5), (4,)), id="hinge_l1"
+    ),
+    LayerCase(
+        "HingeLoss",
+        "hinge_loss_param { norm: L2 }",
+        ((3, 2, 2, 2), (3, 1, 1, 1)),
+        make_bottoms=_scores_labels((3, 2, 2, 2), (3, 1, 1, 1)),
+        id="hinge_l2_4d",
+    ),
 ]
 
 
@@ -50,8 +59,12 @@ def test_forward_backward_match_reference(norm):
     x = rng.standard_normal((4, 3, 2)) * 1.5
     label = rng.integers(0, 6, (4,)).astype(np.float64)
     x.reshape(4, 6)[0, :] = [1.0, -1.0, 0.0, 2.0, -2.0, 0.5]  # at the hinge, both sides
-    layer, _ = make_layer(f"hinge_loss_param {{ norm: {norm} }}", [x.shape, label.shape],
-                          type="HingeLoss", dtype=torch.float64)
+    layer, _ = make_layer(
+        f"hinge_loss_param {{ norm: {norm} }}",
+        [x.shape, label.shape],
+        type="HingeLoss",
+        dtype=torch.float64,
+    )
     xt = torch.tensor(x, requires_grad=True)
     loss = layer(xt, torch.tensor(label))
     loss.backward(torch.tensor(3.0, dtype=torch.float64))

@@ -19,30 +19,44 @@ THRESHOLD = float(np.float32(1e-20))
 def _bottoms(shape, axis, with_h=True):
     def make(g):
         c = shape[axis]
-        lshape = shape[:axis] + shape[axis + 1:]
-        out = [torch.randn(shape, generator=g, dtype=torch.float64),
-               torch.randint(0, c, lshape, generator=g).double()]
+        lshape = shape[:axis] + shape[axis + 1 :]
+        out = [
+            torch.randn(shape, generator=g, dtype=torch.float64),
+            torch.randint(0, c, lshape, generator=g).double(),
+        ]
         if with_h:
             out.append(torch.rand(c, c, generator=g, dtype=torch.float64))
         return out
+
     return make
 
 
 CASES = [
-    LayerCase("InfogainLoss", "", ((5, 4), (5,), (4, 4)), make_bottoms=_bottoms((5, 4), 1),
-              id="infogain_bottom_h"),
-    LayerCase("InfogainLoss", "infogain_loss_param { axis: 2 } loss_param { ignore_label: 0 }",
-              ((2, 3, 4, 5), (2, 3, 5), (1, 1, 4, 4)),
-              make_bottoms=lambda g: _bottoms((2, 3, 4, 5), 2)(g)[:2]
-              + [torch.rand(1, 1, 4, 4, generator=g, dtype=torch.float64)],
-              n_tops=2, id="infogain_axis2_ignore_prob"),
+    LayerCase(
+        "InfogainLoss",
+        "",
+        ((5, 4), (5,), (4, 4)),
+        make_bottoms=_bottoms((5, 4), 1),
+        id="infogain_bottom_h",
+    ),
+    LayerCase(
+        "InfogainLoss",
+        "infogain_loss_param { axis: 2 } loss_param { ignore_label: 0 }",
+        ((2, 3, 4, 5), (2, 3, 5), (1, 1, 4, 4)),
+        make_bottoms=lambda g: (
+            _bottoms((2, 3, 4, 5), 2)(g)[:2]
+            + [torch.rand(1, 1, 4, 4, generator=g, dtype=torch.float64)]
+        ),
+        n_tops=2,
+        id="infogain_axis2_ignore_prob",
+    ),
 ]
 
 
 def ref_infogain(x, label, h, axis, ignore, mode):
     """Caffe's Forward_cpu / Backward_cpu loops; returns (loss, diff for top diff 1)."""
     outer, c = int(np.prod(x.shape[:axis])), x.shape[axis]
-    inner = int(np.prod(x.shape[axis + 1:]))
+    inner = int(np.prod(x.shape[axis + 1 :]))
     xs = x.reshape(outer, c, inner)
     e = np.exp(xs - xs.max(axis=1, keepdims=True))
     p = e / e.sum(axis=1, keepdims=True)
@@ -58,15 +72,13 @@ def ref_infogain(x, label, h, axis, ignore, mode):
                 loss -= h[y, k] * np.log(max(p[i, k, j], THRESHOLD))
                 diff[i, k, j] = p[i, k, j] * h[y].sum() - h[y, k]
             count += 1
-    norm = max(1.0, {"FULL": outer * inner, "VALID": count, "BATCH_SIZE": outer,
-                     "NONE": 1}[mode])
+    norm = max(1.0, {"FULL": outer * inner, "VALID": count, "BATCH_SIZE": outer, "NONE": 1}[mode])
     return loss / norm, (diff / norm).reshape(x.shape)
 
 
 def _run(snippet, x, label, h=None, n_tops=1, top_diff=1.0):
     shapes = [x.shape, label.shape] + ([] if h is None else [h.shape])
-    layer, _ = make_layer(snippet, shapes, type="InfogainLoss", n_tops=n_tops,
-                          dtype=torch.float64)
+    layer, _ = make_layer(snippet, shapes, type="InfogainLoss", n_tops=n_tops, dtype=torch.float64)
     xt = torch.tensor(x, requires_grad=True)
     args = [xt, torch.tensor(label)] + ([] if h is None else [torch.tensor(h)])
     out = layer(*args)
@@ -83,8 +95,7 @@ def test_forward_backward_bottom_h(mode, ignore):
     label = rng.integers(0, 4, (3, 2)).astype(np.float64)
     h = rng.random((4, 4))
     ign = "" if ignore is None else f"ignore_label: {ignore}"
-    loss, dx = _run(f"loss_param {{ normalization: {mode} {ign} }}", x, label, h,
-                    top_diff=1.5)
+    loss, dx = _run(f"loss_param {{ normalization: {mode} {ign} }}", x, label, h, top_diff=1.5)
     want, want_dx = ref_infogain(x, label, h, 1, ignore, mode)
     np.testing.assert_allclose(float(loss.detach()), want, rtol=1e-12)
     np.testing.assert_allclose(dx, 1.5 * want_dx, rtol=1e-10, atol=1e-14)
@@ -131,8 +142,7 @@ def test_gradient(case):
 
 def test_error_normalize_deprecated():
     with pytest.raises(LayerParamError, match=r"layer 'layer' \(InfogainLoss\).*normalize"):
-        make_layer("loss_param { normalize: true }", [(2, 3), (2,), (3, 3)],
-                   type="InfogainLoss")
+        make_layer("loss_param { normalize: true }", [(2, 3), (2,), (3, 3)], type="InfogainLoss")
 
 
 def test_error_no_source():
@@ -142,8 +152,11 @@ def test_error_no_source():
 
 def test_error_missing_source_file(tmp_path):
     with pytest.raises(PrototxtError, match=r"layer 'layer' \(InfogainLoss\)"):
-        make_layer(f'infogain_loss_param {{ source: "{tmp_path / "none"}" }}', [(2, 3), (2,)],
-                   type="InfogainLoss")
+        make_layer(
+            f'infogain_loss_param {{ source: "{tmp_path / "none"}" }}',
+            [(2, 3), (2,)],
+            type="InfogainLoss",
+        )
 
 
 def test_error_h_size():

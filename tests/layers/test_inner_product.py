@@ -13,15 +13,30 @@ from torchcaffe.errors import LayerParamError
 
 FILLERS = 'weight_filler { type: "gaussian" std: 0.5 } bias_filler { type: "gaussian" std: 1 }'
 CASES = [
-    LayerCase("InnerProduct", f"inner_product_param {{ num_output: 6 {FILLERS} }}",
-              ((2, 3, 4, 5),), id="ip_default"),
-    LayerCase("InnerProduct", f"inner_product_param {{ num_output: 6 axis: 2 {FILLERS} }}",
-              ((2, 3, 4, 5),), id="ip_axis2"),
-    LayerCase("InnerProduct",
-              f"inner_product_param {{ num_output: 7 transpose: true bias_term: false {FILLERS} }}",
-              ((3, 4, 5),), id="ip_transpose_nobias"),
-    LayerCase("InnerProduct", f"inner_product_param {{ num_output: 2 axis: -1 {FILLERS} }}",
-              ((2, 3, 4),), id="ip_axis_neg1"),
+    LayerCase(
+        "InnerProduct",
+        f"inner_product_param {{ num_output: 6 {FILLERS} }}",
+        ((2, 3, 4, 5),),
+        id="ip_default",
+    ),
+    LayerCase(
+        "InnerProduct",
+        f"inner_product_param {{ num_output: 6 axis: 2 {FILLERS} }}",
+        ((2, 3, 4, 5),),
+        id="ip_axis2",
+    ),
+    LayerCase(
+        "InnerProduct",
+        f"inner_product_param {{ num_output: 7 transpose: true bias_term: false {FILLERS} }}",
+        ((3, 4, 5),),
+        id="ip_transpose_nobias",
+    ),
+    LayerCase(
+        "InnerProduct",
+        f"inner_product_param {{ num_output: 2 axis: -1 {FILLERS} }}",
+        ((2, 3, 4),),
+        id="ip_axis_neg1",
+    ),
 ]
 
 
@@ -47,8 +62,9 @@ def test_forward_matches_gemm_reference(case):
 
 
 def test_blob_shapes_follow_transpose():
-    layer, _ = make_layer("inner_product_param { num_output: 7 transpose: true }", [(3, 4, 5)],
-                          type="InnerProduct")
+    layer, _ = make_layer(
+        "inner_product_param { num_output: 7 transpose: true }", [(3, 4, 5)], type="InnerProduct"
+    )
     assert [tuple(t.shape) for t in layer.param_blobs()] == [(20, 7), (7,)]
 
 
@@ -69,7 +85,6 @@ def test_axis_out_of_range():
 
 
 def test_incompatible_input_size_on_reshape():
-    layer, _ = make_layer("inner_product_param { num_output: 2 }", [(2, 3, 4)],
-                          type="InnerProduct")
+    layer, _ = make_layer("inner_product_param { num_output: 2 }", [(2, 3, 4)], type="InnerProduct")
     with pytest.raises(LayerParamError, match=r"\(InnerProduct\).*incompatible.*got 15"):
         layer(torch.zeros(2, 3, 5))

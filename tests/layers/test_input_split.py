@@ -12,25 +12,39 @@ from torchcaffe.errors import LayerParamError
 
 CASES = [
     LayerCase("Input", "input_param { shape { dim: 2 dim: 3 } }", (), id="input_one_shape"),
-    LayerCase("Input", "input_param { shape { dim: 2 } shape { dim: 4 dim: 5 } } "
-              'top: "a" top: "b"', (), n_tops=2, id="input_two_shapes"),
+    LayerCase(
+        "Input",
+        'input_param { shape { dim: 2 } shape { dim: 4 dim: 5 } } top: "a" top: "b"',
+        (),
+        n_tops=2,
+        id="input_two_shapes",
+    ),
     LayerCase("Split", "", ((2, 3, 4),), n_tops=3, id="split_3"),
 ]
 
 
 def test_input_shapes_one_for_all_tops_or_one_per_top():
-    layer, _ = make_layer('input_param { shape { dim: 2 dim: 3 } } top: "a" top: "b"', (),
-                          type="Input", n_tops=2)
+    layer, _ = make_layer(
+        'input_param { shape { dim: 2 dim: 3 } } top: "a" top: "b"', (), type="Input", n_tops=2
+    )
     assert layer.output_shapes([]) == [(2, 3), (2, 3)]
-    layer, _ = make_layer('input_param { shape { dim: 2 } shape { dim: 4 dim: 5 } } '
-                          'top: "a" top: "b"', (), type="Input", n_tops=2)
+    layer, _ = make_layer(
+        'input_param { shape { dim: 2 } shape { dim: 4 dim: 5 } } top: "a" top: "b"',
+        (),
+        type="Input",
+        n_tops=2,
+    )
     assert layer.output_shapes([]) == [(2,), (4, 5)]
 
 
 def test_input_wrong_number_of_shapes():
     with pytest.raises(LayerParamError, match=r"\(Input\).*shapes"):
-        make_layer('input_param { shape { dim: 2 } shape { dim: 3 } shape { dim: 4 } } '
-                   'top: "a" top: "b"', (), type="Input", n_tops=2)
+        make_layer(
+            'input_param { shape { dim: 2 } shape { dim: 3 } shape { dim: 4 } } top: "a" top: "b"',
+            (),
+            type="Input",
+            n_tops=2,
+        )
 
 
 def test_input_negative_dim():

@@ -20,10 +20,19 @@ def _positive(shape):
 
 CASES = [
     LayerCase("Log", make_bottoms=_positive((2, 3, 4, 5)), id="log_default"),
-    LayerCase("Log", "log_param { base: 10 scale: 2 shift: 0.5 }",
-              make_bottoms=_positive((2, 3, 4, 5)), id="log_base_scale_shift"),
-    LayerCase("Log", "log_param { base: 0.5 scale: -1 shift: 3 }", ((3, 4, 2),),
-              make_bottoms=_positive((3, 4, 2)), id="log_base_below_one"),
+    LayerCase(
+        "Log",
+        "log_param { base: 10 scale: 2 shift: 0.5 }",
+        make_bottoms=_positive((2, 3, 4, 5)),
+        id="log_base_scale_shift",
+    ),
+    LayerCase(
+        "Log",
+        "log_param { base: 0.5 scale: -1 shift: 3 }",
+        ((3, 4, 2),),
+        make_bottoms=_positive((3, 4, 2)),
+        id="log_base_below_one",
+    ),
 ]
 
 
@@ -37,8 +46,9 @@ def ref_log_diff(x, top_diff, base, scale, shift):
     return top_diff * scale / log_base / (shift + scale * x)
 
 
-@pytest.mark.parametrize("params", [(-1, 1, 0), (10, 2, 0.5), (0.5, -1, 3), (2, 1, 0),
-                                    (-1, 3, -0.2)], ids=str)
+@pytest.mark.parametrize(
+    "params", [(-1, 1, 0), (10, 2, 0.5), (0.5, -1, 3), (2, 1, 0), (-1, 3, -0.2)], ids=str
+)
 def test_forward_backward_match_caffe(params):
     base, scale, shift = (float(np.float32(v)) for v in params)
     rng = np.random.default_rng(7)
@@ -49,10 +59,12 @@ def test_forward_backward_match_caffe(params):
     xt = torch.tensor(x, requires_grad=True)
     y = layer(xt)
     y.backward(torch.tensor(top_diff))
-    np.testing.assert_allclose(y.detach().numpy(), ref_log(x, base, scale, shift), rtol=1e-12,
-                               atol=1e-15)
-    np.testing.assert_allclose(xt.grad.numpy(), ref_log_diff(x, top_diff, base, scale, shift),
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+        y.detach().numpy(), ref_log(x, base, scale, shift), rtol=1e-12, atol=1e-15
+    )
+    np.testing.assert_allclose(
+        xt.grad.numpy(), ref_log_diff(x, top_diff, base, scale, shift), rtol=1e-12
+    )
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)

@@ -14,8 +14,11 @@ from torchcaffe.errors import LayerParamError
 
 CASES = [
     LayerCase("LRN", "lrn_param { local_size: 5 alpha: 0.3 beta: 0.75 k: 2 }", ((2, 7, 3, 4),)),
-    LayerCase("LRN", "lrn_param { norm_region: WITHIN_CHANNEL local_size: 3 alpha: 0.2 "
-              "beta: 0.6 }", ((2, 3, 5, 6),)),
+    LayerCase(
+        "LRN",
+        "lrn_param { norm_region: WITHIN_CHANNEL local_size: 3 alpha: 0.2 beta: 0.6 }",
+        ((2, 3, 5, 6),),
+    ),
 ]
 
 
@@ -36,22 +39,32 @@ def ref_lrn(x, size, alpha, beta, k, within):
                 h0, w0 = max(hi - half, 0), max(wi - half, 0)
                 h1, w1 = min(hi - half + size, h), min(wi - half + size, w)
                 win = x[:, :, h0:h1, w0:w1] ** 2
-                scale[:, :, hi, wi] = 1 + alpha / size ** 2 * win.sum(axis=(2, 3))
-    return x * scale ** -beta
+                scale[:, :, hi, wi] = 1 + alpha / size**2 * win.sum(axis=(2, 3))
+    return x * scale**-beta
 
 
-@pytest.mark.parametrize("snippet,within,size,alpha,beta,k", [
-    ("local_size: 5 alpha: 0.3 beta: 0.75 k: 2", False, 5, 0.3, 0.75, 2.0),
-    ("local_size: 3", False, 3, 1.0, 0.75, 1.0),
-    ("local_size: 9 alpha: 2 beta: 1.5 k: 0.5", False, 9, 2.0, 1.5, 0.5),  # window > C
-    ("norm_region: WITHIN_CHANNEL local_size: 3 alpha: 0.2 beta: 0.6", True, 3, 0.2, 0.6, 1.0),
-    # k is not used WITHIN_CHANNEL: Caffe's Power layer shifts by 1
-    ("norm_region: WITHIN_CHANNEL local_size: 5 alpha: 3 beta: 0.9 k: 7", True, 5, 3.0, 0.9,
-     None),
-])
+@pytest.mark.parametrize(
+    "snippet,within,size,alpha,beta,k",
+    [
+        ("local_size: 5 alpha: 0.3 beta: 0.75 k: 2", False, 5, 0.3, 0.75, 2.0),
+        ("local_size: 3", False, 3, 1.0, 0.75, 1.0),
+        ("local_size: 9 alpha: 2 beta: 1.5 k: 0.5", False, 9, 2.0, 1.5, 0.5),  # window > C
+        ("norm_region: WITHIN_CHANNEL local_size: 3 alpha: 0.2 beta: 0.6", True, 3, 0.2, 0.6, 1.0),
+        # k is not used WITHIN_CHANNEL: Caffe's Power layer shifts by 1
+        (
+            "norm_region: WITHIN_CHANNEL local_size: 5 alpha: 3 beta: 0.9 k: 7",
+            True,
+            5,
+            3.0,
+            0.9,
+            None,
+        ),
+    ],
+)
 def test_forward_matches_reference(snippet, within, size, alpha, beta, k):
-    layer, (x,) = make_layer(f"lrn_param {{ {snippet} }}", [(2, 7, 5, 6)], type="LRN",
-                             dtype=torch.float64)
+    layer, (x,) = make_layer(
+        f"lrn_param {{ {snippet} }}", [(2, 7, 5, 6)], type="LRN", dtype=torch.float64
+    )
     alpha, beta = np.float32(alpha).item(), np.float32(beta).item()  # proto floats
     want = ref_lrn(x.numpy(), size, alpha, beta, k, within)
     np.testing.assert_allclose(layer(x).numpy(), want, rtol=1e-12)
@@ -63,11 +76,14 @@ def test_gradient(case):
     check_layer_gradient(layer, bottoms)
 
 
-@pytest.mark.parametrize("snippet,shape,field", [
-    ("lrn_param { local_size: 4 }", (2, 3, 4, 5), "local_size"),
-    ("lrn_param { local_size: 0 }", (2, 3, 4, 5), "local_size"),
-    ("lrn_param { local_size: 3 }", (2, 3, 4), "4 axes"),
-])
+@pytest.mark.parametrize(
+    "snippet,shape,field",
+    [
+        ("lrn_param { local_size: 4 }", (2, 3, 4, 5), "local_size"),
+        ("lrn_param { local_size: 0 }", (2, 3, 4, 5), "local_size"),
+        ("lrn_param { local_size: 3 }", (2, 3, 4), "4 axes"),
+    ],
+)
 def test_error(snippet, shape, field):
     with pytest.raises(LayerParamError, match=rf"layer 'n1' \(LRN\).*{field}"):
         make_layer(snippet, [shape], type="LRN", name="n1")

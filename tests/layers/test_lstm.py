@@ -11,12 +11,15 @@ from tests.helpers.gradcheck import check_layer_gradient
 from tests.helpers.harness import make_layer
 from torchcaffe.errors import BlobWiringError, LayerParamError
 
-FILLERS = ("weight_filler { type: 'uniform' min: -0.5 max: 0.5 } "
-           "bias_filler { type: 'uniform' min: -0.5 max: 0.5 }")
+FILLERS = (
+    "weight_filler { type: 'uniform' min: -0.5 max: 0.5 } "
+    "bias_filler { type: 'uniform' min: -0.5 max: 0.5 }"
+)
 
 
 def _bottoms(x_shape, static_shape=None, hidden=0, hidden_dim=3):
     """x normal, cont 0 at t = 0 and at a mid-sequence restart, else 1."""
+
     def make(gen):
         t, n = x_shape[:2]
         cont = torch.ones(t, n)
@@ -27,18 +30,33 @@ def _bottoms(x_shape, static_shape=None, hidden=0, hidden_dim=3):
             out.append(torch.randn(static_shape, generator=gen))
         out += [torch.randn(1, n, hidden_dim, generator=gen) for _ in range(hidden)]
         return out
+
     return make
 
 
 CASES = [
-    LayerCase("LSTM", f"recurrent_param {{ num_output: 3 {FILLERS} }}", ((4, 2, 5), (4, 2)),
-              make_bottoms=_bottoms((4, 2, 5)), id="lstm_basic"),
-    LayerCase("LSTM", f"recurrent_param {{ num_output: 3 {FILLERS} }}",
-              ((3, 2, 4), (3, 2), (2, 5)), make_bottoms=_bottoms((3, 2, 4), (2, 5)),
-              id="lstm_static"),
-    LayerCase("LSTM", f"recurrent_param {{ num_output: 3 expose_hidden: true {FILLERS} }}",
-              ((3, 2, 2, 3), (3, 2), (1, 2, 3), (1, 2, 3)), n_tops=3,
-              make_bottoms=_bottoms((3, 2, 2, 3), hidden=2), id="lstm_expose_4d"),
+    LayerCase(
+        "LSTM",
+        f"recurrent_param {{ num_output: 3 {FILLERS} }}",
+        ((4, 2, 5), (4, 2)),
+        make_bottoms=_bottoms((4, 2, 5)),
+        id="lstm_basic",
+    ),
+    LayerCase(
+        "LSTM",
+        f"recurrent_param {{ num_output: 3 {FILLERS} }}",
+        ((3, 2, 4), (3, 2), (2, 5)),
+        make_bottoms=_bottoms((3, 2, 4), (2, 5)),
+        id="lstm_static",
+    ),
+    LayerCase(
+        "LSTM",
+        f"recurrent_param {{ num_output: 3 expose_hidden: true {FILLERS} }}",
+        ((3, 2, 2, 3), (3, 2), (1, 2, 3), (1, 2, 3)),
+        n_tops=3,
+        make_bottoms=_bottoms((3, 2, 2, 3), hidden=2),
+        id="lstm_expose_4d",
+    ),
 ]
 
 
@@ -61,8 +79,8 @@ def ref_lstm(x, cont, params, x_static=None, h0=None, c0=None):
         gates = w_hc @ (k * h).T + (x[t] @ w_xc.T + b_c).T
         if x_static is not None:
             gates = gates + params[2] @ x_static.reshape(n, -1).T
-        i, f, o = (sigmoid(gates[j * hdim:(j + 1) * hdim].T) for j in range(3))
-        g = np.tanh(gates[3 * hdim:].T)
+        i, f, o = (sigmoid(gates[j * hdim : (j + 1) * hdim].T) for j in range(3))
+        g = np.tanh(gates[3 * hdim :].T)
         c = k * f * c + i * g
         h = o * np.tanh(c)
         hs.append(h)
@@ -98,8 +116,7 @@ def test_param_blob_shapes_in_caffe_order():
 @pytest.mark.parametrize("case", CASES[:2], ids=lambda c: c.name)
 def test_gradient(case):
     layer, bottoms = case.build()
-    check_layer_gradient(layer, bottoms, bottom_indices=[i for i in range(len(bottoms))
-                                                         if i != 1])
+    check_layer_gradient(layer, bottoms, bottom_indices=[i for i in range(len(bottoms)) if i != 1])
 
 
 def test_gradient_expose_hidden_output_top():
@@ -122,16 +139,24 @@ def test_expose_hidden_no_gradient_to_initial_state_or_from_final_state():
 
 
 def test_state_carries_across_forwards_and_reset():
-    layer, _ = make_layer(f"recurrent_param {{ num_output: 3 {FILLERS} }}",
-                          [(6, 2, 4), (6, 2)], type="LSTM", dtype=torch.float64)
+    layer, _ = make_layer(
+        f"recurrent_param {{ num_output: 3 {FILLERS} }}",
+        [(6, 2, 4), (6, 2)],
+        type="LSTM",
+        dtype=torch.float64,
+    )
     x = torch.randn(6, 2, 4, dtype=torch.float64)
     cont = torch.ones(6, 2, dtype=torch.float64)
     cont[0] = 0
     with torch.no_grad():
         whole = layer(x, cont)
         layer.reset()
-        half, _ = make_layer(f"recurrent_param {{ num_output: 3 {FILLERS} }}",
-                             [(3, 2, 4), (3, 2)], type="LSTM", dtype=torch.float64)
+        half, _ = make_layer(
+            f"recurrent_param {{ num_output: 3 {FILLERS} }}",
+            [(3, 2, 4), (3, 2)],
+            type="LSTM",
+            dtype=torch.float64,
+        )
         half.load_state_dict(layer.state_dict())
         first = half(x[:3], cont[:3])
         second = half(x[3:], cont[3:])  # cont 1 at its t = 0: continues from the first call
@@ -152,16 +177,22 @@ def test_non_binary_cont_scales_carried_state():
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("snippet, shapes, match", [
-    ("recurrent_param { }", [(3, 2, 4), (3, 2)], r"num_output must be positive"),
-    ("recurrent_param { num_output: 2 }", [(3, 2, 4), (3, 3)], r"cont \(bottom\[1\]\)"),
-    ("recurrent_param { num_output: 2 }", [(3,), (3, 2)], r"at least 3 axes"),
-    ("recurrent_param { num_output: 2 }", [(3, 2), (3, 2)], r"at least 3 axes"),
-    ("recurrent_param { num_output: 2 }", [(3, 2, 4), (3, 2), (4, 5)], r"x_static"),
-    ("recurrent_param { num_output: 2 }", [(3, 2, 4), (3, 2), (2,)], r"x_static"),
-    ("recurrent_param { num_output: 2 expose_hidden: true }",
-     [(3, 2, 4), (3, 2), (1, 2, 3), (1, 2, 2)], r"initial state h0"),
-])
+@pytest.mark.parametrize(
+    "snippet, shapes, match",
+    [
+        ("recurrent_param { }", [(3, 2, 4), (3, 2)], r"num_output must be positive"),
+        ("recurrent_param { num_output: 2 }", [(3, 2, 4), (3, 3)], r"cont \(bottom\[1\]\)"),
+        ("recurrent_param { num_output: 2 }", [(3,), (3, 2)], r"at least 3 axes"),
+        ("recurrent_param { num_output: 2 }", [(3, 2), (3, 2)], r"at least 3 axes"),
+        ("recurrent_param { num_output: 2 }", [(3, 2, 4), (3, 2), (4, 5)], r"x_static"),
+        ("recurrent_param { num_output: 2 }", [(3, 2, 4), (3, 2), (2,)], r"x_static"),
+        (
+            "recurrent_param { num_output: 2 expose_hidden: true }",
+            [(3, 2, 4), (3, 2), (1, 2, 3), (1, 2, 2)],
+            r"initial state h0",
+        ),
+    ],
+)
 def test_bad_params_raise(snippet, shapes, match):
     n_tops = 3 if "expose" in snippet else 1
     with pytest.raises(LayerParamError, match=r"layer 'layer' \(LSTM\).*" + match):
@@ -170,11 +201,14 @@ def test_bad_params_raise(snippet, shapes, match):
 
 def test_wrong_blob_counts_raise():
     with pytest.raises(BlobWiringError, match=r"4 to 5 bottom\(s\) \(x, cont, \[x_static\], h0"):
-        make_layer("recurrent_param { num_output: 2 expose_hidden: true }",
-                   [(3, 2, 4), (3, 2)], type="LSTM", n_tops=3)
+        make_layer(
+            "recurrent_param { num_output: 2 expose_hidden: true }",
+            [(3, 2, 4), (3, 2)],
+            type="LSTM",
+            n_tops=3,
+        )
     with pytest.raises(BlobWiringError, match=r"exactly 1 top"):
-        make_layer("recurrent_param { num_output: 2 }", [(3, 2, 4), (3, 2)], type="LSTM",
-                   n_tops=2)
+        make_layer("recurrent_param { num_output: 2 }", [(3, 2, 4), (3, 2)], type="LSTM", n_tops=2)
 
 
 def test_forward_rejects_changed_timesteps():

@@ -22,14 +22,23 @@ def unique_mask(shape, size, gen):
 def _bottoms(shape, size):
     def make(gen):
         return [torch.randn(shape, generator=gen), unique_mask(shape, size, gen)]
+
     return make
 
 
 CASES = [
-    LayerCase("MaxUnPool", "max_unpool_param { dst_h: 6 dst_w: 8 }", ((2, 3, 3, 4),) * 2,
-              make_bottoms=_bottoms((2, 3, 3, 4), 48)),
-    LayerCase("MaxUnPool", "max_unpool_param { dst_h: 5 dst_w: 7 }", ((1, 2, 3, 3),) * 2,
-              make_bottoms=_bottoms((1, 2, 3, 3), 35)),
+    LayerCase(
+        "MaxUnPool",
+        "max_unpool_param { dst_h: 6 dst_w: 8 }",
+        ((2, 3, 3, 4),) * 2,
+        make_bottoms=_bottoms((2, 3, 3, 4), 48),
+    ),
+    LayerCase(
+        "MaxUnPool",
+        "max_unpool_param { dst_h: 5 dst_w: 7 }",
+        ((1, 2, 3, 3),) * 2,
+        make_bottoms=_bottoms((1, 2, 3, 3), 35),
+    ),
 ]
 
 
@@ -47,11 +56,15 @@ def ref_unpool(x, mask, dst_hw):
 def test_forward_after_max_pooling():
     x = torch.randn(2, 3, 6, 8, generator=torch.Generator().manual_seed(0))
     pool = layer_class("Pooling").from_param(
-        layer_param("pooling_param { pool: MAX kernel_size: 2 stride: 2 }", type="Pooling",
-                    n_tops=2), [(2, 3, 6, 8)])
+        layer_param(
+            "pooling_param { pool: MAX kernel_size: 2 stride: 2 }", type="Pooling", n_tops=2
+        ),
+        [(2, 3, 6, 8)],
+    )
     p, mask = pool(x)
-    layer, _ = make_layer("max_unpool_param { dst_h: 6 dst_w: 8 }", [p.shape, mask.shape],
-                          type="MaxUnPool")
+    layer, _ = make_layer(
+        "max_unpool_param { dst_h: 6 dst_w: 8 }", [p.shape, mask.shape], type="MaxUnPool"
+    )
     top = layer(p, mask)
     np.testing.assert_array_equal(top.numpy(), ref_unpool(p.numpy(), mask.numpy(), (6, 8)))
     assert layer.output_shapes([p.shape, mask.shape]) == [(2, 3, 6, 8)]
@@ -60,8 +73,9 @@ def test_forward_after_max_pooling():
 def test_shared_index_last_write_wins():
     x = torch.arange(1.0, 7.0).reshape(1, 1, 2, 3)
     mask = torch.tensor([[[[4.0, 0.0, 4.0], [2.9, 4.0, 1.0]]]])  # 2.9 truncates to 2
-    layer, _ = make_layer("max_unpool_param { dst_h: 2 dst_w: 3 }", [(1, 1, 2, 3)] * 2,
-                          type="MaxUnPool")
+    layer, _ = make_layer(
+        "max_unpool_param { dst_h: 2 dst_w: 3 }", [(1, 1, 2, 3)] * 2, type="MaxUnPool"
+    )
     top = layer(x, mask)
     np.testing.assert_array_equal(top.numpy(), ref_unpool(x.numpy(), mask.numpy(), (2, 3)))
     assert top.flatten().tolist() == [2.0, 6.0, 4.0, 0.0, 5.0, 0.0]
@@ -89,13 +103,16 @@ def test_error_index_out_of_range(bad):
         layer(x, mask)
 
 
-@pytest.mark.parametrize("snippet,shapes,field", [
-    ("", [(2, 3, 3, 4)] * 2, "dst_h and dst_w are required"),
-    ("max_unpool_param { dst_h: 6 }", [(2, 3, 3, 4)] * 2, "dst_w missing"),
-    ("max_unpool_param { dst_h: 0 dst_w: 8 }", [(2, 3, 3, 4)] * 2, "positive"),
-    ("max_unpool_param { dst_h: 6 dst_w: 8 }", [(2, 3, 3), (2, 3, 3)], "4 axes"),
-    ("max_unpool_param { dst_h: 6 dst_w: 8 }", [(2, 3, 3, 4), (2, 3, 4, 3)], "mask"),
-])
+@pytest.mark.parametrize(
+    "snippet,shapes,field",
+    [
+        ("", [(2, 3, 3, 4)] * 2, "dst_h and dst_w are required"),
+        ("max_unpool_param { dst_h: 6 }", [(2, 3, 3, 4)] * 2, "dst_w missing"),
+        ("max_unpool_param { dst_h: 0 dst_w: 8 }", [(2, 3, 3, 4)] * 2, "positive"),
+        ("max_unpool_param { dst_h: 6 dst_w: 8 }", [(2, 3, 3), (2, 3, 3)], "4 axes"),
+        ("max_unpool_param { dst_h: 6 dst_w: 8 }", [(2, 3, 3, 4), (2, 3, 4, 3)], "mask"),
+    ],
+)
 def test_error(snippet, shapes, field):
     with pytest.raises(LayerParamError, match=rf"layer 'u1' \(MaxUnPool\).*{field}"):
         make_layer(snippet, shapes, type="MaxUnPool", name="u1")
@@ -103,5 +120,6 @@ def test_error(snippet, shapes, field):
 
 def test_error_one_bottom():
     with pytest.raises(BlobWiringError, match=r"layer 'u1' \(MaxUnPool\).*exactly 2"):
-        make_layer("max_unpool_param { dst_h: 6 dst_w: 8 }", [(2, 3, 3, 4)], type="MaxUnPool",
-                   name="u1")
+        make_layer(
+            "max_unpool_param { dst_h: 6 dst_w: 8 }", [(2, 3, 3, 4)], type="MaxUnPool", name="u1"
+        )

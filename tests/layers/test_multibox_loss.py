@@ -26,8 +26,11 @@ def make_data(rng, loc_classes=1, labels=(1, 2, 3)):
     gt = []
     for i in range(N):
         for k in range(3 - i):
-            box = (boxes[rng.integers(P)] + rng.normal(0, 0.02, 4) if k < 2 else
-                   np.concatenate([c := rng.uniform(0.3, 0.7, 2), c + 0.25]))
+            box = (
+                boxes[rng.integers(P)] + rng.normal(0, 0.02, 4)
+                if k < 2
+                else np.concatenate([c := rng.uniform(0.3, 0.7, 2), c + 0.25])
+            )
             gt.append([i, rng.choice(labels), k, *box, float(k == 1 and i == 1)])
     gt.insert(1, [-1, 1, 0, 0.1, 0.1, 0.2, 0.2, 0])
     loc = rng.normal(0, 0.7, size=(N, P * loc_classes * 4))
@@ -39,21 +42,37 @@ def _bottoms(loc_classes=1):
     def make(g):
         rng = np.random.default_rng(int(torch.randint(1 << 30, (1,), generator=g)))
         return [torch.tensor(a) for a in make_data(rng, loc_classes)]
+
     return make
 
 
 SHAPES = ((N, P * 4), (N, P * C), (1, 2, P * 4), (1, 1, 6, 8))
 CASES = [
-    LayerCase("MultiBoxLoss", "multibox_loss_param { num_classes: 4 code_type: CENTER_SIZE } "
-              "loss_param { normalization: VALID }", SHAPES, make_bottoms=_bottoms(),
-              id="multibox_max_negative"),
-    LayerCase("MultiBoxLoss", "multibox_loss_param { num_classes: 4 share_location: false "
-              "mining_type: NONE conf_loss_type: LOGISTIC loc_loss_type: L2 }",
-              ((N, P * C * 4),) + SHAPES[1:], make_bottoms=_bottoms(C), id="multibox_per_class"),
-    LayerCase("MultiBoxLoss", "multibox_loss_param { num_classes: 4 mining_type: HARD_EXAMPLE "
-              "sample_size: 12 code_type: CORNER_SIZE loc_weight: 2 } loss_param { "
-              "normalization: BATCH_SIZE }", SHAPES, make_bottoms=_bottoms(),
-              id="multibox_hard_example"),
+    LayerCase(
+        "MultiBoxLoss",
+        "multibox_loss_param { num_classes: 4 code_type: CENTER_SIZE } "
+        "loss_param { normalization: VALID }",
+        SHAPES,
+        make_bottoms=_bottoms(),
+        id="multibox_max_negative",
+    ),
+    LayerCase(
+        "MultiBoxLoss",
+        "multibox_loss_param { num_classes: 4 share_location: false "
+        "mining_type: NONE conf_loss_type: LOGISTIC loc_loss_type: L2 }",
+        ((N, P * C * 4),) + SHAPES[1:],
+        make_bottoms=_bottoms(C),
+        id="multibox_per_class",
+    ),
+    LayerCase(
+        "MultiBoxLoss",
+        "multibox_loss_param { num_classes: 4 mining_type: HARD_EXAMPLE "
+        "sample_size: 12 code_type: CORNER_SIZE loc_weight: 2 } loss_param { "
+        "normalization: BATCH_SIZE }",
+        SHAPES,
+        make_bottoms=_bottoms(),
+        id="multibox_hard_example",
+    ),
 ]
 
 
@@ -75,8 +94,11 @@ def ref_match(gts, preds, label, per_prediction, threshold, ignore_cross):
                 best[i], ov[i, j] = max(best[i], o), o
     pool = list(range(len(idx)))
     while pool:
-        top = max(((o, i, j) for (i, j), o in ov.items() if match[i] == -1 and j in pool),
-                  default=None, key=lambda t: (t[0], -t[1], -t[2]))
+        top = max(
+            ((o, i, j) for (i, j), o in ov.items() if match[i] == -1 and j in pool),
+            default=None,
+            key=lambda t: (t[0], -t[1], -t[2]),
+        )
         if top is None:
             break
         o, i, j = top
@@ -105,13 +127,32 @@ def ref_conf_loss_row(x, label, softmax):
     return (np.maximum(x, 0) - x * t + np.log1p(np.exp(-abs(x)))).sum(), 1 / (1 + np.exp(-x)) - t
 
 
-def ref_multibox_loss(loc, conf, prior, label, num_classes=C, share_location=True,
-                      background=0, per_prediction=True, overlap_threshold=0.5,
-                      use_prior_for_matching=True, use_difficult_gt=True, mining="MAX_NEGATIVE",
-                      neg_pos_ratio=3.0, neg_overlap=0.5, sample_size=64, code_type=ref.CORNER,
-                      var_in_target=False, l2=False, softmax=True, loc_weight=1.0,
-                      normalization="VALID", bp_inside=False, ignore_cross=False,
-                      agnostic=False):
+def ref_multibox_loss(
+    loc,
+    conf,
+    prior,
+    label,
+    num_classes=C,
+    share_location=True,
+    background=0,
+    per_prediction=True,
+    overlap_threshold=0.5,
+    use_prior_for_matching=True,
+    use_difficult_gt=True,
+    mining="MAX_NEGATIVE",
+    neg_pos_ratio=3.0,
+    neg_overlap=0.5,
+    sample_size=64,
+    code_type=ref.CORNER,
+    var_in_target=False,
+    l2=False,
+    softmax=True,
+    loc_weight=1.0,
+    normalization="VALID",
+    bp_inside=False,
+    ignore_cross=False,
+    agnostic=False,
+):
     """-> (loss, d loss / d loc, d loss / d conf) as the fork's Forward_cpu / Backward_cpu."""
     num, p = loc.shape[0], prior.shape[2] // 4
     pbox, pvar = prior[0, 0].reshape(p, 4), prior[0, 1].reshape(p, 4)
@@ -129,15 +170,17 @@ def ref_multibox_loss(loc, conf, prior, label, num_classes=C, share_location=Tru
             continue
         for key in keys:
             if use_prior_for_matching:
-                m, o = ref_match(gts[i], pbox, -1, per_prediction, overlap_threshold,
-                                 ignore_cross)
+                m, o = ref_match(gts[i], pbox, -1, per_prediction, overlap_threshold, ignore_cross)
                 if key != -1:
                     m = [g if g > -1 and gts[i][g][0] == key else -1 for g in m]
             else:
-                preds = [ref.decode(pbox[j], pvar[j], loc_r[i, j, max(key, 0)], code_type,
-                                    var_in_target) for j in range(p)]
-                m, o = ref_match(gts[i], preds, key, per_prediction, overlap_threshold,
-                                 ignore_cross)
+                preds = [
+                    ref.decode(pbox[j], pvar[j], loc_r[i, j, max(key, 0)], code_type, var_in_target)
+                    for j in range(p)
+                ]
+                m, o = ref_match(
+                    gts[i], preds, key, per_prediction, overlap_threshold, ignore_cross
+                )
             match[i][key], over[i][key] = m, o
 
     def encode_pairs():
@@ -150,8 +193,11 @@ def ref_multibox_loss(loc, conf, prior, label, num_classes=C, share_location=Tru
                     target = ref.encode(pbox[j], pvar[j], gts[i][g][1], code_type, var_in_target)
                     pred = loc_r[i, j, max(key, 0)].copy()
                     if bp_inside:
-                        box = pbox[j] if use_prior_for_matching else ref.decode(
-                            pbox[j], pvar[j], pred, code_type, var_in_target)
+                        box = (
+                            pbox[j]
+                            if use_prior_for_matching
+                            else ref.decode(pbox[j], pvar[j], pred, code_type, var_in_target)
+                        )
                         pred = np.where((box < 0) | (box > 1), target, pred)
                     if var_in_target:
                         pred, target = pred / pvar[j], target / pvar[j]
@@ -161,8 +207,7 @@ def ref_multibox_loss(loc, conf, prior, label, num_classes=C, share_location=Tru
     def loc_terms(d):
         if l2:
             return 0.5 * d * d, d
-        return np.where(abs(d) < 1, 0.5 * d * d, abs(d) - 0.5), np.where(abs(d) < 1, d,
-                                                                         np.sign(d))
+        return np.where(abs(d) < 1, 0.5 * d * d, abs(d) - 0.5), np.where(abs(d) < 1, d, np.sign(d))
 
     pairs = encode_pairs()
     negs = [[] for _ in range(num)]
@@ -172,11 +217,16 @@ def ref_multibox_loss(loc, conf, prior, label, num_classes=C, share_location=Tru
                 continue
             m = match[i][-1]
             labels = [gts[i][g][0] if g > -1 else background for g in m]
-            loss = [float(ref_conf_loss_row(conf_r[i, j], labels[j], True)[0]) if softmax else
-                    float(ref_conf_loss_row(conf_r[i, j], onehot(labels[j], num_classes),
-                                            False)[0]) for j in range(p)]
+            loss = [
+                float(ref_conf_loss_row(conf_r[i, j], labels[j], True)[0])
+                if softmax
+                else float(
+                    ref_conf_loss_row(conf_r[i, j], onehot(labels[j], num_classes), False)[0]
+                )
+                for j in range(p)
+            ]
             if mining == "HARD_EXAMPLE":
-                for (ii, j, _, pred, target) in pairs:
+                for ii, j, _, pred, target in pairs:
                     if ii == i:
                         loss[j] += float(loc_terms(pred - target)[0].sum())
                 eligible = list(range(p))
@@ -193,8 +243,9 @@ def ref_multibox_loss(loc, conf, prior, label, num_classes=C, share_location=Tru
                     negs[i].append(j)
         pairs = encode_pairs()
     num_matches = sum(g > -1 for i in range(num) for m in match[i].values() for g in m)
-    norm = max(1.0, {"VALID": num_matches, "FULL": num * p, "BATCH_SIZE": num,
-                     "NONE": 1}[normalization])
+    norm = max(
+        1.0, {"VALID": num_matches, "FULL": num * p, "BATCH_SIZE": num, "NONE": 1}[normalization]
+    )
     dloc, dconf = np.zeros_like(loc_r), np.zeros_like(conf_r)
     loc_loss = 0.0
     for i, j, col, pred, target in pairs:
@@ -208,8 +259,7 @@ def ref_multibox_loss(loc, conf, prior, label, num_classes=C, share_location=Tru
 
     if mining != "NONE":
         for i in range(num):
-            rows = [(j, target_label(i, g)) for j, g in enumerate(match[i].get(-1, []))
-                    if g > -1]
+            rows = [(j, target_label(i, g)) for j, g in enumerate(match[i].get(-1, [])) if g > -1]
             rows += [(j, background) for j in negs[i]]
             for j, lab in rows:
                 if softmax:
@@ -245,8 +295,9 @@ def ref_multibox_loss(loc, conf, prior, label, num_classes=C, share_location=Tru
 
 
 def _layer(snippet, bottoms, dtype=torch.float64):
-    layer, _ = make_layer(snippet, [tuple(b.shape) for b in bottoms], type="MultiBoxLoss",
-                          dtype=dtype)
+    layer, _ = make_layer(
+        snippet, [tuple(b.shape) for b in bottoms], type="MultiBoxLoss", dtype=dtype
+    )
     return layer
 
 
@@ -259,38 +310,100 @@ def _loss_and_grads(snippet, bottoms):
 
 CONFIGS = [
     ("code_type: CENTER_SIZE", dict(code_type=ref.CENTER_SIZE), 1),
-    ("share_location: false mining_type: NONE conf_loss_type: LOGISTIC loc_loss_type: L2",
-     dict(share_location=False, mining="NONE", softmax=False, l2=True), C),
-    ("mining_type: HARD_EXAMPLE sample_size: 12 code_type: CORNER_SIZE loc_weight: 2 } "
-     "loss_param { normalization: BATCH_SIZE", dict(mining="HARD_EXAMPLE", sample_size=12,
-                                                    code_type=ref.CORNER_SIZE, loc_weight=2.0,
-                                                    normalization="BATCH_SIZE"), 1),
-    ("share_location: false use_prior_for_matching: false mining_type: NONE match_type: "
-     "BIPARTITE code_type: CENTER_SIZE", dict(share_location=False, mining="NONE",
-                                            use_prior_for_matching=False, per_prediction=False,
-                                            code_type=ref.CENTER_SIZE), C),
-    ("use_prior_for_matching: false overlap_threshold: 0.3 code_type: CENTER_SIZE "
-     "neg_pos_ratio: 2", dict(use_prior_for_matching=False, overlap_threshold=0.3,
-                              code_type=ref.CENTER_SIZE, neg_pos_ratio=2.0), 1),
-    ("encode_variance_in_target: true bp_inside: true code_type: CENTER_SIZE neg_overlap: 0.3 "
-     "} loss_param { normalization: FULL", dict(var_in_target=True, bp_inside=True,
-                                               code_type=ref.CENTER_SIZE, neg_overlap=0.3,
-                                               normalization="FULL"), 1),
-    ("use_prior_for_matching: false bp_inside: true code_type: CORNER_SIZE",
-     dict(use_prior_for_matching=False, bp_inside=True, code_type=ref.CORNER_SIZE), 1),
-    ("ignore_cross_boundary_bbox: true use_difficult_gt: false overlap_threshold: 0.3 "
-     "mining_type: HARD_EXAMPLE sample_size: 40 } loss_param { normalization: NONE",
-     dict(ignore_cross=True, use_difficult_gt=False, overlap_threshold=0.3,
-          mining="HARD_EXAMPLE", sample_size=40, normalization="NONE"), 1),
+    (
+        "share_location: false mining_type: NONE conf_loss_type: LOGISTIC loc_loss_type: L2",
+        dict(share_location=False, mining="NONE", softmax=False, l2=True),
+        C,
+    ),
+    (
+        "mining_type: HARD_EXAMPLE sample_size: 12 code_type: CORNER_SIZE loc_weight: 2 } "
+        "loss_param { normalization: BATCH_SIZE",
+        dict(
+            mining="HARD_EXAMPLE",
+            sample_size=12,
+            code_type=ref.CORNER_SIZE,
+            loc_weight=2.0,
+            normalization="BATCH_SIZE",
+        ),
+        1,
+    ),
+    (
+        "share_location: false use_prior_for_matching: false mining_type: NONE match_type: "
+        "BIPARTITE code_type: CENTER_SIZE",
+        dict(
+            share_location=False,
+            mining="NONE",
+            use_prior_for_matching=False,
+            per_prediction=False,
+            code_type=ref.CENTER_SIZE,
+        ),
+        C,
+    ),
+    (
+        "use_prior_for_matching: false overlap_threshold: 0.3 code_type: CENTER_SIZE "
+        "neg_pos_ratio: 2",
+        dict(
+            use_prior_for_matching=False,
+            overlap_threshold=0.3,
+            code_type=ref.CENTER_SIZE,
+            neg_pos_ratio=2.0,
+        ),
+        1,
+    ),
+    (
+        "encode_variance_in_target: true bp_inside: true code_type: CENTER_SIZE neg_overlap: 0.3 "
+        "} loss_param { normalization: FULL",
+        dict(
+            var_in_target=True,
+            bp_inside=True,
+            code_type=ref.CENTER_SIZE,
+            neg_overlap=0.3,
+            normalization="FULL",
+        ),
+        1,
+    ),
+    (
+        "use_prior_for_matching: false bp_inside: true code_type: CORNER_SIZE",
+        dict(use_prior_for_matching=False, bp_inside=True, code_type=ref.CORNER_SIZE),
+        1,
+    ),
+    (
+        "ignore_cross_boundary_bbox: true use_difficult_gt: false overlap_threshold: 0.3 "
+        "mining_type: HARD_EXAMPLE sample_size: 40 } loss_param { normalization: NONE",
+        dict(
+            ignore_cross=True,
+            use_difficult_gt=False,
+            overlap_threshold=0.3,
+            mining="HARD_EXAMPLE",
+            sample_size=40,
+            normalization="NONE",
+        ),
+        1,
+    ),
     ("conf_loss_type: LOGISTIC neg_pos_ratio: 1.5", dict(softmax=False, neg_pos_ratio=1.5), 1),
-    ("conf_loss_type: LOGISTIC background_label_id: 4294967295 mining_type: NONE",
-     dict(softmax=False, background=-1, mining="NONE"), 1),
-    ("share_location: false use_prior_for_matching: false mining_type: NONE conf_loss_type: "
-     "LOGISTIC code_type: CENTER_SIZE overlap_threshold: 0.2",
-     dict(share_location=False, use_prior_for_matching=False, mining="NONE", softmax=False,
-          code_type=ref.CENTER_SIZE, overlap_threshold=0.2), C),
-    ("share_location: false mining_type: NONE background_label_id: 3 code_type: CORNER_SIZE",
-     dict(share_location=False, mining="NONE", background=3, code_type=ref.CORNER_SIZE), C),
+    (
+        "conf_loss_type: LOGISTIC background_label_id: 4294967295 mining_type: NONE",
+        dict(softmax=False, background=-1, mining="NONE"),
+        1,
+    ),
+    (
+        "share_location: false use_prior_for_matching: false mining_type: NONE conf_loss_type: "
+        "LOGISTIC code_type: CENTER_SIZE overlap_threshold: 0.2",
+        dict(
+            share_location=False,
+            use_prior_for_matching=False,
+            mining="NONE",
+            softmax=False,
+            code_type=ref.CENTER_SIZE,
+            overlap_threshold=0.2,
+        ),
+        C,
+    ),
+    (
+        "share_location: false mining_type: NONE background_label_id: 3 code_type: CORNER_SIZE",
+        dict(share_location=False, mining="NONE", background=3, code_type=ref.CORNER_SIZE),
+        C,
+    ),
 ]
 
 
@@ -300,7 +413,8 @@ def test_forward_backward_match_reference(snippet, kw, loc_classes, seed):
     labels = (0, 1, 2) if kw.get("background") == 3 else (1, 2, 3)
     data = make_data(np.random.default_rng(seed), loc_classes, labels)
     loss, dloc, dconf = _loss_and_grads(
-        f"multibox_loss_param {{ num_classes: 4 {snippet} }}", [torch.tensor(a) for a in data])
+        f"multibox_loss_param {{ num_classes: 4 {snippet} }}", [torch.tensor(a) for a in data]
+    )
     want, want_dloc, want_dconf = ref_multibox_loss(*data, **kw)
     assert want > 0 and np.abs(want_dloc).sum() > 0
     np.testing.assert_allclose(float(loss), want, rtol=1e-10)
@@ -315,8 +429,7 @@ def test_map_object_to_agnostic():
     data = [torch.tensor(a) for a in (loc, conf, prior, label)]
     snippet = "multibox_loss_param { num_classes: 2 map_object_to_agnostic: true %s }"
     loss, dloc, dconf = _loss_and_grads(snippet % "mining_type: NONE", data)
-    want = ref_multibox_loss(loc, conf, prior, label, num_classes=2, mining="NONE",
-                             agnostic=True)
+    want = ref_multibox_loss(loc, conf, prior, label, num_classes=2, mining="NONE", agnostic=True)
     np.testing.assert_allclose(float(loss), want[0], rtol=1e-10)
     np.testing.assert_allclose(dconf.numpy(), want[2], rtol=1e-9, atol=1e-12)
     with pytest.raises(DataError, match=r"matched ground truth label out of range"):
@@ -332,10 +445,16 @@ def test_gradient(case):
 def test_encode_variance_in_target_gradient_is_not_divided_by_the_variance():
     """The fork copies the diff of loc / var into loc's diff: analytic = numeric * var."""
     data = [torch.tensor(a) for a in make_data(np.random.default_rng(0))]
-    layer = _layer("multibox_loss_param { num_classes: 4 code_type: CORNER mining_type: NONE "
-                   "encode_variance_in_target: true }", data)
-    _, analytic, _ = _loss_and_grads("multibox_loss_param { num_classes: 4 code_type: CORNER "
-                                     "mining_type: NONE encode_variance_in_target: true }", data)
+    layer = _layer(
+        "multibox_loss_param { num_classes: 4 code_type: CORNER mining_type: NONE "
+        "encode_variance_in_target: true }",
+        data,
+    )
+    _, analytic, _ = _loss_and_grads(
+        "multibox_loss_param { num_classes: 4 code_type: CORNER "
+        "mining_type: NONE encode_variance_in_target: true }",
+        data,
+    )
     var = data[2][0, 1].reshape(1, P, 4).expand(N, P, 4).reshape(-1)
     for k in torch.nonzero(analytic.reshape(-1))[:8, 0].tolist():
         loc = data[0].clone().reshape(-1)
@@ -349,8 +468,10 @@ def test_encode_variance_in_target_gradient_is_not_divided_by_the_variance():
 
 def test_propagate_down_leaves_a_term_out():
     data = [torch.tensor(a) for a in make_data(np.random.default_rng(1))]
-    snippet = "multibox_loss_param { num_classes: 4 } propagate_down: %s propagate_down: %s " \
-              "propagate_down: false propagate_down: false"
+    snippet = (
+        "multibox_loss_param { num_classes: 4 } propagate_down: %s propagate_down: %s "
+        "propagate_down: false propagate_down: false"
+    )
     both = float(_layer(snippet % ("true", "true"), data)(*data))
     loc_only = float(_layer(snippet % ("true", "false"), data)(*data))
     conf_only = float(_layer(snippet % ("false", "true"), data)(*data))
@@ -364,39 +485,65 @@ def test_no_ground_truth():
     data = [torch.tensor(a) for a in (loc, conf, prior, label)]
     loss, dloc, dconf = _loss_and_grads("multibox_loss_param { num_classes: 4 }", data)
     assert float(loss) == 0 and not dloc.any() and not dconf.any()
-    loss, _, _ = _loss_and_grads("multibox_loss_param { num_classes: 4 mining_type: NONE }",
-                                 data)
+    loss, _, _ = _loss_and_grads("multibox_loss_param { num_classes: 4 mining_type: NONE }", data)
     want = ref_multibox_loss(loc, conf, prior, label, mining="NONE")[0]
     np.testing.assert_allclose(float(loss), want, rtol=1e-12)
 
 
 def test_flags_and_repr():
-    layer = _layer("multibox_loss_param { num_classes: 4 } loss_param { normalization: FULL }",
-                   [torch.zeros(s) for s in SHAPES])
+    layer = _layer(
+        "multibox_loss_param { num_classes: 4 } loss_param { normalization: FULL }",
+        [torch.zeros(s) for s in SHAPES],
+    )
     assert layer.is_loss and layer.has_backward
     assert [layer.allow_force_backward(i) for i in range(4)] == [True, False, False, False]
     assert layer.output_shapes(SHAPES) == [()]
     assert "num_classes: 4" in repr(layer) and "normalization: FULL" in repr(layer)
 
 
-@pytest.mark.parametrize("snippet,shapes,match", [
-    ("share_location: true", SHAPES, r"must provide num_classes"),
-    ("num_classes: 4 background_label_id: 4", SHAPES,
-     r"background_label_id should be within \[0, num_classes\) for Softmax"),
-    ("num_classes: 4 do_neg_mining: false", SHAPES, r"do_neg_mining \(deprecated\) contradicts"),
-    ("num_classes: 4 share_location: false", ((N, P * C * 4),) + SHAPES[1:],
-     r"negative mining needs share_location: true"),
-    ("num_classes: 4 conf_loss_type: LOGISTIC background_label_id: 5", SHAPES,
-     r"mining needs background_label_id < num_classes"),
-    ("num_classes: 4 mining_type: HARD_EXAMPLE sample_size: 0", SHAPES,
-     r"HARD_EXAMPLE mining needs sample_size > 0"),
-    ("num_classes: 4 map_object_to_agnostic: true", SHAPES,
-     r"map_object_to_agnostic needs one object class.*num_classes: 2, got 4"),
-    ("num_classes: 4", ((N, P * 4 + 4),) + SHAPES[1:],
-     r"number of priors must match number of location predictions"),
-    ("num_classes: 5", SHAPES, r"number of priors must match number of confidence"),
-    ("num_classes: 4", SHAPES[:3] + ((1, 6, 8),), r"bottom 3 \(labels\) must be"),
-])
+@pytest.mark.parametrize(
+    "snippet,shapes,match",
+    [
+        ("share_location: true", SHAPES, r"must provide num_classes"),
+        (
+            "num_classes: 4 background_label_id: 4",
+            SHAPES,
+            r"background_label_id should be within \[0, num_classes\) for Softmax",
+        ),
+        (
+            "num_classes: 4 do_neg_mining: false",
+            SHAPES,
+            r"do_neg_mining \(deprecated\) contradicts",
+        ),
+        (
+            "num_classes: 4 share_location: false",
+            ((N, P * C * 4),) + SHAPES[1:],
+            r"negative mining needs share_location: true",
+        ),
+        (
+            "num_classes: 4 conf_loss_type: LOGISTIC background_label_id: 5",
+            SHAPES,
+            r"mining needs background_label_id < num_classes",
+        ),
+        (
+            "num_classes: 4 mining_type: HARD_EXAMPLE sample_size: 0",
+            SHAPES,
+            r"HARD_EXAMPLE mining needs sample_size > 0",
+        ),
+        (
+            "num_classes: 4 map_object_to_agnostic: true",
+            SHAPES,
+            r"map_object_to_agnostic needs one object class.*num_classes: 2, got 4",
+        ),
+        (
+            "num_classes: 4",
+            ((N, P * 4 + 4),) + SHAPES[1:],
+            r"number of priors must match number of location predictions",
+        ),
+        ("num_classes: 5", SHAPES, r"number of priors must match number of confidence"),
+        ("num_classes: 4", SHAPES[:3] + ((1, 6, 8),), r"bottom 3 \(labels\) must be"),
+    ],
+)
 def test_error_bad_params_and_shapes(snippet, shapes, match):
     with pytest.raises(LayerParamError, match=r"layer 'layer' \(MultiBoxLoss\): " + match):
         make_layer(f"multibox_loss_param {{ {snippet} }}", shapes, type="MultiBoxLoss")
@@ -404,12 +551,20 @@ def test_error_bad_params_and_shapes(snippet, shapes, match):
 
 def test_error_mining_with_nms_unsupported():
     with pytest.raises(UnsupportedError, match=r"\(MultiBoxLoss\): mining with nms_param"):
-        make_layer("multibox_loss_param { num_classes: 4 nms_param { nms_threshold: 0.5 } }",
-                   SHAPES, type="MultiBoxLoss")
+        make_layer(
+            "multibox_loss_param { num_classes: 4 nms_param { nms_threshold: 0.5 } }",
+            SHAPES,
+            type="MultiBoxLoss",
+        )
 
 
-@pytest.mark.parametrize("value,match", [(0, r"found background label in the ground truth"),
-                                         (7, r"matched ground truth label out of range")])
+@pytest.mark.parametrize(
+    "value,match",
+    [
+        (0, r"found background label in the ground truth"),
+        (7, r"matched ground truth label out of range"),
+    ],
+)
 def test_error_bad_labels_in_data(value, match):
     loc, conf, prior, label = make_data(np.random.default_rng(0))
     label[..., 1] = np.where(label[..., 0] >= 0, value, label[..., 1])

@@ -19,14 +19,25 @@ def _probs_labels(num, dim, label_shape):
     def make(g):
         p = torch.rand(num, dim, generator=g, dtype=torch.float64) * 0.8 + 0.1
         return [p, torch.randint(0, dim, label_shape, generator=g).double()]
+
     return make
 
 
 CASES = [
-    LayerCase("MultinomialLogisticLoss", "", ((4, 5), (4,)),
-              make_bottoms=_probs_labels(4, 5, (4,)), id="mll_2d"),
-    LayerCase("MultinomialLogisticLoss", "", ((3, 6), (3, 1, 1, 1)),
-              make_bottoms=_probs_labels(3, 6, (3, 1, 1, 1)), id="mll_label_4d"),
+    LayerCase(
+        "MultinomialLogisticLoss",
+        "",
+        ((4, 5), (4,)),
+        make_bottoms=_probs_labels(4, 5, (4,)),
+        id="mll_2d",
+    ),
+    LayerCase(
+        "MultinomialLogisticLoss",
+        "",
+        ((3, 6), (3, 1, 1, 1)),
+        make_bottoms=_probs_labels(3, 6, (3, 1, 1, 1)),
+        id="mll_label_4d",
+    ),
 ]
 
 
@@ -48,8 +59,9 @@ def test_forward_backward_match_reference_with_clamp():
     p = rng.random((4, 3, 1, 2))
     label = np.array([0.0, 5.0, 2.0, 3.0])
     p.reshape(4, 6)[1, 5] = 0.0  # clamped: loss -log(1e-20), diff -1 / (N 1e-20)
-    layer, _ = make_layer("", [p.shape, label.shape], type="MultinomialLogisticLoss",
-                          dtype=torch.float64)
+    layer, _ = make_layer(
+        "", [p.shape, label.shape], type="MultinomialLogisticLoss", dtype=torch.float64
+    )
     pt = torch.tensor(p, requires_grad=True)
     loss = layer(pt, torch.tensor(label))
     loss.backward(torch.tensor(0.5, dtype=torch.float64))
@@ -66,8 +78,7 @@ def test_gradient(case):
 
 
 def test_error_label_shape():
-    with pytest.raises(LayerParamError,
-                       match=r"layer 'layer' \(MultinomialLogisticLoss\).*label"):
+    with pytest.raises(LayerParamError, match=r"layer 'layer' \(MultinomialLogisticLoss\).*label"):
         make_layer("", [(3, 4), (3, 2)], type="MultinomialLogisticLoss")
 
 

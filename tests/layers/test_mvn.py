@@ -16,8 +16,7 @@ CASES = [
     LayerCase("MVN", "", ((2, 3, 4, 5),), id="mvn_default"),
     LayerCase("MVN", "mvn_param { across_channels: true }", ((3, 2, 5, 4),), id="mvn_across"),
     LayerCase("MVN", "mvn_param { normalize_variance: false }", ((2, 4, 3),), id="mvn_mean"),
-    LayerCase("MVN", "mvn_param { across_channels: true eps: 0.5 }", ((4, 3),),
-              id="mvn_2d_eps"),
+    LayerCase("MVN", "mvn_param { across_channels: true eps: 0.5 }", ((4, 3),), id="mvn_2d_eps"),
 ]
 
 
@@ -37,7 +36,7 @@ def ref_mvn(x, normalize_variance=True, across_channels=False, eps=1e-9):
     centered = rows - rows.mean(axis=1, keepdims=True)
     if not normalize_variance:
         return centered.reshape(shape4)
-    std = np.sqrt((centered ** 2).mean(axis=1, keepdims=True))
+    std = np.sqrt((centered**2).mean(axis=1, keepdims=True))
     return (centered / (std + f32(eps))).reshape(shape4)
 
 
@@ -49,8 +48,7 @@ def ref_mvn_diff(x, top_diff, normalize_variance=True, across_channels=False, ep
     if not normalize_variance:
         return (g - g.sum(axis=1, keepdims=True) / dim).reshape(shape4)
     y = ref_mvn(x, True, across_channels, eps).reshape(rows.shape)
-    variance = np.sqrt(((rows - rows.mean(axis=1, keepdims=True)) ** 2).mean(axis=1,
-                                                                           keepdims=True))
+    variance = np.sqrt(((rows - rows.mean(axis=1, keepdims=True)) ** 2).mean(axis=1, keepdims=True))
     variance = variance + f32(eps)
     bottom = y * (y * g).sum(axis=1, keepdims=True)
     bottom = bottom + g.sum(axis=1, keepdims=True)
@@ -58,17 +56,29 @@ def ref_mvn_diff(x, top_diff, normalize_variance=True, across_channels=False, ep
     return (bottom / variance).reshape(shape4)
 
 
-@pytest.mark.parametrize("snippet,shape,kw", [
-    ("", (2, 3, 4, 5), {}),
-    ("mvn_param { across_channels: true eps: 1e-3 }", (3, 2, 5, 4),
-     {"across_channels": True, "eps": 1e-3}),
-    ("mvn_param { normalize_variance: false }", (2, 4, 3), {"normalize_variance": False}),
-    ("mvn_param { normalize_variance: false across_channels: true }", (3, 2, 2, 5),
-     {"normalize_variance": False, "across_channels": True}),
-    ("mvn_param { eps: 0.75 }", (2, 3, 5), {"eps": 0.75}),
-    ("mvn_param { across_channels: true eps: 0.25 }", (4, 3), {"across_channels": True,
-                                                              "eps": 0.25}),
-])
+@pytest.mark.parametrize(
+    "snippet,shape,kw",
+    [
+        ("", (2, 3, 4, 5), {}),
+        (
+            "mvn_param { across_channels: true eps: 1e-3 }",
+            (3, 2, 5, 4),
+            {"across_channels": True, "eps": 1e-3},
+        ),
+        ("mvn_param { normalize_variance: false }", (2, 4, 3), {"normalize_variance": False}),
+        (
+            "mvn_param { normalize_variance: false across_channels: true }",
+            (3, 2, 2, 5),
+            {"normalize_variance": False, "across_channels": True},
+        ),
+        ("mvn_param { eps: 0.75 }", (2, 3, 5), {"eps": 0.75}),
+        (
+            "mvn_param { across_channels: true eps: 0.25 }",
+            (4, 3),
+            {"across_channels": True, "eps": 0.25},
+        ),
+    ],
+)
 def test_forward_backward_match_reference(snippet, shape, kw):
     rng = np.random.default_rng(3)
     x = rng.standard_normal(shape) * 2 + 0.5
@@ -80,13 +90,13 @@ def test_forward_backward_match_reference(snippet, shape, kw):
     np.testing.assert_allclose(top.detach().numpy(), want, rtol=1e-12, atol=1e-14)
     top_diff = rng.standard_normal(want.shape)
     top.backward(torch.tensor(top_diff))
-    np.testing.assert_allclose(xt.grad.numpy(), ref_mvn_diff(x, top_diff, **kw).reshape(shape),
-                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(
+        xt.grad.numpy(), ref_mvn_diff(x, top_diff, **kw).reshape(shape), rtol=1e-10, atol=1e-12
+    )
 
 
 def test_backward_with_large_eps_is_caffes_not_the_exact_derivative():
-    layer, (x,) = make_layer("mvn_param { eps: 0.5 }", [(2, 3, 4)], type="MVN",
-                             dtype=torch.float64)
+    layer, (x,) = make_layer("mvn_param { eps: 0.5 }", [(2, 3, 4)], type="MVN", dtype=torch.float64)
     xt = x.clone().requires_grad_(True)
     g = torch.randn(2, 3, 4, 1, dtype=torch.float64)
     (caffe_grad,) = torch.autograd.grad(layer(xt), xt, g)

@@ -16,12 +16,20 @@ from torchcaffe.errors import LayerParamError
 UNIFORM = "scale_filler { type: 'constant' value: 2.5 }"
 CASES = [
     LayerCase("Normalize", "", ((2, 3, 4, 5),), id="norm_default"),
-    LayerCase("Normalize", f"norm_param {{ across_spatial: false channel_shared: false "
-              f"{UNIFORM} }}", ((2, 4, 3, 5),), id="norm_channelwise"),
+    LayerCase(
+        "Normalize",
+        f"norm_param {{ across_spatial: false channel_shared: false {UNIFORM} }}",
+        ((2, 4, 3, 5),),
+        id="norm_channelwise",
+    ),
     LayerCase("Normalize", "norm_param { across_spatial: false }", ((3, 5),), id="norm_2d"),
-    LayerCase("Normalize", "norm_param { channel_shared: false eps: 0.01 "
-              "scale_filler { type: 'uniform' min: 0.5 max: 2 } }", ((2, 3, 4),),
-              id="norm_3d_channel_scale"),
+    LayerCase(
+        "Normalize",
+        "norm_param { channel_shared: false eps: 0.01 "
+        "scale_filler { type: 'uniform' min: 0.5 max: 2 } }",
+        ((2, 3, 4),),
+        id="norm_3d_channel_scale",
+    ),
 ]
 
 
@@ -42,7 +50,7 @@ def ref_norm(x, scale, across_spatial, eps):
     """NormalizeLayer::Forward_cpu: norm = sqrt(sum x^2 + eps); top = x / norm * scale."""
     r = _nchw(x)
     axes = (1, 2) if across_spatial else (1,)
-    norm = np.sqrt((r ** 2).sum(axis=axes, keepdims=True) + f32(eps))
+    norm = np.sqrt((r**2).sum(axis=axes, keepdims=True) + f32(eps))
     return (r / norm * _scale(scale, r.shape[1])).reshape(x.shape), norm
 
 
@@ -66,8 +74,10 @@ def ref_norm_diff(x, scale, across_spatial, eps, top_diff):
 @pytest.mark.parametrize("channel_shared", [True, False])
 def test_forward_backward_match_reference(shape, across_spatial, channel_shared):
     rng = np.random.default_rng(5)
-    snippet = (f"norm_param {{ across_spatial: {str(across_spatial).lower()} channel_shared: "
-               f"{str(channel_shared).lower()} eps: 0.01 }}")
+    snippet = (
+        f"norm_param {{ across_spatial: {str(across_spatial).lower()} channel_shared: "
+        f"{str(channel_shared).lower()} eps: 0.01 }}"
+    )
     layer, _ = make_layer(snippet, [shape], type="Normalize", dtype=torch.float64)
     scale = rng.uniform(0.5, 3.0, () if channel_shared else (shape[1],))
     with torch.no_grad():
@@ -88,15 +98,20 @@ def test_forward_backward_match_reference(shape, across_spatial, channel_shared)
 def test_blob_shape_and_default_filler():
     shared, _ = make_layer("", [(2, 3, 4, 5)], type="Normalize")
     assert shared.weight.shape == () and float(shared.weight.detach()) == 1.0
-    per_channel, _ = make_layer("norm_param { channel_shared: false }", [(2, 3, 4, 5)],
-                                type="Normalize")
+    per_channel, _ = make_layer(
+        "norm_param { channel_shared: false }", [(2, 3, 4, 5)], type="Normalize"
+    )
     np.testing.assert_array_equal(per_channel.weight.detach().numpy(), np.ones(3))
 
 
 def test_per_channel_backward_is_caffes_not_the_exact_derivative():
-    layer, (x,) = make_layer("norm_param { channel_shared: false across_spatial: false "
-                             "scale_filler { type: 'uniform' min: 0.5 max: 3 } }",
-                             [(2, 3, 2, 2)], type="Normalize", dtype=torch.float64)
+    layer, (x,) = make_layer(
+        "norm_param { channel_shared: false across_spatial: false "
+        "scale_filler { type: 'uniform' min: 0.5 max: 3 } }",
+        [(2, 3, 2, 2)],
+        type="Normalize",
+        dtype=torch.float64,
+    )
     xt = x.clone().requires_grad_(True)
     g = torch.randn(2, 3, 2, 2, dtype=torch.float64)
     (caffe_grad,) = torch.autograd.grad(layer(xt), xt, g)
@@ -113,17 +128,21 @@ def test_gradient(case):
     check_layer_gradient(layer, bottoms)
 
 
-@pytest.mark.parametrize("shape,match", [
-    ((5,), "num_axes <= 4"),
-    ((2, 3, 2, 2, 2), "num_axes <= 4"),
-])
+@pytest.mark.parametrize(
+    "shape,match",
+    [
+        ((5,), "num_axes <= 4"),
+        ((2, 3, 2, 2, 2), "num_axes <= 4"),
+    ],
+)
 def test_error_bottom_axes(shape, match):
     with pytest.raises(LayerParamError, match=rf"layer 'n1' \(Normalize\).*{match}"):
         make_layer("", [shape], type="Normalize", name="n1")
 
 
 def test_error_channels_change():
-    layer, _ = make_layer("norm_param { channel_shared: false }", [(2, 3, 4)],
-                          type="Normalize", name="n1")
+    layer, _ = make_layer(
+        "norm_param { channel_shared: false }", [(2, 3, 4)], type="Normalize", name="n1"
+    )
     with pytest.raises(LayerParamError, match=r"layer 'n1' \(Normalize\).*channels"):
         layer.output_shapes([(2, 4, 4)])

@@ -18,11 +18,14 @@ CASES = [
 
 
 def test_forward_is_the_blob():
-    layer, _ = make_layer("parameter_param { shape { dim: 2 dim: 3 dim: 4 } }", [],
-                          type="Parameter", dtype=torch.float64)
+    layer, _ = make_layer(
+        "parameter_param { shape { dim: 2 dim: 3 dim: 4 } }",
+        [],
+        type="Parameter",
+        dtype=torch.float64,
+    )
     (blob,) = layer.param_blobs()
-    assert blob.shape == (2, 3, 4) and torch.equal(blob, torch.zeros(2, 3, 4,
-                                                                     dtype=torch.float64))
+    assert blob.shape == (2, 3, 4) and torch.equal(blob, torch.zeros(2, 3, 4, dtype=torch.float64))
     assert layer.output_shapes([]) == [(2, 3, 4)]
     with torch.no_grad():
         blob.copy_(torch.arange(24, dtype=torch.float64).reshape(2, 3, 4))
@@ -43,5 +46,4 @@ def test_gradient(case):
 
 def test_error_takes_no_bottoms():
     with pytest.raises(BlobWiringError, match=r"layer 'p1' \(Parameter\).*bottom"):
-        make_layer("parameter_param { shape { dim: 2 } }", [(2,)], type="Parameter",
-                   name="p1")
+        make_layer("parameter_param { shape { dim: 2 } }", [(2,)], type="Parameter", name="p1")

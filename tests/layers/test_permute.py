@@ -22,8 +22,8 @@ def ref_permute(x, named):
     """The fork's index loop: top[i] = bottom[old_idx] with old steps of the full order."""
     order = list(named) + [a for a in range(x.ndim) if a not in named]
     top_shape = [x.shape[a] for a in order]
-    old_steps = [int(np.prod(x.shape[a + 1:])) for a in range(x.ndim)]
-    new_steps = [int(np.prod(top_shape[a + 1:])) for a in range(x.ndim)]
+    old_steps = [int(np.prod(x.shape[a + 1 :])) for a in range(x.ndim)]
+    new_steps = [int(np.prod(top_shape[a + 1 :])) for a in range(x.ndim)]
     flat = x.ravel()
     top = np.empty(x.size)
     for i in range(x.size):
@@ -35,9 +35,16 @@ def ref_permute(x, named):
     return top.reshape(top_shape)
 
 
-@pytest.mark.parametrize("shape,named", [((2, 3, 4, 5), (0, 2, 3, 1)), ((2, 3, 4, 5), (0, 3)),
-                                         ((3, 4, 5), (2,)), ((2, 3, 4, 5), ()),
-                                         ((2, 1, 3, 2, 2), (4, 1))])
+@pytest.mark.parametrize(
+    "shape,named",
+    [
+        ((2, 3, 4, 5), (0, 2, 3, 1)),
+        ((2, 3, 4, 5), (0, 3)),
+        ((3, 4, 5), (2,)),
+        ((2, 3, 4, 5), ()),
+        ((2, 1, 3, 2, 2), (4, 1)),
+    ],
+)
 def test_forward_and_backward_match_the_forks_loops(shape, named):
     snippet = "permute_param { " + " ".join(f"order: {o}" for o in named) + " }"
     layer, (x,) = make_layer(snippet, [shape], type="Permute", dtype=torch.float64)
@@ -56,15 +63,19 @@ def test_forward_and_backward_match_the_forks_loops(shape, named):
 
 
 def test_gradient():
-    layer, bottoms = make_layer("permute_param { order: 3 order: 1 }", [(2, 3, 2, 4)],
-                                type="Permute", dtype=torch.float64)
+    layer, bottoms = make_layer(
+        "permute_param { order: 3 order: 1 }", [(2, 3, 2, 4)], type="Permute", dtype=torch.float64
+    )
     check_layer_gradient(layer, bottoms)
 
 
-@pytest.mark.parametrize("snippet,match", [
-    ("permute_param { order: 4 }", "less than the bottom's number of axes"),
-    ("permute_param { order: 1 order: 1 }", "duplicate orders"),
-])
+@pytest.mark.parametrize(
+    "snippet,match",
+    [
+        ("permute_param { order: 4 }", "less than the bottom's number of axes"),
+        ("permute_param { order: 1 order: 1 }", "duplicate orders"),
+    ],
+)
 def test_errors(snippet, match):
     with pytest.raises(LayerParamError, match=rf"layer 'p' \(Permute\).*{match}"):
         make_layer(snippet, [(2, 3, 4, 5)], type="Permute", name="p")

@@ -23,18 +23,38 @@ def _positive(shape):
 
 CASES = [
     LayerCase("Pooling", "pooling_param { pool: MAX kernel_size: 3 stride: 2 }", ((2, 3, 8, 7),)),
-    LayerCase("Pooling", "pooling_param { pool: MAX kernel_size: 3 stride: 2 pad: 1 }",
-              ((2, 3, 6, 7),), n_tops=2, id="max_mask"),
-    LayerCase("Pooling", "pooling_param { pool: AVE kernel_size: 3 stride: 2 pad: 1 }",
-              ((2, 3, 6, 7),)),
-    LayerCase("Pooling", "pooling_param { pool: AVE kernel_h: 3 kernel_w: 2 pad_h: 2 pad_w: 1 "
-              "stride: 2 }", ((2, 3, 6, 7),), id="ave_big_pad"),
+    LayerCase(
+        "Pooling",
+        "pooling_param { pool: MAX kernel_size: 3 stride: 2 pad: 1 }",
+        ((2, 3, 6, 7),),
+        n_tops=2,
+        id="max_mask",
+    ),
+    LayerCase(
+        "Pooling", "pooling_param { pool: AVE kernel_size: 3 stride: 2 pad: 1 }", ((2, 3, 6, 7),)
+    ),
+    LayerCase(
+        "Pooling",
+        "pooling_param { pool: AVE kernel_h: 3 kernel_w: 2 pad_h: 2 pad_w: 1 stride: 2 }",
+        ((2, 3, 6, 7),),
+        id="ave_big_pad",
+    ),
     LayerCase("Pooling", "pooling_param { pool: MAX global_pooling: true }", ((2, 3, 4, 5),)),
-    LayerCase("Pooling", "pooling_param { pool: STOCHASTIC kernel_size: 2 stride: 2 }",
-              ((2, 3, 4, 5),), make_bottoms=_positive((2, 3, 4, 5)), deterministic=False),
-    LayerCase("Pooling", "pooling_param { pool: STOCHASTIC kernel_size: 2 stride: 2 }",
-              ((2, 3, 4, 5),), phase="TEST", make_bottoms=_positive((2, 3, 4, 5)),
-              id="stochastic_test"),
+    LayerCase(
+        "Pooling",
+        "pooling_param { pool: STOCHASTIC kernel_size: 2 stride: 2 }",
+        ((2, 3, 4, 5),),
+        make_bottoms=_positive((2, 3, 4, 5)),
+        deterministic=False,
+    ),
+    LayerCase(
+        "Pooling",
+        "pooling_param { pool: STOCHASTIC kernel_size: 2 stride: 2 }",
+        ((2, 3, 4, 5),),
+        phase="TEST",
+        make_bottoms=_positive((2, 3, 4, 5)),
+        id="stochastic_test",
+    ),
 ]
 
 
@@ -76,27 +96,38 @@ def ref_pool(x, pool, kernel, stride, pad, ceil=True):
 
 
 def _run(snippet, shape, n_tops=1, phase="TRAIN", x=None):
-    layer, bottoms = make_layer(snippet, [shape], type="Pooling", n_tops=n_tops, phase=phase,
-                                dtype=torch.float64,
-                                bottoms=None if x is None else [torch.as_tensor(x)])
+    layer, bottoms = make_layer(
+        snippet,
+        [shape],
+        type="Pooling",
+        n_tops=n_tops,
+        phase=phase,
+        dtype=torch.float64,
+        bottoms=None if x is None else [torch.as_tensor(x)],
+    )
     out = layer(*bottoms)
     return layer, bottoms, out
 
 
 @pytest.mark.parametrize("pool", ["MAX", "AVE"])
-@pytest.mark.parametrize("geom", [
-    dict(k=(3, 3), s=(2, 2), p=(0, 0)),  # ceil: 8 -> 4
-    dict(k=(3, 3), s=(2, 2), p=(1, 1)),
-    dict(k=(2, 3), s=(1, 2), p=(0, 1)),
-    dict(k=(1, 3), s=(3, 2), p=(0, 1)),  # pad on one axis: the last-window rule on both
-    dict(k=(1, 2), s=(3, 2), p=(0, 0)),  # no pad: the last row's window starts past H
-    dict(k=(3, 2), s=(3, 2), p=(2, 1)),  # pad > kernel / 2: beyond torch's limit
-    dict(k=(4, 3), s=(3, 2), p=(1, 2)),
-])
+@pytest.mark.parametrize(
+    "geom",
+    [
+        dict(k=(3, 3), s=(2, 2), p=(0, 0)),  # ceil: 8 -> 4
+        dict(k=(3, 3), s=(2, 2), p=(1, 1)),
+        dict(k=(2, 3), s=(1, 2), p=(0, 1)),
+        dict(k=(1, 3), s=(3, 2), p=(0, 1)),  # pad on one axis: the last-window rule on both
+        dict(k=(1, 2), s=(3, 2), p=(0, 0)),  # no pad: the last row's window starts past H
+        dict(k=(3, 2), s=(3, 2), p=(2, 1)),  # pad > kernel / 2: beyond torch's limit
+        dict(k=(4, 3), s=(3, 2), p=(1, 2)),
+    ],
+)
 def test_forward_matches_caffe_loops(pool, geom):
     (kh, kw), (sh, sw), (ph, pw) = geom["k"], geom["s"], geom["p"]
-    snippet = (f"pooling_param {{ pool: {pool} kernel_h: {kh} kernel_w: {kw} stride_h: {sh} "
-               f"stride_w: {sw} pad_h: {ph} pad_w: {pw} }}")
+    snippet = (
+        f"pooling_param {{ pool: {pool} kernel_h: {kh} kernel_w: {kw} stride_h: {sh} "
+        f"stride_w: {sw} pad_h: {ph} pad_w: {pw} }}"
+    )
     _, (x,), out = _run(snippet, (2, 3, 8, 7), n_tops=2 if pool == "MAX" else 1)
     top = out[0] if pool == "MAX" else out
     want, want_mask = ref_pool(x.numpy(), pool, geom["k"], geom["s"], geom["p"])
@@ -105,9 +136,15 @@ def test_forward_matches_caffe_loops(pool, geom):
         np.testing.assert_array_equal(out[1].numpy(), want_mask)
 
 
-@pytest.mark.parametrize("round_spec,ceil", [("round_mode: FLOOR", False), ("", True),
-                                             ("ceil_mode: false", False),
-                                             ("ceil_mode: true", True)])
+@pytest.mark.parametrize(
+    "round_spec,ceil",
+    [
+        ("round_mode: FLOOR", False),
+        ("", True),
+        ("ceil_mode: false", False),
+        ("ceil_mode: true", True),
+    ],
+)
 def test_forward_round_mode(round_spec, ceil):
     snippet = f"pooling_param {{ pool: AVE kernel_size: 3 stride: 2 {round_spec} }}"
     layer, (x,), top = _run(snippet, (2, 3, 8, 6))
@@ -133,10 +170,12 @@ def test_forward_global_pooling_follows_bottom_shape():
 
 
 def test_forward_max_ties_first_in_scan_order_gets_gradient():
-    x = torch.tensor([[[[1.0, 3.0, 3.0], [3.0, 0.0, 3.0]]]], dtype=torch.float64,
-                     requires_grad=True)
-    layer, _, (top, mask) = _run("pooling_param { pool: MAX kernel_size: 2 stride: 1 }",
-                                 (1, 1, 2, 3), n_tops=2, x=x)
+    x = torch.tensor(
+        [[[[1.0, 3.0, 3.0], [3.0, 0.0, 3.0]]]], dtype=torch.float64, requires_grad=True
+    )
+    layer, _, (top, mask) = _run(
+        "pooling_param { pool: MAX kernel_size: 2 stride: 1 }", (1, 1, 2, 3), n_tops=2, x=x
+    )
     assert mask.tolist() == [[[[1.0, 1.0]]]]
     top.sum().backward()
     assert x.grad.tolist() == [[[[0.0, 2.0, 0.0], [0.0, 0.0, 0.0]]]]
@@ -144,8 +183,9 @@ def test_forward_max_ties_first_in_scan_order_gets_gradient():
 
 def test_forward_max_ignores_nan_and_floors_at_flt_max():
     x = np.array([[[[np.nan, 1.0, -np.inf, -np.inf]]]])
-    _, _, (top, mask) = _run("pooling_param { pool: MAX kernel_h: 1 kernel_w: 2 stride: 2 }",
-                             x.shape, n_tops=2, x=x)
+    _, _, (top, mask) = _run(
+        "pooling_param { pool: MAX kernel_h: 1 kernel_w: 2 stride: 2 }", x.shape, n_tops=2, x=x
+    )
     assert top.tolist() == [[[[1.0, -FLT_MAX]]]]
     assert mask.tolist() == [[[[1.0, -1.0]]]]
 
@@ -160,8 +200,13 @@ def _stochastic_windows(phase, values, repeats=4000):
     """A (1, 1, 2, 2 * repeats) bottom tiled with the same 2x2 window, pooled 2x2/2."""
     block = np.array(values, dtype=np.float64).reshape(2, 2)
     x = torch.tensor(np.tile(block, (1, repeats))[None, None], requires_grad=True)
-    layer, _ = make_layer("pooling_param { pool: STOCHASTIC kernel_size: 2 stride: 2 }",
-                          [tuple(x.shape)], type="Pooling", phase=phase, dtype=torch.float64)
+    layer, _ = make_layer(
+        "pooling_param { pool: STOCHASTIC kernel_size: 2 stride: 2 }",
+        [tuple(x.shape)],
+        type="Pooling",
+        phase=phase,
+        dtype=torch.float64,
+    )
     return layer, x
 
 
@@ -190,44 +235,63 @@ def test_stochastic_train_zero_window_picks_first_and_never_a_zero_weight():
 
 
 def test_stochastic_test_is_sum_sq_over_sum():
-    layer, (x,), top = _run("pooling_param { pool: STOCHASTIC kernel_size: 3 stride: 2 }",
-                            (2, 3, 7, 6), phase="TEST")
+    layer, (x,), top = _run(
+        "pooling_param { pool: STOCHASTIC kernel_size: 3 stride: 2 }", (2, 3, 7, 6), phase="TEST"
+    )
     xn = x.numpy()
     want = np.zeros(top.shape)
     for i in range(top.shape[2]):
         for j in range(top.shape[3]):
-            win = xn[:, :, 2 * i:2 * i + 3, 2 * j:2 * j + 3]
-            s1, s2 = win.sum(axis=(2, 3)), (win ** 2).sum(axis=(2, 3))
+            win = xn[:, :, 2 * i : 2 * i + 3, 2 * j : 2 * j + 3]
+            s1, s2 = win.sum(axis=(2, 3)), (win**2).sum(axis=(2, 3))
             want[:, :, i, j] = np.where(s1 > 0, s2 / np.where(s1 > 0, s1, 1), 0)
     np.testing.assert_allclose(top.numpy(), want, rtol=1e-12)
     assert (want == 0).any() and (want != 0).any()  # both branches exercised
 
 
-@pytest.mark.parametrize("snippet,n_tops,shape,field", [
-    ("pooling_param { pool: MAX }", 1, (2, 3, 4, 5), "kernel_size"),
-    ("pooling_param { kernel_size: 2 kernel_h: 2 kernel_w: 2 }", 1, (2, 3, 4, 5), "kernel_size"),
-    ("pooling_param { kernel_h: 2 }", 1, (2, 3, 4, 5), "kernel_h"),
-    ("pooling_param { kernel_size: 0 }", 1, (2, 3, 4, 5), "kernel_size"),
-    ("pooling_param { global_pooling: true kernel_size: 2 }", 1, (2, 3, 4, 5), "global_pooling"),
-    ("pooling_param { global_pooling: true pad: 1 }", 1, (2, 3, 4, 5), "global_pooling"),
-    ("pooling_param { kernel_size: 3 pad: 1 pad_h: 1 pad_w: 1 }", 1, (2, 3, 4, 5), "pad_h"),
-    ("pooling_param { kernel_size: 3 stride_h: 2 }", 1, (2, 3, 4, 5), "stride_h"),
-    ("pooling_param { kernel_size: 3 stride: 0 }", 1, (2, 3, 4, 5), "stride"),
-    ("pooling_param { kernel_size: 3 pad: 3 }", 1, (2, 3, 4, 5), "pad"),
-    ("pooling_param { pool: STOCHASTIC kernel_size: 3 pad: 1 }", 1, (2, 3, 4, 5), "STOCHASTIC"),
-    ("pooling_param { pool: AVE kernel_size: 2 }", 2, (2, 3, 4, 5), "mask"),
-    ("pooling_param { kernel_size: 2 }", 1, (2, 3, 4, 5, 6), "4 axes"),
-    ("pooling_param { kernel_size: 6 round_mode: FLOOR }", 1, (2, 3, 4, 5), "output"),
-    ("pooling_param { kernel_size: 2 round_mode: FLOOR ceil_mode: true }", 1, (2, 3, 4, 5),
-     "ceil_mode"),
-])
+@pytest.mark.parametrize(
+    "snippet,n_tops,shape,field",
+    [
+        ("pooling_param { pool: MAX }", 1, (2, 3, 4, 5), "kernel_size"),
+        (
+            "pooling_param { kernel_size: 2 kernel_h: 2 kernel_w: 2 }",
+            1,
+            (2, 3, 4, 5),
+            "kernel_size",
+        ),
+        ("pooling_param { kernel_h: 2 }", 1, (2, 3, 4, 5), "kernel_h"),
+        ("pooling_param { kernel_size: 0 }", 1, (2, 3, 4, 5), "kernel_size"),
+        (
+            "pooling_param { global_pooling: true kernel_size: 2 }",
+            1,
+            (2, 3, 4, 5),
+            "global_pooling",
+        ),
+        ("pooling_param { global_pooling: true pad: 1 }", 1, (2, 3, 4, 5), "global_pooling"),
+        ("pooling_param { kernel_size: 3 pad: 1 pad_h: 1 pad_w: 1 }", 1, (2, 3, 4, 5), "pad_h"),
+        ("pooling_param { kernel_size: 3 stride_h: 2 }", 1, (2, 3, 4, 5), "stride_h"),
+        ("pooling_param { kernel_size: 3 stride: 0 }", 1, (2, 3, 4, 5), "stride"),
+        ("pooling_param { kernel_size: 3 pad: 3 }", 1, (2, 3, 4, 5), "pad"),
+        ("pooling_param { pool: STOCHASTIC kernel_size: 3 pad: 1 }", 1, (2, 3, 4, 5), "STOCHASTIC"),
+        ("pooling_param { pool: AVE kernel_size: 2 }", 2, (2, 3, 4, 5), "mask"),
+        ("pooling_param { kernel_size: 2 }", 1, (2, 3, 4, 5, 6), "4 axes"),
+        ("pooling_param { kernel_size: 6 round_mode: FLOOR }", 1, (2, 3, 4, 5), "output"),
+        (
+            "pooling_param { kernel_size: 2 round_mode: FLOOR ceil_mode: true }",
+            1,
+            (2, 3, 4, 5),
+            "ceil_mode",
+        ),
+    ],
+)
 def test_error(snippet, n_tops, shape, field):
     with pytest.raises(LayerParamError, match=rf"layer 'p1' \(Pooling\).*{field}"):
         make_layer(snippet, [shape], type="Pooling", n_tops=n_tops, name="p1")
 
 
 def test_error_bottom_shape_change_checked_in_forward():
-    layer, _ = make_layer("pooling_param { kernel_size: 3 }", [(2, 3, 4, 5)], type="Pooling",
-                          name="p1")
+    layer, _ = make_layer(
+        "pooling_param { kernel_size: 3 }", [(2, 3, 4, 5)], type="Pooling", name="p1"
+    )
     with pytest.raises(LayerParamError, match=r"layer 'p1' \(Pooling\).*output"):
         layer(torch.zeros(2, 3, 2, 2))

@@ -23,12 +23,17 @@ def _snippet(power, scale, shift):
 CASES = [
     LayerCase("Power", id="power_default"),
     LayerCase("Power", _snippet(2, 0.5, 1), id="power_sq"),
-    LayerCase("Power", _snippet(0.5, 2, 0.1), make_bottoms=_positive((2, 3, 4, 5)),
-              id="power_frac"),
+    LayerCase(
+        "Power", _snippet(0.5, 2, 0.1), make_bottoms=_positive((2, 3, 4, 5)), id="power_frac"
+    ),
     LayerCase("Power", _snippet(1, -0.7, 2), ((3, 4, 5),), id="power_scale_shift_only"),
     LayerCase("Power", _snippet(3, 1.5, 0), id="power_cube_no_shift"),
-    LayerCase("Power", _snippet(-1.5, 2, 0), make_bottoms=_positive((2, 3, 4, 5)),
-              id="power_negative_no_shift"),
+    LayerCase(
+        "Power",
+        _snippet(-1.5, 2, 0),
+        make_bottoms=_positive((2, 3, 4, 5)),
+        id="power_negative_no_shift",
+    ),
     LayerCase("Power", _snippet(0, 2, 1), id="power_zero"),
     LayerCase("Power", _snippet(2.5, 0, 3), id="power_scale_zero"),
 ]
@@ -65,8 +70,20 @@ def _forward_backward(params, x, top_diff):
     return y.detach().numpy(), xt.grad.numpy()
 
 
-PARAMS = [(1, 1, 0), (2, 0.5, 1), (2, -1.5, 0), (0.5, 2, 0.1), (1, -0.7, 2), (3, 1.5, 0),
-          (-1.5, 2, 0), (1.7, 0.5, 2), (0, 2, 1), (2.5, 0, 3), (0.5, 0, -2), (-2, 0, 0)]
+PARAMS = [
+    (1, 1, 0),
+    (2, 0.5, 1),
+    (2, -1.5, 0),
+    (0.5, 2, 0.1),
+    (1, -0.7, 2),
+    (3, 1.5, 0),
+    (-1.5, 2, 0),
+    (1.7, 0.5, 2),
+    (0, 2, 1),
+    (2.5, 0, 3),
+    (0.5, 0, -2),
+    (-2, 0, 0),
+]
 
 
 @pytest.mark.parametrize("params", PARAMS, ids=str)
@@ -81,12 +98,12 @@ def test_forward_backward_match_caffe(params):
     with np.errstate(divide="ignore", invalid="ignore"):
         want = ref_power(x, power, scale, shift)
         np.testing.assert_allclose(y, want, rtol=1e-12)
-        np.testing.assert_allclose(dx, ref_power_diff(x, want, top_diff, power, scale, shift),
-                                   rtol=1e-9)
+        np.testing.assert_allclose(
+            dx, ref_power_diff(x, want, top_diff, power, scale, shift), rtol=1e-9
+        )
 
 
-@pytest.mark.parametrize("params", [(3, 1.5, 0), (0.5, 2, 0), (1.5, 2, -1), (-1, 1, 0)],
-                         ids=str)
+@pytest.mark.parametrize("params", [(3, 1.5, 0), (0.5, 2, 0), (1.5, 2, -1), (-1, 1, 0)], ids=str)
 def test_backward_where_base_is_zero_is_caffes(params):
     """Caffe divides by the base: 0/0 = NaN (or y/0 = inf), where calculus says 0 or inf."""
     power, scale, shift = params

@@ -14,10 +14,12 @@ from torchcaffe.errors import LayerParamError
 from torchcaffe.formats.prototxt import read_net
 
 CASES = [
-    LayerCase("PReLU", "prelu_param { filler { type: 'uniform' min: -1 max: 1 } }",
-              id="prelu_channelwise"),
-    LayerCase("PReLU", "prelu_param { channel_shared: true filler { value: -0.3 } }",
-              id="prelu_shared"),
+    LayerCase(
+        "PReLU", "prelu_param { filler { type: 'uniform' min: -1 max: 1 } }", id="prelu_channelwise"
+    ),
+    LayerCase(
+        "PReLU", "prelu_param { channel_shared: true filler { value: -0.3 } }", id="prelu_shared"
+    ),
     LayerCase("PReLU", "", ((5, 3),), id="prelu_2d"),
 ]
 
@@ -65,8 +67,7 @@ def test_default_filler_and_blob_shapes():
     layer, _ = make_layer("", [(2, 3, 4, 5)], type="PReLU")
     assert layer.param_blobs()[0].shape == (3,)
     assert torch.all(layer.weight == 0.25)
-    shared, _ = make_layer("prelu_param { channel_shared: true }", [(2, 3, 4, 5)],
-                           type="PReLU")
+    shared, _ = make_layer("prelu_param { channel_shared: true }", [(2, 3, 4, 5)], type="PReLU")
     assert shared.param_blobs()[0].shape == ()
     assert float(shared.weight.detach()) == 0.25
 
@@ -86,8 +87,9 @@ def test_in_place_net_keeps_caffe_gradients():
     net = torchcaffe.load(read_net(text), phase="train")
     x = torch.randn(2, 3, 4, dtype=torch.float32, requires_grad=True)
     y = net(x=x)["x"]
-    np.testing.assert_allclose(y.detach().numpy(), np.where(x.detach() > 0, x.detach(),
-                                                            0.1 * x.detach()), rtol=1e-6)
+    np.testing.assert_allclose(
+        y.detach().numpy(), np.where(x.detach() > 0, x.detach(), 0.1 * x.detach()), rtol=1e-6
+    )
     y.sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), np.where(x.detach() > 0, 1.0, 0.1), rtol=1e-6)
 

@@ -21,10 +21,14 @@ from torchcaffe.ops._python_substitutes import NativeSubstituteWarning
 from torchcaffe.ops.proposal import fork_sort_order, greedy_nms
 
 f32 = np.float32
-FORK = ("proposal_param { feat_stride: 16 base_size: 16 min_size: 8 ratio: 0.5 ratio: 1 "
-        "ratio: 2 scale: 8 scale: 16 pre_nms_topn: 60 post_nms_topn: 12 nms_thresh: 0.7 }")
-RPN = ("python_param { module: 'rpn.proposal_layer' layer: 'ProposalLayer' "
-       "param_str: \"'feat_stride': 16, 'scales': [1, 2]\" }")
+FORK = (
+    "proposal_param { feat_stride: 16 base_size: 16 min_size: 8 ratio: 0.5 ratio: 1 "
+    "ratio: 2 scale: 8 scale: 16 pre_nms_topn: 60 post_nms_topn: 12 nms_thresh: 0.7 }"
+)
+RPN = (
+    "python_param { module: 'rpn.proposal_layer' layer: 'ProposalLayer' "
+    "param_str: \"'feat_stride': 16, 'scales': [1, 2]\" }"
+)
 
 
 def make_bottoms(gen, n=2, a=6, h=4, w=5, im_info=(61.0, 77.0, 1.0)):
@@ -35,10 +39,22 @@ def make_bottoms(gen, n=2, a=6, h=4, w=5, im_info=(61.0, 77.0, 1.0)):
 
 
 CASES = [
-    LayerCase("Proposal", FORK, [(2, 12, 4, 5), (2, 24, 4, 5), (1, 3)], n_tops=2,
-              phase="TEST", make_bottoms=make_bottoms),
-    LayerCase("Python", RPN, [(1, 12, 4, 5), (1, 24, 4, 5), (1, 3)], n_tops=2, phase="TEST",
-              make_bottoms=lambda gen: make_bottoms(gen, n=1, im_info=(61.0, 77.0, 0.5))),
+    LayerCase(
+        "Proposal",
+        FORK,
+        [(2, 12, 4, 5), (2, 24, 4, 5), (1, 3)],
+        n_tops=2,
+        phase="TEST",
+        make_bottoms=make_bottoms,
+    ),
+    LayerCase(
+        "Python",
+        RPN,
+        [(1, 12, 4, 5), (1, 24, 4, 5), (1, 3)],
+        n_tops=2,
+        phase="TEST",
+        make_bottoms=lambda gen: make_bottoms(gen, n=1, im_info=(61.0, 77.0, 0.5)),
+    ),
 ]
 
 
@@ -97,20 +113,21 @@ def ref_fork(scores, deltas, im_info, p):
         rows = []
         for y, x, k in np.ndindex(scores.shape[2], scores.shape[3], a):
             box = anchors[k] + f32([x * p["feat_stride"], y * p["feat_stride"]] * 2)
-            dx, dy, dw, dh = deltas[n, 4 * k:4 * k + 4, y, x]
+            dx, dy, dw, dh = deltas[n, 4 * k : 4 * k + 4, y, x]
             bw, bh = box[2] - box[0] + f32(1), box[3] - box[1] + f32(1)
             cx, cy = box[0] + f32(0.5) * bw, box[1] + f32(0.5) * bh
             px, py = dx * bw + cx, dy * bh + cy
             pw, ph = np.exp(dw) * bw, np.exp(dh) * bh
-            box = f32([px - f32(0.5) * pw, py - f32(0.5) * ph, px + f32(0.5) * pw,
-                       py + f32(0.5) * ph])
+            box = f32(
+                [px - f32(0.5) * pw, py - f32(0.5) * ph, px + f32(0.5) * pw, py + f32(0.5) * ph]
+            )
             limit = f32([img_w, img_h, img_w, img_h]) - f32(1)
             box = np.maximum(f32(0), np.minimum(box, limit))
             big = (box[2] - box[0] + 1 >= p["min_size"]) and (box[3] - box[1] + 1 >= p["min_size"])
             rows.append([*box, f32(big) * scores[n, a + k, y, x]])
         rows = np.array(rows, f32)
         fork_sort(rows, 0, len(rows) - 1, p["pre_nms_topn"])
-        rows = rows[:min(len(rows), p["pre_nms_topn"])]
+        rows = rows[: min(len(rows), p["pre_nms_topn"])]
         dead, keep = np.zeros(len(rows), bool), []
         for i in range(len(rows)):
             if dead[i]:
@@ -126,50 +143,74 @@ def ref_fork(scores, deltas, im_info, p):
 
 
 def fork_param(**kw):
-    p = dict(feat_stride=16, base_size=16, min_size=8, ratio=[0.5, 1, 2], scale=[8, 16],
-             pre_nms_topn=60, post_nms_topn=12, nms_thresh=0.7)
+    p = dict(
+        feat_stride=16,
+        base_size=16,
+        min_size=8,
+        ratio=[0.5, 1, 2],
+        scale=[8, 16],
+        pre_nms_topn=60,
+        post_nms_topn=12,
+        nms_thresh=0.7,
+    )
     p.update(kw)
     return p
 
 
 def snippet_of(p):
-    fields = " ".join(f"{k}: {v}" for k, vs in p.items()
-                      for v in (vs if isinstance(vs, list) else [vs]))
+    fields = " ".join(
+        f"{k}: {v}" for k, vs in p.items() for v in (vs if isinstance(vs, list) else [vs])
+    )
     return f"proposal_param {{ {fields} }}"
 
 
 def test_fork_anchors():
     """Side ~ scale / sqrt(ratio) pixels: ratio 0.5, scale 8 -> 0.5 * (int)(10.31 + 0.5) = 5."""
     p = fork_param()
-    layer, _ = make_layer(snippet_of(p), [(1, 12, 2, 3), (1, 24, 2, 3), (1, 3)],
-                          type="Proposal")
+    layer, _ = make_layer(snippet_of(p), [(1, 12, 2, 3), (1, 24, 2, 3), (1, 3)], type="Proposal")
     assert layer.anchors[0].tolist() == [2.5, 5.0, 12.5, 10.0]
     np.testing.assert_array_equal(layer.anchors.numpy(), fork_anchors(16, [0.5, 1, 2], [8, 16]))
 
 
-@pytest.mark.parametrize("kw", [{}, {"min_size": 2, "nms_thresh": 0.5},
-                                {"pre_nms_topn": 200, "post_nms_topn": 40, "nms_thresh": 0.9},
-                                {"feat_stride": 8, "base_size": 10, "ratio": [1.5], "scale": [20],
-                                 "min_size": 16}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"min_size": 2, "nms_thresh": 0.5},
+        {"pre_nms_topn": 200, "post_nms_topn": 40, "nms_thresh": 0.9},
+        {"feat_stride": 8, "base_size": 10, "ratio": [1.5], "scale": [20], "min_size": 16},
+    ],
+)
 def test_fork_forward_matches_reference(kw):
     p = fork_param(**kw)
     a = len(p["ratio"]) * len(p["scale"])
     scores, deltas, im_info = make_bottoms(torch.Generator().manual_seed(4), a=a)
-    layer, _ = make_layer(snippet_of(p), [scores.shape, deltas.shape, (1, 3)], type="Proposal",
-                          n_tops=2, bottoms=[scores, deltas, im_info])
+    layer, _ = make_layer(
+        snippet_of(p),
+        [scores.shape, deltas.shape, (1, 3)],
+        type="Proposal",
+        n_tops=2,
+        bottoms=[scores, deltas, im_info],
+    )
     rois, kept = layer(scores, deltas, im_info)
     want_rois, want_scores = ref_fork(scores.numpy(), deltas.numpy(), im_info.numpy(), p)
     np.testing.assert_allclose(rois.numpy(), want_rois, rtol=1e-6, atol=1e-4)
     np.testing.assert_array_equal(kept.numpy(), want_scores)
     assert layer.output_shapes([scores.shape, deltas.shape, (1, 3)]) == [
-        (2 * p["post_nms_topn"], 5), (2 * p["post_nms_topn"],)]
+        (2 * p["post_nms_topn"], 5),
+        (2 * p["post_nms_topn"],),
+    ]
 
 
 def test_fork_every_image_reads_im_info_row0_and_min_size_is_unscaled():
     scores, deltas, _ = make_bottoms(torch.Generator().manual_seed(6))
     im_info = torch.tensor([[40.0, 50.0, 4.0], [999.0, 999.0, 1.0]])
-    layer, _ = make_layer(FORK, [scores.shape, deltas.shape, (2, 3)], type="Proposal",
-                          bottoms=[scores, deltas, im_info])
+    layer, _ = make_layer(
+        FORK,
+        [scores.shape, deltas.shape, (2, 3)],
+        type="Proposal",
+        bottoms=[scores, deltas, im_info],
+    )
     rois = layer(scores, deltas, im_info)
     assert set(rois[:, 0].tolist()) == {0.0, 1.0}
     assert rois[:, 1::2].max() <= 49 and rois[:, 2::2].max() <= 39
@@ -196,8 +237,13 @@ def test_fork_forward_with_tied_scores_matches_reference():
     scores, deltas, im_info = make_bottoms(torch.Generator().manual_seed(7))
     scores[:, :, ::2] = 0.5
     p = fork_param(min_size=14, pre_nms_topn=70, post_nms_topn=30, nms_thresh=0.95)
-    layer, _ = make_layer(snippet_of(p), [scores.shape, deltas.shape, (1, 3)], type="Proposal",
-                          n_tops=2, bottoms=[scores, deltas, im_info])
+    layer, _ = make_layer(
+        snippet_of(p),
+        [scores.shape, deltas.shape, (1, 3)],
+        type="Proposal",
+        n_tops=2,
+        bottoms=[scores, deltas, im_info],
+    )
     rois, kept = layer(scores, deltas, im_info)
     want_rois, want_scores = ref_fork(scores.numpy(), deltas.numpy(), im_info.numpy(), p)
     assert (want_scores == 0).sum() > 4 and (want_scores == 0.5).sum() > 4
@@ -223,16 +269,25 @@ def test_no_backward():
 # -- py-faster-rcnn's Python layer ----------------------------------------------------------
 def rpn_anchors(scales, ratios=(0.5, 1, 2), base=16):
     """generate_anchors.py: _ratio_enum then _scale_enum on the (0, 0, 15, 15) window."""
+
     def mk(ws, hs, cx, cy):
-        return np.stack([cx - 0.5 * (ws - 1), cy - 0.5 * (hs - 1),
-                         cx + 0.5 * (ws - 1), cy + 0.5 * (hs - 1)], 1)
+        return np.stack(
+            [cx - 0.5 * (ws - 1), cy - 0.5 * (hs - 1), cx + 0.5 * (ws - 1), cy + 0.5 * (hs - 1)], 1
+        )
+
     ws = np.round(np.sqrt(base * base / np.array(ratios, float)))
     ratio_anchors = mk(ws, np.round(ws * np.array(ratios)), 7.5, 7.5)
     out = []
     for r in ratio_anchors:
         w, h = r[2] - r[0] + 1, r[3] - r[1] + 1
-        out.append(mk(w * np.array(scales), h * np.array(scales), r[0] + 0.5 * (w - 1),
-                      r[1] + 0.5 * (h - 1)))
+        out.append(
+            mk(
+                w * np.array(scales),
+                h * np.array(scales),
+                r[0] + 0.5 * (w - 1),
+                r[1] + 0.5 * (h - 1),
+            )
+        )
     return np.vstack(out)
 
 
@@ -254,8 +309,9 @@ def ref_rpn(scores, deltas, im_info, scales, cfg):
     props = np.stack([px - 0.5 * pw, py - 0.5 * ph, px + 0.5 * pw, py + 0.5 * ph], 1)
     info = im_info[0]
     props = np.maximum(np.minimum(props, info[[1, 0, 1, 0]] - 1), 0)
-    ok = ((props[:, 2] - props[:, 0] + 1 >= min_size * info[2])
-          & (props[:, 3] - props[:, 1] + 1 >= min_size * info[2]))
+    ok = (props[:, 2] - props[:, 0] + 1 >= min_size * info[2]) & (
+        props[:, 3] - props[:, 1] + 1 >= min_size * info[2]
+    )
     props, fg = props[ok], fg[ok]
     order = fg.argsort(kind="stable")[::-1][:pre]
     props, fg = props[order], fg[order]
@@ -279,26 +335,42 @@ def ref_rpn(scores, deltas, im_info, scales, cfg):
 def test_rpn_anchors_are_generate_anchors():
     """The table generate_anchors.py prints for scales (8, 16, 32), ratios (0.5, 1, 2)."""
     with pytest.warns(NativeSubstituteWarning):
-        layer, _ = make_layer(RPN.replace("'scales': [1, 2]", "'scales': (8, 16, 32)"),
-                              [(1, 18, 2, 3), (1, 36, 2, 3), (1, 3)], type="Python")
-    np.testing.assert_array_equal(layer.anchors.numpy(), [
-        [-84, -40, 99, 55], [-176, -88, 191, 103], [-360, -184, 375, 199],
-        [-56, -56, 71, 71], [-120, -120, 135, 135], [-248, -248, 263, 263],
-        [-36, -80, 51, 95], [-80, -168, 95, 183], [-168, -344, 183, 359]])
+        layer, _ = make_layer(
+            RPN.replace("'scales': [1, 2]", "'scales': (8, 16, 32)"),
+            [(1, 18, 2, 3), (1, 36, 2, 3), (1, 3)],
+            type="Python",
+        )
+    np.testing.assert_array_equal(
+        layer.anchors.numpy(),
+        [
+            [-84, -40, 99, 55],
+            [-176, -88, 191, 103],
+            [-360, -184, 375, 199],
+            [-56, -56, 71, 71],
+            [-120, -120, 135, 135],
+            [-248, -248, 263, 263],
+            [-36, -80, 51, 95],
+            [-80, -168, 95, 183],
+            [-168, -344, 183, 359],
+        ],
+    )
     np.testing.assert_array_equal(rpn_anchors((8, 16, 32)), layer.anchors.numpy())
 
 
-@pytest.mark.parametrize("phase,cfg", [("TEST", (6000, 300, 0.7, 16)),
-                                       ("TRAIN", (12000, 2000, 0.7, 16))])
+@pytest.mark.parametrize(
+    "phase,cfg", [("TEST", (6000, 300, 0.7, 16)), ("TRAIN", (12000, 2000, 0.7, 16))]
+)
 @pytest.mark.parametrize("im_scale", [0.5, 1.0, 1.6])
 def test_rpn_forward_matches_reference(phase, cfg, im_scale):
     """min_size counts in scaled image pixels (16 * im_info[2]); batch index 0; scores K x 1."""
-    scores, deltas, im_info = make_bottoms(torch.Generator().manual_seed(8), n=1, h=6, w=7,
-                                           im_info=(90.0, 101.0, im_scale))
+    scores, deltas, im_info = make_bottoms(
+        torch.Generator().manual_seed(8), n=1, h=6, w=7, im_info=(90.0, 101.0, im_scale)
+    )
     deltas[0, 2::4] -= 1.0  # shrink many boxes towards min_size
     with pytest.warns(NativeSubstituteWarning, match=f"cfg.{phase}"):
-        layer, _ = make_layer(RPN, [scores.shape, deltas.shape, (1, 3)], type="Python",
-                              n_tops=2, phase=phase)
+        layer, _ = make_layer(
+            RPN, [scores.shape, deltas.shape, (1, 3)], type="Python", n_tops=2, phase=phase
+        )
     rois, kept = layer(scores, deltas, im_info)
     want_rois, want_scores = ref_rpn(scores.numpy(), deltas.numpy(), im_info.numpy(), (1, 2), cfg)
     np.testing.assert_allclose(rois.numpy(), want_rois, rtol=1e-6, atol=1e-4)
@@ -308,29 +380,47 @@ def test_rpn_forward_matches_reference(phase, cfg, im_scale):
 
 
 def test_rpn_post_nms_top_n_cuts():
-    scores, deltas, im_info = make_bottoms(torch.Generator().manual_seed(9), n=1, h=30, w=30,
-                                           im_info=(480.0, 480.0, 1.0))
+    scores, deltas, im_info = make_bottoms(
+        torch.Generator().manual_seed(9), n=1, h=30, w=30, im_info=(480.0, 480.0, 1.0)
+    )
     with pytest.warns(NativeSubstituteWarning):
-        layer, _ = make_layer(RPN, [scores.shape, deltas.shape, (1, 3)], type="Python",
-                              phase="TEST")
+        layer, _ = make_layer(
+            RPN, [scores.shape, deltas.shape, (1, 3)], type="Python", phase="TEST"
+        )
     assert layer(scores, deltas, im_info).shape == (300, 5)
 
 
 # -- errors -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("snippet,shapes,match", [
-    ("proposal_param { scale: 8 }", None, "at least one ratio and one scale"),
-    ("proposal_param { ratio: 1 }", None, "at least one ratio and one scale"),
-    ("proposal_param { ratio: 0 scale: 8 }", None, "every ratio must be > 0"),
-    ("proposal_param { ratio: 1 scale: -8 }", None, "every scale must be > 0"),
-    ("proposal_param { ratio: 1 scale: 8 feat_stride: 0 }", None, "feat_stride must be > 0"),
-    ("proposal_param { ratio: 1 scale: 8 post_nms_topn: 0 }", None, "post_nms_topn must be > 0"),
-    ("proposal_param { ratio: 1 scale: 8 }", [(1, 4, 3, 3), (1, 4, 3, 3), (1, 3)],
-     r"background and foreground.*1 anchors"),
-    ("proposal_param { ratio: 1 scale: 8 }", [(1, 2, 3, 3), (1, 4, 3, 4), (1, 3)],
-     "4 box deltas per anchor"),
-    ("proposal_param { ratio: 1 scale: 8 }", [(1, 2, 3, 3), (1, 4, 3, 3), (1, 1)],
-     "im_info rows"),
-])
+@pytest.mark.parametrize(
+    "snippet,shapes,match",
+    [
+        ("proposal_param { scale: 8 }", None, "at least one ratio and one scale"),
+        ("proposal_param { ratio: 1 }", None, "at least one ratio and one scale"),
+        ("proposal_param { ratio: 0 scale: 8 }", None, "every ratio must be > 0"),
+        ("proposal_param { ratio: 1 scale: -8 }", None, "every scale must be > 0"),
+        ("proposal_param { ratio: 1 scale: 8 feat_stride: 0 }", None, "feat_stride must be > 0"),
+        (
+            "proposal_param { ratio: 1 scale: 8 post_nms_topn: 0 }",
+            None,
+            "post_nms_topn must be > 0",
+        ),
+        (
+            "proposal_param { ratio: 1 scale: 8 }",
+            [(1, 4, 3, 3), (1, 4, 3, 3), (1, 3)],
+            r"background and foreground.*1 anchors",
+        ),
+        (
+            "proposal_param { ratio: 1 scale: 8 }",
+            [(1, 2, 3, 3), (1, 4, 3, 4), (1, 3)],
+            "4 box deltas per anchor",
+        ),
+        (
+            "proposal_param { ratio: 1 scale: 8 }",
+            [(1, 2, 3, 3), (1, 4, 3, 3), (1, 1)],
+            "im_info rows",
+        ),
+    ],
+)
 def test_error(snippet, shapes, match):
     shapes = shapes or [(1, 2, 3, 3), (1, 4, 3, 3), (1, 3)]
     with pytest.raises(LayerParamError, match=rf"layer 'p1' \(Proposal\).*{match}"):

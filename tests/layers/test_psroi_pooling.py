@@ -16,21 +16,36 @@ from torchcaffe.errors import LayerParamError
 
 # [n x1 y1 x2 y2] in image pixels: ordinary, halves (C rounds 2.5 -> 3, -0.5 -> -1), inverted
 # (-> 0.1 wide), partly and wholly outside the map, a negative start (the fused edges matter).
-ROIS = [[0, 8, 4, 60, 50], [1, 2.5, -0.5, 30.4, 20.6], [1, 40, 40, 10, 10],
-        [0, -30, -20, 100, 90], [1, 150, 160, 200, 210], [0, -40, -40, 0, 20]]
+ROIS = [
+    [0, 8, 4, 60, 50],
+    [1, 2.5, -0.5, 30.4, 20.6],
+    [1, 40, 40, 10, 10],
+    [0, -30, -20, 100, 90],
+    [1, 150, 160, 200, 210],
+    [0, -40, -40, 0, 20],
+]
 
 
 def make_bottoms(gen, shape=(2, 2 * 9, 7, 9)):
-    return [torch.randn(shape, generator=gen, dtype=torch.float64),
-            torch.tensor(ROIS, dtype=torch.float64)]
+    return [
+        torch.randn(shape, generator=gen, dtype=torch.float64),
+        torch.tensor(ROIS, dtype=torch.float64),
+    ]
 
 
 CASES = [
-    LayerCase("PSROIPooling", "psroi_pooling_param { spatial_scale: 0.125 output_dim: 2 "
-              "group_size: 3 }", [(2, 18, 7, 9), (6, 5)], make_bottoms=make_bottoms),
-    LayerCase("PSROIPooling", "psroi_pooling_param { spatial_scale: 0.25 output_dim: 4 "
-              "group_size: 1 }", [(2, 4, 7, 9), (6, 5)],
-              make_bottoms=lambda gen: make_bottoms(gen, (2, 4, 7, 9))),
+    LayerCase(
+        "PSROIPooling",
+        "psroi_pooling_param { spatial_scale: 0.125 output_dim: 2 group_size: 3 }",
+        [(2, 18, 7, 9), (6, 5)],
+        make_bottoms=make_bottoms,
+    ),
+    LayerCase(
+        "PSROIPooling",
+        "psroi_pooling_param { spatial_scale: 0.25 output_dim: 4 group_size: 1 }",
+        [(2, 4, 7, 9), (6, 5)],
+        make_bottoms=lambda gen: make_bottoms(gen, (2, 4, 7, 9)),
+    ),
 ]
 
 
@@ -76,13 +91,19 @@ def ref_backward(top_diff, windows, shape):
     return diff
 
 
-@pytest.mark.parametrize("scale,dim,group,shape", [(0.125, 2, 3, (2, 18, 7, 9)),
-                                                   (0.0625, 3, 2, (2, 12, 5, 11)),
-                                                   (1.0, 1, 7, (2, 49, 30, 34)),
-                                                   (0.25, 4, 1, (2, 4, 13, 6))])
+@pytest.mark.parametrize(
+    "scale,dim,group,shape",
+    [
+        (0.125, 2, 3, (2, 18, 7, 9)),
+        (0.0625, 3, 2, (2, 12, 5, 11)),
+        (1.0, 1, 7, (2, 49, 30, 34)),
+        (0.25, 4, 1, (2, 4, 13, 6)),
+    ],
+)
 def test_forward_backward_match_reference(scale, dim, group, shape):
-    snippet = (f"psroi_pooling_param {{ spatial_scale: {scale} output_dim: {dim} "
-               f"group_size: {group} }}")
+    snippet = (
+        f"psroi_pooling_param {{ spatial_scale: {scale} output_dim: {dim} group_size: {group} }}"
+    )
     x = torch.randn(shape, generator=torch.Generator().manual_seed(5))
     rois = torch.tensor(ROIS, dtype=torch.float32)
     layer, _ = make_layer(snippet, [shape, rois.shape], type="PSROIPooling", bottoms=[x, rois])
@@ -93,8 +114,9 @@ def test_forward_backward_match_reference(scale, dim, group, shape):
     np.testing.assert_allclose(top.detach().numpy(), want, rtol=1e-5, atol=1e-6)
     top_diff = np.random.default_rng(1).standard_normal(want.shape).astype(np.float32)
     top.backward(torch.from_numpy(top_diff))
-    np.testing.assert_allclose(x.grad.numpy(), ref_backward(top_diff, windows, shape),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        x.grad.numpy(), ref_backward(top_diff, windows, shape), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_channel_map_average_and_empty_bins():
@@ -102,13 +124,17 @@ def test_channel_map_average_and_empty_bins():
     outside the map has only empty bins: 0, and no gradient."""
     x = torch.arange(8 * 4 * 4, dtype=torch.float32).reshape(1, 8, 4, 4)
     rois = torch.tensor([[0, 0, 0, 3, 3], [0, 10, 10, 20, 20]], dtype=torch.float32)
-    layer, _ = make_layer("psroi_pooling_param { spatial_scale: 1 output_dim: 2 group_size: 2 }",
-                          [(1, 8, 4, 4), (2, 5)], type="PSROIPooling", bottoms=[x, rois])
+    layer, _ = make_layer(
+        "psroi_pooling_param { spatial_scale: 1 output_dim: 2 group_size: 2 }",
+        [(1, 8, 4, 4), (2, 5)],
+        type="PSROIPooling",
+        bottoms=[x, rois],
+    )
     x.requires_grad_(True)
     top = layer(x, rois)
     for d, i, j in np.ndindex(2, 2, 2):
         c = (d * 2 + i) * 2 + j
-        want = x[0, c, 2 * i:2 * i + 2, 2 * j:2 * j + 2].mean()
+        want = x[0, c, 2 * i : 2 * i + 2, 2 * j : 2 * j + 2].mean()
         assert top[0, d, i, j] == want
     assert not top[1].any()
     top[1].sum().backward()
@@ -119,8 +145,12 @@ def test_fused_bin_edges_on_a_negative_start():
     """x1 = -40, x2 = 0, group 3: 3 * (41 / 3) - 40 is 1.000001 fused (ceil 2), 1.0 unfused."""
     x = torch.randn(1, 9, 3, 5, generator=torch.Generator().manual_seed(2))
     rois = torch.tensor([[0, -40, 0, 0, 2]], dtype=torch.float32)
-    layer, _ = make_layer("psroi_pooling_param { spatial_scale: 1 output_dim: 1 group_size: 3 }",
-                          [(1, 9, 3, 5), (1, 5)], type="PSROIPooling", bottoms=[x, rois])
+    layer, _ = make_layer(
+        "psroi_pooling_param { spatial_scale: 1 output_dim: 1 group_size: 3 }",
+        [(1, 9, 3, 5), (1, 5)],
+        type="PSROIPooling",
+        bottoms=[x, rois],
+    )
     top = layer(x, rois)
     assert torch.allclose(top[0, 0, :, 2], x[0, [2, 5, 8], [0, 1, 2], 0:2].mean(-1))
 
@@ -139,29 +169,57 @@ def test_rois_get_no_gradient():
     assert rois.grad is None and x.grad.any()
 
 
-@pytest.mark.parametrize("snippet,shapes,match", [
-    ("psroi_pooling_param { output_dim: 2 group_size: 2 }", [(1, 8, 4, 4), (3, 5)],
-     "spatial_scale is required"),
-    ("psroi_pooling_param { spatial_scale: 1 group_size: 2 }", [(1, 8, 4, 4), (3, 5)],
-     "output_dim is required"),
-    ("psroi_pooling_param { spatial_scale: 1 output_dim: 2 }", [(1, 8, 4, 4), (3, 5)],
-     "group_size is required"),
-    ("psroi_pooling_param { spatial_scale: 1 output_dim: 0 group_size: 2 }",
-     [(1, 8, 4, 4), (3, 5)], "output_dim must be > 0"),
-    ("psroi_pooling_param { spatial_scale: 1 output_dim: 2 group_size: -1 }",
-     [(1, 8, 4, 4), (3, 5)], "group_size must be > 0"),
-    ("psroi_pooling_param { spatial_scale: 1 output_dim: 2 group_size: 2 }",
-     [(1, 9, 4, 4), (3, 5)], "input channel number does not match.*got 9"),
-    ("psroi_pooling_param { spatial_scale: 1 output_dim: 2 group_size: 2 }",
-     [(1, 8, 4, 4), (3, 4)], "R x 5"),
-])
+@pytest.mark.parametrize(
+    "snippet,shapes,match",
+    [
+        (
+            "psroi_pooling_param { output_dim: 2 group_size: 2 }",
+            [(1, 8, 4, 4), (3, 5)],
+            "spatial_scale is required",
+        ),
+        (
+            "psroi_pooling_param { spatial_scale: 1 group_size: 2 }",
+            [(1, 8, 4, 4), (3, 5)],
+            "output_dim is required",
+        ),
+        (
+            "psroi_pooling_param { spatial_scale: 1 output_dim: 2 }",
+            [(1, 8, 4, 4), (3, 5)],
+            "group_size is required",
+        ),
+        (
+            "psroi_pooling_param { spatial_scale: 1 output_dim: 0 group_size: 2 }",
+            [(1, 8, 4, 4), (3, 5)],
+            "output_dim must be > 0",
+        ),
+        (
+            "psroi_pooling_param { spatial_scale: 1 output_dim: 2 group_size: -1 }",
+            [(1, 8, 4, 4), (3, 5)],
+            "group_size must be > 0",
+        ),
+        (
+            "psroi_pooling_param { spatial_scale: 1 output_dim: 2 group_size: 2 }",
+            [(1, 9, 4, 4), (3, 5)],
+            "input channel number does not match.*got 9",
+        ),
+        (
+            "psroi_pooling_param { spatial_scale: 1 output_dim: 2 group_size: 2 }",
+            [(1, 8, 4, 4), (3, 4)],
+            "R x 5",
+        ),
+    ],
+)
 def test_error(snippet, shapes, match):
     with pytest.raises(LayerParamError, match=rf"layer 'p1' \(PSROIPooling\).*{match}"):
         make_layer(snippet, shapes, type="PSROIPooling", name="p1")
 
 
 def test_error_batch_index_out_of_range():
-    layer, _ = make_layer("psroi_pooling_param { spatial_scale: 1 output_dim: 2 group_size: 2 }",
-                          [(1, 8, 4, 4), (1, 5)], type="PSROIPooling", name="p1")
+    layer, _ = make_layer(
+        "psroi_pooling_param { spatial_scale: 1 output_dim: 2 group_size: 2 }",
+        [(1, 8, 4, 4), (1, 5)],
+        type="PSROIPooling",
+        name="p1",
+    )
     with pytest.raises(LayerParamError, match=r"layer 'p1' \(PSROIPooling\).*N \(1\), got \[1"):
         layer(torch.randn(1, 8, 4, 4), torch.tensor([[1.0, 0, 0, 3, 3]]))

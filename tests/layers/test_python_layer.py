@@ -13,8 +13,10 @@ from tests.helpers.harness import make_layer
 from torchcaffe.errors import LayerParamError, TrustError, UnsupportedError
 from torchcaffe.trust import ENV_VAR, allow_python_layers
 
-AFFINE = ('python_param { module: "tests.helpers.python_layers" layer: "AffineLayer" '
-          "param_str: \"{'w': 1.5}\" }")
+AFFINE = (
+    'python_param { module: "tests.helpers.python_layers" layer: "AffineLayer" '
+    "param_str: \"{'w': 1.5}\" }"
+)
 LOSS = 'python_param { module: "tests.helpers.python_layers" layer: "EuclideanLossLayer" }'
 
 CASES = [
@@ -101,16 +103,14 @@ def test_params_save_and_load(monkeypatch, tmp_path):
     np.testing.assert_array_equal(b.params["affine"][0].data, [1, 2, 3, 4])
     b.blobs["x"].data[...] = 1
     b.forward()  # the user's forward reads the loaded blob
-    np.testing.assert_allclose(b.blobs["z"].data, np.tile([1.0, 2.1, 3.2, 4.3], (3, 1)),
-                               rtol=1e-6)
+    np.testing.assert_allclose(b.blobs["z"].data, np.tile([1.0, 2.1, 3.2, 4.3], (3, 1)), rtol=1e-6)
 
 
 def test_missing_module_and_class_are_named():
     with pytest.raises(LayerParamError, match="cannot import Python layer module 'no_such_mod'"):
         make('python_param { module: "no_such_mod" layer: "X" }', [(2, 3)])
     with pytest.raises(LayerParamError, match="has no layer class 'Missing'"):
-        make('python_param { module: "tests.helpers.python_layers" layer: "Missing" }',
-             [(2, 3)])
+        make('python_param { module: "tests.helpers.python_layers" layer: "Missing" }', [(2, 3)])
 
 
 def test_setup_failure_is_reported_at_the_layer():
@@ -119,8 +119,9 @@ def test_setup_failure_is_reported_at_the_layer():
 
 
 def test_missing_backward_is_a_clear_error():
-    layer, (x,) = make('python_param { module: "tests.helpers.python_layers" '
-                       'layer: "NoBackwardLayer" }', [(2, 3)])
+    layer, (x,) = make(
+        'python_param { module: "tests.helpers.python_layers" layer: "NoBackwardLayer" }', [(2, 3)]
+    )
     x.requires_grad_(True)
     with pytest.raises(UnsupportedError, match="defines no backward"):
         layer(x).sum().backward()

@@ -40,8 +40,10 @@ class ProposalLayer(caffe.Layer):
 
 
 def build(param_str="'feat_stride': 16", shapes=SHAPES, **kw):
-    snippet = ('python_param { module: "rpn.proposal_layer" layer: "ProposalLayer" '
-               'param_str: "' + param_str.replace("\n", "\\n") + '" }')
+    snippet = (
+        'python_param { module: "rpn.proposal_layer" layer: "ProposalLayer" '
+        'param_str: "' + param_str.replace("\n", "\\n") + '" }'
+    )
     return make_layer(snippet, shapes, type="Python", name="proposal", **kw)[0]
 
 
@@ -64,9 +66,11 @@ def user_rpn(tmp_path, monkeypatch):
 
 
 def test_served_natively_without_opt_in_and_says_so(no_opt_in):
-    match = (r"layer 'proposal' \(Python\): rpn.proposal_layer.ProposalLayer runs as a native "
-             r"equivalent with py-faster-rcnn's default cfg.TEST: .*pre_nms_topn: 6000 "
-             r"post_nms_topn: 300.*allow_python_layers=True")
+    match = (
+        r"layer 'proposal' \(Python\): rpn.proposal_layer.ProposalLayer runs as a native "
+        r"equivalent with py-faster-rcnn's default cfg.TEST: .*pre_nms_topn: 6000 "
+        r"post_nms_topn: 300.*allow_python_layers=True"
+    )
     with pytest.warns(NativeSubstituteWarning, match=match):
         layer = build(phase="TEST")
     assert isinstance(layer, PyFasterRCNNProposalLayer)
@@ -95,13 +99,20 @@ def test_opt_in_without_the_module_falls_back_to_native(no_opt_in):
         assert isinstance(build(), PyFasterRCNNProposalLayer)
 
 
-@pytest.mark.parametrize("param_str,stride,scales,ratios", [
-    ("'feat_stride': 16", 16, [8, 16, 32], [0.5, 1, 2]),
-    ("{'feat_stride': 8, 'scales': [4, 8, 16]}", 8, [4, 8, 16], [0.5, 1, 2]),
-    ("feat_stride: 16\nscales: !!python/tuple [2, 4, 8]", 16, [2, 4, 8], [0.5, 1, 2]),
-    ("'feat_stride': 16, 'ratios': [0.5, 2, 1.0], 'scales': (8, 16, 32)", 16, [8, 16, 32],
-     [0.5, 2, 1]),
-])
+@pytest.mark.parametrize(
+    "param_str,stride,scales,ratios",
+    [
+        ("'feat_stride': 16", 16, [8, 16, 32], [0.5, 1, 2]),
+        ("{'feat_stride': 8, 'scales': [4, 8, 16]}", 8, [4, 8, 16], [0.5, 1, 2]),
+        ("feat_stride: 16\nscales: !!python/tuple [2, 4, 8]", 16, [2, 4, 8], [0.5, 1, 2]),
+        (
+            "'feat_stride': 16, 'ratios': [0.5, 2, 1.0], 'scales': (8, 16, 32)",
+            16,
+            [8, 16, 32],
+            [0.5, 2, 1],
+        ),
+    ],
+)
 def test_param_str_forms(no_opt_in, param_str, stride, scales, ratios):
     with pytest.warns(NativeSubstituteWarning):
         layer = build(param_str)
@@ -109,14 +120,20 @@ def test_param_str_forms(no_opt_in, param_str, stride, scales, ratios):
     assert list(layer.param.scale) == scales and list(layer.param.ratio) == ratios
 
 
-@pytest.mark.parametrize("param_str,match", [
-    ("", "param_str needs 'feat_stride'"),
-    ("__import__('os').getcwd()", "param_str is not a literal mapping"),
-    ("'feat_stride': 16, 'base_size': 8", r"\['base_size'\] are not read by py-faster-rcnn's"
-     r".*modified proposal_layer.py.*allow_python_layers=True"),
-    ("'feat_stride': 16.5", "'feat_stride' must be a positive integer"),
-    ("'feat_stride': 16, 'scales': [8, 0]", "'scales' must be positive numbers"),
-])
+@pytest.mark.parametrize(
+    "param_str,match",
+    [
+        ("", "param_str needs 'feat_stride'"),
+        ("__import__('os').getcwd()", "param_str is not a literal mapping"),
+        (
+            "'feat_stride': 16, 'base_size': 8",
+            r"\['base_size'\] are not read by py-faster-rcnn's"
+            r".*modified proposal_layer.py.*allow_python_layers=True",
+        ),
+        ("'feat_stride': 16.5", "'feat_stride' must be a positive integer"),
+        ("'feat_stride': 16, 'scales': [8, 0]", "'scales' must be positive numbers"),
+    ],
+)
 def test_param_str_errors(no_opt_in, param_str, match):
     with pytest.raises(LayerParamError, match=rf"layer 'proposal' \(Python\).*{match}"):
         build(param_str)
@@ -150,10 +167,12 @@ def test_net_runs_proposals_into_roi_pooling(no_opt_in):
     with pytest.warns(NativeSubstituteWarning):
         net = torchcaffe.load(read_net(NET), phase="test")
     gen = torch.Generator().manual_seed(0)
-    out = net(feat=torch.randn(1, 3, 5, 6, generator=gen),
-              rpn_cls_prob=torch.rand(1, 12, 5, 6, generator=gen),
-              rpn_bbox_pred=torch.randn(1, 24, 5, 6, generator=gen) * 0.3,
-              im_info=torch.tensor([[80.0, 96.0, 1.0]]))
+    out = net(
+        feat=torch.randn(1, 3, 5, 6, generator=gen),
+        rpn_cls_prob=torch.rand(1, 12, 5, 6, generator=gen),
+        rpn_bbox_pred=torch.randn(1, 24, 5, 6, generator=gen) * 0.3,
+        im_info=torch.tensor([[80.0, 96.0, 1.0]]),
+    )
     k = out["pooled"].shape[0]
     assert k > 1 and out["pooled"].shape == (k, 3, 2, 3)
 

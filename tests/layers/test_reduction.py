@@ -26,11 +26,19 @@ def ref_reduction(x, top_diff, op, axis, coeff):
     flat = x.reshape(int(np.prod(x.shape[:axis])), -1)
     dim = flat.shape[1]
     c = coeff / dim if op == "MEAN" else coeff
-    top = {"SUM": flat.sum(1), "MEAN": flat.sum(1), "ASUM": np.abs(flat).sum(1),
-           "SUMSQ": (flat * flat).sum(1)}[op] * c
+    top = {
+        "SUM": flat.sum(1),
+        "MEAN": flat.sum(1),
+        "ASUM": np.abs(flat).sum(1),
+        "SUMSQ": (flat * flat).sum(1),
+    }[op] * c
     g = (top_diff.reshape(-1) * c)[:, None]
-    diff = {"SUM": np.broadcast_to(g, flat.shape), "MEAN": np.broadcast_to(g, flat.shape),
-            "ASUM": np.sign(flat) * g, "SUMSQ": 2 * g * flat}[op]
+    diff = {
+        "SUM": np.broadcast_to(g, flat.shape),
+        "MEAN": np.broadcast_to(g, flat.shape),
+        "ASUM": np.sign(flat) * g,
+        "SUMSQ": 2 * g * flat,
+    }[op]
     return top.reshape(x.shape[:axis]), diff.reshape(x.shape)
 
 
@@ -60,5 +68,6 @@ def test_gradient(case):
 @pytest.mark.parametrize("axis", [4, -5])
 def test_error_axis(axis):
     with pytest.raises(LayerParamError, match=r"layer 'r1' \(Reduction\).*axis"):
-        make_layer(f"reduction_param {{ axis: {axis} }}", [(2, 3, 4, 5)], type="Reduction",
-                   name="r1")
+        make_layer(
+            f"reduction_param {{ axis: {axis} }}", [(2, 3, 4, 5)], type="Reduction", name="r1"
+        )

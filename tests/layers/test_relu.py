@@ -13,8 +13,12 @@ from tests.helpers.harness import make_layer
 CASES = [
     LayerCase("ReLU", id="relu_default"),
     LayerCase("ReLU", "relu_param { negative_slope: 0.1 }", ((2, 3, 4, 5),), id="relu_leaky"),
-    LayerCase("ReLU", "relu_param { negative_slope: -0.5 engine: CUDNN }", ((3, 4, 5),),
-              id="relu_negative_slope_cudnn"),
+    LayerCase(
+        "ReLU",
+        "relu_param { negative_slope: -0.5 engine: CUDNN }",
+        ((3, 4, 5),),
+        id="relu_negative_slope_cudnn",
+    ),
 ]
 
 

@@ -18,10 +18,19 @@ def _spread(shape):
 
 CASES = [
     LayerCase("ReLU6", make_bottoms=_spread((2, 3, 4, 5)), id="relu6_default"),
-    LayerCase("ReLU6", "relu6_param { negative_slope: 0.1 threshold: 4 }", ((2, 4, 3),),
-              make_bottoms=_spread((2, 4, 3)), id="relu6_slope_threshold"),
-    LayerCase("ReLU6", "relu6_param { negative_slope: -2 threshold: 3 }",
-              make_bottoms=_spread((2, 3, 4, 5)), id="relu6_negative_slope"),
+    LayerCase(
+        "ReLU6",
+        "relu6_param { negative_slope: 0.1 threshold: 4 }",
+        ((2, 4, 3),),
+        make_bottoms=_spread((2, 4, 3)),
+        id="relu6_slope_threshold",
+    ),
+    LayerCase(
+        "ReLU6",
+        "relu6_param { negative_slope: -2 threshold: 3 }",
+        make_bottoms=_spread((2, 3, 4, 5)),
+        id="relu6_negative_slope",
+    ),
 ]
 
 
@@ -34,16 +43,21 @@ def ref_relu6_diff(x, top_diff, slope, threshold):
     return top_diff * ((x > 0) + slope * (x <= 0)) * (x < threshold)
 
 
-@pytest.mark.parametrize("slope,threshold", [(0, 6), (0.1, 4), (-2, 3), (0.1, -1), (3, -1),
-                                             (0, 0), (0, -2)])
+@pytest.mark.parametrize(
+    "slope,threshold", [(0, 6), (0.1, 4), (-2, 3), (0.1, -1), (3, -1), (0, 0), (0, -2)]
+)
 def test_forward_backward_match_fork_at_kinks(slope, threshold):
     slope, threshold = float(np.float32(slope)), float(np.float32(threshold))
     rng = np.random.default_rng(12)
     x = rng.standard_normal((2, 3, 4, 5)) * 4
     x.flat[::6], x.flat[1::6] = 0.0, threshold  # the kinks themselves
     top_diff = rng.standard_normal(x.shape)
-    layer, _ = make_layer(f"relu6_param {{ negative_slope: {slope} threshold: {threshold} }}",
-                          [x.shape], type="ReLU6", dtype=torch.float64)
+    layer, _ = make_layer(
+        f"relu6_param {{ negative_slope: {slope} threshold: {threshold} }}",
+        [x.shape],
+        type="ReLU6",
+        dtype=torch.float64,
+    )
     xt = torch.tensor(x, requires_grad=True)
     y = layer(xt)
     y.backward(torch.tensor(top_diff))

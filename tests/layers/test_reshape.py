@@ -15,8 +15,9 @@ from torchcaffe.errors import LayerParamError
 CASES = [
     LayerCase("Reshape", "reshape_param { shape { dim: 0 dim: -1 dim: 2 } }"),
     LayerCase("Reshape", "reshape_param { shape { dim: -1 } axis: 1 num_axes: 2 }"),
-    LayerCase("Reshape", "reshape_param { shape { dim: 1 dim: 1 } axis: 2 num_axes: 0 }",
-              ((2, 3, 4),)),
+    LayerCase(
+        "Reshape", "reshape_param { shape { dim: 1 dim: 1 } axis: 2 num_axes: 0 }", ((2, 3, 4),)
+    ),
     LayerCase("Reshape", "reshape_param { shape { dim: 6 dim: 20 } }"),
 ]
 
@@ -39,19 +40,22 @@ def ref_reshape_shape(shape, dims, axis=0, num_axes=-1):
     return tuple(top)
 
 
-@pytest.mark.parametrize("dims,axis,num_axes,shape", [
-    ((0, -1, 2), 0, -1, (2, 3, 4, 5)),
-    ((-1,), 1, 2, (2, 3, 4, 5)),
-    ((1, 1), 2, 0, (2, 3, 4)),
-    ((6, 20), 0, -1, (2, 3, 4, 5)),
-    ((0, 0, -1), 0, -1, (2, 3, 4, 5)),
-    ((1, 1), -1, -1, (2, 3, 4)),
-    ((1,), -1, 0, (2, 3, 4)),
-    ((-1, 0), -3, 2, (2, 3, 4, 5)),
-    ((1, 0, -1), 1, 2, (2, 3, 4, 5)),
-    ((), 1, 0, (2, 3)),
-    ((4, 5), 2, 1, (2, 3, 20)),
-])
+@pytest.mark.parametrize(
+    "dims,axis,num_axes,shape",
+    [
+        ((0, -1, 2), 0, -1, (2, 3, 4, 5)),
+        ((-1,), 1, 2, (2, 3, 4, 5)),
+        ((1, 1), 2, 0, (2, 3, 4)),
+        ((6, 20), 0, -1, (2, 3, 4, 5)),
+        ((0, 0, -1), 0, -1, (2, 3, 4, 5)),
+        ((1, 1), -1, -1, (2, 3, 4)),
+        ((1,), -1, 0, (2, 3, 4)),
+        ((-1, 0), -3, 2, (2, 3, 4, 5)),
+        ((1, 0, -1), 1, 2, (2, 3, 4, 5)),
+        ((), 1, 0, (2, 3)),
+        ((4, 5), 2, 1, (2, 3, 20)),
+    ],
+)
 def test_forward_matches_reference(dims, axis, num_axes, shape):
     snippet = f"reshape_param {{ {_shape(dims)} axis: {axis} num_axes: {num_axes} }}"
     layer, (x,) = make_layer(snippet, [shape], type="Reshape", dtype=torch.float64)
@@ -63,8 +67,7 @@ def test_forward_matches_reference(dims, axis, num_axes, shape):
 
 
 def test_forward_new_bottom_shape_reinfers():
-    layer, _ = make_layer("reshape_param { shape { dim: 0 dim: -1 } }", [(2, 3, 4)],
-                          type="Reshape")
+    layer, _ = make_layer("reshape_param { shape { dim: 0 dim: -1 } }", [(2, 3, 4)], type="Reshape")
     assert layer(torch.zeros(5, 2, 3)).shape == (5, 6)
 
 
@@ -74,18 +77,21 @@ def test_gradient(case):
     check_layer_gradient(layer, bottoms)
 
 
-@pytest.mark.parametrize("snippet,shape,field", [
-    ("reshape_param { shape { dim: -1 dim: -1 } }", (2, 3), "-1"),
-    ("reshape_param { shape { dim: -2 dim: 3 } }", (2, 3), "dims"),
-    ("reshape_param { shape { dim: 6 } num_axes: -2 }", (2, 3), "num_axes"),
-    ("reshape_param { shape { dim: 6 } axis: 3 }", (2, 3), "axis"),
-    ("reshape_param { shape { dim: 6 } axis: -4 }", (2, 3), "axis"),
-    ("reshape_param { shape { dim: 1 } axis: 1 num_axes: 2 }", (2, 3), "num_axes"),
-    ("reshape_param { shape { dim: 0 dim: 0 } axis: 1 }", (2, 3), "0"),
-    ("reshape_param { shape { dim: 4 dim: -1 } }", (2, 3), "divisible"),
-    ("reshape_param { shape { dim: 0 dim: -1 } }", (0, 3), "divisible"),
-    ("reshape_param { shape { dim: 5 } }", (2, 3), "count"),
-])
+@pytest.mark.parametrize(
+    "snippet,shape,field",
+    [
+        ("reshape_param { shape { dim: -1 dim: -1 } }", (2, 3), "-1"),
+        ("reshape_param { shape { dim: -2 dim: 3 } }", (2, 3), "dims"),
+        ("reshape_param { shape { dim: 6 } num_axes: -2 }", (2, 3), "num_axes"),
+        ("reshape_param { shape { dim: 6 } axis: 3 }", (2, 3), "axis"),
+        ("reshape_param { shape { dim: 6 } axis: -4 }", (2, 3), "axis"),
+        ("reshape_param { shape { dim: 1 } axis: 1 num_axes: 2 }", (2, 3), "num_axes"),
+        ("reshape_param { shape { dim: 0 dim: 0 } axis: 1 }", (2, 3), "0"),
+        ("reshape_param { shape { dim: 4 dim: -1 } }", (2, 3), "divisible"),
+        ("reshape_param { shape { dim: 0 dim: -1 } }", (0, 3), "divisible"),
+        ("reshape_param { shape { dim: 5 } }", (2, 3), "count"),
+    ],
+)
 def test_error(snippet, shape, field):
     with pytest.raises(LayerParamError, match=rf"layer 'r1' \(Reshape\).*{field}"):
         make_layer(snippet, [shape], type="Reshape", name="r1")
@@ -93,5 +99,9 @@ def test_error(snippet, shape, field):
 
 def test_error_in_place():
     with pytest.raises(LayerParamError, match=r"layer 'r1' \(Reshape\).*in-place"):
-        make_layer('bottom: "x" top: "x" reshape_param { shape { dim: -1 } }', [(2, 3)],
-                   type="Reshape", name="r1")
+        make_layer(
+            'bottom: "x" top: "x" reshape_param { shape { dim: -1 } }',
+            [(2, 3)],
+            type="Reshape",
+            name="r1",
+        )

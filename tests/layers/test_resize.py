@@ -14,8 +14,11 @@ from torchcaffe.errors import LayerParamError
 CASES = [
     LayerCase("Resize", "resize_param { height: 7 width: 8 }", ((2, 3, 4, 5),)),
     LayerCase("Resize", "resize_param { height: 3 width: 2 }", ((2, 3, 6, 5),)),
-    LayerCase("Resize", "resize_param { is_pyramid_test: true out_height_scale: 1.5 "
-              "out_width_scale: 0.75 }", ((2, 2, 6, 4),)),
+    LayerCase(
+        "Resize",
+        "resize_param { is_pyramid_test: true out_height_scale: 1.5 out_width_scale: 0.75 }",
+        ((2, 2, 6, 4),),
+    ),
 ]
 
 
@@ -61,16 +64,25 @@ def ref_resize_backward(top_diff, in_shape):
     return diff.reshape(in_shape)
 
 
-@pytest.mark.parametrize("snippet,shape,out_hw", [
-    ("resize_param { height: 7 width: 8 }", (2, 3, 4, 5), (7, 8)),
-    ("resize_param { height: 3 width: 2 }", (2, 3, 6, 5), (3, 2)),
-    ("resize_param { height: 4 width: 5 }", (1, 2, 4, 5), (4, 5)),  # same size: identity
-    ("resize_param { height: 5 width: 3 }", (1, 2, 1, 1), (5, 3)),  # 1x1 input
-    ("resize_param { is_pyramid_test: true out_height_scale: 1.5 out_width_scale: 0.75 }",
-     (2, 2, 6, 4), (9, 3)),
-    ("resize_param { is_pyramid_test: true out_height_scale: 2.5 out_width_scale: 3 }",
-     (1, 2, 3, 5), (7, 15)),
-])
+@pytest.mark.parametrize(
+    "snippet,shape,out_hw",
+    [
+        ("resize_param { height: 7 width: 8 }", (2, 3, 4, 5), (7, 8)),
+        ("resize_param { height: 3 width: 2 }", (2, 3, 6, 5), (3, 2)),
+        ("resize_param { height: 4 width: 5 }", (1, 2, 4, 5), (4, 5)),  # same size: identity
+        ("resize_param { height: 5 width: 3 }", (1, 2, 1, 1), (5, 3)),  # 1x1 input
+        (
+            "resize_param { is_pyramid_test: true out_height_scale: 1.5 out_width_scale: 0.75 }",
+            (2, 2, 6, 4),
+            (9, 3),
+        ),
+        (
+            "resize_param { is_pyramid_test: true out_height_scale: 2.5 out_width_scale: 3 }",
+            (1, 2, 3, 5),
+            (7, 15),
+        ),
+    ],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_forward_backward_match_reference(snippet, shape, out_hw, dtype):
     layer, (x,) = make_layer(snippet, [shape], type="Resize", dtype=dtype)
@@ -83,13 +95,17 @@ def test_forward_backward_match_reference(snippet, shape, out_hw, dtype):
     np.testing.assert_allclose(top.detach().numpy(), want, rtol=tol, atol=tol)
     top_diff = np.random.default_rng(0).standard_normal(want.shape).astype(xn.dtype)
     top.backward(torch.from_numpy(top_diff))
-    np.testing.assert_allclose(x.grad.numpy(), ref_resize_backward(top_diff, shape),
-                               rtol=tol, atol=tol)
+    np.testing.assert_allclose(
+        x.grad.numpy(), ref_resize_backward(top_diff, shape), rtol=tol, atol=tol
+    )
 
 
 def test_pyramid_size_follows_the_bottom():
-    layer, _ = make_layer("resize_param { is_pyramid_test: true out_height_scale: 0.5 "
-                          "out_width_scale: 2 }", [(1, 2, 6, 4)], type="Resize")
+    layer, _ = make_layer(
+        "resize_param { is_pyramid_test: true out_height_scale: 0.5 out_width_scale: 2 }",
+        [(1, 2, 6, 4)],
+        type="Resize",
+    )
     assert layer.output_shapes([(1, 2, 9, 3)]) == [(1, 2, 4, 6)]
     assert layer(torch.randn(1, 2, 9, 3)).shape == (1, 2, 4, 6)
 
@@ -100,16 +116,25 @@ def test_gradient(case):
     check_layer_gradient(layer, bottoms)
 
 
-@pytest.mark.parametrize("snippet,shape,field", [
-    ("", (2, 3, 4, 5), "height"),
-    ("resize_param { height: 4 }", (2, 3, 4, 5), "width"),
-    ("resize_param { is_pyramid_test: true out_height_scale: 2 }", (2, 3, 4, 5),
-     "out_width_scale"),
-    ("resize_param { height: 0 width: 3 }", (2, 3, 4, 5), "output size"),
-    ("resize_param { is_pyramid_test: true out_height_scale: 0.1 out_width_scale: 1 }",
-     (2, 3, 4, 5), "output size"),
-    ("resize_param { height: 4 width: 3 }", (2, 3, 4), "4 axes"),
-])
+@pytest.mark.parametrize(
+    "snippet,shape,field",
+    [
+        ("", (2, 3, 4, 5), "height"),
+        ("resize_param { height: 4 }", (2, 3, 4, 5), "width"),
+        (
+            "resize_param { is_pyramid_test: true out_height_scale: 2 }",
+            (2, 3, 4, 5),
+            "out_width_scale",
+        ),
+        ("resize_param { height: 0 width: 3 }", (2, 3, 4, 5), "output size"),
+        (
+            "resize_param { is_pyramid_test: true out_height_scale: 0.1 out_width_scale: 1 }",
+            (2, 3, 4, 5),
+            "output size",
+        ),
+        ("resize_param { height: 4 width: 3 }", (2, 3, 4), "4 axes"),
+    ],
+)
 def test_error(snippet, shape, field):
     with pytest.raises(LayerParamError, match=rf"layer 'r1' \(Resize\).*{field}"):
         make_layer(snippet, [shape], type="Resize", name="r1")

@@ -11,12 +11,15 @@ from tests.helpers.gradcheck import check_layer_gradient
 from tests.helpers.harness import make_layer
 from torchcaffe.errors import BlobWiringError, LayerParamError
 
-FILLERS = ("weight_filler { type: 'uniform' min: -0.6 max: 0.6 } "
-           "bias_filler { type: 'uniform' min: -0.6 max: 0.6 }")
+FILLERS = (
+    "weight_filler { type: 'uniform' min: -0.6 max: 0.6 } "
+    "bias_filler { type: 'uniform' min: -0.6 max: 0.6 }"
+)
 
 
 def _bottoms(x_shape, static_shape=None, hidden=0, hidden_dim=4):
     """x normal, cont 0 at t = 0 and at a mid-sequence restart, else 1."""
+
     def make(gen):
         t, n = x_shape[:2]
         cont = torch.ones(t, n)
@@ -27,18 +30,33 @@ def _bottoms(x_shape, static_shape=None, hidden=0, hidden_dim=4):
             out.append(torch.randn(static_shape, generator=gen))
         out += [torch.randn(1, n, hidden_dim, generator=gen) for _ in range(hidden)]
         return out
+
     return make
 
 
 CASES = [
-    LayerCase("RNN", f"recurrent_param {{ num_output: 4 {FILLERS} }}", ((5, 3, 2), (5, 3)),
-              make_bottoms=_bottoms((5, 3, 2)), id="rnn_basic"),
-    LayerCase("RNN", f"recurrent_param {{ num_output: 4 {FILLERS} }}",
-              ((3, 2, 5), (3, 2), (2, 3, 2)), make_bottoms=_bottoms((3, 2, 5), (2, 3, 2)),
-              id="rnn_static"),
-    LayerCase("RNN", f"recurrent_param {{ num_output: 4 expose_hidden: true {FILLERS} }}",
-              ((3, 2, 3), (3, 2), (1, 2, 4)), n_tops=2,
-              make_bottoms=_bottoms((3, 2, 3), hidden=1), id="rnn_expose"),
+    LayerCase(
+        "RNN",
+        f"recurrent_param {{ num_output: 4 {FILLERS} }}",
+        ((5, 3, 2), (5, 3)),
+        make_bottoms=_bottoms((5, 3, 2)),
+        id="rnn_basic",
+    ),
+    LayerCase(
+        "RNN",
+        f"recurrent_param {{ num_output: 4 {FILLERS} }}",
+        ((3, 2, 5), (3, 2), (2, 3, 2)),
+        make_bottoms=_bottoms((3, 2, 5), (2, 3, 2)),
+        id="rnn_static",
+    ),
+    LayerCase(
+        "RNN",
+        f"recurrent_param {{ num_output: 4 expose_hidden: true {FILLERS} }}",
+        ((3, 2, 3), (3, 2), (1, 2, 4)),
+        n_tops=2,
+        make_bottoms=_bottoms((3, 2, 3), hidden=1),
+        id="rnn_expose",
+    ),
 ]
 
 
@@ -80,7 +98,13 @@ def test_forward_matches_reference(case):
 def test_param_blob_shapes_in_caffe_order():
     layer, _ = CASES[1].build()
     assert [tuple(p.shape) for p in layer.param_blobs()] == [
-        (4, 5), (4,), (4, 6), (4, 4), (4, 4), (4,)]
+        (4, 5),
+        (4,),
+        (4, 6),
+        (4, 4),
+        (4, 4),
+        (4,),
+    ]
     assert layer.output_shapes([(3, 2, 5), (3, 2), (2, 3, 2)]) == [(3, 2, 4)]
     expose, _ = CASES[2].build()
     assert expose.output_shapes([(3, 2, 3), (3, 2), (1, 2, 4)]) == [(3, 2, 4), (1, 2, 4)]
@@ -89,8 +113,7 @@ def test_param_blob_shapes_in_caffe_order():
 @pytest.mark.parametrize("case", CASES[:2], ids=lambda c: c.name)
 def test_gradient(case):
     layer, bottoms = case.build()
-    check_layer_gradient(layer, bottoms, bottom_indices=[i for i in range(len(bottoms))
-                                                         if i != 1])
+    check_layer_gradient(layer, bottoms, bottom_indices=[i for i in range(len(bottoms)) if i != 1])
 
 
 def test_gradient_expose_hidden_output_top():
@@ -126,12 +149,18 @@ def test_state_carries_across_forwards():
     assert not torch.allclose(second, first)
 
 
-@pytest.mark.parametrize("snippet, shapes, match", [
-    ("recurrent_param { num_output: 0 }", [(3, 2, 4), (3, 2)], r"num_output must be positive"),
-    ("recurrent_param { num_output: 2 }", [(3, 2, 4), (2, 2)], r"cont \(bottom\[1\]\)"),
-    ("recurrent_param { num_output: 2 expose_hidden: true }",
-     [(3, 2, 4), (3, 2), (2, 2, 2)], r"initial state h0"),
-])
+@pytest.mark.parametrize(
+    "snippet, shapes, match",
+    [
+        ("recurrent_param { num_output: 0 }", [(3, 2, 4), (3, 2)], r"num_output must be positive"),
+        ("recurrent_param { num_output: 2 }", [(3, 2, 4), (2, 2)], r"cont \(bottom\[1\]\)"),
+        (
+            "recurrent_param { num_output: 2 expose_hidden: true }",
+            [(3, 2, 4), (3, 2), (2, 2, 2)],
+            r"initial state h0",
+        ),
+    ],
+)
 def test_bad_params_raise(snippet, shapes, match):
     n_tops = 2 if "expose" in snippet else 1
     with pytest.raises(LayerParamError, match=r"layer 'layer' \(RNN\).*" + match):
@@ -142,5 +171,8 @@ def test_wrong_blob_counts_raise():
     with pytest.raises(BlobWiringError, match=r"2 to 3 bottom\(s\)"):
         make_layer("recurrent_param { num_output: 2 }", [(3, 2, 4)], type="RNN")
     with pytest.raises(BlobWiringError, match=r"exactly 2 top\(s\) \(output, hT\)"):
-        make_layer("recurrent_param { num_output: 2 expose_hidden: true }",
-                   [(3, 2, 4), (3, 2), (1, 2, 2)], type="RNN")
+        make_layer(
+            "recurrent_param { num_output: 2 expose_hidden: true }",
+            [(3, 2, 4), (3, 2), (1, 2, 2)],
+            type="RNN",
+        )

@@ -17,8 +17,15 @@ FLT_MAX = np.finfo(np.float32).max
 # [n x1 y1 x2 y2] in image pixels (spatial_scale 0.25 below): ordinary, tiny, inverted (-> 1x1),
 # partly and fully outside the map, and corners whose scaled value is an exact .5 (C rounds away
 # from zero: 2.5 -> 3, -0.5 -> -1).
-ROIS = [[0, 4, 6, 40, 30], [1, 0, 0, 3, 3], [1, 20, 20, 8, 8], [0, -10, -6, 60, 70],
-        [1, 50, 44, 90, 99], [0, 10, -2, 26, 18], [1, 1.9, 3.6, 35.3, 22.2]]
+ROIS = [
+    [0, 4, 6, 40, 30],
+    [1, 0, 0, 3, 3],
+    [1, 20, 20, 8, 8],
+    [0, -10, -6, 60, 70],
+    [1, 50, 44, 90, 99],
+    [0, 10, -2, 26, 18],
+    [1, 1.9, 3.6, 35.3, 22.2],
+]
 # The same without the inverted ROI, whose pooled value Caffe's backward ignores (so finite
 # differences disagree with it by design).
 WELL_FORMED = ROIS[:2] + ROIS[3:]
@@ -34,8 +41,12 @@ def make_bottoms(gen, shape=(2, 3, 12, 10)):
 
 CASES = [
     LayerCase("ROIPooling", SNIPPET, [(2, 3, 12, 10), (6, 5)], make_bottoms=make_bottoms),
-    LayerCase("ROIPooling", "roi_pooling_param { pooled_h: 2 pooled_w: 2 }",
-              [(2, 3, 12, 10), (6, 5)], make_bottoms=make_bottoms),
+    LayerCase(
+        "ROIPooling",
+        "roi_pooling_param { pooled_h: 2 pooled_w: 2 }",
+        [(2, 3, 12, 10), (6, 5)],
+        make_bottoms=make_bottoms,
+    ),
 ]
 
 
@@ -100,10 +111,15 @@ def ref_backward(top_diff, arg, rois, shape, scale):
     return diff
 
 
-@pytest.mark.parametrize("ph,pw,scale,shape", [(3, 4, 0.25, (2, 3, 12, 10)),
-                                               (2, 2, 1.0, (2, 3, 12, 10)),
-                                               (6, 5, 0.0625, (2, 4, 9, 13)),
-                                               (7, 7, 0.5, (2, 2, 40, 45))])
+@pytest.mark.parametrize(
+    "ph,pw,scale,shape",
+    [
+        (3, 4, 0.25, (2, 3, 12, 10)),
+        (2, 2, 1.0, (2, 3, 12, 10)),
+        (6, 5, 0.0625, (2, 4, 9, 13)),
+        (7, 7, 0.5, (2, 2, 40, 45)),
+    ],
+)
 def test_forward_backward_match_reference(ph, pw, scale, shape):
     snippet = f"roi_pooling_param {{ pooled_h: {ph} pooled_w: {pw} spatial_scale: {scale} }}"
     gen = torch.Generator().manual_seed(3)
@@ -128,8 +144,12 @@ def test_ties_take_the_first_maximum_and_neg_flt_max_never_wins():
     x[0, 1] = -float("inf")
     x[0, 1, 3, 3] = float("nan")
     rois = torch.tensor([[0, 0, 0, 3, 3]], dtype=torch.float32)
-    layer, _ = make_layer("roi_pooling_param { pooled_h: 1 pooled_w: 1 }",
-                          [(1, 2, 4, 4), (1, 5)], type="ROIPooling", bottoms=[x, rois])
+    layer, _ = make_layer(
+        "roi_pooling_param { pooled_h: 1 pooled_w: 1 }",
+        [(1, 2, 4, 4), (1, 5)],
+        type="ROIPooling",
+        bottoms=[x, rois],
+    )
     x.requires_grad_(True)
     top = layer(x, rois)
     assert top[0, 0, 0, 0] == 0 and top[0, 1, 0, 0] == -FLT_MAX  # no candidate: -FLT_MAX
@@ -154,8 +174,12 @@ def test_backward_skips_argmax_outside_the_roi():
     x[0, :, :, 57] = 5.0
     x[1, :, 2, 30] = 1.0
     rois = torch.tensor([[0, 0, 0, 56, 2], [1, 30, 2, 20, 0]], dtype=torch.float32)
-    layer, _ = make_layer("roi_pooling_param { pooled_h: 1 pooled_w: 7 }",
-                          [(2, 2, 3, 60), (2, 5)], type="ROIPooling", bottoms=[x, rois])
+    layer, _ = make_layer(
+        "roi_pooling_param { pooled_h: 1 pooled_w: 7 }",
+        [(2, 2, 3, 60), (2, 5)],
+        type="ROIPooling",
+        bottoms=[x, rois],
+    )
     x.requires_grad_(True)
     top = layer(x, rois)
     assert top[0, :, 0, 6].tolist() == [5.0, 5.0]
@@ -166,7 +190,8 @@ def test_backward_skips_argmax_outside_the_roi():
     want, arg = ref_roi_pool(x.detach().numpy(), rois.numpy(), 1, 7, 1.0)
     np.testing.assert_array_equal(top.detach().numpy(), want)
     np.testing.assert_array_equal(
-        x.grad.numpy(), ref_backward(np.ones(want.shape), arg, rois.numpy(), x.shape, 1.0))
+        x.grad.numpy(), ref_backward(np.ones(want.shape), arg, rois.numpy(), x.shape, 1.0)
+    )
 
 
 def test_rois_get_no_gradient():
@@ -177,12 +202,15 @@ def test_rois_get_no_gradient():
     assert rois.grad is None and x.grad.any()
 
 
-@pytest.mark.parametrize("snippet,shapes,match", [
-    ("roi_pooling_param { pooled_w: 2 }", [(1, 2, 4, 4), (3, 5)], "pooled_h must be > 0"),
-    ("roi_pooling_param { pooled_h: 2 }", [(1, 2, 4, 4), (3, 5)], "pooled_w must be > 0"),
-    ("roi_pooling_param { pooled_h: 2 pooled_w: 2 }", [(1, 2, 4, 4), (3, 4)], "R x 5"),
-    ("roi_pooling_param { pooled_h: 2 pooled_w: 2 }", [(2, 4, 4), (3, 5)], "N x C x H x W"),
-])
+@pytest.mark.parametrize(
+    "snippet,shapes,match",
+    [
+        ("roi_pooling_param { pooled_w: 2 }", [(1, 2, 4, 4), (3, 5)], "pooled_h must be > 0"),
+        ("roi_pooling_param { pooled_h: 2 }", [(1, 2, 4, 4), (3, 5)], "pooled_w must be > 0"),
+        ("roi_pooling_param { pooled_h: 2 pooled_w: 2 }", [(1, 2, 4, 4), (3, 4)], "R x 5"),
+        ("roi_pooling_param { pooled_h: 2 pooled_w: 2 }", [(2, 4, 4), (3, 5)], "N x C x H x W"),
+    ],
+)
 def test_error(snippet, shapes, match):
     with pytest.raises(LayerParamError, match=rf"layer 'r1' \(ROIPooling\).*{match}"):
         make_layer(snippet, shapes, type="ROIPooling", name="r1")
@@ -190,8 +218,12 @@ def test_error(snippet, shapes, match):
 
 @pytest.mark.parametrize("index", [2, -1])
 def test_error_batch_index_out_of_range(index):
-    layer, _ = make_layer("roi_pooling_param { pooled_h: 2 pooled_w: 2 }", [(2, 3, 4, 4), (1, 5)],
-                          type="ROIPooling", name="r1")
+    layer, _ = make_layer(
+        "roi_pooling_param { pooled_h: 2 pooled_w: 2 }",
+        [(2, 3, 4, 4), (1, 5)],
+        type="ROIPooling",
+        name="r1",
+    )
     rois = torch.tensor([[index, 0, 0, 3, 3]], dtype=torch.float32)
     match = rf"layer 'r1' \(ROIPooling\).*N \(2\), got \[{index}"
     with pytest.raises(LayerParamError, match=match):

@@ -12,8 +12,7 @@ from tests.helpers.harness import make_layer
 from torchcaffe.errors import LayerParamError
 
 CASES = [
-    LayerCase("ShuffleChannel", "shuffle_channel_param { group: 2 }", ((2, 6, 3, 4),),
-              id="group2"),
+    LayerCase("ShuffleChannel", "shuffle_channel_param { group: 2 }", ((2, 6, 3, 4),), id="group2"),
     LayerCase("ShuffleChannel", "shuffle_channel_param { group: 3 }", ((2, 6, 5),), id="3d"),
     LayerCase("ShuffleChannel", "", id="group1_identity"),
 ]
@@ -29,11 +28,24 @@ def ref_shuffle(x, group):
     return top
 
 
-@pytest.mark.parametrize("shape,group", [((2, 6, 3, 4), 2), ((2, 6, 3, 4), 3), ((1, 12, 2, 2), 4),
-                                         ((2, 6, 5), 6), ((3, 4), 2), ((2, 5, 2, 2), 1)])
+@pytest.mark.parametrize(
+    "shape,group",
+    [
+        ((2, 6, 3, 4), 2),
+        ((2, 6, 3, 4), 3),
+        ((1, 12, 2, 2), 4),
+        ((2, 6, 5), 6),
+        ((3, 4), 2),
+        ((2, 5, 2, 2), 1),
+    ],
+)
 def test_forward_and_inverse_backward(shape, group):
-    layer, (x,) = make_layer(f"shuffle_channel_param {{ group: {group} }}", [shape],
-                             type="ShuffleChannel", dtype=torch.float64)
+    layer, (x,) = make_layer(
+        f"shuffle_channel_param {{ group: {group} }}",
+        [shape],
+        type="ShuffleChannel",
+        dtype=torch.float64,
+    )
     x.requires_grad_(True)
     top = layer(x)
     np.testing.assert_array_equal(top.detach().numpy(), ref_shuffle(x.detach().numpy(), group))
@@ -49,16 +61,23 @@ def test_forward_and_inverse_backward(shape, group):
 
 
 def test_gradient():
-    layer, bottoms = make_layer("shuffle_channel_param { group: 3 }", [(2, 6, 2, 3)],
-                                type="ShuffleChannel", dtype=torch.float64)
+    layer, bottoms = make_layer(
+        "shuffle_channel_param { group: 3 }",
+        [(2, 6, 2, 3)],
+        type="ShuffleChannel",
+        dtype=torch.float64,
+    )
     check_layer_gradient(layer, bottoms)
 
 
-@pytest.mark.parametrize("snippet,shape,match", [
-    ("shuffle_channel_param { group: 0 }", (2, 6, 3, 3), "group must be greater than 0"),
-    ("shuffle_channel_param { group: 4 }", (2, 6, 3, 3), "divisible by group"),
-    ("shuffle_channel_param { group: 2 }", (6,), "channel axis"),
-])
+@pytest.mark.parametrize(
+    "snippet,shape,match",
+    [
+        ("shuffle_channel_param { group: 0 }", (2, 6, 3, 3), "group must be greater than 0"),
+        ("shuffle_channel_param { group: 4 }", (2, 6, 3, 3), "divisible by group"),
+        ("shuffle_channel_param { group: 2 }", (6,), "channel axis"),
+    ],
+)
 def test_errors(snippet, shape, match):
     with pytest.raises(LayerParamError, match=rf"layer 's' \(ShuffleChannel\).*{match}"):
         make_layer(snippet, [shape], type="ShuffleChannel", name="s")

@@ -30,8 +30,7 @@ def test_forward_backward_match_caffe():
     y.backward(torch.tensor(top_diff))
     want = ref_sigmoid(x)
     np.testing.assert_allclose(y.detach().numpy(), want, rtol=1e-12, atol=1e-15)
-    np.testing.assert_allclose(xt.grad.numpy(), top_diff * want * (1 - want), rtol=1e-9,
-                               atol=1e-15)
+    np.testing.assert_allclose(xt.grad.numpy(), top_diff * want * (1 - want), rtol=1e-9, atol=1e-15)
 
 
 def test_forward_float32_saturates_like_caffe():

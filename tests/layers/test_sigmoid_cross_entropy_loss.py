@@ -22,17 +22,32 @@ def _logits_targets(shape, binary=False, ignore=None):
         if ignore is not None:
             t.view(-1)[::5] = ignore
         return [x, t]
+
     return make
 
 
 CASES = [
-    LayerCase("SigmoidCrossEntropyLoss", "", ((2, 3, 4, 5), (2, 3, 4, 5)),
-              make_bottoms=_logits_targets((2, 3, 4, 5)), id="sce_soft_default"),
-    LayerCase("SigmoidCrossEntropyLoss", "loss_param { ignore_label: -1 normalization: VALID }",
-              ((4, 6), (4, 6)), make_bottoms=_logits_targets((4, 6), True, -1),
-              id="sce_ignore_valid"),
-    LayerCase("SigmoidCrossEntropyLoss", "loss_param { normalize: true }", ((3, 5), (3, 5)),
-              make_bottoms=_logits_targets((3, 5)), id="sce_normalize_true"),
+    LayerCase(
+        "SigmoidCrossEntropyLoss",
+        "",
+        ((2, 3, 4, 5), (2, 3, 4, 5)),
+        make_bottoms=_logits_targets((2, 3, 4, 5)),
+        id="sce_soft_default",
+    ),
+    LayerCase(
+        "SigmoidCrossEntropyLoss",
+        "loss_param { ignore_label: -1 normalization: VALID }",
+        ((4, 6), (4, 6)),
+        make_bottoms=_logits_targets((4, 6), True, -1),
+        id="sce_ignore_valid",
+    ),
+    LayerCase(
+        "SigmoidCrossEntropyLoss",
+        "loss_param { normalize: true }",
+        ((3, 5), (3, 5)),
+        make_bottoms=_logits_targets((3, 5)),
+        id="sce_normalize_true",
+    ),
 ]
 
 
@@ -54,16 +69,19 @@ def ref_sce(x, t, ignore, mode):
     return loss / norm, (diff / norm).reshape(x.shape)
 
 
-@pytest.mark.parametrize("loss_param,mode", [
-    ("", "BATCH_SIZE"),  # the layer's own default, not the proto's VALID
-    ("normalization: FULL", "FULL"),
-    ("normalization: VALID", "VALID"),
-    ("normalization: BATCH_SIZE", "BATCH_SIZE"),
-    ("normalization: NONE", "NONE"),
-    ("normalize: true", "VALID"),
-    ("normalize: false", "BATCH_SIZE"),
-    ("normalize: true normalization: NONE", "NONE"),
-])
+@pytest.mark.parametrize(
+    "loss_param,mode",
+    [
+        ("", "BATCH_SIZE"),  # the layer's own default, not the proto's VALID
+        ("normalization: FULL", "FULL"),
+        ("normalization: VALID", "VALID"),
+        ("normalization: BATCH_SIZE", "BATCH_SIZE"),
+        ("normalization: NONE", "NONE"),
+        ("normalize: true", "VALID"),
+        ("normalize: false", "BATCH_SIZE"),
+        ("normalize: true normalization: NONE", "NONE"),
+    ],
+)
 @pytest.mark.parametrize("ignore", [None, -1])
 def test_forward_backward_match_reference(loss_param, mode, ignore):
     rng = np.random.default_rng(8)
@@ -73,8 +91,12 @@ def test_forward_backward_match_reference(loss_param, mode, ignore):
     if ignore is not None:
         t.flat[::3] = ignore
     ign = "" if ignore is None else f"ignore_label: {ignore}"
-    layer, _ = make_layer(f"loss_param {{ {loss_param} {ign} }}", [x.shape, t.shape],
-                          type="SigmoidCrossEntropyLoss", dtype=torch.float64)
+    layer, _ = make_layer(
+        f"loss_param {{ {loss_param} {ign} }}",
+        [x.shape, t.shape],
+        type="SigmoidCrossEntropyLoss",
+        dtype=torch.float64,
+    )
     xt = torch.tensor(x, requires_grad=True)
     loss = layer(xt, torch.tensor(t))
     lw = 0.7

@@ -13,8 +13,9 @@ from tests.helpers.harness import make_layer
 from torchcaffe.errors import LayerParamError
 
 CASES = [
-    LayerCase("Slice", "slice_param { axis: 1 slice_point: 1 slice_point: 3 }",
-              ((2, 5, 3, 4),), n_tops=3),
+    LayerCase(
+        "Slice", "slice_param { axis: 1 slice_point: 1 slice_point: 3 }", ((2, 5, 3, 4),), n_tops=3
+    ),
     LayerCase("Slice", "slice_param { axis: 0 }", ((4, 3, 2, 5),), n_tops=2),
     LayerCase("Slice", "slice_param { axis: -1 slice_point: 2 }", ((2, 3, 5),), n_tops=2),
     LayerCase("Slice", "slice_param { slice_dim: 2 }", ((2, 3, 6, 5),), n_tops=3),
@@ -32,18 +33,20 @@ def ref_slice(x, axis, n_tops, points):
     return [np.take(x, np.arange(lo, hi), axis=axis) for lo, hi in zip(edges, edges[1:])]
 
 
-@pytest.mark.parametrize("snippet,shape,n_tops,axis,points", [
-    ("slice_param { axis: 1 slice_point: 1 slice_point: 3 }", (2, 5, 3, 4), 3, 1, [1, 3]),
-    ("slice_param { axis: 0 }", (4, 3, 2, 5), 2, 0, []),
-    ("slice_param { axis: 2 slice_point: 4 }", (2, 3, 6, 5), 2, 2, [4]),
-    ("slice_param { axis: -1 slice_point: 2 }", (2, 3, 5), 2, 2, [2]),
-    ("slice_param { slice_dim: 2 }", (2, 3, 6, 5), 3, 2, []),
-    ("", (2, 6, 5), 3, 1, []),
-    ("slice_param { axis: 1 slice_point: 2 slice_point: 5 }", (2, 5, 3), 3, 1, [2, 5]),
-])
+@pytest.mark.parametrize(
+    "snippet,shape,n_tops,axis,points",
+    [
+        ("slice_param { axis: 1 slice_point: 1 slice_point: 3 }", (2, 5, 3, 4), 3, 1, [1, 3]),
+        ("slice_param { axis: 0 }", (4, 3, 2, 5), 2, 0, []),
+        ("slice_param { axis: 2 slice_point: 4 }", (2, 3, 6, 5), 2, 2, [4]),
+        ("slice_param { axis: -1 slice_point: 2 }", (2, 3, 5), 2, 2, [2]),
+        ("slice_param { slice_dim: 2 }", (2, 3, 6, 5), 3, 2, []),
+        ("", (2, 6, 5), 3, 1, []),
+        ("slice_param { axis: 1 slice_point: 2 slice_point: 5 }", (2, 5, 3), 3, 1, [2, 5]),
+    ],
+)
 def test_forward_matches_reference(snippet, shape, n_tops, axis, points):
-    layer, (x,) = make_layer(snippet, [shape], type="Slice", n_tops=n_tops,
-                             dtype=torch.float64)
+    layer, (x,) = make_layer(snippet, [shape], type="Slice", n_tops=n_tops, dtype=torch.float64)
     want = ref_slice(x.numpy(), axis, n_tops, points)
     tops = layer(x)
     tops = tops if isinstance(tops, tuple) else (tops,)
@@ -59,17 +62,20 @@ def test_gradient(case):
     check_layer_gradient(layer, bottoms)
 
 
-@pytest.mark.parametrize("snippet,shape,n_tops,field", [
-    ("slice_param { axis: 1 slice_dim: 1 }", (2, 4), 2, "slice_dim"),
-    ("slice_param { slice_dim: 3 }", (2, 4, 6), 2, "slice_dim"),
-    ("slice_param { axis: 3 }", (2, 4, 6), 2, "axis"),
-    ("slice_param { axis: 1 }", (2, 5, 6), 2, "evenly divide"),
-    ("slice_param { slice_point: 1 }", (2, 5, 6), 3, "slice_point"),
-    ("slice_param { slice_point: 2 slice_point: 2 }", (2, 5, 6), 3, "slice_point"),
-    ("slice_param { slice_point: 0 }", (2, 5, 6), 2, "slice_point"),
-    ("slice_param { slice_point: 6 }", (2, 5, 6), 2, "slice_point"),
-    ("slice_param { slice_point: 1 slice_point: 2 }", (2, 2, 6), 3, "tops"),
-])
+@pytest.mark.parametrize(
+    "snippet,shape,n_tops,field",
+    [
+        ("slice_param { axis: 1 slice_dim: 1 }", (2, 4), 2, "slice_dim"),
+        ("slice_param { slice_dim: 3 }", (2, 4, 6), 2, "slice_dim"),
+        ("slice_param { axis: 3 }", (2, 4, 6), 2, "axis"),
+        ("slice_param { axis: 1 }", (2, 5, 6), 2, "evenly divide"),
+        ("slice_param { slice_point: 1 }", (2, 5, 6), 3, "slice_point"),
+        ("slice_param { slice_point: 2 slice_point: 2 }", (2, 5, 6), 3, "slice_point"),
+        ("slice_param { slice_point: 0 }", (2, 5, 6), 2, "slice_point"),
+        ("slice_param { slice_point: 6 }", (2, 5, 6), 2, "slice_point"),
+        ("slice_param { slice_point: 1 slice_point: 2 }", (2, 2, 6), 3, "tops"),
+    ],
+)
 def test_error(snippet, shape, n_tops, field):
     with pytest.raises(LayerParamError, match=rf"layer 's1' \(Slice\).*{field}"):
         make_layer(snippet, [shape], type="Slice", n_tops=n_tops, name="s1")

@@ -18,16 +18,32 @@ def _bottoms(shape, n):
         out = [torch.randn(shape, generator=g, dtype=torch.float64) * 1.5 for _ in range(2)]
         out += [torch.rand(shape, generator=g, dtype=torch.float64) + 0.5 for _ in range(n - 2)]
         return out
+
     return make
 
 
 CASES = [
-    LayerCase("SmoothL1Loss", "", ((3, 4, 2, 2), (3, 4, 2, 2)),
-              make_bottoms=_bottoms((3, 4, 2, 2), 2), id="smoothl1_2bottoms"),
-    LayerCase("SmoothL1Loss", "smooth_l1_loss_param { sigma: 3 }", ((2, 8),) * 4,
-              make_bottoms=_bottoms((2, 8), 4), id="smoothl1_4bottoms_sigma"),
-    LayerCase("SmoothL1Loss", "", ((2, 3, 4),) * 3, make_bottoms=_bottoms((2, 3, 4), 3),
-              id="smoothl1_3bottoms_fork"),
+    LayerCase(
+        "SmoothL1Loss",
+        "",
+        ((3, 4, 2, 2), (3, 4, 2, 2)),
+        make_bottoms=_bottoms((3, 4, 2, 2), 2),
+        id="smoothl1_2bottoms",
+    ),
+    LayerCase(
+        "SmoothL1Loss",
+        "smooth_l1_loss_param { sigma: 3 }",
+        ((2, 8),) * 4,
+        make_bottoms=_bottoms((2, 8), 4),
+        id="smoothl1_4bottoms_sigma",
+    ),
+    LayerCase(
+        "SmoothL1Loss",
+        "",
+        ((2, 3, 4),) * 3,
+        make_bottoms=_bottoms((2, 3, 4), 3),
+        id="smoothl1_3bottoms_fork",
+    ),
 ]
 
 
@@ -51,8 +67,12 @@ def test_forward_backward_match_reference(n, sigma):
     shape = (3, 4, 2)
     bottoms = [rng.standard_normal(shape) * 2 for _ in range(2)]
     bottoms += [rng.random(shape) * 2 for _ in range(n - 2)]
-    layer, _ = make_layer(f"smooth_l1_loss_param {{ sigma: {sigma} }}", [shape] * n,
-                          type="SmoothL1Loss", dtype=torch.float64)
+    layer, _ = make_layer(
+        f"smooth_l1_loss_param {{ sigma: {sigma} }}",
+        [shape] * n,
+        type="SmoothL1Loss",
+        dtype=torch.float64,
+    )
     ts = [torch.tensor(x, requires_grad=True) for x in bottoms]
     loss = layer(*ts)
     loss.backward(torch.tensor(2.0, dtype=torch.float64))
@@ -79,8 +99,10 @@ def test_weight_bottoms_get_no_gradient():
     assert [layer.allow_force_backward(i) for i in range(4)] == [True, True, False, False]
 
 
-@pytest.mark.parametrize("shapes", [[(2, 3), (2, 4)], [(2, 3, 4), (2, 3, 4), (2, 3, 5)],
-                                    [(2, 3), (2, 3), (2, 3), (3, 3)]])
+@pytest.mark.parametrize(
+    "shapes",
+    [[(2, 3), (2, 4)], [(2, 3, 4), (2, 3, 4), (2, 3, 5)], [(2, 3), (2, 3), (2, 3), (3, 3)]],
+)
 def test_error_shape_mismatch(shapes):
     with pytest.raises(LayerParamError, match=r"layer 'layer' \(SmoothL1Loss\).*bottom"):
         make_layer("", shapes, type="SmoothL1Loss")

@@ -14,8 +14,9 @@ from torchcaffe.errors import LayerParamError
 CASES = [
     LayerCase("Softmax", id="softmax_axis1"),
     LayerCase("Softmax", "softmax_param { axis: 2 }", ((2, 3, 4, 5),), id="softmax_axis2"),
-    LayerCase("Softmax", "softmax_param { axis: -1 engine: CAFFE }", ((3, 4, 5),),
-              id="softmax_axis_neg1"),
+    LayerCase(
+        "Softmax", "softmax_param { axis: -1 engine: CAFFE }", ((3, 4, 5),), id="softmax_axis_neg1"
+    ),
     LayerCase("Softmax", "softmax_param { axis: 0 }", ((4, 3),), id="softmax_axis0"),
 ]
 
@@ -31,21 +32,24 @@ def ref_softmax_diff(y, top_diff, axis):
     return (top_diff - (top_diff * y).sum(axis=axis, keepdims=True)) * y
 
 
-@pytest.mark.parametrize("shape,axis", [((2, 3, 4, 5), 1), ((2, 3, 4, 5), 2),
-                                        ((3, 4, 5), -1), ((4, 3), 0)])
+@pytest.mark.parametrize(
+    "shape,axis", [((2, 3, 4, 5), 1), ((2, 3, 4, 5), 2), ((3, 4, 5), -1), ((4, 3), 0)]
+)
 def test_forward_backward_match_reference(shape, axis):
     rng = np.random.default_rng(3)
     x = rng.standard_normal(shape) * 4
     top_diff = rng.standard_normal(shape)
-    layer, _ = make_layer(f"softmax_param {{ axis: {axis} }}", [shape], type="Softmax",
-                          dtype=torch.float64)
+    layer, _ = make_layer(
+        f"softmax_param {{ axis: {axis} }}", [shape], type="Softmax", dtype=torch.float64
+    )
     xt = torch.tensor(x, requires_grad=True)
     y = layer(xt)
     y.backward(torch.tensor(top_diff))
     want = ref_softmax(x, axis)
     np.testing.assert_allclose(y.detach().numpy(), want, rtol=1e-12)
-    np.testing.assert_allclose(xt.grad.numpy(), ref_softmax_diff(want, top_diff, axis),
-                               rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(
+        xt.grad.numpy(), ref_softmax_diff(want, top_diff, axis), rtol=1e-10, atol=1e-14
+    )
 
 
 def test_forward_large_values_do_not_overflow():
@@ -53,8 +57,7 @@ def test_forward_large_values_do_not_overflow():
     layer, _ = make_layer("", [x.shape], type="Softmax")
     y = layer(x)
     assert torch.isfinite(y).all()
-    np.testing.assert_allclose(y.numpy(), ref_softmax(x.double().numpy(), 1), rtol=1e-6,
-                               atol=1e-30)
+    np.testing.assert_allclose(y.numpy(), ref_softmax(x.double().numpy(), 1), rtol=1e-6, atol=1e-30)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)

@@ -18,31 +18,53 @@ FLT_MIN = float(np.finfo(np.float32).tiny)
 def _scores_labels(shape, axis):
     def make(g):
         x = torch.randn(shape, generator=g, dtype=torch.float64) * 2
-        lshape = shape[:axis] + shape[axis + 1:]
+        lshape = shape[:axis] + shape[axis + 1 :]
         lab = torch.randint(0, shape[axis], lshape, generator=g).double()
         return [x, lab]
+
     return make
 
 
 CASES = [
-    LayerCase("SoftmaxWithLoss", "", ((3, 4, 2, 5), (3, 1, 2, 5)),
-              make_bottoms=lambda g: [torch.randn(3, 4, 2, 5, generator=g, dtype=torch.float64),
-                                      torch.randint(0, 4, (3, 1, 2, 5), generator=g).double()],
-              id="swl_default"),
-    LayerCase("SoftmaxWithLoss", "softmax_param { axis: 2 } loss_param { ignore_label: 1 }",
-              ((2, 3, 4, 5), (2, 3, 5)), make_bottoms=_scores_labels((2, 3, 4, 5), 2),
-              id="swl_axis2_ignore"),
-    LayerCase("SoftmaxWithLoss", "loss_param { normalization: BATCH_SIZE }",
-              ((5, 3), (5,)), n_tops=2, make_bottoms=_scores_labels((5, 3), 1),
-              id="swl_prob_top"),
-    LayerCase("SoftmaxWithLoss", "loss_param { normalize: false }", ((4, 6), (4,)),
-              make_bottoms=_scores_labels((4, 6), 1), id="swl_normalize_false"),
+    LayerCase(
+        "SoftmaxWithLoss",
+        "",
+        ((3, 4, 2, 5), (3, 1, 2, 5)),
+        make_bottoms=lambda g: [
+            torch.randn(3, 4, 2, 5, generator=g, dtype=torch.float64),
+            torch.randint(0, 4, (3, 1, 2, 5), generator=g).double(),
+        ],
+        id="swl_default",
+    ),
+    LayerCase(
+        "SoftmaxWithLoss",
+        "softmax_param { axis: 2 } loss_param { ignore_label: 1 }",
+        ((2, 3, 4, 5), (2, 3, 5)),
+        make_bottoms=_scores_labels((2, 3, 4, 5), 2),
+        id="swl_axis2_ignore",
+    ),
+    LayerCase(
+        "SoftmaxWithLoss",
+        "loss_param { normalization: BATCH_SIZE }",
+        ((5, 3), (5,)),
+        n_tops=2,
+        make_bottoms=_scores_labels((5, 3), 1),
+        id="swl_prob_top",
+    ),
+    LayerCase(
+        "SoftmaxWithLoss",
+        "loss_param { normalize: false }",
+        ((4, 6), (4,)),
+        make_bottoms=_scores_labels((4, 6), 1),
+        id="swl_normalize_false",
+    ),
 ]
+
 
 def ref_swl(x, label, axis, ignore, mode):
     """Caffe's Forward/Backward_cpu loops: returns (loss, bottom diff for top diff 1)."""
     outer, c = int(np.prod(x.shape[:axis])), x.shape[axis]
-    inner = int(np.prod(x.shape[axis + 1:]))
+    inner = int(np.prod(x.shape[axis + 1 :]))
     xs = x.reshape(outer, c, inner)
     e = np.exp(xs - xs.max(axis=1, keepdims=True))
     p = e / e.sum(axis=1, keepdims=True)
@@ -62,8 +84,9 @@ def ref_swl(x, label, axis, ignore, mode):
 
 
 def _run(snippet, x, label, n_tops=1, top_diff=1.0):
-    layer, _ = make_layer(snippet, [x.shape, label.shape], type="SoftmaxWithLoss",
-                          n_tops=n_tops, dtype=torch.float64)
+    layer, _ = make_layer(
+        snippet, [x.shape, label.shape], type="SoftmaxWithLoss", n_tops=n_tops, dtype=torch.float64
+    )
     xt = torch.tensor(x, requires_grad=True)
     out = layer(xt, torch.tensor(label))
     loss = out[0] if n_tops == 2 else out
@@ -71,16 +94,19 @@ def _run(snippet, x, label, n_tops=1, top_diff=1.0):
     return out, xt.grad.numpy()
 
 
-@pytest.mark.parametrize("loss_param,mode", [
-    ("", "VALID"),
-    ("normalization: FULL", "FULL"),
-    ("normalization: VALID", "VALID"),
-    ("normalization: BATCH_SIZE", "BATCH_SIZE"),
-    ("normalization: NONE", "NONE"),
-    ("normalize: true", "VALID"),
-    ("normalize: false", "BATCH_SIZE"),
-    ("normalize: false normalization: FULL", "FULL"),  # normalization wins when set
-])
+@pytest.mark.parametrize(
+    "loss_param,mode",
+    [
+        ("", "VALID"),
+        ("normalization: FULL", "FULL"),
+        ("normalization: VALID", "VALID"),
+        ("normalization: BATCH_SIZE", "BATCH_SIZE"),
+        ("normalization: NONE", "NONE"),
+        ("normalize: true", "VALID"),
+        ("normalize: false", "BATCH_SIZE"),
+        ("normalize: false normalization: FULL", "FULL"),  # normalization wins when set
+    ],
+)
 @pytest.mark.parametrize("ignore", [None, 2, -1])
 def test_forward_backward_normalization_ignore(loss_param, mode, ignore):
     rng = np.random.default_rng(5)
@@ -110,8 +136,9 @@ def test_clamp_forward_and_caffe_gradient_ignore_it():
     label = np.array([2.0, 0.0])  # sample 0: prob of the label underflows below FLT_MIN
     loss, dx = _run("", x, label)
     want_loss, want_dx = ref_swl(x, label, 1, None, "VALID")
-    assert want_loss == pytest.approx((-np.log(FLT_MIN) + -np.log(np.exp(1) / np.exp(
-        [1, 2, 3]).sum())) / 2)
+    assert want_loss == pytest.approx(
+        (-np.log(FLT_MIN) + -np.log(np.exp(1) / np.exp([1, 2, 3]).sum())) / 2
+    )
     np.testing.assert_allclose(float(loss.detach()), want_loss, rtol=1e-12)
     np.testing.assert_allclose(dx, want_dx, rtol=1e-10, atol=1e-14)
     assert dx[0, 2] == pytest.approx(-0.5)  # (0 - 1) / 2: the clamp does not stop it

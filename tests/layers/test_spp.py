@@ -28,7 +28,7 @@ def ref_spp(x, height, pool):
     h, w = x.shape[2:]
     levels = []
     for level in range(height):
-        bins = 2 ** level
+        bins = 2**level
         kernel = (math.ceil(h / bins), math.ceil(w / bins))
         pad = ((kernel[0] * bins - h + 1) // 2, (kernel[1] * bins - w + 1) // 2)
         levels.append(ref_pool(x, pool, kernel, kernel, pad)[0])
@@ -37,16 +37,23 @@ def ref_spp(x, height, pool):
     return np.concatenate([t.reshape(x.shape[0], -1) for t in levels], axis=1)
 
 
-@pytest.mark.parametrize("height,pool,shape", [
-    (2, "MAX", (2, 3, 5, 7)),
-    (3, "AVE", (2, 3, 9, 6)),
-    (3, "MAX", (2, 3, 12, 13)),
-    (1, "AVE", (2, 3, 4, 5)),
-    (4, "AVE", (1, 2, 16, 15)),
-])
+@pytest.mark.parametrize(
+    "height,pool,shape",
+    [
+        (2, "MAX", (2, 3, 5, 7)),
+        (3, "AVE", (2, 3, 9, 6)),
+        (3, "MAX", (2, 3, 12, 13)),
+        (1, "AVE", (2, 3, 4, 5)),
+        (4, "AVE", (1, 2, 16, 15)),
+    ],
+)
 def test_forward_matches_reference(height, pool, shape):
-    layer, (x,) = make_layer(f"spp_param {{ pyramid_height: {height} pool: {pool} }}", [shape],
-                             type="SPP", dtype=torch.float64)
+    layer, (x,) = make_layer(
+        f"spp_param {{ pyramid_height: {height} pool: {pool} }}",
+        [shape],
+        type="SPP",
+        dtype=torch.float64,
+    )
     top = layer(x).numpy()
     np.testing.assert_allclose(top, ref_spp(x.numpy(), height, pool), rtol=1e-12)
 
@@ -60,8 +67,13 @@ def test_forward_shapes():
 
 def test_forward_stochastic_samples_from_each_bin():
     x = torch.rand(2, 3, 4, 4, dtype=torch.float64) + 0.1
-    layer, _ = make_layer("spp_param { pyramid_height: 2 pool: STOCHASTIC }", [(2, 3, 4, 4)],
-                          type="SPP", phase="TEST", dtype=torch.float64)
+    layer, _ = make_layer(
+        "spp_param { pyramid_height: 2 pool: STOCHASTIC }",
+        [(2, 3, 4, 4)],
+        type="SPP",
+        phase="TEST",
+        dtype=torch.float64,
+    )
     top = layer(x).numpy()  # level 0: (N, C), then level 1: (N, C * 4), channel-major
     level0, level1 = top[:, :3], top[:, 3:].reshape(2, 3, 4)
     xs = x.numpy()
@@ -69,7 +81,7 @@ def test_forward_stochastic_samples_from_each_bin():
         for c in range(3):
             assert level0[n, c] in xs[n, c]  # a sample, even in TEST
             for b, (i, j) in enumerate([(0, 0), (0, 2), (2, 0), (2, 2)]):
-                assert level1[n, c, b] in xs[n, c, i:i + 2, j:j + 2]
+                assert level1[n, c, b] in xs[n, c, i : i + 2, j : j + 2]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
@@ -78,12 +90,15 @@ def test_gradient(case):
     check_layer_gradient(layer, bottoms, step=1e-4)
 
 
-@pytest.mark.parametrize("snippet,shape,field", [
-    ("spp_param { pool: MAX }", (2, 3, 4, 5), "pyramid_height"),
-    ("spp_param { pyramid_height: 3 }", (2, 3, 3, 8), "pad"),
-    ("spp_param { pyramid_height: 2 pool: STOCHASTIC }", (2, 3, 5, 4), "STOCHASTIC"),
-    ("spp_param { pyramid_height: 2 }", (2, 3, 4), "4 axes"),
-])
+@pytest.mark.parametrize(
+    "snippet,shape,field",
+    [
+        ("spp_param { pool: MAX }", (2, 3, 4, 5), "pyramid_height"),
+        ("spp_param { pyramid_height: 3 }", (2, 3, 3, 8), "pad"),
+        ("spp_param { pyramid_height: 2 pool: STOCHASTIC }", (2, 3, 5, 4), "STOCHASTIC"),
+        ("spp_param { pyramid_height: 2 }", (2, 3, 4), "4 axes"),
+    ],
+)
 def test_error(snippet, shape, field):
     with pytest.raises(LayerParamError, match=rf"layer 's1' \(SPP\).*{field}"):
         make_layer(snippet, [shape], type="SPP", name="s1")

@@ -23,8 +23,9 @@ def test_forward_backward_match_caffe(beta):
     rng = np.random.default_rng(10)
     x = rng.standard_normal((2, 3, 4, 5)) * 3
     top_diff = rng.standard_normal(x.shape)
-    layer, _ = make_layer(f"swish_param {{ beta: {beta} }}", [x.shape], type="Swish",
-                          dtype=torch.float64)
+    layer, _ = make_layer(
+        f"swish_param {{ beta: {beta} }}", [x.shape], type="Swish", dtype=torch.float64
+    )
     xt = torch.tensor(x, requires_grad=True)
     y = layer(xt)
     y.backward(torch.tensor(top_diff))

@@ -26,8 +26,7 @@ def test_forward_backward_match_caffe():
     y.backward(torch.tensor(top_diff))
     want = (np.exp(2 * x) - 1) / (np.exp(2 * x) + 1)
     np.testing.assert_allclose(y.detach().numpy(), want, rtol=1e-12, atol=1e-15)
-    np.testing.assert_allclose(xt.grad.numpy(), top_diff * (1 - want**2), rtol=1e-9,
-                               atol=1e-15)
+    np.testing.assert_allclose(xt.grad.numpy(), top_diff * (1 - want**2), rtol=1e-9, atol=1e-15)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)

@@ -11,8 +11,7 @@ from tests.helpers.harness import make_layer
 
 CASES = [
     LayerCase("Threshold", id="threshold_default"),
-    LayerCase("Threshold", "threshold_param { threshold: 0.2 }", ((3, 5, 4),),
-              id="threshold_02"),
+    LayerCase("Threshold", "threshold_param { threshold: 0.2 }", ((3, 5, 4),), id="threshold_02"),
 ]
 
 
@@ -23,8 +22,9 @@ def test_forward_is_strict(threshold, dtype):
     rng = np.random.default_rng(9)
     x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
     x.flat[::4] = t  # exactly at the threshold: 0
-    layer, _ = make_layer(f"threshold_param {{ threshold: {threshold} }}", [x.shape],
-                          type="Threshold", dtype=dtype)
+    layer, _ = make_layer(
+        f"threshold_param {{ threshold: {threshold} }}", [x.shape], type="Threshold", dtype=dtype
+    )
     y = layer(torch.from_numpy(x).to(dtype))
     assert y.dtype == dtype
     np.testing.assert_array_equal(y.double().numpy(), (x > t).astype(np.float64))

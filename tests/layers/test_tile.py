@@ -34,12 +34,15 @@ def ref_tile_diff(top_diff, shape, axis, tiles):
     return top_diff.reshape(outer, tiles, -1).sum(1).reshape(shape)
 
 
-@pytest.mark.parametrize("snippet,shape,axis,tiles", [
-    ("tile_param { tiles: 3 }", (2, 3, 4), 1, 3),
-    ("tile_param { axis: -1 tiles: 2 }", (2, 3, 4, 5), 3, 2),
-    ("tile_param { axis: 0 tiles: 2 }", (3, 4), 0, 2),
-    ("tile_param { axis: 2 tiles: 1 }", (2, 3, 4), 2, 1),
-])
+@pytest.mark.parametrize(
+    "snippet,shape,axis,tiles",
+    [
+        ("tile_param { tiles: 3 }", (2, 3, 4), 1, 3),
+        ("tile_param { axis: -1 tiles: 2 }", (2, 3, 4, 5), 3, 2),
+        ("tile_param { axis: 0 tiles: 2 }", (3, 4), 0, 2),
+        ("tile_param { axis: 2 tiles: 1 }", (2, 3, 4), 2, 1),
+    ],
+)
 def test_forward_backward_match_reference(snippet, shape, axis, tiles):
     layer, (x,) = make_layer(snippet, [shape], type="Tile", dtype=torch.float64)
     x = x.requires_grad_(True)
@@ -49,8 +52,9 @@ def test_forward_backward_match_reference(snippet, shape, axis, tiles):
     assert layer.output_shapes([shape]) == [want.shape]
     top_diff = np.random.default_rng(0).standard_normal(want.shape)
     top.backward(torch.tensor(top_diff))
-    np.testing.assert_allclose(x.grad.numpy(), ref_tile_diff(top_diff, shape, axis, tiles),
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+        x.grad.numpy(), ref_tile_diff(top_diff, shape, axis, tiles), rtol=1e-12
+    )
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
@@ -59,13 +63,16 @@ def test_gradient(case):
     check_layer_gradient(layer, bottoms)
 
 
-@pytest.mark.parametrize("snippet,field", [
-    ("", "tiles"),
-    ("tile_param { axis: 1 }", "tiles"),
-    ("tile_param { tiles: 0 }", "tiles"),
-    ("tile_param { tiles: -2 }", "tiles"),
-    ("tile_param { axis: 3 tiles: 2 }", "axis"),
-])
+@pytest.mark.parametrize(
+    "snippet,field",
+    [
+        ("", "tiles"),
+        ("tile_param { axis: 1 }", "tiles"),
+        ("tile_param { tiles: 0 }", "tiles"),
+        ("tile_param { tiles: -2 }", "tiles"),
+        ("tile_param { axis: 3 tiles: 2 }", "axis"),
+    ],
+)
 def test_error(snippet, field):
     with pytest.raises(LayerParamError, match=rf"layer 't1' \(Tile\).*{field}"):
         make_layer(snippet, [(2, 3, 4)], type="Tile", name="t1")

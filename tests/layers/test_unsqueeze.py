@@ -15,9 +15,17 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("shape,dim,want", [((2, 3, 4), 1, (2, 1, 3, 4)), ((2, 3), -1, (2, 3, 1)),
-                                            ((2, 3), 0, (1, 2, 3)), ((2, 3), 2, (2, 3, 1)),
-                                            ((2, 3), -3, (1, 2, 3)), ((4,), -2, (1, 4))])
+@pytest.mark.parametrize(
+    "shape,dim,want",
+    [
+        ((2, 3, 4), 1, (2, 1, 3, 4)),
+        ((2, 3), -1, (2, 3, 1)),
+        ((2, 3), 0, (1, 2, 3)),
+        ((2, 3), 2, (2, 3, 1)),
+        ((2, 3), -3, (1, 2, 3)),
+        ((4,), -2, (1, 4)),
+    ],
+)
 def test_shape_and_values(shape, dim, want):
     layer, (x,) = make_layer(f"unsqueeze_param {{ dim: {dim} }}", [shape], type="Unsqueeze")
     top = layer(x)
@@ -31,9 +39,14 @@ def test_no_gradient_flows_as_in_the_fork():
     assert not layer.has_backward and not layer(x).requires_grad
 
 
-@pytest.mark.parametrize("snippet,match", [("", "dim must be set"),
-                                           ("unsqueeze_param { dim: 3 }", "out of range"),
-                                           ("unsqueeze_param { dim: -4 }", "out of range")])
+@pytest.mark.parametrize(
+    "snippet,match",
+    [
+        ("", "dim must be set"),
+        ("unsqueeze_param { dim: 3 }", "out of range"),
+        ("unsqueeze_param { dim: -4 }", "out of range"),
+    ],
+)
 def test_errors(snippet, match):
     with pytest.raises(LayerParamError, match=rf"layer 'u' \(Unsqueeze\).*{match}"):
         make_layer(snippet, [(2, 3)], type="Unsqueeze", name="u")

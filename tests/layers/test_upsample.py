@@ -17,27 +17,42 @@ from torchcaffe.registry import layer_class
 def _segnet_bottoms(shape, size):
     def make(gen):
         return [torch.randn(shape, generator=gen), unique_mask(shape, size, gen)]
+
     return make
 
 
 CASES = [
     LayerCase("Upsample", "upsample_param { scale: 2 }", ((2, 3, 3, 4),)),
     LayerCase("Upsample", "upsample_param { scale: 3 dims_num: 3 }", ((2, 3, 5),)),
-    LayerCase("Upsample", "upsample_param { scale: 2 }", ((2, 3, 3, 4),) * 2,
-              make_bottoms=_segnet_bottoms((2, 3, 3, 4), 48)),
-    LayerCase("Upsample", "upsample_param { upsample_h: 5 upsample_w: 7 }", ((1, 2, 3, 4),) * 2,
-              make_bottoms=_segnet_bottoms((1, 2, 3, 4), 35)),
+    LayerCase(
+        "Upsample",
+        "upsample_param { scale: 2 }",
+        ((2, 3, 3, 4),) * 2,
+        make_bottoms=_segnet_bottoms((2, 3, 3, 4), 48),
+    ),
+    LayerCase(
+        "Upsample",
+        "upsample_param { upsample_h: 5 upsample_w: 7 }",
+        ((1, 2, 3, 4),) * 2,
+        make_bottoms=_segnet_bottoms((1, 2, 3, 4), 35),
+    ),
 ]
 
 
 def ref_nearest(x, scale, dims_num):
     """brocolli's loop: top index (h, w) reads bottom (h / scale, w / scale)."""
-    out_shape = x.shape[:-2] + (x.shape[-2] * scale, x.shape[-1] * scale) if dims_num == 4 \
+    out_shape = (
+        x.shape[:-2] + (x.shape[-2] * scale, x.shape[-1] * scale)
+        if dims_num == 4
         else x.shape[:-1] + (x.shape[-1] * scale,)
+    )
     out = np.empty(out_shape, dtype=x.dtype)
     for idx in np.ndindex(*out_shape):
-        src = idx[:-2] + (idx[-2] // scale, idx[-1] // scale) if dims_num == 4 \
+        src = (
+            idx[:-2] + (idx[-2] // scale, idx[-1] // scale)
+            if dims_num == 4
             else idx[:-1] + (idx[-1] // scale,)
+        )
         out[idx] = x[src]
     return out
 
@@ -46,15 +61,17 @@ def ref_segnet_backward(top_diff, mask):
     """SegNet's Backward_cpu: bottom_diff[i] = top_diff[mask[i]] per (n, c)."""
     n, c = mask.shape[:2]
     flat = top_diff.reshape(n, c, -1)
-    return np.stack([[flat[a, b][mask[a, b].astype(np.int64)] for b in range(c)]
-                     for a in range(n)])
+    return np.stack([[flat[a, b][mask[a, b].astype(np.int64)] for b in range(c)] for a in range(n)])
 
 
-@pytest.mark.parametrize("snippet,shape,scale,dims", [
-    ("upsample_param { scale: 2 }", (2, 3, 3, 4), 2, 4),
-    ("upsample_param { scale: 3 dims_num: 3 }", (2, 3, 5), 3, 3),
-    ("", (2, 3, 2, 4), 1, 4),  # brocolli's default scale 1: a copy
-])
+@pytest.mark.parametrize(
+    "snippet,shape,scale,dims",
+    [
+        ("upsample_param { scale: 2 }", (2, 3, 3, 4), 2, 4),
+        ("upsample_param { scale: 3 dims_num: 3 }", (2, 3, 5), 3, 3),
+        ("", (2, 3, 2, 4), 1, 4),  # brocolli's default scale 1: a copy
+    ],
+)
 def test_nearest_forward_matches_reference(snippet, shape, scale, dims):
     layer, (x,) = make_layer(snippet, [shape], type="Upsample")
     top = layer(x.requires_grad_(True))
@@ -64,21 +81,27 @@ def test_nearest_forward_matches_reference(snippet, shape, scale, dims):
     assert not layer.has_backward and not top.requires_grad
 
 
-@pytest.mark.parametrize("snippet,kernel,in_hw,out_hw", [
-    ("upsample_param { scale: 2 }", 2, (6, 8), (6, 8)),
-    ("", 2, (6, 8), (6, 8)),  # SegNet's default scale 2
-    ("upsample_param { scale_h: 2 scale_w: 3 }", 0, (6, 9), (6, 9)),
-    ("upsample_param { scale: 2 pad_out_h: true }", 2, (5, 8), (5, 8)),  # ceil pooling, H odd
-    ("upsample_param { upsample_h: 7 upsample_w: 9 }", 2, (7, 9), (7, 9)),
-    ("upsample_param { upsample_h: 7 upsample_w: 9 }", 3, (7, 9), (7, 9)),  # shared indices
-])
+@pytest.mark.parametrize(
+    "snippet,kernel,in_hw,out_hw",
+    [
+        ("upsample_param { scale: 2 }", 2, (6, 8), (6, 8)),
+        ("", 2, (6, 8), (6, 8)),  # SegNet's default scale 2
+        ("upsample_param { scale_h: 2 scale_w: 3 }", 0, (6, 9), (6, 9)),
+        ("upsample_param { scale: 2 pad_out_h: true }", 2, (5, 8), (5, 8)),  # ceil pooling, H odd
+        ("upsample_param { upsample_h: 7 upsample_w: 9 }", 2, (7, 9), (7, 9)),
+        ("upsample_param { upsample_h: 7 upsample_w: 9 }", 3, (7, 9), (7, 9)),  # shared indices
+    ],
+)
 def test_segnet_forward_backward_after_pooling(snippet, kernel, in_hw, out_hw):
     x = torch.randn(2, 3, *in_hw, generator=torch.Generator().manual_seed(0))
-    pooling = ("kernel_h: 2 kernel_w: 3 stride_h: 2 stride_w: 3" if kernel == 0
-               else f"kernel_size: {kernel} stride: 2")
+    pooling = (
+        "kernel_h: 2 kernel_w: 3 stride_h: 2 stride_w: 3"
+        if kernel == 0
+        else f"kernel_size: {kernel} stride: 2"
+    )
     pool = layer_class("Pooling").from_param(
-        layer_param(f"pooling_param {{ pool: MAX {pooling} }}", type="Pooling", n_tops=2),
-        [x.shape])
+        layer_param(f"pooling_param {{ pool: MAX {pooling} }}", type="Pooling", n_tops=2), [x.shape]
+    )
     p, mask = pool(x)
     layer, _ = make_layer(snippet, [p.shape, mask.shape], type="Upsample")
     p = p.detach().requires_grad_(True)
@@ -114,21 +137,24 @@ _SEG = [(2, 3, 3, 4)] * 2
 _ONE = [(2, 3, 3, 4)]
 
 
-@pytest.mark.parametrize("snippet,shapes,field", [
-    ("upsample_param { dims_num: 5 }", _ONE, "dims_num must be 3 or 4"),
-    ("upsample_param { scale: 0 }", _ONE, "scale must be positive"),
-    ("upsample_param { scale: 2 dims_num: 3 }", _ONE, "3-D input"),
-    ("upsample_param { scale: 2 }", [(2, 3, 4)], "4-D input"),
-    ("upsample_param { upsample_h: 6 upsample_w: 8 }", _ONE, "mask as bottom 1"),
-    ("upsample_param { scale: 2 dims_num: 4 }", _SEG, "dims_num"),
-    ("upsample_param { scale: 2 scale_h: 2 scale_w: 2 }", _SEG, "upsample_h & upsample_w"),
-    ("upsample_param { scale_h: 2 }", _SEG, "upsample_h & upsample_w"),
-    ("upsample_param { scale: 1 }", _SEG, "greater than 1"),
-    ("upsample_param { upsample_h: 1 upsample_w: 8 }", _SEG, "greater than 1"),
-    ("upsample_param { scale: 3 pad_out_w: true }", _SEG, "pad_out_w requires scale_w == 2"),
-    ("upsample_param { scale: 2 }", [(2, 3, 3, 4), (2, 3, 4, 3)], "mask"),
-    ("upsample_param { scale: 2 }", [(3, 4), (3, 4)], "4 axes"),
-])
+@pytest.mark.parametrize(
+    "snippet,shapes,field",
+    [
+        ("upsample_param { dims_num: 5 }", _ONE, "dims_num must be 3 or 4"),
+        ("upsample_param { scale: 0 }", _ONE, "scale must be positive"),
+        ("upsample_param { scale: 2 dims_num: 3 }", _ONE, "3-D input"),
+        ("upsample_param { scale: 2 }", [(2, 3, 4)], "4-D input"),
+        ("upsample_param { upsample_h: 6 upsample_w: 8 }", _ONE, "mask as bottom 1"),
+        ("upsample_param { scale: 2 dims_num: 4 }", _SEG, "dims_num"),
+        ("upsample_param { scale: 2 scale_h: 2 scale_w: 2 }", _SEG, "upsample_h & upsample_w"),
+        ("upsample_param { scale_h: 2 }", _SEG, "upsample_h & upsample_w"),
+        ("upsample_param { scale: 1 }", _SEG, "greater than 1"),
+        ("upsample_param { upsample_h: 1 upsample_w: 8 }", _SEG, "greater than 1"),
+        ("upsample_param { scale: 3 pad_out_w: true }", _SEG, "pad_out_w requires scale_w == 2"),
+        ("upsample_param { scale: 2 }", [(2, 3, 3, 4), (2, 3, 4, 3)], "mask"),
+        ("upsample_param { scale: 2 }", [(3, 4), (3, 4)], "4 axes"),
+    ],
+)
 def test_error(snippet, shapes, field):
     with pytest.raises(LayerParamError, match=rf"layer 'u1' \(Upsample\).*{field}"):
         make_layer(snippet, shapes, type="Upsample", name="u1")

@@ -31,8 +31,9 @@ def test_data_layer_becomes_input_and_keeps_rules():
 
 def test_fed_net_builds_in_both_phases_and_runs():
     for phase in ("train", "test"):
-        net = torchcaffe.load(read_net(TRAIN_VAL), phase=phase,
-                              input_shapes={"data": (2, 5), "label": (2,)})
+        net = torchcaffe.load(
+            read_net(TRAIN_VAL), phase=phase, input_shapes={"data": (2, 5), "label": (2,)}
+        )
         assert net.input_names == ["data", "label"]
         out = net(data=torch.ones(2, 5), label=torch.zeros(2))
         assert tuple(out["ip"].shape) == (2, 3)

@@ -44,25 +44,28 @@ def test_forward_returns_outputs_by_name():
     x = torch.randn(4, 6)
     out = net(data=x)
     assert list(out) == ["ip2"]
-    np.testing.assert_allclose(out["ip2"].detach().numpy(), mlp_reference(net, x.numpy()),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        out["ip2"].detach().numpy(), mlp_reference(net, x.numpy()), rtol=1e-5, atol=1e-6
+    )
     # positional input binds to the declared input blob
     torch.testing.assert_close(net(x)["ip2"], out["ip2"])
 
 
 def test_outputs_are_unconsumed_blobs_sorted_by_name():
-    text = MLP + """
+    text = (
+        MLP
+        + """
 layer { name: "zz" type: "ReLU" bottom: "data" top: "zz" }
 layer { name: "aa" type: "ReLU" bottom: "data" top: "aa" }
 """
+    )
     assert build(text).output_names == ["aa", "ip2", "zz"]
 
 
 def test_parameters_in_caffe_blob_order():
     net = build(MLP)
     names = [n for n, _ in net.named_parameters()]
-    assert names == ["layers.ip1.weight", "layers.ip1.bias", "layers.ip2.weight",
-                     "layers.ip2.bias"]
+    assert names == ["layers.ip1.weight", "layers.ip1.bias", "layers.ip2.weight", "layers.ip2.bias"]
     assert tuple(net.layer("ip1").weight.shape) == (5, 6)
 
 
@@ -142,10 +145,13 @@ def test_errors_carry_the_file_path(tmp_path):
 
 
 def test_phase_rules_filter_layers():
-    text = MLP + """
+    text = (
+        MLP
+        + """
 layer { name: "train_only" type: "ReLU" bottom: "ip2" top: "t" include { phase: TRAIN } }
 layer { name: "not_stage" type: "ReLU" bottom: "ip2" top: "s" exclude { stage: "deploy" } }
 """
+    )
     assert "train_only" not in build(text).layer_names
     assert "train_only" in build(text, phase="train").layer_names
     assert "not_stage" not in build(text, stages=["deploy"]).layer_names
@@ -193,11 +199,14 @@ def test_lr_mult_zero_freezes_param():
 
 
 def test_loss_weights_default_and_explicit():
-    text = MLP + """
+    text = (
+        MLP
+        + """
 layer { name: "lbl" type: "Input" top: "label" input_param { shape { dim: 4 dim: 3 } } }
 layer { name: "loss" type: "EuclideanLoss" bottom: "ip2" bottom: "label" top: "loss" }
 layer { name: "aux" type: "ReLU" bottom: "ip1" top: "aux" loss_weight: 0.5 }
 """
+    )
     net = build(text, phase="train")
     assert net.loss_weights() == {"loss": 1.0, "aux": 0.5}
     blobs = net.forward_all_blobs(data=torch.randn(4, 6), label=torch.randn(4, 3))
@@ -230,10 +239,13 @@ layer { name: "b" type: "InnerProduct" bottom: "data" top: "b"
 
 
 def test_loss_layer_without_top_gets_an_automatic_one():
-    text = MLP + """
+    text = (
+        MLP
+        + """
 layer { name: "lbl" type: "Input" top: "label" input_param { shape { dim: 4 dim: 3 } } }
 layer { name: "loss" type: "EuclideanLoss" bottom: "ip2" bottom: "label" }
 """
+    )
     net = build(text, phase="train")
     assert net.step("loss").tops == ("(automatic)",)
     assert "(automatic)" not in net.output_names  # Caffe never makes it a net output

@@ -15,15 +15,19 @@ def parse(text: str) -> caffe_pb2.NetParameter:
 
 
 def test_no_split_for_single_reader():
-    net = parse('layer { name: "in" type: "Input" top: "x" } '
-                'layer { name: "r" type: "ReLU" bottom: "x" top: "y" }')
+    net = parse(
+        'layer { name: "in" type: "Input" top: "x" } '
+        'layer { name: "r" type: "ReLU" bottom: "x" top: "y" }'
+    )
     assert insert_splits(net) == net
 
 
 def test_split_names_and_rewired_bottoms():
-    net = parse('layer { name: "in" type: "Input" top: "x" } '
-                'layer { name: "a" type: "ReLU" bottom: "x" top: "y" } '
-                'layer { name: "b" type: "ReLU" bottom: "x" top: "z" }')
+    net = parse(
+        'layer { name: "in" type: "Input" top: "x" } '
+        'layer { name: "a" type: "ReLU" bottom: "x" top: "y" } '
+        'layer { name: "b" type: "ReLU" bottom: "x" top: "z" }'
+    )
     out = insert_splits(net)
     assert [l.name for l in out.layer] == ["in", "x_in_0_split", "a", "b"]
     split = out.layer[1]
@@ -34,18 +38,22 @@ def test_split_names_and_rewired_bottoms():
 
 
 def test_in_place_readers_split_the_last_producer():
-    net = parse('layer { name: "in" type: "Input" top: "x" } '
-                'layer { name: "r" type: "ReLU" bottom: "x" top: "x" } '
-                'layer { name: "a" type: "ReLU" bottom: "x" top: "y" } '
-                'layer { name: "b" type: "ReLU" bottom: "x" top: "z" }')
+    net = parse(
+        'layer { name: "in" type: "Input" top: "x" } '
+        'layer { name: "r" type: "ReLU" bottom: "x" top: "x" } '
+        'layer { name: "a" type: "ReLU" bottom: "x" top: "y" } '
+        'layer { name: "b" type: "ReLU" bottom: "x" top: "z" }'
+    )
     out = insert_splits(net)
     assert [l.name for l in out.layer] == ["in", "r", "x_r_0_split", "a", "b"]
 
 
 def test_weighted_top_read_once_gets_split_carrying_the_weight():
-    net = parse('layer { name: "in" type: "Input" top: "x" } '
-                'layer { name: "l" type: "ReLU" bottom: "x" top: "y" loss_weight: 2 } '
-                'layer { name: "c" type: "ReLU" bottom: "y" top: "z" }')
+    net = parse(
+        'layer { name: "in" type: "Input" top: "x" } '
+        'layer { name: "l" type: "ReLU" bottom: "x" top: "y" loss_weight: 2 } '
+        'layer { name: "c" type: "ReLU" bottom: "y" top: "z" }'
+    )
     out = insert_splits(net)
     producer, split, reader = out.layer[1], out.layer[2], out.layer[3]
     assert list(producer.loss_weight) == []

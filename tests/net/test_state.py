@@ -50,8 +50,10 @@ def test_rule_without_conditions_is_met():
 
 
 def test_include_and_exclude_together_is_an_error():
-    net = text_format.Parse('layer { name: "bad" type: "ReLU" include { phase: TRAIN } '
-                            'exclude { phase: TEST } }', caffe_pb2.NetParameter())
+    net = text_format.Parse(
+        'layer { name: "bad" type: "ReLU" include { phase: TRAIN } exclude { phase: TEST } }',
+        caffe_pb2.NetParameter(),
+    )
     with pytest.raises(LayerParamError, match=r"layer 'bad' \(ReLU\).*either include"):
         filter_net(net, make_state("train"))
 

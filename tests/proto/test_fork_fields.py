@@ -21,8 +21,9 @@ def test_fork_field_sits_at_its_forks_number(record):
     assert record.fork in fork_fields.FORKS
 
 
-@pytest.mark.parametrize("record", fork_fields.RELOCATED_FIELDS,
-                         ids=lambda r: f"{r.fork}:{r.message}.{r.field}")
+@pytest.mark.parametrize(
+    "record", fork_fields.RELOCATED_FIELDS, ids=lambda r: f"{r.fork}:{r.message}.{r.field}"
+)
 def test_relocated_field_and_the_field_it_clashes_with(record):
     assert _field(record.message, record.field).number == record.number
     assert record.number != record.fork_number
@@ -31,7 +32,8 @@ def test_relocated_field_and_the_field_it_clashes_with(record):
     clash = _field(message, name)
     if clash.full_name != f"{record.message}.{record.field}":
         assert clash.number == record.fork_number, (
-            f"{record.clashes_with} is at {clash.number}, not the fork's {record.fork_number}")
+            f"{record.clashes_with} is at {clash.number}, not the fork's {record.fork_number}"
+        )
 
 
 def test_every_relocated_number_is_recorded():

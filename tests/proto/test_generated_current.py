@@ -11,7 +11,8 @@ def test_regenerated_module_matches_committed(tmp_path):
         fresh = (tmp_path / name).read_text()
         committed = (generate.DEFAULT_OUT / name).read_text()
         assert fresh == committed, (
-            f"torchcaffe/proto/{name} is stale: run `python -m torchcaffe.proto.generate`")
+            f"torchcaffe/proto/{name} is stale: run `python -m torchcaffe.proto.generate`"
+        )
 
 
 def test_descriptor_is_caffes_package():

@@ -42,8 +42,9 @@ def reference(net, x, label):
     dw2, db2 = dy.T @ h, dy.sum(0)
     dh = dy @ w2
     da = dh * (a > 0)
-    return dict(y=y, loss=loss, dy=dy, dw2=dw2, db2=db2, da=da, dw1=da.T @ x, db1=da.sum(0),
-                dx=da @ w1)
+    return dict(
+        y=y, loss=loss, dy=dy, dw2=dw2, db2=db2, da=da, dw1=da.T @ x, db1=da.sum(0), dx=da @ w1
+    )
 
 
 def test_attributes_match_pycaffe(prototxt):
@@ -51,8 +52,13 @@ def test_attributes_match_pycaffe(prototxt):
     assert list(net.blobs) == ["data", "label", "ip1", "ip2", "loss"]
     assert list(net.params) == ["ip1", "ip2"]
     assert net._layer_names == ["data", "ip1", "relu1", "ip2", "loss"]
-    assert [layer.type for layer in net.layers] == ["Input", "InnerProduct", "ReLU",
-                                                    "InnerProduct", "EuclideanLoss"]
+    assert [layer.type for layer in net.layers] == [
+        "Input",
+        "InnerProduct",
+        "ReLU",
+        "InnerProduct",
+        "EuclideanLoss",
+    ]
     assert list(net.layer_dict) == net._layer_names
     assert net.inputs == ["data", "label"] and net.outputs == ["loss"]
     assert net.blobs["data"].data.shape == (3, 4)
@@ -169,9 +175,11 @@ def test_save_copy_from_and_constructor_forms(prototxt, tmp_path):
     a = caffe.Net(prototxt, caffe.TEST)
     weights = str(tmp_path / "w.caffemodel")
     a.save(weights)
-    for b in (caffe.Net(prototxt, weights, caffe.TEST),
-              caffe.Net(prototxt, caffe.TEST, weights=weights),
-              caffe.Net(prototxt, weights=weights, phase=caffe.TEST)):
+    for b in (
+        caffe.Net(prototxt, weights, caffe.TEST),
+        caffe.Net(prototxt, caffe.TEST, weights=weights),
+        caffe.Net(prototxt, weights=weights, phase=caffe.TEST),
+    ):
         for name in a.params:
             for pa, pb in zip(a.params[name], b.params[name]):
                 np.testing.assert_array_equal(pa.data, pb.data)

@@ -41,8 +41,9 @@ class Setup:
         path.write_text(NET.replace("BATCH", str(batch)))
         return path
 
-    def solver(self, body: str, name: str = "solver.prototxt", net: str = "train.prototxt",
-               seed: int = 7) -> str:
+    def solver(
+        self, body: str, name: str = "solver.prototxt", net: str = "train.prototxt", seed: int = 7
+    ) -> str:
         text = f'net: "{net}"\nrandom_seed: {seed}\nsnapshot_after_train: false\n{body}\n'
         (self.root / name).write_text(text)
         return name

@@ -19,22 +19,25 @@ from torchcaffe.solver import SolverSnapshot, write_solverstate
 OK = 'type: "SGD" base_lr: 0.1 lr_policy: "fixed"'
 
 
-@pytest.mark.parametrize("body,field", [
-    ('type: "Sgd" base_lr: 0.1 lr_policy: "fixed"', "type"),
-    ('type: "SGD" base_lr: 0.1', "lr_policy"),
-    ('type: "SGD" base_lr: 0.1 lr_policy: "cosine"', "lr_policy"),
-    ('type: "SGD" base_lr: 0.1 lr_policy: "step" gamma: 0.1', "stepsize"),
-    ('type: "SGD" base_lr: 0.1 lr_policy: "sigmoid" gamma: 0.1', "stepsize"),
-    ('type: "SGD" base_lr: 0.1 lr_policy: "exp" gamma: -0.5', "gamma"),
-    ('type: "SGD" base_lr: 0.1 lr_policy: "poly" power: 2', "max_iter"),
-    ('type: "AdaGrad" base_lr: 0.1 lr_policy: "fixed" momentum: 0.9', "momentum"),
-    ('type: "RMSProp" base_lr: 0.1 lr_policy: "fixed" rms_decay: 1.0', "rms_decay"),
-    (f"{OK} average_loss: 0", "average_loss"),
-    (f"{OK} iter_size: 0", "iter_size"),
-    (f'{OK} weight_decay: 0.1 regularization_type: "L3"', "regularization_type"),
-    (f"{OK} test_iter: 1", "test_interval"),
-    (f'{OK} test_iter: 1 test_interval: 5 test_state {{ }} test_state {{ }}', "test_state"),
-])
+@pytest.mark.parametrize(
+    "body,field",
+    [
+        ('type: "Sgd" base_lr: 0.1 lr_policy: "fixed"', "type"),
+        ('type: "SGD" base_lr: 0.1', "lr_policy"),
+        ('type: "SGD" base_lr: 0.1 lr_policy: "cosine"', "lr_policy"),
+        ('type: "SGD" base_lr: 0.1 lr_policy: "step" gamma: 0.1', "stepsize"),
+        ('type: "SGD" base_lr: 0.1 lr_policy: "sigmoid" gamma: 0.1', "stepsize"),
+        ('type: "SGD" base_lr: 0.1 lr_policy: "exp" gamma: -0.5', "gamma"),
+        ('type: "SGD" base_lr: 0.1 lr_policy: "poly" power: 2', "max_iter"),
+        ('type: "AdaGrad" base_lr: 0.1 lr_policy: "fixed" momentum: 0.9', "momentum"),
+        ('type: "RMSProp" base_lr: 0.1 lr_policy: "fixed" rms_decay: 1.0', "rms_decay"),
+        (f"{OK} average_loss: 0", "average_loss"),
+        (f"{OK} iter_size: 0", "iter_size"),
+        (f'{OK} weight_decay: 0.1 regularization_type: "L3"', "regularization_type"),
+        (f"{OK} test_iter: 1", "test_interval"),
+        (f"{OK} test_iter: 1 test_interval: 5 test_state {{ }} test_state {{ }}", "test_state"),
+    ],
+)
 def test_bad_field_names_file_and_field(setup, body, field):
     name = setup.solver(body)
     with pytest.raises(SolverError, match=rf"^{name}: field '{field}'"):
@@ -61,8 +64,9 @@ def test_train_net_must_be_given_exactly_once(setup):
 
 
 def test_test_net_without_test_iter(setup):
-    (setup.root / "s.prototxt").write_text(f'{OK} train_net: "train.prototxt" '
-                                           'test_net: "train.prototxt"')
+    (setup.root / "s.prototxt").write_text(
+        f'{OK} train_net: "train.prototxt" test_net: "train.prototxt"'
+    )
     with pytest.raises(SolverError, match=r"field 'test_iter'.*expected 1, got 0"):
         caffe.get_solver("s.prototxt")
 
@@ -75,8 +79,11 @@ def test_missing_net_file_hints_at_the_working_directory(setup, tmp_path, monkey
     other = tmp_path / "elsewhere"
     other.mkdir()
     monkeypatch.chdir(other)
-    with pytest.raises(SolverError, match=r"solver\.prototxt: field 'net': file "
-                       r"'train\.prototxt' not found.*run from .*model"):
+    with pytest.raises(
+        SolverError,
+        match=r"solver\.prototxt: field 'net': file "
+        r"'train\.prototxt' not found.*run from .*model",
+    ):
         caffe.get_solver(sub / "solver.prototxt")
 
 
@@ -86,7 +93,7 @@ def test_missing_weights_file(setup):
 
 
 def test_parse_error_carries_line_and_column(setup):
-    (setup.root / "bad.prototxt").write_text(f'{OK}\nmomentm: 0.9\n')
+    (setup.root / "bad.prototxt").write_text(f"{OK}\nmomentm: 0.9\n")
     with pytest.raises(PrototxtError, match=r"bad\.prototxt:2:1.*momentm"):
         caffe.get_solver("bad.prototxt")
 
@@ -105,11 +112,16 @@ def test_unwritable_snapshot_prefix(setup):
 def test_restore_checks_the_history_count_and_shapes(setup):
     solver = caffe.get_solver(setup.solver('type: "Adam" base_lr: 0.01 lr_policy: "fixed"'))
     write_solverstate("sgd.solverstate", SolverSnapshot(3, 0, None, [np.zeros(1)] * 4))
-    with pytest.raises(SolverError, match=r"sgd\.solverstate: incorrect number of history "
-                       r"blobs; expected 8, got 4"):
+    with pytest.raises(
+        SolverError,
+        match=r"sgd\.solverstate: incorrect number of history "
+        r"blobs; expected 8, got 4",
+    ):
         solver.restore("sgd.solverstate")
-    shapes = [np.zeros(t.shape) for t in solver.optimizer.history_blobs(
-        [e.tensor for e in solver._learnables])]
+    shapes = [
+        np.zeros(t.shape)
+        for t in solver.optimizer.history_blobs([e.tensor for e in solver._learnables])
+    ]
     shapes[5] = np.zeros(3)
     write_solverstate("bad.solverstate", SolverSnapshot(3, 0, None, shapes))
     with pytest.raises(SolverError, match="history blob 5 does not fit"):
@@ -120,8 +132,9 @@ def test_restore_checks_the_history_count_and_shapes(setup):
 
 def test_restore_with_a_missing_learned_net(setup):
     solver = caffe.get_solver(setup.solver(OK))
-    blobs = [t.numpy() for t in solver.optimizer.history_blobs(
-        [e.tensor for e in solver._learnables])]
+    blobs = [
+        t.numpy() for t in solver.optimizer.history_blobs([e.tensor for e in solver._learnables])
+    ]
     write_solverstate("s.solverstate", SolverSnapshot(1, 0, "gone.caffemodel", blobs))
     with pytest.raises(WeightsError, match="gone.caffemodel"):
         solver.restore("s.solverstate")

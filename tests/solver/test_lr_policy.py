@@ -114,8 +114,7 @@ def test_snapshot_step_is_caffe_current_step_after_the_last_update():
 
 
 def test_make_lr_policy_reads_the_solver_fields():
-    param = caffe_pb2.SolverParameter(base_lr=BASE, lr_policy="multistep", gamma=0.3,
-                                      type="SGD")
+    param = caffe_pb2.SolverParameter(base_lr=BASE, lr_policy="multistep", gamma=0.3, type="SGD")
     param.stepvalue.extend([2, 5])
     assert policy_arguments("multistep", param)["stepvalue"] == [2, 5]
     net_free = [torch.nn.Parameter(torch.zeros(2))]
@@ -125,6 +124,6 @@ def test_make_lr_policy_reads_the_solver_fields():
     sched = make_lr_policy(param, opt)
     assert type(sched).__name__ == "MultiStepPolicy"
     got = run_rates(opt, sched, 7)
-    np.testing.assert_allclose(got, ref_rates("multistep", 7, {"gamma": 0.3,
-                                                                "stepvalue": [2, 5]}),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        got, ref_rates("multistep", 7, {"gamma": 0.3, "stepvalue": [2, 5]}), rtol=1e-6
+    )

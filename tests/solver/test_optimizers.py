@@ -19,10 +19,14 @@ from torchcaffe.solver.optimizers import CaffeSGD
 
 SHAPES = [(3, 4), (4,)]
 MULTS = [(1.0, 1.0), (2.0, 0.0)]  # (lr_mult, decay_mult) per param, as weights / biases
-RULE_ARGS = {"SGD": {"momentum": 0.9}, "Nesterov": {"momentum": 0.8},
-             "AdaGrad": {"delta": 1e-7}, "RMSProp": {"rms_decay": 0.95, "delta": 1e-6},
-             "AdaDelta": {"momentum": 0.95, "delta": 1e-6},
-             "Adam": {"momentum": 0.9, "momentum2": 0.999, "delta": 1e-8}}
+RULE_ARGS = {
+    "SGD": {"momentum": 0.9},
+    "Nesterov": {"momentum": 0.8},
+    "AdaGrad": {"delta": 1e-7},
+    "RMSProp": {"rms_decay": 0.95, "delta": 1e-6},
+    "AdaDelta": {"momentum": 0.95, "delta": 1e-6},
+    "Adam": {"momentum": 0.9, "momentum2": 0.999, "delta": 1e-8},
+}
 N_HISTORY = {"AdaDelta": 2, "Adam": 2}
 
 
@@ -51,12 +55,11 @@ def ref_rule(rule, g, h, it, lr, a):
         b1, b2, t = a["momentum"], a["momentum2"], it + 1
         h[0] = b1 * h[0] + (1 - b1) * g
         h[1] = b2 * h[1] + (1 - b2) * g * g
-        return lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t) * h[0] / (np.sqrt(h[1]) + a["delta"])
+        return lr * math.sqrt(1 - b2**t) / (1 - b1**t) * h[0] / (np.sqrt(h[1]) + a["delta"])
     raise AssertionError(rule)
 
 
-def ref_apply_update(rule, ws, gs, hs, it, rate, a, *, decay, reg="L2", clip=-1.0,
-                     iter_size=1):
+def ref_apply_update(rule, ws, gs, hs, it, rate, a, *, decay, reg="L2", clip=-1.0, iter_size=1):
     gs = [g.copy() for g in gs]
     if clip >= 0:
         norm = math.sqrt(sum(float((g * g).sum()) for g in gs))
@@ -77,17 +80,26 @@ def run_both(rule, steps=4, *, decay=0.01, reg="L2", clip=-1.0, iter_size=1, rat
     ws = [rng.standard_normal(s) for s in SHAPES]
     a = RULE_ARGS[rule]
     params = [torch.nn.Parameter(torch.tensor(w)) for w in ws]
-    groups = [{"params": [p], "lr_mult": lm, "decay_mult": dm}
-              for p, (lm, dm) in zip(params, MULTS)]
-    opt = OPTIMIZERS[rule](groups, rate, weight_decay=decay, regularization_type=reg,
-                           clip_gradients=clip, iter_size=iter_size, **a)
+    groups = [
+        {"params": [p], "lr_mult": lm, "decay_mult": dm} for p, (lm, dm) in zip(params, MULTS)
+    ]
+    opt = OPTIMIZERS[rule](
+        groups,
+        rate,
+        weight_decay=decay,
+        regularization_type=reg,
+        clip_gradients=clip,
+        iter_size=iter_size,
+        **a,
+    )
     hs = [[np.zeros(s) for _ in range(N_HISTORY.get(rule, 1))] for s in SHAPES]
     for it in range(steps):
         gs = [rng.standard_normal(s) * 3 for s in SHAPES]
         for p, g in zip(params, gs):
             p.grad = torch.tensor(g)
-        ws, updates = ref_apply_update(rule, ws, gs, hs, it, rate, a, decay=decay, reg=reg,
-                                       clip=clip, iter_size=iter_size)
+        ws, updates = ref_apply_update(
+            rule, ws, gs, hs, it, rate, a, decay=decay, reg=reg, clip=clip, iter_size=iter_size
+        )
         opt.step()
         for p, w, u in zip(params, ws, updates):
             np.testing.assert_allclose(p.detach().numpy(), w, rtol=1e-12, atol=1e-12)
@@ -207,11 +219,20 @@ def test_param_groups_follow_caffe_learnable_params(tmp_path):
     net = torchcaffe.load(path, phase="train")
     entries = learnable_params(net)
     # c1 weight (owner of shared_w), c1 bias, bn's 3 statistics, c2 bias; c2's weight is shared
-    assert [(e.layer, e.index) for e in entries] == [("c1", 0), ("c1", 1), ("bn", 0),
-                                                     ("bn", 1), ("bn", 2), ("c2", 1)]
+    assert [(e.layer, e.index) for e in entries] == [
+        ("c1", 0),
+        ("c1", 1),
+        ("bn", 0),
+        ("bn", 1),
+        ("bn", 2),
+        ("c2", 1),
+    ]
     groups = param_groups(net, lr=0.1)
     assert [(g["lr_mult"], g["decay_mult"], len(g["params"])) for g in groups] == [
-        (1.0, 1.0, 1), (2.0, 0.0, 1), (0.0, 1.0, 1)]
+        (1.0, 1.0, 1),
+        (2.0, 0.0, 1),
+        (0.0, 1.0, 1),
+    ]
     assert all(g["lr"] == 0.1 for g in groups)
     param = caffe_pb2.SolverParameter(base_lr=0.1, lr_policy="fixed", type="Adam")
     opt = make_optimizer(param, net)

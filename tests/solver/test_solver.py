@@ -20,33 +20,44 @@ def params(solver):
 
 
 def history(solver):
-    return [h.numpy() for h in solver.optimizer.history_blobs(
-        [e.tensor for e in solver._learnables])]
+    return [
+        h.numpy() for h in solver.optimizer.history_blobs([e.tensor for e in solver._learnables])
+    ]
 
 
 def test_iter_size_accumulates_like_one_larger_batch(setup):
     """Two batches of 2 with iter_size 2 equal one batch of 4 (losses average per batch)."""
     setup.net(2, "half.prototxt")
     big = caffe.get_solver(setup.solver(f"{SGD} max_iter: 4", "big.prototxt"))
-    small = caffe.get_solver(setup.solver(f"{SGD} max_iter: 4 iter_size: 2", "small.prototxt",
-                                          net="half.prototxt"))
+    small = caffe.get_solver(
+        setup.solver(f"{SGD} max_iter: 4 iter_size: 2", "small.prototxt", net="half.prototxt")
+    )
     big.step(4)
     small.step(4)
     for name, blobs in params(big).items():
         for i, want in enumerate(blobs):
-            np.testing.assert_allclose(small.net.params[name][i].data, want, rtol=1e-5,
-                                       atol=1e-6)
+            np.testing.assert_allclose(small.net.params[name][i].data, want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("body,fmt", [
-    ('type: "SGD" base_lr: 0.1 momentum: 0.9 weight_decay: 0.01 lr_policy: "multistep" '
-     "gamma: 0.5 stepvalue: 1 stepvalue: 3", ""),
-    ('type: "Adam" base_lr: 0.01 lr_policy: "step" gamma: 0.5 stepsize: 3', ""),
-    ('type: "AdaDelta" base_lr: 1 lr_policy: "fixed" momentum: 0.9 delta: 1e-6',
-     "snapshot_format: HDF5"),
-    ('type: "Nesterov" base_lr: 0.1 lr_policy: "exp" gamma: 0.9 momentum: 0.9',
-     "snapshot_format: HDF5"),
-])
+@pytest.mark.parametrize(
+    "body,fmt",
+    [
+        (
+            'type: "SGD" base_lr: 0.1 momentum: 0.9 weight_decay: 0.01 lr_policy: "multistep" '
+            "gamma: 0.5 stepvalue: 1 stepvalue: 3",
+            "",
+        ),
+        ('type: "Adam" base_lr: 0.01 lr_policy: "step" gamma: 0.5 stepsize: 3', ""),
+        (
+            'type: "AdaDelta" base_lr: 1 lr_policy: "fixed" momentum: 0.9 delta: 1e-6',
+            "snapshot_format: HDF5",
+        ),
+        (
+            'type: "Nesterov" base_lr: 0.1 lr_policy: "exp" gamma: 0.9 momentum: 0.9',
+            "snapshot_format: HDF5",
+        ),
+    ],
+)
 def test_restore_then_continue_equals_an_uninterrupted_run(setup, body, fmt):
     """4 + 2 iterations through a snapshot give the 6-iteration result bit for bit (8 rows,
     batch 4: the data position after 4 iterations is the start, as after a restore)."""
@@ -74,8 +85,11 @@ def test_snapshot_files_hold_the_state(setup):
     (setup.root / "out").mkdir()
     solver.step(3)
     state = read_solverstate(solver.snapshot())
-    assert (state.iter, state.current_step, state.learned_net) == (3, 0,
-                                                                   "out/run_iter_3.caffemodel")
+    assert (state.iter, state.current_step, state.learned_net) == (
+        3,
+        0,
+        "out/run_iter_3.caffemodel",
+    )
     for got, want in zip(state.history, history(solver)):
         np.testing.assert_array_equal(got, want)
     model = caffe_pb2.NetParameter()
@@ -86,13 +100,17 @@ def test_snapshot_files_hold_the_state(setup):
 
 def test_solve_snapshots_on_schedule_and_after_training(setup):
     name = setup.solver(f"{SGD} max_iter: 5 snapshot: 2 snapshot_prefix: 's'")
-    (setup.root / name).write_text((setup.root / name).read_text().replace(
-        "snapshot_after_train: false", "snapshot_after_train: true"))
+    (setup.root / name).write_text(
+        (setup.root / name)
+        .read_text()
+        .replace("snapshot_after_train: false", "snapshot_after_train: true")
+    )
     solver = caffe.get_solver(name)
     solver.solve()
     assert solver.iter == 5
     assert sorted(p.name for p in setup.root.glob("s_iter_*")) == [
-        f"s_iter_{i}.{ext}" for i in (2, 4, 5) for ext in ("caffemodel", "solverstate")]
+        f"s_iter_{i}.{ext}" for i in (2, 4, 5) for ext in ("caffemodel", "solverstate")
+    ]
 
 
 def test_solve_resumes_from_a_state_file(setup):
@@ -105,8 +123,9 @@ def test_solve_resumes_from_a_state_file(setup):
     resumed = caffe.get_solver(name)
     resumed.solve(state)
     assert resumed.iter == 6
-    np.testing.assert_array_equal(resumed.net.params["ip2"][0].data,
-                                  whole.net.params["ip2"][0].data)
+    np.testing.assert_array_equal(
+        resumed.net.params["ip2"][0].data, whole.net.params["ip2"][0].data
+    )
 
 
 def test_test_nets_run_on_schedule_with_shared_weights(setup):
@@ -126,8 +145,7 @@ def test_test_nets_run_on_schedule_with_shared_weights(setup):
     scores = solver.test_scores[0]
     assert list(scores) == ["accuracy", "loss"]
     test_net = solver.test_nets[0]
-    np.testing.assert_array_equal(test_net.params["ip1"][0].data,
-                                  solver.net.params["ip1"][0].data)
+    np.testing.assert_array_equal(test_net.params["ip1"][0].data, solver.net.params["ip1"][0].data)
     # the mean of the two test batches (rows 0-3, 4-7) with the final weights
     losses = []
     for _ in range(2):
@@ -148,8 +166,7 @@ def test_no_test_at_iteration_zero_without_test_initialization(setup):
 def test_smoothed_loss_averages_the_last_average_loss_iterations(setup):
     solver = caffe.get_solver(setup.solver(f"{SGD} average_loss: 3"))
     losses = []
-    solver.add_callback(lambda: None, lambda: losses.append(float(
-        solver.net.blobs["loss"].data)))
+    solver.add_callback(lambda: None, lambda: losses.append(float(solver.net.blobs["loss"].data)))
     solver.step(5)
     assert solver.smoothed_loss == pytest.approx(np.mean(losses[-3:]), rel=1e-5)
 
@@ -157,8 +174,9 @@ def test_smoothed_loss_averages_the_last_average_loss_iterations(setup):
 def test_callbacks_run_once_per_iteration(setup):
     solver = caffe.get_solver(setup.solver(SGD))
     calls = []
-    solver.add_callback(lambda: calls.append(("start", solver.iter)),
-                        lambda: calls.append(("ready", solver.iter)))
+    solver.add_callback(
+        lambda: calls.append(("start", solver.iter)), lambda: calls.append(("ready", solver.iter))
+    )
     solver.step(2)
     assert calls == [("start", 0), ("ready", 0), ("start", 1), ("ready", 1)]
 
@@ -174,8 +192,12 @@ def test_pycaffe_classes_fix_the_rule_and_get_solver_reads_type(setup):
     name = setup.solver('type: "Adam" base_lr: 0.01 lr_policy: "fixed"')
     assert caffe.SGDSolver(name).type == "SGD"
     assert isinstance(caffe.get_solver(name), caffe.AdamSolver)
-    for cls, rule in [(caffe.NesterovSolver, "Nesterov"), (caffe.AdaGradSolver, "AdaGrad"),
-                      (caffe.RMSPropSolver, "RMSProp"), (caffe.AdaDeltaSolver, "AdaDelta")]:
+    for cls, rule in [
+        (caffe.NesterovSolver, "Nesterov"),
+        (caffe.AdaGradSolver, "AdaGrad"),
+        (caffe.RMSPropSolver, "RMSProp"),
+        (caffe.AdaDeltaSolver, "AdaDelta"),
+    ]:
         solver = cls(name)
         assert solver.type == rule and type(solver.optimizer).caffe_type == rule
 
@@ -198,7 +220,8 @@ def test_inline_net_param_and_separate_test_net(setup):
     (setup.root / "s2.prototxt").write_text(
         'train_net: "train.prototxt" test_net: "train.prototxt" test_iter: 3 '
         'test_interval: 5 base_lr: 0.1 lr_policy: "fixed" '
-        'test_state { stage: "x" }')
+        'test_state { stage: "x" }'
+    )
     solver = caffe.get_solver("s2.prototxt")
     assert len(solver.test_nets) == 1 and list(solver.test_nets[0].module.state.stage) == ["x"]
 
@@ -220,9 +243,14 @@ def test_random_seed_makes_the_initial_weights_repeatable(setup):
 
 
 def test_lr_mult_zero_and_buffers_do_not_move(setup):
-    text = (setup.root / "train.prototxt").read_text().replace(
-        'param { lr_mult: 1 decay_mult: 1 } param { lr_mult: 2 decay_mult: 0 }',
-        'param { lr_mult: 0 } param { lr_mult: 0 }')
+    text = (
+        (setup.root / "train.prototxt")
+        .read_text()
+        .replace(
+            "param { lr_mult: 1 decay_mult: 1 } param { lr_mult: 2 decay_mult: 0 }",
+            "param { lr_mult: 0 } param { lr_mult: 0 }",
+        )
+    )
     (setup.root / "frozen.prototxt").write_text(text)
     solver = caffe.get_solver(setup.solver(SGD, net="frozen.prototxt"))
     before = params(solver)
@@ -252,8 +280,9 @@ def test_gpu_mode_matches_cpu(setup):
     caffe.set_mode_gpu()
     gpu = caffe.get_solver(name)
     gpu.step(4)
-    np.testing.assert_allclose(gpu.net.params["ip1"][0].data, cpu.net.params["ip1"][0].data,
-                               rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(
+        gpu.net.params["ip1"][0].data, cpu.net.params["ip1"][0].data, rtol=1e-4, atol=1e-6
+    )
     state = read_solverstate(gpu.snapshot())
     for got, want in zip(state.history, history(cpu)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
@@ -264,8 +293,10 @@ def test_torch_face_optimizer_trains_like_the_solver(setup):
     total loss, follow the Caffe-face solver's trajectory."""
     from torchcaffe.solver import load_solver_param, make_lr_policy, make_optimizer
 
-    name = setup.solver('type: "SGD" base_lr: 0.1 momentum: 0.9 weight_decay: 0.01 '
-                        'lr_policy: "step" gamma: 0.5 stepsize: 2')
+    name = setup.solver(
+        'type: "SGD" base_lr: 0.1 momentum: 0.9 weight_decay: 0.01 '
+        'lr_policy: "step" gamma: 0.5 stepsize: 2'
+    )
     solver = caffe.get_solver(name)
     solver.net.save("init.caffemodel")
     solver.step(5)
@@ -280,5 +311,6 @@ def test_torch_face_optimizer_trains_like_the_solver(setup):
         sched.step()
     for layer in ("ip1", "ip2"):
         for i, tensor in enumerate(net.layer(layer).param_blobs()):
-            np.testing.assert_allclose(tensor.detach().numpy(),
-                                       solver.net.params[layer][i].data, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(
+                tensor.detach().numpy(), solver.net.params[layer][i].data, rtol=1e-5, atol=1e-6
+            )

@@ -1,6 +1,6 @@
 """Print the supported-layers table (Markdown), generated from the layer registry.
 
-    torchcaffe layers [--out docs/supported_layers.md]
+torchcaffe layers [--out docs/supported_layers.md]
 """
 
 from __future__ import annotations

@@ -39,15 +39,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", type=int, help="CUDA device id (default: the solver's solver_mode)")
     p.add_argument("--level", type=int, default=0, help="train net state level")
     p.add_argument("--stage", default="", help="train net state stages, comma-separated")
-    p.add_argument("--allow-python-layers", action="store_true",
-                   help="run Python layers' code (only for models you trust)")
+    p.add_argument(
+        "--allow-python-layers",
+        action="store_true",
+        help="run Python layers' code (only for models you trust)",
+    )
     p.add_argument("--quiet", action="store_true", help="no per-iteration log lines")
 
 
 def main(args: argparse.Namespace) -> int:
     if args.snapshot and args.weights:
-        raise SolverError("give --snapshot to resume training or --weights to finetune, "
-                          "not both", path=args.solver)
+        raise SolverError(
+            "give --snapshot to resume training or --weights to finetune, not both",
+            path=args.solver,
+        )
     param = read_solver(args.solver)
     param.train_state.level = args.level
     param.train_state.stage.extend(s for s in args.stage.split(",") if s)
@@ -62,8 +67,9 @@ def main(args: argparse.Namespace) -> int:
     solver = cls(param, path=args.solver, allow_python_layers=args.allow_python_layers)
     with _signal_actions(solver), logging_redirect_tqdm(loggers=[log]):
         solver.solve(args.snapshot)
-    print(f"trained {solver.net.name!r} to iteration {solver.iter}, "
-          f"loss {solver.smoothed_loss:.6g}")
+    print(
+        f"trained {solver.net.name!r} to iteration {solver.iter}, loss {solver.smoothed_loss:.6g}"
+    )
     return 0
 
 

@@ -1,6 +1,6 @@
 """Upgrade an old (V0/V1, net-level input) prototxt to the current format, as Caffe's tool.
 
-    torchcaffe upgrade OLD.prototxt NEW.prototxt
+torchcaffe upgrade OLD.prototxt NEW.prototxt
 """
 
 from __future__ import annotations

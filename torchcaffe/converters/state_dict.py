@@ -31,6 +31,9 @@ def state_dict_to_caffemodel(prototxt: PathLike, state_dict: PathLike, out: Path
     try:
         net.load_state_dict(state)
     except RuntimeError as err:
-        raise WeightsError(f"state_dict does not fit the net: {err}", path=os.fspath(state_dict),
-                           expected=f"keys of {os.fspath(prototxt)}") from None
+        raise WeightsError(
+            f"state_dict does not fit the net: {err}",
+            path=os.fspath(state_dict),
+            expected=f"keys of {os.fspath(prototxt)}",
+        ) from None
     save_weights(net, out)

@@ -48,8 +48,7 @@ def atomic_write(path: PathLike, mode: str = "wb", **open_kw: Any) -> Iterator[I
         raise ValueError(f"atomic_write needs a write mode ('w', 'wb', 'w+b'); got {mode!r}")
     target = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(target))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp",
-                               dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=directory)
     try:
         try:
             f = os.fdopen(fd, mode, **open_kw)

@@ -31,8 +31,9 @@ def blob_proto_shape(proto: pb.BlobProto) -> tuple[int, ...]:
     return tuple(int(d) for d in proto.shape.dim)
 
 
-def blob_proto_to_array(proto: pb.BlobProto, *, diff: bool = False,
-                        path: PathLike | None = None) -> np.ndarray:
+def blob_proto_to_array(
+    proto: pb.BlobProto, *, diff: bool = False, path: PathLike | None = None
+) -> np.ndarray:
     """The blob's data (or diff) as an array of its shape.
 
     float32 from ``data``, float64 from ``double_data`` (preferred when present, as Caffe's
@@ -40,22 +41,30 @@ def blob_proto_to_array(proto: pb.BlobProto, *, diff: bool = False,
     """
     shape = blob_proto_shape(proto)
     if any(d < 0 for d in shape):
-        raise DataError("negative blob dimension", path=_name(path), expected=">= 0 per axis",
-                        got=shape)
-    doubles, floats = (proto.double_diff, proto.diff) if diff else (proto.double_data,
-                                                                    proto.data)
-    values = (np.asarray(doubles, dtype=np.float64) if len(doubles)
-              else np.asarray(floats, dtype=np.float32))
+        raise DataError(
+            "negative blob dimension", path=_name(path), expected=">= 0 per axis", got=shape
+        )
+    doubles, floats = (proto.double_diff, proto.diff) if diff else (proto.double_data, proto.data)
+    values = (
+        np.asarray(doubles, dtype=np.float64)
+        if len(doubles)
+        else np.asarray(floats, dtype=np.float32)
+    )
     count = int(np.prod(shape, dtype=np.int64))
     if values.size != count:
         field = ("double_" if len(doubles) else "") + ("diff" if diff else "data")
-        raise DataError(f"blob proto {field} size does not match its shape {list(shape)}",
-                        path=_name(path), expected=f"{count} values", got=values.size)
+        raise DataError(
+            f"blob proto {field} size does not match its shape {list(shape)}",
+            path=_name(path),
+            expected=f"{count} values",
+            got=values.size,
+        )
     return values.reshape(shape)
 
 
-def array_to_blob_proto(arr: np.ndarray, diff: np.ndarray | None = None, *,
-                        legacy_4d: bool = False) -> pb.BlobProto:
+def array_to_blob_proto(
+    arr: np.ndarray, diff: np.ndarray | None = None, *, legacy_4d: bool = False
+) -> pb.BlobProto:
     """A ``BlobProto`` holding ``arr`` (and ``diff``), as Caffe's Blob::ToProto writes one.
 
     float64 arrays go to ``double_data``/``double_diff``, anything else to float32 ``data``.
@@ -66,13 +75,17 @@ def array_to_blob_proto(arr: np.ndarray, diff: np.ndarray | None = None, *,
     if diff is not None:
         diff = np.asarray(diff)
         if diff.shape != arr.shape:
-            raise DataError("diff shape differs from data shape", expected=arr.shape,
-                            got=diff.shape)
+            raise DataError(
+                "diff shape differs from data shape", expected=arr.shape, got=diff.shape
+            )
     proto = pb.BlobProto()
     if legacy_4d:
         if arr.ndim > 4:
-            raise DataError("the legacy num/channels/height/width shape holds at most 4 axes",
-                            expected="<= 4 axes", got=arr.shape)
+            raise DataError(
+                "the legacy num/channels/height/width shape holds at most 4 axes",
+                expected="<= 4 axes",
+                got=arr.shape,
+            )
         proto.num, proto.channels, proto.height, proto.width = (1,) * (4 - arr.ndim) + arr.shape
     else:
         proto.shape.dim.extend(int(d) for d in arr.shape)
@@ -94,6 +107,7 @@ def _name(path: PathLike | None) -> str | None:
 
 
 # -- files ------------------------------------------------------------------------------------
+
 
 def read_blob_proto(path: PathLike) -> pb.BlobProto:
     """A binary ``BlobProto`` file (e.g. mean.binaryproto)."""
@@ -117,13 +131,15 @@ def read_blob_proto_vector(path: PathLike) -> pb.BlobProtoVector:
     return read_binary_proto(path, pb.BlobProtoVector)
 
 
-def write_blob_proto_vector(blobs: pb.BlobProtoVector | Iterable[pb.BlobProto | np.ndarray],
-                            path: PathLike) -> None:
+def write_blob_proto_vector(
+    blobs: pb.BlobProtoVector | Iterable[pb.BlobProto | np.ndarray], path: PathLike
+) -> None:
     """Write a ``BlobProtoVector`` (or one built from protos/arrays), atomically."""
     if not isinstance(blobs, pb.BlobProtoVector):
         vector = pb.BlobProtoVector()
         for blob in blobs:
-            vector.blobs.append(blob if isinstance(blob, pb.BlobProto)
-                                else array_to_blob_proto(blob))
+            vector.blobs.append(
+                blob if isinstance(blob, pb.BlobProto) else array_to_blob_proto(blob)
+            )
         blobs = vector
     write_binary(blobs, path)

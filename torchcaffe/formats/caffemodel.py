@@ -28,8 +28,10 @@ if TYPE_CHECKING:
     from ..net.net import TorchNet
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
-RENAME_HINT = ("To learn this layer's parameters from scratch rather than copying from a "
-               "saved net, rename the layer")
+RENAME_HINT = (
+    "To learn this layer's parameters from scratch rather than copying from a "
+    "saved net, rename the layer"
+)
 
 
 @dataclass
@@ -86,8 +88,9 @@ def _records(buf: memoryview, path: str) -> Iterator[LayerRecord]:
             elif number == 2:  # NetParameter.layers (V1LayerParameter, possibly holding V0)
                 yield _v1_layer(buf, start, end)
     except wire.WireError as err:
-        raise WeightsError(f"not a valid binary caffemodel (NetParameter): {err}",
-                           path=path) from None
+        raise WeightsError(
+            f"not a valid binary caffemodel (NetParameter): {err}", path=path
+        ) from None
 
 
 def _string(buf: memoryview, start: int, end: int) -> str:
@@ -142,8 +145,10 @@ def _v1_type_name(value: int) -> str:
 def _floats(buf: memoryview, chunks: list, dtype: str) -> np.ndarray | None:
     if not chunks:
         return None
-    parts = [np.frombuffer(buf, dtype=dtype, count=(e - s) // np.dtype(dtype).itemsize,
-                           offset=s) for s, e in chunks]
+    parts = [
+        np.frombuffer(buf, dtype=dtype, count=(e - s) // np.dtype(dtype).itemsize, offset=s)
+        for s, e in chunks
+    ]
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
@@ -201,9 +206,16 @@ def read_hdf5_weights(path: str | os.PathLike) -> Iterator[LayerRecord]:
                 raise WeightsError("HDF5 weights file has no 'data' group", path=path)
             for name, group in f["data"].items():
                 count = 1 + max((int(k) for k in group if k.isdigit()), default=-1)
-                blobs = [BlobRecord(tuple(group[str(i)].shape), False,
-                                    np.asarray(group[str(i)], dtype=np.float32).reshape(-1))
-                         if str(i) in group else None for i in range(count)]
+                blobs = [
+                    BlobRecord(
+                        tuple(group[str(i)].shape),
+                        False,
+                        np.asarray(group[str(i)], dtype=np.float32).reshape(-1),
+                    )
+                    if str(i) in group
+                    else None
+                    for i in range(count)
+                ]
                 yield LayerRecord(name, "", blobs, partial=True)
 
     return records()
@@ -220,8 +232,9 @@ def _fits(target: Sequence[int], record: BlobRecord) -> bool:
 
 
 @torch.no_grad()
-def copy_trained_layers(net: TorchNet, records: Iterator[LayerRecord], path: str | None = None
-                        ) -> list[str]:
+def copy_trained_layers(
+    net: TorchNet, records: Iterator[LayerRecord], path: str | None = None
+) -> list[str]:
     """Copy blobs into ``net`` by layer name; returns the names of the layers filled."""
     filled = []
     names = set(net.layer_names)
@@ -234,30 +247,50 @@ def copy_trained_layers(net: TorchNet, records: Iterator[LayerRecord], path: str
             continue
         step = net.step(record.name)
         targets = net.layers[step.key].param_blobs()
-        count_ok = (len(record.blobs) <= len(targets) if record.partial
-                    else len(record.blobs) == len(targets))
+        count_ok = (
+            len(record.blobs) <= len(targets)
+            if record.partial
+            else len(record.blobs) == len(targets)
+        )
         if not count_ok:
-            raise WeightsError("incompatible number of blobs", path=path, layer=record.name,
-                               layer_type=step.type, expected=len(targets),
-                               got=len(record.blobs))
+            raise WeightsError(
+                "incompatible number of blobs",
+                path=path,
+                layer=record.name,
+                layer_type=step.type,
+                expected=len(targets),
+                got=len(record.blobs),
+            )
         for j, target in enumerate(targets):
             blob = record.blobs[j] if j < len(record.blobs) else None
             if blob is None:
                 if first_user[id(target)] != (record.name, j):
                     continue  # weight-shared: the owner's dataset fills it
-                raise WeightsError(f"param {j} is missing from the weights file",
-                                   path=path, layer=record.name, layer_type=step.type)
+                raise WeightsError(
+                    f"param {j} is missing from the weights file",
+                    path=path,
+                    layer=record.name,
+                    layer_type=step.type,
+                )
             if not _fits(target.shape, blob):
                 raise WeightsError(
-                    f"cannot copy param {j} weights; shape mismatch", path=path,
-                    layer=record.name, layer_type=step.type,
+                    f"cannot copy param {j} weights; shape mismatch",
+                    path=path,
+                    layer=record.name,
+                    layer_type=step.type,
                     expected=f"target param shape {tuple(target.shape)}",
-                    got=f"source param shape {blob.shape}", hint=RENAME_HINT)
+                    got=f"source param shape {blob.shape}",
+                    hint=RENAME_HINT,
+                )
             if blob.data.size != target.numel():
-                raise WeightsError(f"param {j} holds {blob.data.size} values for a blob of "
-                                   f"shape {blob.shape}", path=path, layer=record.name,
-                                   layer_type=step.type, expected=target.numel(),
-                                   got=blob.data.size)
+                raise WeightsError(
+                    f"param {j} holds {blob.data.size} values for a blob of shape {blob.shape}",
+                    path=path,
+                    layer=record.name,
+                    layer_type=step.type,
+                    expected=target.numel(),
+                    got=blob.data.size,
+                )
             _assign(target, blob.data)
         filled.append(record.name)
     return filled

@@ -28,13 +28,13 @@ PathLike = str | os.PathLike
 M = TypeVar("M", bound=Message)
 
 TEXT_SUFFIXES = frozenset({".prototxt", ".pbtxt", ".txt", ".prototext"})
-BINARY_SUFFIXES = frozenset({".caffemodel", ".binaryproto", ".pb", ".protobin",
-                             ".solverstate"})
+BINARY_SUFFIXES = frozenset({".caffemodel", ".binaryproto", ".pb", ".protobin", ".solverstate"})
 _TEXT_NAME = "<text>"  # names in-memory text in error messages
 _LOCATION_PREFIX = re.compile(r"^\d+:\d+ : ")
 
 
 # -- low level: any message -----------------------------------------------------------------
+
 
 def read_bytes(path: PathLike) -> bytes:
     """The file's bytes; a missing or unreadable file raises ``PrototxtError`` naming it."""
@@ -56,8 +56,7 @@ def _decode(data: bytes) -> str:
     return data.decode("utf-8", errors="surrogateescape")
 
 
-def parse_text_proto(text: str | bytes, message_type: type[M], path: PathLike | None = None
-                     ) -> M:
+def parse_text_proto(text: str | bytes, message_type: type[M], path: PathLike | None = None) -> M:
     """Parse protobuf text format into a new ``message_type``; errors carry line and column."""
     name = _TEXT_NAME if path is None else os.fspath(path)
     if isinstance(text, bytes):
@@ -67,16 +66,20 @@ def parse_text_proto(text: str | bytes, message_type: type[M], path: PathLike | 
         text_format.Parse(text, msg)
     except text_format.ParseError as e:
         what = _LOCATION_PREFIX.sub("", str(e))
-        raise PrototxtError(f"cannot parse as {message_type.DESCRIPTOR.name}: {what}",
-                            path=name, line=e.GetLine(), column=e.GetColumn()) from None
+        raise PrototxtError(
+            f"cannot parse as {message_type.DESCRIPTOR.name}: {what}",
+            path=name,
+            line=e.GetLine(),
+            column=e.GetColumn(),
+        ) from None
     except (UnicodeError, ValueError) as e:
-        raise PrototxtError(f"cannot parse as {message_type.DESCRIPTOR.name}: {e}",
-                            path=name) from None
+        raise PrototxtError(
+            f"cannot parse as {message_type.DESCRIPTOR.name}: {e}", path=name
+        ) from None
     return msg
 
 
-def parse_binary_proto(data: bytes, message_type: type[M], path: PathLike | None = None
-                       ) -> M:
+def parse_binary_proto(data: bytes, message_type: type[M], path: PathLike | None = None) -> M:
     """Parse protobuf wire format into a new ``message_type``."""
     name = "<bytes>" if path is None else os.fspath(path)
     msg = message_type()
@@ -84,8 +87,9 @@ def parse_binary_proto(data: bytes, message_type: type[M], path: PathLike | None
         msg.ParseFromString(data)
     except (DecodeError, ValueError, RuntimeError) as e:
         raise PrototxtError(
-            f"not a valid binary {message_type.DESCRIPTOR.name} ({e})", path=name,
-            hint="the file may be truncated, or be a text prototxt with a binary extension"
+            f"not a valid binary {message_type.DESCRIPTOR.name} ({e})",
+            path=name,
+            hint="the file may be truncated, or be a text prototxt with a binary extension",
         ) from None
     return msg
 
@@ -115,6 +119,7 @@ def write_binary(msg: Message, path: PathLike) -> None:
 
 
 # -- nets -------------------------------------------------------------------------------------
+
 
 def parse_net_text(text: str | bytes, path: PathLike | None = None) -> pb.NetParameter:
     """A ``NetParameter`` from prototxt text, as written (not upgraded)."""
@@ -186,6 +191,7 @@ def _parse_net_auto(data: bytes, path: str) -> pb.NetParameter:
 
 
 # -- solvers ----------------------------------------------------------------------------------
+
 
 def read_solver(path: PathLike, *, upgrade: bool = True) -> pb.SolverParameter:
     """Caffe's ReadSolverParamsFromTextFileOrDie: solver_type upgrade and snapshot_prefix."""

@@ -37,8 +37,14 @@ class UpgradeWarning(UserWarning):
     """Part of a legacy definition that Caffe's upgrade drops while "continuing anyway"."""
 
 
-def _warn(what: str, *, path: str | None = None, layer: str | None = None,
-          layer_type: str | None = None, hint: str | None = None) -> None:
+def _warn(
+    what: str,
+    *,
+    path: str | None = None,
+    layer: str | None = None,
+    layer_type: str | None = None,
+    hint: str | None = None,
+) -> None:
     msg = TorchCaffeError(what, path=path, layer=layer, layer_type=layer_type, hint=hint)
     warnings.warn(str(msg), UpgradeWarning, stacklevel=3)
 
@@ -55,15 +61,20 @@ def _fspath(path: PathLike | None) -> str | None:
 
 # -- the driver ---------------------------------------------------------------------------
 
+
 def net_needs_upgrade(net: pb.NetParameter) -> bool:
     """Caffe's NetNeedsUpgrade, plus our fork-dialect step."""
-    return (net_needs_v0_to_v1_upgrade(net) or net_needs_v1_to_v2_upgrade(net)
-            or net_needs_data_upgrade(net) or net_needs_input_upgrade(net)
-            or net_needs_batch_norm_upgrade(net) or net_needs_fork_dialect_upgrade(net))
+    return (
+        net_needs_v0_to_v1_upgrade(net)
+        or net_needs_v1_to_v2_upgrade(net)
+        or net_needs_data_upgrade(net)
+        or net_needs_input_upgrade(net)
+        or net_needs_batch_norm_upgrade(net)
+        or net_needs_fork_dialect_upgrade(net)
+    )
 
 
-def upgrade_net_as_needed(net: pb.NetParameter, path: PathLike | None = None
-                          ) -> pb.NetParameter:
+def upgrade_net_as_needed(net: pb.NetParameter, path: PathLike | None = None) -> pb.NetParameter:
     """Caffe's UpgradeNetAsNeeded: V0 -> data transform -> V1 -> input -> BatchNorm, then forks.
 
     Returns a new V2 ``NetParameter``; ``path`` only names the file in messages.
@@ -85,13 +96,16 @@ def upgrade_net_as_needed(net: pb.NetParameter, path: PathLike | None = None
 def _refuse_mixed(net: pb.NetParameter, path: str | None) -> None:
     if len(net.layer) and len(net.layers):
         raise PrototxtError(
-            "refusing to upgrade a net that has both 'layer' and 'layers' fields", path=path,
+            "refusing to upgrade a net that has both 'layer' and 'layers' fields",
+            path=path,
             expected="only 'layer { type: \"Convolution\" ... }' (current format)",
             got=f"{len(net.layer)} 'layer' and {len(net.layers)} legacy 'layers'",
-            hint="rewrite the legacy 'layers' entries in the 'layer' format")
+            hint="rewrite the legacy 'layers' entries in the 'layer' format",
+        )
 
 
 # -- V0 -> V1 -----------------------------------------------------------------------------
+
 
 def net_needs_v0_to_v1_upgrade(net: pb.NetParameter) -> bool:
     """True when any legacy ``layers`` entry still wraps a V0 ``layer { ... }`` block."""
@@ -126,8 +140,9 @@ def upgrade_v0_net(net: pb.NetParameter, path: PathLike | None = None) -> pb.Net
     return out
 
 
-def upgrade_v0_padding_layers(net: pb.NetParameter, path: PathLike | None = None
-                              ) -> pb.NetParameter:
+def upgrade_v0_padding_layers(
+    net: pb.NetParameter, path: PathLike | None = None
+) -> pb.NetParameter:
     """Caffe's UpgradeV0PaddingLayers: a V0 "padding" layer becomes its consumer's ``pad``.
 
     The consumer must be a single-bottom conv or pool layer and the padding layer must have one
@@ -144,9 +159,13 @@ def upgrade_v0_padding_layers(net: pb.NetParameter, path: PathLike | None = None
         for j, blob in enumerate(conn.bottom):
             if blob not in last_top:
                 raise BlobWiringError(
-                    f"unknown bottom blob {blob!r} (bottom {j})", path=path, layer=v0.name,
-                    layer_type=v0.type, expected="a net input or a top of an earlier layer",
-                    got=blob)
+                    f"unknown bottom blob {blob!r} (bottom {j})",
+                    path=path,
+                    layer=v0.name,
+                    layer_type=v0.type,
+                    expected="a net input or a top of an earlier layer",
+                    got=blob,
+                )
             src_index = last_top[blob]
             if src_index == -1 or net.layers[src_index].layer.type != "padding":
                 continue
@@ -159,29 +178,48 @@ def upgrade_v0_padding_layers(net: pb.NetParameter, path: PathLike | None = None
     return out
 
 
-def _check_padding_fold(conn: pb.V1LayerParameter, source: pb.V1LayerParameter,
-                        path: str | None) -> None:
+def _check_padding_fold(
+    conn: pb.V1LayerParameter, source: pb.V1LayerParameter, path: str | None
+) -> None:
     v0, pad = conn.layer, source.layer
     if v0.type not in ("conv", "pool"):
         raise LayerParamError(
             f"takes the output of padding layer '{pad.name}', which Caffe can only fold into "
-            "a conv or pool layer", path=path, layer=v0.name, layer_type=v0.type,
-            expected="type 'conv' or 'pool'", got=repr(v0.type))
+            "a conv or pool layer",
+            path=path,
+            layer=v0.name,
+            layer_type=v0.type,
+            expected="type 'conv' or 'pool'",
+            got=repr(v0.type),
+        )
     if len(conn.bottom) != 1:
         raise BlobWiringError(
             f"takes the output of padding layer '{pad.name}' among several bottoms",
-            path=path, layer=v0.name, layer_type=v0.type, expected="1 bottom",
-            got=len(conn.bottom))
+            path=path,
+            layer=v0.name,
+            layer_type=v0.type,
+            expected="1 bottom",
+            got=len(conn.bottom),
+        )
     for role, blobs in (("bottom", source.bottom), ("top", source.top)):
         if len(blobs) != 1:
             raise BlobWiringError(
-                f"a padding layer must have exactly one {role}", path=path, layer=pad.name,
-                layer_type="padding", expected=f"1 {role}", got=len(blobs))
+                f"a padding layer must have exactly one {role}",
+                path=path,
+                layer=pad.name,
+                layer_type="padding",
+                expected=f"1 {role}",
+                got=len(blobs),
+            )
 
 
 _CONV, _IP, _POOL = "convolution_param", "inner_product_param", "pooling_param"
-_DATA, _HDF5, _IMAGES, _WINDOW = ("data_param", "hdf5_data_param", "image_data_param",
-                                  "window_data_param")
+_DATA, _HDF5, _IMAGES, _WINDOW = (
+    "data_param",
+    "hdf5_data_param",
+    "image_data_param",
+    "window_data_param",
+)
 _ANY = "*"  # applies whatever the layer type
 
 # V0 field -> {V0 layer type: (V1 param message, field in it)}, in Caffe's order.
@@ -189,8 +227,7 @@ _ANY = "*"  # applies whatever the layer type
 V0_FIELD_MAP: tuple[tuple[str, dict[str, tuple[str, str | None]]], ...] = (
     ("num_output", {"conv": (_CONV, "num_output"), "innerproduct": (_IP, "num_output")}),
     ("biasterm", {"conv": (_CONV, "bias_term"), "innerproduct": (_IP, "bias_term")}),
-    ("weight_filler", {"conv": (_CONV, "weight_filler"),
-                       "innerproduct": (_IP, "weight_filler")}),
+    ("weight_filler", {"conv": (_CONV, "weight_filler"), "innerproduct": (_IP, "weight_filler")}),
     ("bias_filler", {"conv": (_CONV, "bias_filler"), "innerproduct": (_IP, "bias_filler")}),
     ("pad", {"conv": (_CONV, "pad"), "pool": (_POOL, "pad")}),
     ("kernelsize", {"conv": (_CONV, "kernel_size"), "pool": (_POOL, "kernel_size")}),
@@ -202,13 +239,27 @@ V0_FIELD_MAP: tuple[tuple[str, dict[str, tuple[str, str | None]]], ...] = (
     ("alpha", {"lrn": ("lrn_param", "alpha")}),
     ("beta", {"lrn": ("lrn_param", "beta")}),
     ("k", {"lrn": ("lrn_param", "k")}),
-    ("source", {"data": (_DATA, "source"), "hdf5_data": (_HDF5, "source"),
-                "images": (_IMAGES, "source"), "window_data": (_WINDOW, "source"),
-                "infogain_loss": ("infogain_loss_param", "source")}),
+    (
+        "source",
+        {
+            "data": (_DATA, "source"),
+            "hdf5_data": (_HDF5, "source"),
+            "images": (_IMAGES, "source"),
+            "window_data": (_WINDOW, "source"),
+            "infogain_loss": ("infogain_loss_param", "source"),
+        },
+    ),
     ("scale", {_ANY: ("transform_param", "scale")}),
     ("meanfile", {_ANY: ("transform_param", "mean_file")}),
-    ("batchsize", {"data": (_DATA, "batch_size"), "hdf5_data": (_HDF5, "batch_size"),
-                   "images": (_IMAGES, "batch_size"), "window_data": (_WINDOW, "batch_size")}),
+    (
+        "batchsize",
+        {
+            "data": (_DATA, "batch_size"),
+            "hdf5_data": (_HDF5, "batch_size"),
+            "images": (_IMAGES, "batch_size"),
+            "window_data": (_WINDOW, "batch_size"),
+        },
+    ),
     ("cropsize", {_ANY: ("transform_param", "crop_size")}),
     ("mirror", {_ANY: ("transform_param", "mirror")}),
     ("rand_skip", {"data": (_DATA, "rand_skip"), "images": (_IMAGES, "rand_skip")}),
@@ -226,39 +277,58 @@ V0_FIELD_MAP: tuple[tuple[str, dict[str, tuple[str, str | None]]], ...] = (
 
 # V0 type string -> V1 enum name (Caffe's UpgradeV0LayerType).
 V0_LAYER_TYPES: dict[str, str] = {
-    "accuracy": "ACCURACY", "bnll": "BNLL", "concat": "CONCAT", "conv": "CONVOLUTION",
-    "data": "DATA", "dropout": "DROPOUT", "euclidean_loss": "EUCLIDEAN_LOSS",
-    "flatten": "FLATTEN", "hdf5_data": "HDF5_DATA", "hdf5_output": "HDF5_OUTPUT",
-    "im2col": "IM2COL", "images": "IMAGE_DATA", "infogain_loss": "INFOGAIN_LOSS",
-    "innerproduct": "INNER_PRODUCT", "lrn": "LRN",
-    "multinomial_logistic_loss": "MULTINOMIAL_LOGISTIC_LOSS", "pool": "POOLING",
-    "relu": "RELU", "sigmoid": "SIGMOID", "softmax": "SOFTMAX", "softmax_loss": "SOFTMAX_LOSS",
-    "split": "SPLIT", "tanh": "TANH", "window_data": "WINDOW_DATA",
+    "accuracy": "ACCURACY",
+    "bnll": "BNLL",
+    "concat": "CONCAT",
+    "conv": "CONVOLUTION",
+    "data": "DATA",
+    "dropout": "DROPOUT",
+    "euclidean_loss": "EUCLIDEAN_LOSS",
+    "flatten": "FLATTEN",
+    "hdf5_data": "HDF5_DATA",
+    "hdf5_output": "HDF5_OUTPUT",
+    "im2col": "IM2COL",
+    "images": "IMAGE_DATA",
+    "infogain_loss": "INFOGAIN_LOSS",
+    "innerproduct": "INNER_PRODUCT",
+    "lrn": "LRN",
+    "multinomial_logistic_loss": "MULTINOMIAL_LOGISTIC_LOSS",
+    "pool": "POOLING",
+    "relu": "RELU",
+    "sigmoid": "SIGMOID",
+    "softmax": "SOFTMAX",
+    "softmax_loss": "SOFTMAX_LOSS",
+    "split": "SPLIT",
+    "tanh": "TANH",
+    "window_data": "WINDOW_DATA",
 }
 
 
-def upgrade_v0_layer_type(type_name: str, *, layer: str | None = None,
-                          path: PathLike | None = None) -> int:
+def upgrade_v0_layer_type(
+    type_name: str, *, layer: str | None = None, path: PathLike | None = None
+) -> int:
     """Caffe's UpgradeV0LayerType: V0 type string -> V1 ``LayerType`` enum value."""
     if type_name not in V0_LAYER_TYPES:
         close = difflib.get_close_matches(type_name, list(V0_LAYER_TYPES), n=3)
-        hint = (f"did you mean {', '.join(repr(c) for c in close)}?" if close else
-                f"V0 layer types are {', '.join(sorted(V0_LAYER_TYPES))}")
-        raise UnknownLayerTypeError(type_name, close, path=_fspath(path), layer=layer,
-                                    hint=hint)
+        hint = (
+            f"did you mean {', '.join(repr(c) for c in close)}?"
+            if close
+            else f"V0 layer types are {', '.join(sorted(V0_LAYER_TYPES))}"
+        )
+        raise UnknownLayerTypeError(type_name, close, path=_fspath(path), layer=layer, hint=hint)
     return V1Type.Value(V0_LAYER_TYPES[type_name])
 
 
-def upgrade_v0_layer_parameter(conn: pb.V1LayerParameter, path: PathLike | None = None
-                               ) -> pb.V1LayerParameter:
+def upgrade_v0_layer_parameter(
+    conn: pb.V1LayerParameter, path: PathLike | None = None
+) -> pb.V1LayerParameter:
     """Caffe's UpgradeV0LayerParameter: flattened V0 fields -> V1 typed param messages."""
     out = pb.V1LayerParameter()
     _v0_layer_into(conn, out, _fspath(path))
     return out
 
 
-def _v0_layer_into(conn: pb.V1LayerParameter, dst: pb.V1LayerParameter,
-                   path: str | None) -> None:
+def _v0_layer_into(conn: pb.V1LayerParameter, dst: pb.V1LayerParameter, path: str | None) -> None:
     dst.bottom.extend(conn.bottom)
     dst.top.extend(conn.top)
     if not conn.HasField("layer"):
@@ -277,14 +347,18 @@ def _v0_layer_into(conn: pb.V1LayerParameter, dst: pb.V1LayerParameter,
             continue
         target = targets.get(type_name, targets.get(_ANY))
         if target is None:
-            _warn(f"V0 parameter '{field}' does not apply to this layer type; dropped, as "
-                  "Caffe drops it", path=path, layer=v0.name, layer_type=type_name)
+            _warn(
+                f"V0 parameter '{field}' does not apply to this layer type; dropped, as "
+                "Caffe drops it",
+                path=path,
+                layer=v0.name,
+                layer_type=type_name,
+            )
             continue
         param, name = target
         value = getattr(v0, field)
         if field == "pool":
-            value = pb.PoolingParameter.PoolMethod.Value(
-                pb.V0LayerParameter.PoolMethod.Name(value))
+            value = pb.PoolingParameter.PoolMethod.Value(pb.V0LayerParameter.PoolMethod.Name(value))
         _assign(getattr(dst, param), name, value)
 
 
@@ -312,7 +386,8 @@ def net_needs_data_upgrade(net: pb.NetParameter) -> bool:
     for layer in net.layers:
         for enum_name, param in _TRANSFORM_OWNERS:
             if layer.type == V1Type.Value(enum_name) and any(
-                    getattr(layer, param).HasField(f) for f in _TRANSFORM_FIELDS):
+                getattr(layer, param).HasField(f) for f in _TRANSFORM_FIELDS
+            ):
                 return True
     return False
 
@@ -338,6 +413,7 @@ def _transform_params_in_place(net: pb.NetParameter) -> None:
 
 # -- V1 -> V2 -----------------------------------------------------------------------------
 
+
 def net_needs_v1_to_v2_upgrade(net: pb.NetParameter) -> bool:
     """True when the net has any legacy ``layers`` entry."""
     return len(net.layers) > 0
@@ -345,36 +421,88 @@ def net_needs_v1_to_v2_upgrade(net: pb.NetParameter) -> bool:
 
 # Typed param messages UpgradeV1LayerParameter copies whole, in Caffe's order.
 V1_PARAM_FIELDS: tuple[str, ...] = (
-    "accuracy_param", "argmax_param", "concat_param", "contrastive_loss_param",
-    "convolution_param", "data_param", "dropout_param", "dummy_data_param", "eltwise_param",
-    "exp_param", "hdf5_data_param", "hdf5_output_param", "hinge_loss_param",
-    "image_data_param", "infogain_loss_param", "inner_product_param", "lrn_param",
-    "memory_data_param", "mvn_param", "pooling_param", "power_param", "relu_param",
-    "sigmoid_param", "softmax_param", "slice_param", "tanh_param", "threshold_param",
-    "window_data_param", "transform_param", "loss_param",
+    "accuracy_param",
+    "argmax_param",
+    "concat_param",
+    "contrastive_loss_param",
+    "convolution_param",
+    "data_param",
+    "dropout_param",
+    "dummy_data_param",
+    "eltwise_param",
+    "exp_param",
+    "hdf5_data_param",
+    "hdf5_output_param",
+    "hinge_loss_param",
+    "image_data_param",
+    "infogain_loss_param",
+    "inner_product_param",
+    "lrn_param",
+    "memory_data_param",
+    "mvn_param",
+    "pooling_param",
+    "power_param",
+    "relu_param",
+    "sigmoid_param",
+    "softmax_param",
+    "slice_param",
+    "tanh_param",
+    "threshold_param",
+    "window_data_param",
+    "transform_param",
+    "loss_param",
 )
 # Fork fields of V1LayerParameter (brocolli's BN in V1 nets): carried over where the V2
 # message has the same field, so a fork's V1 net keeps its settings.
 V1_FORK_PARAM_FIELDS: tuple[str, ...] = tuple(
-    name for name in ("bn_param", "batch_norm_param")
+    name
+    for name in ("bn_param", "batch_norm_param")
     if name in pb.V1LayerParameter.DESCRIPTOR.fields_by_name
-    and name in pb.LayerParameter.DESCRIPTOR.fields_by_name)
+    and name in pb.LayerParameter.DESCRIPTOR.fields_by_name
+)
 
 # V1 enum name -> V2 type string (Caffe's UpgradeV1LayerType).
 V1_LAYER_TYPES: dict[str, str] = {
-    "NONE": "", "ABSVAL": "AbsVal", "ACCURACY": "Accuracy", "ARGMAX": "ArgMax",
-    "BNLL": "BNLL", "CONCAT": "Concat", "CONTRASTIVE_LOSS": "ContrastiveLoss",
-    "CONVOLUTION": "Convolution", "DECONVOLUTION": "Deconvolution", "DATA": "Data",
-    "DROPOUT": "Dropout", "DUMMY_DATA": "DummyData", "EUCLIDEAN_LOSS": "EuclideanLoss",
-    "ELTWISE": "Eltwise", "EXP": "Exp", "FLATTEN": "Flatten", "HDF5_DATA": "HDF5Data",
-    "HDF5_OUTPUT": "HDF5Output", "HINGE_LOSS": "HingeLoss", "IM2COL": "Im2col",
-    "IMAGE_DATA": "ImageData", "INFOGAIN_LOSS": "InfogainLoss",
-    "INNER_PRODUCT": "InnerProduct", "LRN": "LRN", "MEMORY_DATA": "MemoryData",
-    "MULTINOMIAL_LOGISTIC_LOSS": "MultinomialLogisticLoss", "MVN": "MVN",
-    "POOLING": "Pooling", "POWER": "Power", "RELU": "ReLU", "SIGMOID": "Sigmoid",
-    "SIGMOID_CROSS_ENTROPY_LOSS": "SigmoidCrossEntropyLoss", "SILENCE": "Silence",
-    "SOFTMAX": "Softmax", "SOFTMAX_LOSS": "SoftmaxWithLoss", "SPLIT": "Split",
-    "SLICE": "Slice", "TANH": "TanH", "WINDOW_DATA": "WindowData", "THRESHOLD": "Threshold",
+    "NONE": "",
+    "ABSVAL": "AbsVal",
+    "ACCURACY": "Accuracy",
+    "ARGMAX": "ArgMax",
+    "BNLL": "BNLL",
+    "CONCAT": "Concat",
+    "CONTRASTIVE_LOSS": "ContrastiveLoss",
+    "CONVOLUTION": "Convolution",
+    "DECONVOLUTION": "Deconvolution",
+    "DATA": "Data",
+    "DROPOUT": "Dropout",
+    "DUMMY_DATA": "DummyData",
+    "EUCLIDEAN_LOSS": "EuclideanLoss",
+    "ELTWISE": "Eltwise",
+    "EXP": "Exp",
+    "FLATTEN": "Flatten",
+    "HDF5_DATA": "HDF5Data",
+    "HDF5_OUTPUT": "HDF5Output",
+    "HINGE_LOSS": "HingeLoss",
+    "IM2COL": "Im2col",
+    "IMAGE_DATA": "ImageData",
+    "INFOGAIN_LOSS": "InfogainLoss",
+    "INNER_PRODUCT": "InnerProduct",
+    "LRN": "LRN",
+    "MEMORY_DATA": "MemoryData",
+    "MULTINOMIAL_LOGISTIC_LOSS": "MultinomialLogisticLoss",
+    "MVN": "MVN",
+    "POOLING": "Pooling",
+    "POWER": "Power",
+    "RELU": "ReLU",
+    "SIGMOID": "Sigmoid",
+    "SIGMOID_CROSS_ENTROPY_LOSS": "SigmoidCrossEntropyLoss",
+    "SILENCE": "Silence",
+    "SOFTMAX": "Softmax",
+    "SOFTMAX_LOSS": "SoftmaxWithLoss",
+    "SPLIT": "Split",
+    "SLICE": "Slice",
+    "TANH": "TanH",
+    "WINDOW_DATA": "WindowData",
+    "THRESHOLD": "Threshold",
 }
 
 
@@ -392,19 +520,24 @@ def upgrade_v1_net(net: pb.NetParameter, path: PathLike | None = None) -> pb.Net
     return out
 
 
-def upgrade_v1_layer_type(v1_type: int, *, layer: str | None = None,
-                          path: PathLike | None = None) -> str:
+def upgrade_v1_layer_type(
+    v1_type: int, *, layer: str | None = None, path: PathLike | None = None
+) -> str:
     """Caffe's UpgradeV1LayerType: V1 enum value -> V2 type string (NONE -> "")."""
     name = V1Type.Name(v1_type) if v1_type in V1Type.values() else None
     if name not in V1_LAYER_TYPES:
         raise UnknownLayerTypeError(
-            f"V1 enum {name or v1_type}", path=_fspath(path), layer=layer,
-            hint=f"V1 layer types are {', '.join(sorted(V1_LAYER_TYPES))}")
+            f"V1 enum {name or v1_type}",
+            path=_fspath(path),
+            layer=layer,
+            hint=f"V1 layer types are {', '.join(sorted(V1_LAYER_TYPES))}",
+        )
     return V1_LAYER_TYPES[name]
 
 
-def upgrade_v1_layer_parameter(v1: pb.V1LayerParameter, path: PathLike | None = None
-                               ) -> pb.LayerParameter:
+def upgrade_v1_layer_parameter(
+    v1: pb.V1LayerParameter, path: PathLike | None = None
+) -> pb.LayerParameter:
     """Caffe's UpgradeV1LayerParameter: enum type -> string, blobs_lr etc. -> ParamSpec."""
     out = pb.LayerParameter()
     _v1_layer_into(v1, out, _fspath(path))
@@ -431,7 +564,8 @@ def _v1_layer_into(v1: pb.V1LayerParameter, dst: pb.LayerParameter, path: str | 
         spec(i).name = name
     for i, mode in enumerate(v1.blob_share_mode):
         spec(i).share_mode = pb.ParamSpec.DimCheckMode.Value(
-            pb.V1LayerParameter.DimCheckMode.Name(mode))
+            pb.V1LayerParameter.DimCheckMode.Name(mode)
+        )
     for i, lr in enumerate(v1.blobs_lr):
         spec(i).lr_mult = lr
     for i, decay in enumerate(v1.weight_decay):
@@ -441,11 +575,16 @@ def _v1_layer_into(v1: pb.V1LayerParameter, dst: pb.LayerParameter, path: str | 
         if v1.HasField(field):
             getattr(dst, field).CopyFrom(getattr(v1, field))
     if v1.HasField("layer"):
-        _warn("the legacy layer also holds a V0 'layer { ... }' block; ignored, as Caffe "
-              "ignores it", path=path, layer=v1.name, layer_type=dst.type or None)
+        _warn(
+            "the legacy layer also holds a V0 'layer { ... }' block; ignored, as Caffe ignores it",
+            path=path,
+            layer=v1.name,
+            layer_type=dst.type or None,
+        )
 
 
 # -- legacy input fields --------------------------------------------------------------------
+
 
 def net_needs_input_upgrade(net: pb.NetParameter) -> bool:
     """True when the net declares inputs with the legacy ``input`` field."""
@@ -469,14 +608,22 @@ def _net_input_in_place(net: pb.NetParameter, path: str | None) -> None:
         n = len(net.input)
         if has_shape and len(net.input_shape) < n:
             raise LayerParamError(
-                "each legacy input needs its own input_shape", path=path, layer="input",
-                layer_type="Input", expected=f"{n} input_shape (one per input)",
-                got=len(net.input_shape))
+                "each legacy input needs its own input_shape",
+                path=path,
+                layer="input",
+                layer_type="Input",
+                expected=f"{n} input_shape (one per input)",
+                got=len(net.input_shape),
+            )
         if not has_shape and len(net.input_dim) < 4 * n:
             raise LayerParamError(
                 "each legacy input needs 4 input_dim values (num, channels, height, width)",
-                path=path, layer="input", layer_type="Input",
-                expected=f"{4 * n} input_dim for {n} input(s)", got=len(net.input_dim))
+                path=path,
+                layer="input",
+                layer_type="Input",
+                expected=f"{4 * n} input_dim for {n} input(s)",
+                got=len(net.input_dim),
+            )
         layer = pb.LayerParameter(name="input", type="Input")
         for i, blob in enumerate(net.input):
             layer.top.append(blob)
@@ -484,13 +631,14 @@ def _net_input_in_place(net: pb.NetParameter, path: str | None) -> None:
             if has_shape:
                 shape.CopyFrom(net.input_shape[i])
             else:
-                shape.dim.extend(net.input_dim[4 * i:4 * i + 4])
+                shape.dim.extend(net.input_dim[4 * i : 4 * i + 4])
         net.layer.insert(0, layer)
     for field in ("input", "input_shape", "input_dim"):
         net.ClearField(field)
 
 
 # -- BatchNorm with three param specs -------------------------------------------------------
+
 
 def net_needs_batch_norm_upgrade(net: pb.NetParameter) -> bool:
     """True when a BatchNorm layer declares 3 ParamSpecs (the old way to freeze its stats)."""
@@ -514,15 +662,17 @@ def _batch_norm_in_place(net: pb.NetParameter) -> None:
 
 # -- fork dialects (ours) -------------------------------------------------------------------
 
+
 def net_needs_fork_dialect_upgrade(net: pb.NetParameter) -> bool:
     """True when a layer uses a fork field that has a BVLC equivalent (``ceil_mode``)."""
     return any(
-        layer.pooling_param.HasField("ceil_mode") for layer in net.layer
-        if layer.HasField("pooling_param"))
+        layer.pooling_param.HasField("ceil_mode")
+        for layer in net.layer
+        if layer.HasField("pooling_param")
+    )
 
 
-def upgrade_fork_dialects(net: pb.NetParameter, path: PathLike | None = None
-                          ) -> pb.NetParameter:
+def upgrade_fork_dialects(net: pb.NetParameter, path: PathLike | None = None) -> pb.NetParameter:
     """Map fork fields onto their BVLC equivalents: Pooling ``ceil_mode`` -> ``round_mode``.
 
     ``ceil_mode: true`` is CEIL and ``false`` FLOOR; a layer setting both fields with
@@ -545,11 +695,15 @@ def _fork_dialects_in_place(net: pb.NetParameter, path: str | None) -> None:
         if pool.HasField("round_mode") and pool.round_mode != wanted:
             raise LayerParamError(
                 "pooling_param sets both the fork field ceil_mode and round_mode, and they "
-                "disagree", path=path, layer=layer.name, layer_type=layer.type,
+                "disagree",
+                path=path,
+                layer=layer.name,
+                layer_type=layer.type,
                 expected=f"round_mode: {modes.Name(wanted)} for ceil_mode: "
-                         f"{str(pool.ceil_mode).lower()}",
+                f"{str(pool.ceil_mode).lower()}",
                 got=f"round_mode: {modes.Name(pool.round_mode)}",
-                hint="keep only one of the two fields")
+                hint="keep only one of the two fields",
+            )
         pool.round_mode = wanted
         pool.ClearField("ceil_mode")
 
@@ -557,8 +711,12 @@ def _fork_dialects_in_place(net: pb.NetParameter, path: str | None) -> None:
 # -- solver ---------------------------------------------------------------------------------
 
 SOLVER_TYPES: dict[str, str] = {
-    "SGD": "SGD", "NESTEROV": "Nesterov", "ADAGRAD": "AdaGrad", "RMSPROP": "RMSProp",
-    "ADADELTA": "AdaDelta", "ADAM": "Adam",
+    "SGD": "SGD",
+    "NESTEROV": "Nesterov",
+    "ADAGRAD": "AdaGrad",
+    "RMSPROP": "RMSProp",
+    "ADADELTA": "AdaDelta",
+    "ADAM": "Adam",
 }
 
 
@@ -567,8 +725,9 @@ def solver_needs_type_upgrade(solver: pb.SolverParameter) -> bool:
     return solver.HasField("solver_type")
 
 
-def upgrade_solver_type(solver: pb.SolverParameter, path: PathLike | None = None
-                        ) -> pb.SolverParameter:
+def upgrade_solver_type(
+    solver: pb.SolverParameter, path: PathLike | None = None
+) -> pb.SolverParameter:
     """Caffe's UpgradeSolverType: ``solver_type: ADAM`` -> ``type: "Adam"``.
 
     Setting both fields is an error, as in Caffe.
@@ -577,33 +736,38 @@ def upgrade_solver_type(solver: pb.SolverParameter, path: PathLike | None = None
     old = pb.SolverParameter.SolverType
     if solver.HasField("solver_type") and solver.HasField("type"):
         raise SolverError(
-            "both the deprecated 'solver_type' (enum) and 'type' (string) are set", path=path,
+            "both the deprecated 'solver_type' (enum) and 'type' (string) are set",
+            path=path,
             expected="only one of them",
             got=f"solver_type: {old.Name(solver.solver_type)} and type: {solver.type!r}",
-            hint="delete the solver_type line")
+            hint="delete the solver_type line",
+        )
     out = _copy(solver)
     if not solver.HasField("solver_type"):
         _warn("solver type already up to date; nothing to upgrade", path=path)
         return out
     name = old.Name(solver.solver_type)
     if name not in SOLVER_TYPES:
-        raise SolverError("unknown solver_type", path=path,
-                          expected=" or ".join(SOLVER_TYPES), got=name)
+        raise SolverError(
+            "unknown solver_type", path=path, expected=" or ".join(SOLVER_TYPES), got=name
+        )
     out.type = SOLVER_TYPES[name]
     out.ClearField("solver_type")
     return out
 
 
-def upgrade_solver_as_needed(solver: pb.SolverParameter, path: PathLike | None = None
-                             ) -> pb.SolverParameter:
+def upgrade_solver_as_needed(
+    solver: pb.SolverParameter, path: PathLike | None = None
+) -> pb.SolverParameter:
     """Caffe's UpgradeSolverAsNeeded (today: only the solver_type upgrade)."""
     if solver_needs_type_upgrade(solver):
         return upgrade_solver_type(solver, path)
     return _copy(solver)
 
 
-def upgrade_snapshot_prefix_property(solver: pb.SolverParameter, param_file: PathLike
-                                     ) -> pb.SolverParameter:
+def upgrade_snapshot_prefix_property(
+    solver: pb.SolverParameter, param_file: PathLike
+) -> pb.SolverParameter:
     """Caffe's UpgradeSnapshotPrefixProperty.
 
     No snapshot_prefix: the solver file's path without its extension. A prefix naming an

@@ -33,8 +33,9 @@ def read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
             raise WireError("varint too long")
 
 
-def iter_fields(buf: memoryview, start: int = 0, end: int | None = None
-                ) -> Iterator[tuple[int, int, int, int, int]]:
+def iter_fields(
+    buf: memoryview, start: int = 0, end: int | None = None
+) -> Iterator[tuple[int, int, int, int, int]]:
     """Yield (field_number, wire_type, value_or_start, value_end, field_start) per field.
 
     For VARINT the third item is the value; for LEN/I32/I64 it is the payload's start offset
@@ -54,8 +55,10 @@ def iter_fields(buf: memoryview, start: int = 0, end: int | None = None
         elif wire == LEN:
             length, pos = read_varint(buf, pos)
             if pos + length > end:
-                raise WireError(f"length-delimited field {number} runs past the end "
-                                f"(offset {field_start}, length {length})")
+                raise WireError(
+                    f"length-delimited field {number} runs past the end "
+                    f"(offset {field_start}, length {length})"
+                )
             yield number, wire, pos, pos + length, field_start
             pos += length
         elif wire == I32:
@@ -69,8 +72,9 @@ def iter_fields(buf: memoryview, start: int = 0, end: int | None = None
             yield number, wire, pos, pos + 8, field_start
             pos += 8
         else:
-            raise WireError(f"unsupported wire type {wire} for field {number} "
-                            f"at offset {field_start}")
+            raise WireError(
+                f"unsupported wire type {wire} for field {number} at offset {field_start}"
+            )
     if pos != end:
         raise WireError("message overruns its declared length")
 

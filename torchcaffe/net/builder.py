@@ -50,9 +50,13 @@ def module_key(name: str, taken: set[str]) -> str:
     return key
 
 
-def build_net(net: caffe_pb2.NetParameter, state: caffe_pb2.NetState, *,
-              path: str | None = None,
-              input_shapes: Mapping[str, Sequence[int]] | None = None) -> BuiltNet:
+def build_net(
+    net: caffe_pb2.NetParameter,
+    state: caffe_pb2.NetState,
+    *,
+    path: str | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+) -> BuiltNet:
     filtered = filter_net(net, state, path)
     if input_shapes:
         filtered = feed_data_layers(filtered, input_shapes)
@@ -61,8 +65,13 @@ def build_net(net: caffe_pb2.NetParameter, state: caffe_pb2.NetState, *,
 
 
 class _Builder:
-    def __init__(self, param: caffe_pb2.NetParameter, state: caffe_pb2.NetState,
-                 path: str | None, input_shapes: dict[str, Sequence[int]]) -> None:
+    def __init__(
+        self,
+        param: caffe_pb2.NetParameter,
+        state: caffe_pb2.NetState,
+        path: str | None,
+        input_shapes: dict[str, Sequence[int]],
+    ) -> None:
         self.param = param
         self.state = state
         self.path = path
@@ -96,12 +105,21 @@ class _Builder:
             self._force_backward(rows)
         out = self.out
         for row in rows:
-            out.steps.append(LayerStep(
-                index=row["index"], name=row["lp"].name, type=row["lp"].type, key=row["key"],
-                bottoms=tuple(row["lp"].bottom), tops=tuple(row["lp"].top),
-                loss_weights=tuple(row["loss"]), propagate_down=tuple(row["pd"]),
-                need_backward=row["need"], bottom_need_backward=tuple(row["bnb"]),
-                param_need_backward=tuple(row["pnb"])))
+            out.steps.append(
+                LayerStep(
+                    index=row["index"],
+                    name=row["lp"].name,
+                    type=row["lp"].type,
+                    key=row["key"],
+                    bottoms=tuple(row["lp"].bottom),
+                    tops=tuple(row["lp"].top),
+                    loss_weights=tuple(row["loss"]),
+                    propagate_down=tuple(row["pd"]),
+                    need_backward=row["need"],
+                    bottom_need_backward=tuple(row["bnb"]),
+                    param_need_backward=tuple(row["pnb"]),
+                )
+            )
         out.output_names = sorted(self.available)  # Caffe iterates a std::set<string>
         return out
 
@@ -129,9 +147,14 @@ class _Builder:
 
     def _add_layer(self, index: int, lp: caffe_pb2.LayerParameter) -> dict:
         if lp.propagate_down and len(lp.propagate_down) != len(lp.bottom):
-            raise self.fail(LayerParamError(
-                "propagate_down must be given either 0 times or once per bottom",
-                expected=len(lp.bottom), got=len(lp.propagate_down)), lp)
+            raise self.fail(
+                LayerParamError(
+                    "propagate_down must be given either 0 times or once per bottom",
+                    expected=len(lp.bottom),
+                    got=len(lp.propagate_down),
+                ),
+                lp,
+            )
         try:
             cls = layer_class(lp.type)
         except TorchCaffeError as err:
@@ -144,13 +167,20 @@ class _Builder:
         for j, blob in enumerate(lp.bottom):
             if blob not in self.available:
                 if blob in self.out.blob_shapes:
-                    what = (f"bottom blob '{blob}' (bottom index {j}) was already consumed "
-                            f"by an earlier layer")
+                    what = (
+                        f"bottom blob '{blob}' (bottom index {j}) was already consumed "
+                        f"by an earlier layer"
+                    )
                 else:
                     what = f"unknown bottom blob '{blob}' (bottom index {j})"
-                raise self.fail(BlobWiringError(
-                    what, hint="no earlier layer produces it as a top; check the name and "
-                    "the layer order (and include/exclude rules for this phase)"), lp)
+                raise self.fail(
+                    BlobWiringError(
+                        what,
+                        hint="no earlier layer produces it as a top; check the name and "
+                        "the layer order (and include/exclude rules for this phase)",
+                    ),
+                    lp,
+                )
             self.available.remove(blob)
             bottom_shapes.append(self.out.blob_shapes[blob])
             nb = self.blob_need_backward[blob]
@@ -161,10 +191,14 @@ class _Builder:
         for j, blob in enumerate(lp.top):
             in_place = j < len(lp.bottom) and lp.bottom[j] == blob
             if not in_place and blob in self.out.blob_shapes:
-                raise self.fail(BlobWiringError(
-                    f"top blob '{blob}' produced by multiple sources",
-                    hint="give the top a new name, or make the layer in-place by naming its "
-                    "bottom of the same index"), lp)
+                raise self.fail(
+                    BlobWiringError(
+                        f"top blob '{blob}' produced by multiple sources",
+                        hint="give the top a new name, or make the layer in-place by naming its "
+                        "bottom of the same index",
+                    ),
+                    lp,
+                )
         if lp.type == "Input":
             self._apply_input_shapes(lp)
         try:
@@ -173,11 +207,21 @@ class _Builder:
         except TorchCaffeError as err:
             raise self.fail(err, lp) from None
         except (RuntimeError, ValueError, IndexError) as err:
-            raise self.fail(LayerParamError(
-                f"cannot set up the layer for bottom shapes {bottom_shapes}: {err}"), lp) from err
+            raise self.fail(
+                LayerParamError(
+                    f"cannot set up the layer for bottom shapes {bottom_shapes}: {err}"
+                ),
+                lp,
+            ) from err
         if len(top_shapes) != len(lp.top):
-            raise self.fail(BlobWiringError("layer produced a different number of tops",
-                                            expected=len(lp.top), got=len(top_shapes)), lp)
+            raise self.fail(
+                BlobWiringError(
+                    "layer produced a different number of tops",
+                    expected=len(lp.top),
+                    got=len(top_shapes),
+                ),
+                lp,
+            )
         key = module_key(lp.name, self.keys)
         self.out.modules[key] = module
         self.modules_by_index.append(module)
@@ -196,9 +240,17 @@ class _Builder:
         if need_backward:
             for blob in lp.top:
                 self.blob_need_backward[blob] = True
-        return {"index": index, "lp": lp, "key": key, "module": module, "loss": loss,
-                "pd": [bool(p) for p in lp.propagate_down] or [True] * len(lp.bottom),
-                "need": need_backward, "bnb": bnb, "pnb": pnb}
+        return {
+            "index": index,
+            "lp": lp,
+            "key": key,
+            "module": module,
+            "loss": loss,
+            "pd": [bool(p) for p in lp.propagate_down] or [True] * len(lp.bottom),
+            "need": need_backward,
+            "bnb": bnb,
+            "pnb": pnb,
+        }
 
     def _apply_input_shapes(self, lp: caffe_pb2.LayerParameter) -> None:
         shapes = lp.input_param.shape
@@ -215,18 +267,27 @@ class _Builder:
 
     def _loss_weights(self, module: CaffeLayer, lp: caffe_pb2.LayerParameter) -> list[float]:
         if lp.loss_weight and len(lp.loss_weight) != len(lp.top):
-            raise self.fail(LayerParamError(
-                "loss_weight must be unspecified or given once per top blob",
-                expected=len(lp.top), got=len(lp.loss_weight)), lp)
+            raise self.fail(
+                LayerParamError(
+                    "loss_weight must be unspecified or given once per top blob",
+                    expected=len(lp.top),
+                    got=len(lp.loss_weight),
+                ),
+                lp,
+            )
         return module.default_loss_weights()
 
-    def _params(self, index: int, lp: caffe_pb2.LayerParameter, module: CaffeLayer
-                ) -> list[bool]:
+    def _params(self, index: int, lp: caffe_pb2.LayerParameter, module: CaffeLayer) -> list[bool]:
         blobs = module.param_blobs()
         if len(lp.param) > len(blobs):
-            raise self.fail(LayerParamError("too many param specs for this layer",
-                                            expected=f"<= {len(blobs)}",
-                                            got=len(lp.param)), lp)
+            raise self.fail(
+                LayerParamError(
+                    "too many param specs for this layer",
+                    expected=f"<= {len(blobs)}",
+                    got=len(lp.param),
+                ),
+                lp,
+            )
         pnb = []
         for i in range(len(blobs)):
             spec = lp.param[i] if i < len(lp.param) else caffe_pb2.ParamSpec()
@@ -234,16 +295,21 @@ class _Builder:
             self._append_param(index, lp, module, i, spec)
         return pnb
 
-    def _append_param(self, index: int, lp: caffe_pb2.LayerParameter, module: CaffeLayer,
-                      i: int, spec: caffe_pb2.ParamSpec) -> None:
+    def _append_param(
+        self,
+        index: int,
+        lp: caffe_pb2.LayerParameter,
+        module: CaffeLayer,
+        i: int,
+        spec: caffe_pb2.ParamSpec,
+    ) -> None:
         name = spec.name
         display = name or str(i)
         if not name or name not in self.param_owner:
             if name:
                 self.param_owner[name] = (index, i)
             self.learnable[(index, i)] = len(self.out.params)
-            self.out.params.append(ParamInfo(lp.name, i, display, spec.lr_mult,
-                                             spec.decay_mult))
+            self.out.params.append(ParamInfo(lp.name, i, display, spec.lr_mult, spec.decay_mult))
             self.lr_set.append(spec.HasField("lr_mult"))
             self.decay_set.append(spec.HasField("decay_mult"))
             return
@@ -253,30 +319,53 @@ class _Builder:
         this_blob = module.param_blobs()[i]
         owner_name = self.param.layer[owner_index].name
         if tuple(owner_blob.shape) != tuple(this_blob.shape):
-            if spec.share_mode == caffe_pb2.ParamSpec.PERMISSIVE and \
-                    owner_blob.numel() == this_blob.numel():
-                raise self.fail(UnsupportedError(
-                    f"sharing param '{name}' owned by layer '{owner_name}' across different "
-                    f"shapes (PERMISSIVE share_mode) is not supported",
-                    expected=tuple(owner_blob.shape), got=tuple(this_blob.shape)), lp)
-            raise self.fail(LayerParamError(
-                f"cannot share param '{name}' owned by layer '{owner_name}'; shape mismatch",
-                expected=tuple(owner_blob.shape), got=tuple(this_blob.shape)), lp)
+            if (
+                spec.share_mode == caffe_pb2.ParamSpec.PERMISSIVE
+                and owner_blob.numel() == this_blob.numel()
+            ):
+                raise self.fail(
+                    UnsupportedError(
+                        f"sharing param '{name}' owned by layer '{owner_name}' across different "
+                        f"shapes (PERMISSIVE share_mode) is not supported",
+                        expected=tuple(owner_blob.shape),
+                        got=tuple(this_blob.shape),
+                    ),
+                    lp,
+                )
+            raise self.fail(
+                LayerParamError(
+                    f"cannot share param '{name}' owned by layer '{owner_name}'; shape mismatch",
+                    expected=tuple(owner_blob.shape),
+                    got=tuple(this_blob.shape),
+                ),
+                lp,
+            )
         module.set_param_blob(i, owner_blob)
         slot = self.learnable[(owner_index, owner_i)]
         self.learnable[(index, i)] = slot
         info = self.out.params[slot]
         if spec.HasField("lr_mult"):
             if self.lr_set[slot] and spec.lr_mult != info.lr_mult:
-                raise self.fail(LayerParamError(f"shared param '{name}' has mismatched lr_mult",
-                                                expected=info.lr_mult, got=spec.lr_mult), lp)
+                raise self.fail(
+                    LayerParamError(
+                        f"shared param '{name}' has mismatched lr_mult",
+                        expected=info.lr_mult,
+                        got=spec.lr_mult,
+                    ),
+                    lp,
+                )
             self.lr_set[slot] = True
             info = _replace(info, lr_mult=spec.lr_mult)
         if spec.HasField("decay_mult"):
             if self.decay_set[slot] and spec.decay_mult != info.decay_mult:
-                raise self.fail(LayerParamError(
-                    f"shared param '{name}' has mismatched decay_mult",
-                    expected=info.decay_mult, got=spec.decay_mult), lp)
+                raise self.fail(
+                    LayerParamError(
+                        f"shared param '{name}' has mismatched decay_mult",
+                        expected=info.decay_mult,
+                        got=spec.decay_mult,
+                    ),
+                    lp,
+                )
             self.decay_set[slot] = True
             info = _replace(info, decay_mult=spec.decay_mult)
         self.out.params[slot] = info
@@ -315,8 +404,7 @@ class _Builder:
             row["need"] = True
             for j, blob in enumerate(row["lp"].bottom):
                 row["bnb"][j] = row["bnb"][j] or module.allow_force_backward(j)
-                self.blob_need_backward[blob] = (self.blob_need_backward[blob]
-                                                 or row["bnb"][j])
+                self.blob_need_backward[blob] = self.blob_need_backward[blob] or row["bnb"][j]
             row["pnb"] = [True] * len(row["pnb"])
 
 
@@ -326,8 +414,7 @@ def _replace(info: ParamInfo, **kw) -> ParamInfo:
     return replace(info, **kw)
 
 
-def set_requires_grad(modules: Mapping[str, torch.nn.Module], steps: Sequence[LayerStep]
-                      ) -> None:
+def set_requires_grad(modules: Mapping[str, torch.nn.Module], steps: Sequence[LayerStep]) -> None:
     """Params require grad exactly where Caffe computes their diff (param_propagate_down)."""
     flags: dict[int, bool] = {}
     for step in steps:

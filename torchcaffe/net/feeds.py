@@ -14,13 +14,22 @@ from collections.abc import Mapping, Sequence
 from ..proto import caffe_pb2
 
 # Caffe types whose tops come from a file or database rather than from bottoms.
-SOURCE_LAYER_TYPES = frozenset({
-    "Data", "ImageData", "HDF5Data", "AnnotatedData", "WindowData", "MemoryData", "VideoData",
-})
+SOURCE_LAYER_TYPES = frozenset(
+    {
+        "Data",
+        "ImageData",
+        "HDF5Data",
+        "AnnotatedData",
+        "WindowData",
+        "MemoryData",
+        "VideoData",
+    }
+)
 
 
-def feed_data_layers(net: caffe_pb2.NetParameter, shapes: Mapping[str, Sequence[int]]
-                     ) -> caffe_pb2.NetParameter:
+def feed_data_layers(
+    net: caffe_pb2.NetParameter, shapes: Mapping[str, Sequence[int]]
+) -> caffe_pb2.NetParameter:
     """A copy of ``net`` where every source layer whose tops all have ``shapes`` is an Input."""
     out = caffe_pb2.NetParameter()
     out.CopyFrom(net)
@@ -45,5 +54,7 @@ def feed_hint(lp: caffe_pb2.LayerParameter) -> str | None:
     if lp.type not in SOURCE_LAYER_TYPES:
         return None
     tops = ", ".join(f"'{t}': (N, ...)" for t in lp.top)
-    return (f"{lp.type} layers do not read databases in this version; feed tensors instead: "
-            f"torchcaffe.load(..., input_shapes={{{tops}}}) turns this layer into an Input")
+    return (
+        f"{lp.type} layers do not read databases in this version; feed tensors instead: "
+        f"torchcaffe.load(..., input_shapes={{{tops}}}) turns this layer into an Input"
+    )

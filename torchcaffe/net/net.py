@@ -27,17 +27,25 @@ PathLike = str | os.PathLike
 class TorchNet(nn.Module):
     """A Caffe net compiled to torch modules; see ``torchcaffe.load``."""
 
-    def __init__(self, net_param: caffe_pb2.NetParameter, phase: int | str | None = None, *,
-                 level: int | None = None, stages: Iterable[str] | None = None,
-                 path: PathLike | None = None,
-                 input_shapes: Mapping[str, Sequence[int]] | None = None) -> None:
+    def __init__(
+        self,
+        net_param: caffe_pb2.NetParameter,
+        phase: int | str | None = None,
+        *,
+        level: int | None = None,
+        stages: Iterable[str] | None = None,
+        path: PathLike | None = None,
+        input_shapes: Mapping[str, Sequence[int]] | None = None,
+    ) -> None:
         super().__init__()
         state = caffe_pb2.NetState()
         state.CopyFrom(net_param.state)
         if phase is not None or level is not None or stages is not None:
-            state = make_state(state.phase if phase is None else phase,
-                               state.level if level is None else level,
-                               list(state.stage) if stages is None else stages)
+            state = make_state(
+                state.phase if phase is None else phase,
+                state.level if level is None else level,
+                list(state.stage) if stages is None else stages,
+            )
         self.path = None if path is None else os.fspath(path)
         self.net_param = net_param
         self.state = state
@@ -76,9 +84,11 @@ class TorchNet(nn.Module):
             import difflib
 
             close = difflib.get_close_matches(name, list(self._step_by_name), n=3)
-            raise LayerParamError(f"no layer named {name!r} in net '{self.name}'",
-                                  path=self.path,
-                                  hint=f"close matches: {close}" if close else None) from None
+            raise LayerParamError(
+                f"no layer named {name!r} in net '{self.name}'",
+                path=self.path,
+                hint=f"close matches: {close}" if close else None,
+            ) from None
 
     def loss_weights(self) -> dict[str, float]:
         """Blob -> loss weight, for every top with a nonzero weight."""
@@ -91,32 +101,43 @@ class TorchNet(nn.Module):
 
     def total_loss(self, blobs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Caffe's objective: sum over weighted tops of weight * sum(top)."""
-        terms = [w * blobs[name].sum() for name, w in self.loss_weights().items()
-                 if name in blobs]
+        terms = [w * blobs[name].sum() for name, w in self.loss_weights().items() if name in blobs]
         if not terms:
-            raise LayerParamError("this net has no loss (no top with a loss weight)",
-                                  path=self.path)
+            raise LayerParamError(
+                "this net has no loss (no top with a loss weight)", path=self.path
+            )
         return torch.stack(terms).sum()
 
     # -- running -----------------------------------------------------------------------------
-    def bind_inputs(self, args: Sequence[torch.Tensor], kwargs: Mapping[str, torch.Tensor]
-                    ) -> dict[str, torch.Tensor]:
+    def bind_inputs(
+        self, args: Sequence[torch.Tensor], kwargs: Mapping[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
         if len(args) > len(self.input_names):
-            raise BlobWiringError("too many positional inputs", path=self.path,
-                                  expected=f"at most {len(self.input_names)} "
-                                  f"({', '.join(self.input_names)})", got=len(args))
+            raise BlobWiringError(
+                "too many positional inputs",
+                path=self.path,
+                expected=f"at most {len(self.input_names)} ({', '.join(self.input_names)})",
+                got=len(args),
+            )
         blobs = dict(zip(self.input_names, args))
         for name, value in kwargs.items():
             if name not in self.blob_shapes:
-                raise BlobWiringError(f"unknown input blob {name!r}", path=self.path,
-                                      expected=f"one of {self.input_names}", got=name)
+                raise BlobWiringError(
+                    f"unknown input blob {name!r}",
+                    path=self.path,
+                    expected=f"one of {self.input_names}",
+                    got=name,
+                )
             if name in blobs:
                 raise BlobWiringError(f"input {name!r} given twice", path=self.path)
             blobs[name] = value
         missing = [n for n in self.input_names if n not in blobs]
         if missing:
-            raise BlobWiringError(f"missing input blob(s) {missing}", path=self.path,
-                                  hint=f"call the net with {', '.join(self.input_names)}")
+            raise BlobWiringError(
+                f"missing input blob(s) {missing}",
+                path=self.path,
+                hint=f"call the net with {', '.join(self.input_names)}",
+            )
         self._check_input_shapes(blobs)
         return blobs
 
@@ -133,8 +154,7 @@ class TorchNet(nn.Module):
 
         Raises a located error when a layer cannot take the new shapes.
         """
-        shapes: dict[str, Shape] = {n: tuple(int(d) for d in s)
-                                    for n, s in input_shapes.items()}
+        shapes: dict[str, Shape] = {n: tuple(int(d) for d in s) for n, s in input_shapes.items()}
         for step in self.steps:
             if step.is_input:
                 continue
@@ -144,27 +164,34 @@ class TorchNet(nn.Module):
             except TorchCaffeError as err:
                 raise err.located(path=self.path, layer=step.name, layer_type=step.type) from None
             except (RuntimeError, ValueError, IndexError) as err:
-                raise LayerParamError(f"cannot reshape for bottom shapes {bottoms}: {err}",
-                                      path=self.path, layer=step.name,
-                                      layer_type=step.type) from None
+                raise LayerParamError(
+                    f"cannot reshape for bottom shapes {bottoms}: {err}",
+                    path=self.path,
+                    layer=step.name,
+                    layer_type=step.type,
+                ) from None
             shapes.update(zip(step.tops, tops))
         return shapes
 
-    def run_step(self, step: LayerStep, bottoms: Sequence[torch.Tensor]
-                 ) -> tuple[torch.Tensor, ...]:
+    def run_step(
+        self, step: LayerStep, bottoms: Sequence[torch.Tensor]
+    ) -> tuple[torch.Tensor, ...]:
         """One layer's forward; always returns a tuple of tops."""
         out = self.layers[step.key](*bottoms)
         return out if isinstance(out, tuple) else (out,)
 
-    def run(self, blobs: dict[str, torch.Tensor], start: int = 0, end: int | None = None
-            ) -> dict[str, torch.Tensor]:
+    def run(
+        self, blobs: dict[str, torch.Tensor], start: int = 0, end: int | None = None
+    ) -> dict[str, torch.Tensor]:
         """Run steps ``start..end`` (inclusive) over ``blobs`` in place; returns ``blobs``."""
         end = len(self.steps) - 1 if end is None else end
-        for step in self.steps[start:end + 1]:
+        for step in self.steps[start : end + 1]:
             if step.is_input:
                 continue
-            bottoms = [blobs[b] if keep else blobs[b].detach()
-                       for b, keep in zip(step.bottoms, step.propagate_down)]
+            bottoms = [
+                blobs[b] if keep else blobs[b].detach()
+                for b, keep in zip(step.bottoms, step.propagate_down)
+            ]
             blobs.update(zip(step.tops, self.run_step(step, bottoms)))
         return blobs
 
@@ -173,11 +200,14 @@ class TorchNet(nn.Module):
         blobs = self.run(self.bind_inputs(args, inputs))
         return {name: blobs[name] for name in self.output_names}
 
-    def forward_all_blobs(self, *args: torch.Tensor, **inputs: torch.Tensor
-                          ) -> dict[str, torch.Tensor]:
+    def forward_all_blobs(
+        self, *args: torch.Tensor, **inputs: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
         """Like ``forward`` but returns every blob (in-place blobs hold their last value)."""
         return self.run(self.bind_inputs(args, inputs))
 
     def extra_repr(self) -> str:
-        return (f"name={self.name!r}, phase={caffe_pb2.Phase.Name(self.phase)}, "
-                f"inputs={self.input_names}, outputs={self.output_names}")
+        return (
+            f"name={self.name!r}, phase={caffe_pb2.Phase.Name(self.phase)}, "
+            f"inputs={self.input_names}, outputs={self.output_names}"
+        )

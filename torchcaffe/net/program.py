@@ -30,8 +30,9 @@ class LayerStep:
     @property
     def in_place(self) -> tuple[bool, ...]:
         """Per top: does it overwrite the bottom of the same index (Caffe's in-place)?"""
-        return tuple(j < len(self.bottoms) and self.bottoms[j] == t
-                     for j, t in enumerate(self.tops))
+        return tuple(
+            j < len(self.bottoms) and self.bottoms[j] == t for j, t in enumerate(self.tops)
+        )
 
 
 @dataclass(frozen=True)

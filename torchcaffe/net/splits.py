@@ -21,8 +21,7 @@ def split_blob_name(layer_name: str, blob_name: str, blob_idx: int, split_idx: i
     return f"{blob_name}_{layer_name}_{blob_idx}_split_{split_idx}"
 
 
-def insert_splits(net: caffe_pb2.NetParameter, path: str | None = None
-                  ) -> caffe_pb2.NetParameter:
+def insert_splits(net: caffe_pb2.NetParameter, path: str | None = None) -> caffe_pb2.NetParameter:
     """A copy of ``net`` with Split layers inserted where Caffe inserts them."""
     last_top: dict[str, tuple[int, int]] = {}
     source_of: dict[tuple[int, int], tuple[int, int]] = {}
@@ -32,9 +31,12 @@ def insert_splits(net: caffe_pb2.NetParameter, path: str | None = None
         for j, blob in enumerate(layer.bottom):
             if blob not in last_top:
                 raise BlobWiringError(
-                    f"unknown bottom blob '{blob}' (bottom index {j})", path=path,
-                    layer=layer.name, layer_type=layer.type,
-                    hint="no earlier layer produces it; check the spelling and layer order")
+                    f"unknown bottom blob '{blob}' (bottom index {j})",
+                    path=path,
+                    layer=layer.name,
+                    layer_type=layer.type,
+                    hint="no earlier layer produces it; check the spelling and layer order",
+                )
             source_of[(i, j)] = last_top[blob]
             readers[last_top[blob]] += 1
         for j, blob in enumerate(layer.top):
@@ -56,8 +58,7 @@ def insert_splits(net: caffe_pb2.NetParameter, path: str | None = None
             top_idx = source_of[(i, j)]
             if readers[top_idx] > 1:
                 src_name = net.layer[top_idx[0]].name
-                layer.bottom[j] = split_blob_name(src_name, blob, top_idx[1],
-                                                  next_split[top_idx])
+                layer.bottom[j] = split_blob_name(src_name, blob, top_idx[1], next_split[top_idx])
                 next_split[top_idx] += 1
         for j, blob in enumerate(layer.top):
             count = readers[(i, j)]

@@ -16,15 +16,15 @@ def parse_phase(phase: int | str) -> int:
         try:
             return PHASES[phase.lower()]
         except KeyError:
-            raise LayerParamError("unknown phase", expected="'train' or 'test'",
-                                  got=repr(phase)) from None
+            raise LayerParamError(
+                "unknown phase", expected="'train' or 'test'", got=repr(phase)
+            ) from None
     if phase not in (caffe_pb2.TRAIN, caffe_pb2.TEST):
         raise LayerParamError("unknown phase", expected="caffe.TRAIN or caffe.TEST", got=phase)
     return int(phase)
 
 
-def make_state(phase: int | str, level: int = 0,
-               stages: Iterable[str] = ()) -> caffe_pb2.NetState:
+def make_state(phase: int | str, level: int = 0, stages: Iterable[str] = ()) -> caffe_pb2.NetState:
     state = caffe_pb2.NetState(phase=parse_phase(phase), level=level)
     state.stage.extend(stages)
     return state
@@ -46,18 +46,24 @@ def state_meets_rule(state: caffe_pb2.NetState, rule: caffe_pb2.NetStateRule) ->
     return True
 
 
-def layer_included(layer: caffe_pb2.LayerParameter, state: caffe_pb2.NetState,
-                   path: str | None = None) -> bool:
+def layer_included(
+    layer: caffe_pb2.LayerParameter, state: caffe_pb2.NetState, path: str | None = None
+) -> bool:
     if layer.include and layer.exclude:
-        raise LayerParamError("specify either include rules or exclude rules, not both",
-                              path=path, layer=layer.name, layer_type=layer.type)
+        raise LayerParamError(
+            "specify either include rules or exclude rules, not both",
+            path=path,
+            layer=layer.name,
+            layer_type=layer.type,
+        )
     if layer.include:
         return any(state_meets_rule(state, r) for r in layer.include)
     return not any(state_meets_rule(state, r) for r in layer.exclude)
 
 
-def filter_net(net: caffe_pb2.NetParameter, state: caffe_pb2.NetState | None = None,
-               path: str | None = None) -> caffe_pb2.NetParameter:
+def filter_net(
+    net: caffe_pb2.NetParameter, state: caffe_pb2.NetState | None = None, path: str | None = None
+) -> caffe_pb2.NetParameter:
     """A copy of ``net`` holding only the layers its state (or ``state``) includes."""
     state = net.state if state is None else state
     out = caffe_pb2.NetParameter()

@@ -29,15 +29,18 @@ def box_size(b: torch.Tensor) -> torch.Tensor:
     return torch.where((b[..., 2] < b[..., 0]) | (b[..., 3] < b[..., 1]), 0.0, w * h)
 
 
-def jaccard(b1: torch.Tensor, s1: torch.Tensor, b2: torch.Tensor, s2: torch.Tensor
-            ) -> torch.Tensor:
+def jaccard(b1: torch.Tensor, s1: torch.Tensor, b2: torch.Tensor, s2: torch.Tensor) -> torch.Tensor:
     """Pairwise JaccardOverlap of (..., M, 4) and (..., K, 4) boxes -> (..., M, K).
 
     ``s1``/``s2`` are the stored sizes; 0 unless the intersection has positive sides.
     """
     a, b = b1.unsqueeze(-2), b2.unsqueeze(-3)
-    apart = ((b[..., 0] > a[..., 2]) | (b[..., 2] < a[..., 0])
-             | (b[..., 1] > a[..., 3]) | (b[..., 3] < a[..., 1]))
+    apart = (
+        (b[..., 0] > a[..., 2])
+        | (b[..., 2] < a[..., 0])
+        | (b[..., 1] > a[..., 3])
+        | (b[..., 3] < a[..., 1])
+    )
     iw = torch.minimum(a[..., 2], b[..., 2]) - torch.maximum(a[..., 0], b[..., 0])
     ih = torch.minimum(a[..., 3], b[..., 3]) - torch.maximum(a[..., 1], b[..., 1])
     inter = iw * ih
@@ -51,8 +54,13 @@ def _center_form(b: torch.Tensor):
     return w, h, (b[..., 0] + b[..., 2]) / 2, (b[..., 1] + b[..., 3]) / 2
 
 
-def encode(prior: torch.Tensor, var: torch.Tensor, gt: torch.Tensor, code_type: int,
-           variance_in_target: bool) -> torch.Tensor:
+def encode(
+    prior: torch.Tensor,
+    var: torch.Tensor,
+    gt: torch.Tensor,
+    code_type: int,
+    variance_in_target: bool,
+) -> torch.Tensor:
     """EncodeBBox: the regression target of ``gt`` against ``prior`` (all (..., 4))."""
     if code_type == CORNER:
         out = gt - prior
@@ -60,8 +68,9 @@ def encode(prior: torch.Tensor, var: torch.Tensor, gt: torch.Tensor, code_type: 
     pw, ph, pcx, pcy = _center_form(prior)
     if code_type == CENTER_SIZE:
         gw, gh, gcx, gcy = _center_form(gt)
-        out = torch.stack([(gcx - pcx) / pw, (gcy - pcy) / ph,
-                           torch.log(gw / pw), torch.log(gh / ph)], -1)
+        out = torch.stack(
+            [(gcx - pcx) / pw, (gcy - pcy) / ph, torch.log(gw / pw), torch.log(gh / ph)], -1
+        )
         return out if variance_in_target else out / var
     if code_type == CORNER_SIZE:
         wh = torch.stack([pw, ph, pw, ph], -1)
@@ -70,8 +79,13 @@ def encode(prior: torch.Tensor, var: torch.Tensor, gt: torch.Tensor, code_type: 
     raise ValueError(f"unknown code_type {code_type}")
 
 
-def decode(prior: torch.Tensor, var: torch.Tensor, loc: torch.Tensor, code_type: int,
-           variance_in_target: bool) -> torch.Tensor:
+def decode(
+    prior: torch.Tensor,
+    var: torch.Tensor,
+    loc: torch.Tensor,
+    code_type: int,
+    variance_in_target: bool,
+) -> torch.Tensor:
     """DecodeBBox (no clip): the box ``loc`` encodes against ``prior`` (all (..., 4))."""
     if code_type == CORNER:
         return prior + loc if variance_in_target else prior + var * loc
@@ -103,8 +117,7 @@ def sorted_candidates(scores: torch.Tensor, threshold: float, top_k: int):
     return order, valid
 
 
-def _keep_within_block(iou: torch.Tensor, valid: torch.Tensor, threshold: float
-                       ) -> torch.Tensor:
+def _keep_within_block(iou: torch.Tensor, valid: torch.Tensor, threshold: float) -> torch.Tensor:
     """Greedy NMS inside one block of score-sorted candidates: iou (G, B, B), valid (G, B).
 
     The kept set is the unique solution of keep_k = valid_k & no kept j < k overlaps k more
@@ -123,8 +136,9 @@ def _keep_within_block(iou: torch.Tensor, valid: torch.Tensor, threshold: float
     return keep
 
 
-def _greedy_keep(cand: torch.Tensor, size: torch.Tensor, valid: torch.Tensor,
-                 threshold: float, block: int = 128) -> torch.Tensor:
+def _greedy_keep(
+    cand: torch.Tensor, size: torch.Tensor, valid: torch.Tensor, threshold: float, block: int = 128
+) -> torch.Tensor:
     """ApplyNMSFast's loop (fixed threshold) over score-sorted candidates (G, K, 4), in
     blocks of ``block``: a block first drops what the boxes kept before it overlap, then
     resolves itself. Memory and work scale with K * kept, as the fork's loop does."""
@@ -136,31 +150,43 @@ def _greedy_keep(cand: torch.Tensor, size: torch.Tensor, valid: torch.Tensor,
         if most:  # the kept boxes so far, first in each row (stable), padded by others
             kept = torch.sort((~keep[:, :s]).to(torch.uint8), dim=-1, stable=True).indices
             kept = kept[:, :most]
-            earlier = jaccard(rows, rsize, cand.gather(1, kept.unsqueeze(-1).expand(-1, -1, 4)),
-                              size.gather(1, kept))  # (G, b, most)
+            earlier = jaccard(
+                rows,
+                rsize,
+                cand.gather(1, kept.unsqueeze(-1).expand(-1, -1, 4)),
+                size.gather(1, kept),
+            )  # (G, b, most)
             hit = ~(earlier <= threshold) & keep[:, :s].gather(1, kept).unsqueeze(-2)
             live = live & ~hit.any(-1)
         keep[:, s:e] = _keep_within_block(jaccard(rows, rsize, rows, rsize), live, threshold)
     return keep
 
 
-def _greedy_keep_adaptive(cand: torch.Tensor, size: torch.Tensor, valid: torch.Tensor,
-                          threshold: float, eta: float) -> torch.Tensor:
+def _greedy_keep_adaptive(
+    cand: torch.Tensor, size: torch.Tensor, valid: torch.Tensor, threshold: float, eta: float
+) -> torch.Tensor:
     """ApplyNMSFast's loop with eta < 1: after each kept box a float threshold above 0.5 is
     multiplied by eta, so candidates are decided one at a time."""
     g, k = valid.shape
     thr = torch.full((g, 1), threshold, dtype=torch.float32, device=valid.device)
     keep = torch.zeros_like(valid)
     for i in range(k):
-        iou = jaccard(cand[:, i:i + 1], size[:, i:i + 1], cand[:, :i], size[:, :i])[:, 0]
+        iou = jaccard(cand[:, i : i + 1], size[:, i : i + 1], cand[:, :i], size[:, :i])[:, 0]
         kept = valid[:, i] & ~(keep[:, :i] & ~(iou <= thr.to(iou.dtype))).any(-1)
         keep[:, i] = kept
         thr = torch.where(kept.unsqueeze(-1) & (thr > 0.5), thr * eta, thr)
     return keep
 
 
-def nms_fast(boxes: torch.Tensor, sizes: torch.Tensor, scores: torch.Tensor,
-             score_threshold: float, nms_threshold: float, eta: float, top_k: int):
+def nms_fast(
+    boxes: torch.Tensor,
+    sizes: torch.Tensor,
+    scores: torch.Tensor,
+    score_threshold: float,
+    nms_threshold: float,
+    eta: float,
+    top_k: int,
+):
     """ApplyNMSFast for G groups: boxes (G, P, 4), sizes/scores (G, P).
 
     Returns (order (G, K) prior indices by descending score, keep (G, K) mask), K at most
@@ -176,8 +202,15 @@ def nms_fast(boxes: torch.Tensor, sizes: torch.Tensor, scores: torch.Tensor,
     return order, _greedy_keep(cand, size, valid, nms_threshold)
 
 
-def match(gt: torch.Tensor, gt_size: torch.Tensor, pred: torch.Tensor, pred_size: torch.Tensor,
-          per_prediction: bool, overlap_threshold: float, ignore_cross_boundary: bool):
+def match(
+    gt: torch.Tensor,
+    gt_size: torch.Tensor,
+    pred: torch.Tensor,
+    pred_size: torch.Tensor,
+    per_prediction: bool,
+    overlap_threshold: float,
+    ignore_cross_boundary: bool,
+):
     """MatchBBox of P predictions against G ground truth boxes (G >= 1).
 
     Returns (match_indices (P,) long: gt index, -1 unmatched, -2 ignored cross-boundary;

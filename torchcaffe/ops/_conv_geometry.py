@@ -44,67 +44,81 @@ class ConvGeometry:
 
     def conv_output(self, spatial: Sequence[int]) -> tuple[int, ...]:
         """Caffe: (in + 2 * pad - extent) / stride + 1, with C's truncating division."""
-        return tuple(c_div(i + 2 * p - e, s) + 1
-                     for i, p, e, s in zip(spatial, self.pad, self.extent, self.stride))
+        return tuple(
+            c_div(i + 2 * p - e, s) + 1
+            for i, p, e, s in zip(spatial, self.pad, self.extent, self.stride)
+        )
 
     def deconv_output(self, spatial: Sequence[int]) -> tuple[int, ...]:
         """Caffe: stride * (in - 1) + extent - 2 * pad."""
-        return tuple(s * (i - 1) + e - 2 * p
-                     for i, p, e, s in zip(spatial, self.pad, self.extent, self.stride))
+        return tuple(
+            s * (i - 1) + e - 2 * p
+            for i, p, e, s in zip(spatial, self.pad, self.extent, self.stride)
+        )
 
     def extra_pad(self, spatial: Sequence[int]) -> tuple[int, ...]:
         """Zeros to add after each axis so that floor rounding gives Caffe's output size
         (non-zero only where in + 2 * pad < extent, which C's division rounds up to one output)."""
         out = self.conv_output(spatial)
-        return tuple(max(0, (o - 1) * s + e - (i + 2 * p)) for o, s, e, i, p in
-                     zip(out, self.stride, self.extent, spatial, self.pad))
+        return tuple(
+            max(0, (o - 1) * s + e - (i + 2 * p))
+            for o, s, e, i, p in zip(out, self.stride, self.extent, spatial, self.pad)
+        )
 
 
-def _per_axis(layer: CaffeLayer, values: Sequence[int], field: str, n: int, default: int | None
-              ) -> tuple[int, ...]:
+def _per_axis(
+    layer: CaffeLayer, values: Sequence[int], field: str, n: int, default: int | None
+) -> tuple[int, ...]:
     allowed = {1, n} if default is None else {0, 1, n}
     if len(values) not in allowed:
-        raise layer.error(f"{field} must be specified once, or once per spatial dimension",
-                          expected=" or ".join(str(a) for a in sorted(allowed)) + " values",
-                          got=f"{len(values)} values for {n} spatial dims")
+        raise layer.error(
+            f"{field} must be specified once, or once per spatial dimension",
+            expected=" or ".join(str(a) for a in sorted(allowed)) + " values",
+            got=f"{len(values)} values for {n} spatial dims",
+        )
     if not values:
         return (default,) * n
     return tuple(int(values[0 if len(values) == 1 else i]) for i in range(n))
 
 
-def _hw_or_repeated(layer: CaffeLayer, p, name: str, n: int, default: int | None
-                    ) -> tuple[int, ...]:
+def _hw_or_repeated(
+    layer: CaffeLayer, p, name: str, n: int, default: int | None
+) -> tuple[int, ...]:
     """``<name>_h``/``<name>_w`` (2-D only, not with ``<name>``), else the repeated field."""
     repeated = "kernel_size" if name == "kernel" else name
     h, w = f"{name}_h", f"{name}_w"
     if p.HasField(h) or p.HasField(w):
         if n != 2:
-            raise layer.error(f"{h} & {w} can only be used for 2D convolution",
-                              expected="2 spatial dims", got=n)
+            raise layer.error(
+                f"{h} & {w} can only be used for 2D convolution", expected="2 spatial dims", got=n
+            )
         if len(getattr(p, repeated)):
-            raise layer.error(f"either {repeated} or {h}/{w} should be specified; not both",
-                              expected=f"{repeated} or {h}/{w}", got="both")
+            raise layer.error(
+                f"either {repeated} or {h}/{w} should be specified; not both",
+                expected=f"{repeated} or {h}/{w}",
+                got="both",
+            )
         return (int(getattr(p, h)), int(getattr(p, w)))
     return _per_axis(layer, list(getattr(p, repeated)), repeated, n, default)
 
 
-def conv_geometry(layer: CaffeLayer, p, bottom_shape: Sequence[int], *, min_spatial: int = 0
-                  ) -> ConvGeometry:
+def conv_geometry(
+    layer: CaffeLayer, p, bottom_shape: Sequence[int], *, min_spatial: int = 0
+) -> ConvGeometry:
     """Parse ``p`` (a ConvolutionParameter) for a bottom of ``bottom_shape``, with Caffe's
     checks as located LayerParamErrors."""
     axis = canonical_axis(layer, p.axis, len(bottom_shape))
     n = len(bottom_shape) - axis - 1
     if n < min_spatial:
-        raise layer.error("too few spatial axes after the channel axis",
-                          expected=f">= {min_spatial}", got=n)
+        raise layer.error(
+            "too few spatial axes after the channel axis", expected=f">= {min_spatial}", got=n
+        )
     kernel = _hw_or_repeated(layer, p, "kernel", n, None)
     if any(k <= 0 for k in kernel):
-        raise layer.error("filter dimensions must be nonzero", expected="kernel > 0",
-                          got=kernel)
+        raise layer.error("filter dimensions must be nonzero", expected="kernel > 0", got=kernel)
     stride = _hw_or_repeated(layer, p, "stride", n, 1)
     if any(s <= 0 for s in stride):
-        raise layer.error("stride dimensions must be nonzero", expected="stride > 0",
-                          got=stride)
+        raise layer.error("stride dimensions must be nonzero", expected="stride > 0", got=stride)
     pad = _hw_or_repeated(layer, p, "pad", n, 0)
     dilation = _per_axis(layer, list(p.dilation), "dilation", n, 1)
     if any(d <= 0 for d in dilation):
@@ -112,14 +126,15 @@ def conv_geometry(layer: CaffeLayer, p, bottom_shape: Sequence[int], *, min_spat
     return ConvGeometry(axis, kernel, stride, pad, dilation)
 
 
-def window_index(geom: ConvGeometry, padded: Sequence[int], out: Sequence[int],
-                 device: torch.device) -> torch.Tensor:
+def window_index(
+    geom: ConvGeometry, padded: Sequence[int], out: Sequence[int], device: torch.device
+) -> torch.Tensor:
     """(prod(kernel), prod(out)) flat indices into a padded spatial block: kernel offsets in
     row-major order (Caffe's column rows), output positions in row-major order."""
     idx = torch.zeros((1,) * (2 * len(out)), dtype=torch.long, device=device)
     n = len(out)
     for a in range(n):
-        step = math.prod(padded[a + 1:])
+        step = math.prod(padded[a + 1 :])
         koff = torch.arange(geom.kernel[a], device=device) * geom.dilation[a]
         opos = torch.arange(out[a], device=device) * geom.stride[a]
         kshape = [1] * (2 * n)

@@ -7,12 +7,16 @@ from collections.abc import Sequence
 from .base import CaffeLayer
 
 
-def legacy_nchw(layer: CaffeLayer, shape: Sequence[int], *, min_axes: int = 1
-                ) -> tuple[int, int, int, int]:
+def legacy_nchw(
+    layer: CaffeLayer, shape: Sequence[int], *, min_axes: int = 1
+) -> tuple[int, int, int, int]:
     """Blob::LegacyShape for axes 0..3: 1 past the last axis; Caffe aborts above 4 axes."""
     if not min_axes <= len(shape) <= 4:
-        raise layer.error(f"bottom must have {min_axes} to 4 axes (Caffe reads it through the "
-                          "legacy num/channels/height/width accessors)",
-                          expected=f"{min_axes} <= num_axes <= 4", got=list(shape))
+        raise layer.error(
+            f"bottom must have {min_axes} to 4 axes (Caffe reads it through the "
+            "legacy num/channels/height/width accessors)",
+            expected=f"{min_axes} <= num_axes <= 4",
+            got=list(shape),
+        )
     dims = [int(d) for d in shape] + [1] * (4 - len(shape))
     return dims[0], dims[1], dims[2], dims[3]

@@ -43,22 +43,28 @@ class LossLayer(CaffeLayer):
         super().__init__(layer_param, bottom_shapes)
         s0, s1 = self.bottom_shapes[0], self.bottom_shapes[1]
         if not s0 or not s1 or s0[0] != s1[0]:
-            raise self.error("the data and label should have the same first dimension",
-                             expected=f"label shape starting with {s0[:1]}", got=s1)
+            raise self.error(
+                "the data and label should have the same first dimension",
+                expected=f"label shape starting with {s0[:1]}",
+                got=s1,
+            )
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         return [()] + [tuple(int(d) for d in bottom_shapes[0])] * (self.num_tops - 1)
 
 
-def check_label_count(layer: CaffeLayer, shape: Sequence[int], label_shape: Sequence[int],
-                      axis: int) -> None:
+def check_label_count(
+    layer: CaffeLayer, shape: Sequence[int], label_shape: Sequence[int], axis: int
+) -> None:
     """One label per prediction: label count == count of ``shape`` without ``axis``."""
-    want = math.prod(shape[:axis]) * math.prod(shape[axis + 1:])
+    want = math.prod(shape[:axis]) * math.prod(shape[axis + 1 :])
     if math.prod(label_shape) != want:
-        raise layer.error("number of labels must match number of predictions",
-                          expected=f"{want} labels (the count of {tuple(shape)} without axis "
-                                   f"{axis}), integers in [0, {shape[axis]})",
-                          got=f"label shape {tuple(label_shape)}")
+        raise layer.error(
+            "number of labels must match number of predictions",
+            expected=f"{want} labels (the count of {tuple(shape)} without axis "
+            f"{axis}), integers in [0, {shape[axis]})",
+            got=f"label shape {tuple(label_shape)}",
+        )
 
 
 def normalization_mode(layer: CaffeLayer, default: int | None = None) -> int:
@@ -76,8 +82,9 @@ def normalization_mode(layer: CaffeLayer, default: int | None = None) -> int:
     return p.normalization if default is None else default
 
 
-def normalizer(mode: int, outer: int, inner: int, valid: torch.Tensor | None,
-               like: torch.Tensor) -> torch.Tensor | float:
+def normalizer(
+    mode: int, outer: int, inner: int, valid: torch.Tensor | None, like: torch.Tensor
+) -> torch.Tensor | float:
     """Caffe's get_normalizer, at least 1. ``valid``: mask of counted labels (None: all)."""
     if mode == Norm.FULL:
         return float(max(1, outer * inner))
@@ -97,8 +104,9 @@ def ignore_label(param) -> int | None:
     return param.ignore_label if param.HasField("ignore_label") else None
 
 
-def check_labels(layer: CaffeLayer, labels: torch.Tensor, valid: torch.Tensor | None,
-                 num_labels: int) -> None:
+def check_labels(
+    layer: CaffeLayer, labels: torch.Tensor, valid: torch.Tensor | None, num_labels: int
+) -> None:
     """Raise DataError for a counted label outside [0, num_labels) (Caffe only DCHECKs)."""
     if labels.is_meta:
         return
@@ -107,12 +115,19 @@ def check_labels(layer: CaffeLayer, labels: torch.Tensor, valid: torch.Tensor | 
         bad = bad & valid
     if bool(bad.any()):
         first = labels[bad].reshape(-1)[0]
-        raise layer.error("label value out of range", cls=DataError,
-                          expected=f"integers in [0, {num_labels})", got=int(first))
+        raise layer.error(
+            "label value out of range",
+            cls=DataError,
+            expected=f"integers in [0, {num_labels})",
+            got=int(first),
+        )
 
 
 def params_repr(layer: CaffeLayer, *fields: str) -> str:
     """extra_repr for a layer reading several ``*_param`` messages: the ones that are set."""
     lp = layer.layer_param
-    return " ".join(f"{f} {{ {text_format.MessageToString(getattr(lp, f), as_one_line=True)} }}"
-                    for f in fields if lp.HasField(f))
+    return " ".join(
+        f"{f} {{ {text_format.MessageToString(getattr(lp, f), as_one_line=True)} }}"
+        for f in fields
+        if lp.HasField(f)
+    )

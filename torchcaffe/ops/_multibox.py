@@ -46,8 +46,7 @@ class GroundTruth:
         return self.boxes[self.start[image] + match]
 
 
-def read_ground_truth(layer, label: torch.Tensor, num: int, use_difficult: bool
-                      ) -> GroundTruth:
+def read_ground_truth(layer, label: torch.Tensor, num: int, use_difficult: bool) -> GroundTruth:
     """GetGroundTruth: rows [image, label, instance, xmin, ymin, xmax, ymax, difficult];
     image -1 rows skipped, a background label an error, difficult rows kept only when used."""
     rows = label.detach().reshape(-1, 8)
@@ -56,10 +55,13 @@ def read_ground_truth(layer, label: torch.Tensor, num: int, use_difficult: bool
         if int(v[0]) == -1:
             continue
         if int(v[1]) == layer.background:
-            raise DataError("found background label in the ground truth", layer=layer.name,
-                            layer_type=layer.caffe_type,
-                            expected=f"labels != background_label_id {layer.background}",
-                            got=f"row {r}: {v}")
+            raise DataError(
+                "found background label in the ground truth",
+                layer=layer.name,
+                layer_type=layer.caffe_type,
+                expected=f"labels != background_label_id {layer.background}",
+                got=f"row {r}: {v}",
+            )
         if use_difficult or not v[7]:
             per_image.setdefault(int(v[0]), []).append(r)
     order = [r for i in range(num) for r in per_image.get(i, [])] + [0]
@@ -69,8 +71,13 @@ def read_ground_truth(layer, label: torch.Tensor, num: int, use_difficult: bool
     return GroundTruth(kept[:, 3:7], kept[:, 1].long(), start, count)
 
 
-def find_matches(p, keys: list[int], truth: GroundTruth, loc: torch.Tensor,
-                 prior: tuple[torch.Tensor, torch.Tensor, torch.Tensor]):
+def find_matches(
+    p,
+    keys: list[int],
+    truth: GroundTruth,
+    loc: torch.Tensor,
+    prior: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+):
     """FindMatches -> (match (N, K, P) long, overlaps (N, K, P)).
 
     With use_prior_for_matching the priors are matched once against all gt and a class key
@@ -100,35 +107,57 @@ def find_matches(p, keys: list[int], truth: GroundTruth, loc: torch.Tensor,
                 sel = sel[labels == key]
             if not sel.numel():
                 continue
-            boxes = _bbox.decode(pbox, pvar, loc[i, :, max(key, 0)].detach(), p.code_type,
-                                 p.encode_variance_in_target)
+            boxes = _bbox.decode(
+                pbox,
+                pvar,
+                loc[i, :, max(key, 0)].detach(),
+                p.code_type,
+                p.encode_variance_in_target,
+            )
             m, o = _bbox.match(gt[sel], gsize[sel], boxes, _bbox.box_size(boxes), *args)
             match[i, k] = torch.where(m > -1, sel[m.clamp(min=0)], m)
             overlaps[i, k] = o
     return match, overlaps
 
 
-def encode_loc(p, keys: list[int], truth: GroundTruth, loc: torch.Tensor,
-               prior: tuple[torch.Tensor, torch.Tensor, torch.Tensor], match: torch.Tensor):
+def encode_loc(
+    p,
+    keys: list[int],
+    truth: GroundTruth,
+    loc: torch.Tensor,
+    prior: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    match: torch.Tensor,
+):
     """EncodeLocPrediction -> (pred, target), (M, 4) rows for every match in image, key,
     prior order. ``pred`` carries the gradient to ``loc`` the way the fork copies it back."""
     pbox, pvar, _ = prior
     img, k, j = torch.nonzero(match > -1, as_tuple=True)
-    target = _bbox.encode(pbox[j], pvar[j], truth.box_of(img, match[img, k, j]), p.code_type,
-                          p.encode_variance_in_target)
+    target = _bbox.encode(
+        pbox[j],
+        pvar[j],
+        truth.box_of(img, match[img, k, j]),
+        p.code_type,
+        p.encode_variance_in_target,
+    )
     cols = torch.tensor([max(key, 0) for key in keys], device=loc.device)[k]
     pred = loc[img, j, cols]
     if p.bp_inside:  # out-of-image coordinates predict their target: zero gradient
-        box = pbox[j] if p.use_prior_for_matching else _bbox.decode(
-            pbox[j], pvar[j], pred.detach(), p.code_type, p.encode_variance_in_target)
+        box = (
+            pbox[j]
+            if p.use_prior_for_matching
+            else _bbox.decode(
+                pbox[j], pvar[j], pred.detach(), p.code_type, p.encode_variance_in_target
+            )
+        )
         pred = torch.where((box < 0) | (box > 1), target, pred)
     if p.encode_variance_in_target:
         pred, target = divide_forward_only(pred, pvar[j]), target / pvar[j]
     return pred, target
 
 
-def select_examples(p, loss: torch.Tensor, match: torch.Tensor, overlaps: torch.Tensor,
-                    has_gt: torch.Tensor):
+def select_examples(
+    p, loss: torch.Tensor, match: torch.Tensor, overlaps: torch.Tensor, has_gt: torch.Tensor
+):
     """MineHardExamples' choice for one key: loss, match, overlaps (N, P) -> (match after
     mining, negatives (N, P) bool). Ties in the loss go to the lower prior index."""
     if p.mining_type == MB.HARD_EXAMPLE:
@@ -139,8 +168,9 @@ def select_examples(p, loss: torch.Tensor, match: torch.Tensor, overlaps: torch.
         num_pos = (match > -1).sum(1).to(torch.float32)
         num_sel = (num_pos * p.neg_pos_ratio).to(torch.long)  # float product, truncated
     num_sel = torch.minimum(num_sel, eligible.sum(1))
-    order = torch.sort(torch.where(eligible, loss, float("-inf")), dim=1, descending=True,
-                       stable=True).indices
+    order = torch.sort(
+        torch.where(eligible, loss, float("-inf")), dim=1, descending=True, stable=True
+    ).indices
     rank = torch.empty_like(order)
     rank.scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
     selected = eligible & (rank < num_sel.unsqueeze(1)) & has_gt.unsqueeze(1)

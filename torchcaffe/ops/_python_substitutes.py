@@ -28,8 +28,10 @@ from ..trust import ENV_VAR
 from .base import CaffeLayer, Shape
 from .proposal import ProposalLayer
 
-RUN_MODULE_HINT = ("to run the model's own module instead, put it on sys.path and opt in "
-                   f"(allow_python_layers=True or {ENV_VAR}=1)")
+RUN_MODULE_HINT = (
+    "to run the model's own module instead, put it on sys.path and opt in "
+    f"(allow_python_layers=True or {ENV_VAR}=1)"
+)
 
 
 class NativeSubstituteWarning(UserWarning):
@@ -51,22 +53,26 @@ def parse_param_str(lp: caffe_pb2.LayerParameter) -> dict[str, Any]:
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         value = None
     if not isinstance(value, dict):
-        raise LayerParamError("python_param.param_str is not a literal mapping",
-                              expected="e.g. param_str: \"'feat_stride': 16\"",
-                              got=repr(lp.python_param.param_str))
+        raise LayerParamError(
+            "python_param.param_str is not a literal mapping",
+            expected="e.g. param_str: \"'feat_stride': 16\"",
+            got=repr(lp.python_param.param_str),
+        )
     return value
 
 
 def _numbers(value: Any, key: str) -> list[float]:
     values = list(value) if isinstance(value, (list, tuple)) else [value]
-    if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
-                             for v in values):
+    if not values or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values
+    ):
         raise LayerParamError(f"param_str '{key}' must be positive numbers", got=repr(value))
     return [float(v) for v in values]
 
 
-def py_faster_rcnn_anchors(scales: Sequence[float], ratios: Sequence[float],
-                           base_size: int = 16) -> np.ndarray:
+def py_faster_rcnn_anchors(
+    scales: Sequence[float], ratios: Sequence[float], base_size: int = 16
+) -> np.ndarray:
     """generate_anchors() in float64: ratio widths np.round(sqrt(b^2 / r)) (halves to even),
     heights np.round(w * r), then each scaled by s about the base box's centre."""
     ctr = 0.5 * (base_size - 1)
@@ -97,19 +103,30 @@ class PyFasterRCNNProposalLayer(ProposalLayer):
     param_field = "python_param"
     min_im_info = 3
     nms_disjoint_zero = False
-    restrictions = ("cfg values are py-faster-rcnn's defaults (a script's cfg changes do not "
-                    "reach it); numpy's default argsort orders ties among more than 16 scores "
-                    "its own way (here: as a stable sort); cpu_nms (USE_GPU_NMS False) "
-                    "suppresses at IoU >= thresh")
+    restrictions = (
+        "cfg values are py-faster-rcnn's defaults (a script's cfg changes do not "
+        "reach it); numpy's default argsort orders ties among more than 16 scores "
+        "its own way (here: as a stable sort); cpu_nms (USE_GPU_NMS False) "
+        "suppresses at IoU >= thresh"
+    )
 
-    def __init__(self, layer_param, bottom_shapes, proposal_param: caffe_pb2.ProposalParameter,
-                 scales: Sequence[float], ratios: Sequence[float]):
+    def __init__(
+        self,
+        layer_param,
+        bottom_shapes,
+        proposal_param: caffe_pb2.ProposalParameter,
+        scales: Sequence[float],
+        ratios: Sequence[float],
+    ):
         CaffeLayer.__init__(self, layer_param, bottom_shapes)
         self.native_param = proposal_param
         self.anchor_scales, self.anchor_ratios = list(scales), list(ratios)
         if self.bottom_shapes[0] and self.bottom_shapes[0][0] != 1:
-            raise self.error("Only single item batches are supported", expected="N = 1",
-                             got=self.bottom_shapes[0][0])
+            raise self.error(
+                "Only single item batches are supported",
+                expected="N = 1",
+                got=self.bottom_shapes[0][0],
+            )
         self._setup(proposal_param)
 
     @property
@@ -117,8 +134,9 @@ class PyFasterRCNNProposalLayer(ProposalLayer):
         return self.native_param
 
     def make_anchors(self) -> np.ndarray:
-        return py_faster_rcnn_anchors(self.anchor_scales, self.anchor_ratios,
-                                      int(self.param.base_size))
+        return py_faster_rcnn_anchors(
+            self.anchor_scales, self.anchor_ratios, int(self.param.base_size)
+        )
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         self.check_bottoms(bottom_shapes)
@@ -126,8 +144,9 @@ class PyFasterRCNNProposalLayer(ProposalLayer):
 
     def select(self, boxes, fg, im_info):
         min_size = float(self.param.min_size) * im_info[2]
-        big = ((boxes[:, 2] - boxes[:, 0] + 1 >= min_size)
-               & (boxes[:, 3] - boxes[:, 1] + 1 >= min_size))
+        big = (boxes[:, 2] - boxes[:, 0] + 1 >= min_size) & (
+            boxes[:, 3] - boxes[:, 1] + 1 >= min_size
+        )
         boxes, fg = boxes[big], fg[big]
         order = torch.sort(fg, stable=True).indices.flip(0)
         if self.param.pre_nms_topn > 0:
@@ -143,8 +162,10 @@ class PyFasterRCNNProposalLayer(ProposalLayer):
         pp = self.layer_param.python_param
         native = text_format.MessageToString(self.native_param, as_one_line=True)
         phase = caffe_pb2.Phase.Name(self.phase)
-        return (f"{pp.module}.{pp.layer} runs as a native equivalent with py-faster-rcnn's "
-                f"default cfg.{phase}: {native}")
+        return (
+            f"{pp.module}.{pp.layer} runs as a native equivalent with py-faster-rcnn's "
+            f"default cfg.{phase}: {native}"
+        )
 
 
 # py-faster-rcnn lib/fast_rcnn/config.py defaults of cfg.{TRAIN,TEST}.RPN_PRE_NMS_TOP_N,
@@ -163,21 +184,32 @@ def rpn_proposal(lp: caffe_pb2.LayerParameter, bottom_shapes: Sequence[Shape]) -
         if unknown:
             raise LayerParamError(
                 f"param_str key(s) {unknown} are not read by py-faster-rcnn's ProposalLayer",
-                hint=f"a modified proposal_layer.py cannot be served natively; {RUN_MODULE_HINT}")
+                hint=f"a modified proposal_layer.py cannot be served natively; {RUN_MODULE_HINT}",
+            )
         if "feat_stride" not in values:
-            raise LayerParamError("param_str needs 'feat_stride'",
-                                  expected="param_str: \"'feat_stride': 16\"",
-                                  got=repr(lp.python_param.param_str))
+            raise LayerParamError(
+                "param_str needs 'feat_stride'",
+                expected="param_str: \"'feat_stride': 16\"",
+                got=repr(lp.python_param.param_str),
+            )
         stride = values["feat_stride"]
         if isinstance(stride, bool) or not isinstance(stride, int) or stride <= 0:
-            raise LayerParamError("param_str 'feat_stride' must be a positive integer",
-                                  got=repr(stride))
+            raise LayerParamError(
+                "param_str 'feat_stride' must be a positive integer", got=repr(stride)
+            )
         ratios = _numbers(values.get("ratios", (0.5, 1, 2)), "ratios")
         scales = _numbers(values.get("scales", (8, 16, 32)), "scales")
         pre, post, nms, min_size = RPN_CFG[lp.phase]
         param = caffe_pb2.ProposalParameter(
-            feat_stride=stride, base_size=16, min_size=min_size, ratio=ratios, scale=scales,
-            pre_nms_topn=pre, post_nms_topn=post, nms_thresh=nms)
+            feat_stride=stride,
+            base_size=16,
+            min_size=min_size,
+            ratio=ratios,
+            scale=scales,
+            pre_nms_topn=pre,
+            post_nms_topn=post,
+            nms_thresh=nms,
+        )
         return PyFasterRCNNProposalLayer(lp, bottom_shapes, param, scales, ratios)
     except TorchCaffeError as err:
         raise err.located(layer=lp.name, layer_type=lp.type) from None

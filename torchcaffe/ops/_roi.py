@@ -22,14 +22,16 @@ def check_roi_bottoms(layer: CaffeLayer, bottom_shapes: Sequence[Shape]) -> None
     """bottom[0] is N x C x H x W; bottom[1] holds R rows of [batch_index x1 y1 x2 y2]."""
     data, rois = bottom_shapes[0], bottom_shapes[1]
     if len(data) != 4:
-        raise layer.error("bottom[0] must be a 4-D feature map", expected="N x C x H x W",
-                          got=data)
+        raise layer.error("bottom[0] must be a 4-D feature map", expected="N x C x H x W", got=data)
     per_roi = 1
     for d in rois[1:]:
         per_roi *= d
     if not 2 <= len(rois) <= 4 or per_roi != 5:
-        raise layer.error("bottom[1] must hold one [batch_index x1 y1 x2 y2] row per ROI",
-                          expected="R x 5 (or R x 5 x 1 x 1)", got=rois)
+        raise layer.error(
+            "bottom[1] must hold one [batch_index x1 y1 x2 y2] row per ROI",
+            expected="R x 5 (or R x 5 x 1 x 1)",
+            got=rois,
+        )
 
 
 def roi_batch_index(layer: CaffeLayer, rois: torch.Tensor, batch_size: int) -> torch.Tensor:
@@ -38,14 +40,17 @@ def roi_batch_index(layer: CaffeLayer, rois: torch.Tensor, batch_size: int) -> t
     if batch.numel() and batch.device.type != "meta":
         bad = (batch < 0) | (batch >= batch_size)
         if bool(bad.any()):
-            raise layer.error("roi batch index out of range",
-                              expected=f"0 <= index < N ({batch_size})",
-                              got=rois[bad, 0].tolist()[:5])
+            raise layer.error(
+                "roi batch index out of range",
+                expected=f"0 <= index < N ({batch_size})",
+                got=rois[bad, 0].tolist()[:5],
+            )
     return batch
 
 
-def bin_windows(start: torch.Tensor, end: torch.Tensor, size: int
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def bin_windows(
+    start: torch.Tensor, end: torch.Tensor, size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Index windows for bins ``[start, end)`` (already clipped to ``[0, size]``).
 
     Returns ``(index, valid)`` of shape ``start.shape + (K,)`` where K is the widest bin;

@@ -34,9 +34,12 @@ class AccuracyLayer(CaffeLayer):
         p = self.param
         shape, label_shape = self.bottom_shapes
         if p.top_k > math.prod(shape) // max(1, math.prod(label_shape)):
-            raise self.error("top_k must be less than or equal to the number of classes",
-                             expected=f"<= {math.prod(shape) // max(1, math.prod(label_shape))}"
-                                      " (bottom 0 count / label count)", got=p.top_k)
+            raise self.error(
+                "top_k must be less than or equal to the number of classes",
+                expected=f"<= {math.prod(shape) // max(1, math.prod(label_shape))}"
+                " (bottom 0 count / label count)",
+                got=p.top_k,
+            )
         self.axis = canonical_axis(self, p.axis, len(shape))
         self.top_k = p.top_k
         self.ignore_label = ignore_label(p)

@@ -53,12 +53,18 @@ class ArgMaxLayer(CaffeLayer):
         if self.has_axis:
             axis = canonical_axis(self, self.param.axis, len(shape))
             if self.top_k > shape[axis]:
-                raise self.error(f"top_k must be at most the size of axis {axis}",
-                                 expected=f"<= {shape[axis]}", got=self.top_k)
-            return [shape[:axis] + (self.top_k,) + shape[axis + 1:]]
+                raise self.error(
+                    f"top_k must be at most the size of axis {axis}",
+                    expected=f"<= {shape[axis]}",
+                    got=self.top_k,
+                )
+            return [shape[:axis] + (self.top_k,) + shape[axis + 1 :]]
         if self.top_k > math.prod(shape[1:]):
-            raise self.error("top_k must be at most the size of one flattened item",
-                             expected=f"<= {math.prod(shape[1:])}", got=self.top_k)
+            raise self.error(
+                "top_k must be at most the size of one flattened item",
+                expected=f"<= {math.prod(shape[1:])}",
+                got=self.top_k,
+            )
         top = [1] * max(3, len(shape))
         top[0], top[1], top[2] = shape[0], 2 if self.out_max_val else 1, self.top_k
         return [tuple(top)]

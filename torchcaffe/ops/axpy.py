@@ -22,8 +22,10 @@ class AxpyLayer(CaffeLayer):
     """
 
     bottoms = Exactly(3)
-    restrictions = ("a with axes past the second that are not 1 (Caffe checks only the "
-                    "4-axis case and then reads the first N*C values)")
+    restrictions = (
+        "a with axes past the second that are not 1 (Caffe checks only the "
+        "4-axis case and then reads the first N*C values)"
+    )
 
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
@@ -32,13 +34,18 @@ class AxpyLayer(CaffeLayer):
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         a, x, y = (tuple(int(d) for d in s) for s in bottom_shapes)
         if len(x) < 2 or len(a) < 2 or a[:2] != x[:2] or any(d != 1 for d in a[2:]):
-            raise self.error("bottom[0] (the scale a) must be (N, C) or (N, C, 1, 1) with "
-                             "N, C the first axes of bottom[1] (x)",
-                             expected=f"(N, C) = {x[:2]} for x of shape {list(x)}",
-                             got=list(a))
+            raise self.error(
+                "bottom[0] (the scale a) must be (N, C) or (N, C, 1, 1) with "
+                "N, C the first axes of bottom[1] (x)",
+                expected=f"(N, C) = {x[:2]} for x of shape {list(x)}",
+                got=list(a),
+            )
         if x != y:
-            raise self.error("bottom[1] (x) and bottom[2] (y) must have the same shape",
-                             expected=list(x), got=list(y))
+            raise self.error(
+                "bottom[1] (x) and bottom[2] (y) must have the same shape",
+                expected=list(x),
+                got=list(y),
+            )
         return [x]
 
     def forward(self, a: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -90,8 +90,9 @@ class CaffeLayer(nn.Module):
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
-    def from_param(cls, layer_param: caffe_pb2.LayerParameter,
-                   bottom_shapes: Sequence[Shape]) -> CaffeLayer:
+    def from_param(
+        cls, layer_param: caffe_pb2.LayerParameter, bottom_shapes: Sequence[Shape]
+    ) -> CaffeLayer:
         """Validate arity, then build (Caffe's SetUp); errors carry the layer's name and type."""
         cls.check_arity(layer_param)
         try:
@@ -107,12 +108,20 @@ class CaffeLayer(nn.Module):
         for what, arity, n in (("bottom", cls.bottoms, nb), ("top", cls.tops, nt)):
             if not arity.allows(n):
                 raise BlobWiringError(
-                    f"wrong number of {what} blobs", layer=layer_param.name,
-                    layer_type=layer_param.type, expected=f"{arity.describe()} {what}(s)", got=n)
+                    f"wrong number of {what} blobs",
+                    layer=layer_param.name,
+                    layer_type=layer_param.type,
+                    expected=f"{arity.describe()} {what}(s)",
+                    got=n,
+                )
         if cls.equal_bottom_top and nb != nt:
             raise BlobWiringError(
-                "this layer needs as many tops as bottoms", layer=layer_param.name,
-                layer_type=layer_param.type, expected=f"{nb} top(s)", got=nt)
+                "this layer needs as many tops as bottoms",
+                layer=layer_param.name,
+                layer_type=layer_param.type,
+                expected=f"{nb} top(s)",
+                got=nt,
+            )
 
     @property
     def param(self) -> Any:
@@ -121,15 +130,29 @@ class CaffeLayer(nn.Module):
             raise AttributeError(f"{type(self).__name__} has no param_field")
         return getattr(self.layer_param, self.param_field)
 
-    def error(self, what: str, *, expected: Any = None, got: Any = None,
-              hint: str | None = None, cls: type[TorchCaffeError] = LayerParamError
-              ) -> TorchCaffeError:
+    def error(
+        self,
+        what: str,
+        *,
+        expected: Any = None,
+        got: Any = None,
+        hint: str | None = None,
+        cls: type[TorchCaffeError] = LayerParamError,
+    ) -> TorchCaffeError:
         """An error located at this layer, for ``raise self.error(...)``."""
-        return cls(what, layer=self.name, layer_type=self.caffe_type, expected=expected,
-                   got=got, hint=hint)
+        return cls(
+            what, layer=self.name, layer_type=self.caffe_type, expected=expected, got=got, hint=hint
+        )
 
-    def add_blob(self, name: str, shape: Sequence[int], *, filler: Any = None,
-                 learnable: bool = True, value: float | None = None) -> torch.Tensor:
+    def add_blob(
+        self,
+        name: str,
+        shape: Sequence[int],
+        *,
+        filler: Any = None,
+        learnable: bool = True,
+        value: float | None = None,
+    ) -> torch.Tensor:
         """Create the next param blob (Caffe order) as a Parameter, or a buffer if not learnable.
 
         ``filler`` is a FillerParameter; ``value`` fills a constant instead.
@@ -186,8 +209,10 @@ class CaffeLayer(nn.Module):
         Layers whose top shape depends on data values override this.
         """
         inputs = tuple(torch.empty(tuple(s), device="meta") for s in bottom_shapes)
-        state = {k: torch.empty_like(v, device="meta") for k, v in
-                 itertools.chain(self.named_parameters(), self.named_buffers())}
+        state = {
+            k: torch.empty_like(v, device="meta")
+            for k, v in itertools.chain(self.named_parameters(), self.named_buffers())
+        }
         with torch.no_grad():
             out = torch.func.functional_call(self, state, inputs)
         outs = out if isinstance(out, (tuple, list)) else (out,)
@@ -202,6 +227,9 @@ class CaffeLayer(nn.Module):
 def canonical_axis(layer: CaffeLayer, axis: int, num_axes: int, field: str = "axis") -> int:
     """Caffe's CanonicalAxisIndex with a layer-located error."""
     if not -num_axes <= axis < num_axes:
-        raise layer.error(f"{field} out of range for a {num_axes}-D bottom",
-                          expected=f"{-num_axes} <= {field} < {num_axes}", got=axis)
+        raise layer.error(
+            f"{field} out of range for a {num_axes}-D bottom",
+            expected=f"{-num_axes} <= {field} < {num_axes}",
+            got=axis,
+        )
     return axis + num_axes if axis < 0 else axis

@@ -37,8 +37,11 @@ class BatchNormLayer(CaffeLayer):
         if len(shape) < 2:
             # Caffe sets channels = 1 for a 1-D bottom, then its Reshape reads shape(1)
             # and aborts.
-            raise self.error("bottom must have at least 2 axes (N, C, ...)",
-                             expected="num_axes >= 2", got=len(shape))
+            raise self.error(
+                "bottom must have at least 2 axes (N, C, ...)",
+                expected="num_axes >= 2",
+                got=len(shape),
+            )
         self._check_param(p, layer_param)
         self.use_global_stats = p.use_global_stats if p.HasField("use_global_stats") else None
         self.moving_average_fraction = p.moving_average_fraction
@@ -53,15 +56,22 @@ class BatchNormLayer(CaffeLayer):
         if p.use_alpha_beta:
             from ..errors import UnsupportedError
 
-            raise self.error("use_alpha_beta (brocolli's affine BatchNorm) is not supported",
-                             expected="use_alpha_beta: false", got=True, cls=UnsupportedError,
-                             hint="follow the BatchNorm with a Scale layer (bias_term: true), "
-                                  "or use brocolli's type BatchNormKyle")
+            raise self.error(
+                "use_alpha_beta (brocolli's affine BatchNorm) is not supported",
+                expected="use_alpha_beta: false",
+                got=True,
+                cls=UnsupportedError,
+                hint="follow the BatchNorm with a Scale layer (bias_term: true), "
+                "or use brocolli's type BatchNormKyle",
+            )
         for i, spec in enumerate(layer_param.param[:3]):
             if spec.lr_mult != 0:
-                raise self.error("cannot configure batch normalization statistics as layer "
-                                 f"parameters (param {i} has a nonzero lr_mult)",
-                                 expected="lr_mult: 0 or no param spec", got=spec.lr_mult)
+                raise self.error(
+                    "cannot configure batch normalization statistics as layer "
+                    f"parameters (param {i} has a nonzero lr_mult)",
+                    expected="lr_mult: 0 or no param spec",
+                    got=spec.lr_mult,
+                )
 
     @property
     def uses_global_stats(self) -> bool:
@@ -78,8 +88,11 @@ class BatchNormLayer(CaffeLayer):
     def _check_bottom(self, shape: Sequence[int]) -> None:
         channels = self.mean.shape[0]
         if len(shape) < 2 or shape[1] != channels:
-            raise self.error("bottom channels (axis 1) differ from the statistics blobs",
-                             expected=f"shape (N, {channels}, ...)", got=list(shape))
+            raise self.error(
+                "bottom channels (axis 1) differ from the statistics blobs",
+                expected=f"shape (N, {channels}, ...)",
+                got=list(shape),
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._normalize(x)

@@ -24,10 +24,12 @@ class BatchNormKyleLayer(BatchNormLayer):
     backward returns before computing alpha / beta diffs, so they get no gradient.
     """
 
-    restrictions = ("alpha / beta diffs are accumulated; Caffe overwrites them (shows only "
-                    "with iter_size > 1 or shared params). Blobs 0-2 are buffers; Caffe "
-                    "leaves them solver-visible with their ParamSpec's lr_mult / decay_mult, "
-                    "so weight decay there would shrink the running statistics")
+    restrictions = (
+        "alpha / beta diffs are accumulated; Caffe overwrites them (shows only "
+        "with iter_size > 1 or shared params). Blobs 0-2 are buffers; Caffe "
+        "leaves them solver-visible with their ParamSpec's lr_mult / decay_mult, "
+        "so weight decay there would shrink the running statistics"
+    )
 
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)

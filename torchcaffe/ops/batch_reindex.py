@@ -32,8 +32,9 @@ class BatchReindexLayer(CaffeLayer):
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         data, index = (tuple(int(d) for d in s) for s in bottom_shapes)
         if len(index) != 1:
-            raise self.error("the index bottom (bottom 1) must be 1-D",
-                             expected="1 axis", got=f"shape {index}")
+            raise self.error(
+                "the index bottom (bottom 1) must be 1-D", expected="1 axis", got=f"shape {index}"
+            )
         return [index + data[1:]]
 
     def forward(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -42,7 +43,9 @@ class BatchReindexLayer(CaffeLayer):
         if index.device.type != "meta" and index.numel():
             bad = (index < 0) | ~(index < x.shape[0])
             if bool(bad.any()):
-                raise self.error("index out of range for the batch",
-                                 expected=f"0 <= index < {x.shape[0]}",
-                                 got=index[bad].tolist()[:5])
+                raise self.error(
+                    "index out of range for the batch",
+                    expected=f"0 <= index < {x.shape[0]}",
+                    got=index[bad].tolist()[:5],
+                )
         return x.index_select(0, index.long())

@@ -45,12 +45,14 @@ class BNLayer(CaffeLayer):
 
     param_field = "bn_param"
     tops = Between(1, 3)
-    restrictions = ("SegNet dialect: scale / shift diffs are accumulated where Caffe "
-                    "overwrites them (shows with iter_size > 1 or shared params); Caffe keeps "
-                    "its setup-time N, C, H, W on reshape; bn_mode INFERENCE with 2 or 3 tops "
-                    "(Caffe leaves tops 1, 2 unwritten) is refused. A bn_param with none of "
-                    "SegNet's fields is read as PSPNet's, so a SegNet caffemodel (2 blobs) "
-                    "needs bn_mode or a filler set in the prototxt")
+    restrictions = (
+        "SegNet dialect: scale / shift diffs are accumulated where Caffe "
+        "overwrites them (shows with iter_size > 1 or shared params); Caffe keeps "
+        "its setup-time N, C, H, W on reshape; bn_mode INFERENCE with 2 or 3 tops "
+        "(Caffe leaves tops 1, 2 unwritten) is refused. A bn_param with none of "
+        "SegNet's fields is read as PSPNet's, so a SegNet caffemodel (2 blobs) "
+        "needs bn_mode or a filler set in the prototxt"
+    )
 
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
@@ -68,9 +70,11 @@ class BNLayer(CaffeLayer):
         segnet = [f for f in SEGNET_FIELDS if p.HasField(f)]
         pspnet = [f for f in PSPNET_FIELDS if p.HasField(f)]
         if segnet and pspnet:
-            raise self.error("bn_param mixes SegNet fields with PSPNet fields",
-                             expected=f"only SegNet {SEGNET_FIELDS} or only PSPNet "
-                                      f"{PSPNET_FIELDS}", got=segnet + pspnet)
+            raise self.error(
+                "bn_param mixes SegNet fields with PSPNet fields",
+                expected=f"only SegNet {SEGNET_FIELDS} or only PSPNet {PSPNET_FIELDS}",
+                got=segnet + pspnet,
+            )
         return "segnet" if segnet else "pspnet"
 
     def _check_tops(self) -> None:
@@ -78,9 +82,12 @@ class BNLayer(CaffeLayer):
         max_tops = 3 if self.dialect == "segnet" and not self.inference else 1
         if self.num_tops > max_tops:
             mode = "SegNet bn_mode INFERENCE" if self.inference else "PSPNet dialect"
-            raise self.error(f"too many top blobs for the {mode} (extra tops are the batch "
-                             "mean and variance of SegNet's LEARN mode)",
-                             expected=f"{max_tops} top", got=self.num_tops)
+            raise self.error(
+                f"too many top blobs for the {mode} (extra tops are the batch "
+                "mean and variance of SegNet's LEARN mode)",
+                expected=f"{max_tops} top",
+                got=self.num_tops,
+            )
 
     def _segnet_blobs(self, shape: Shape) -> None:
         p = self.param
@@ -110,9 +117,11 @@ class BNLayer(CaffeLayer):
     def _check_bottom(self, shape: Sequence[int]) -> tuple[int, int, int, int]:
         nchw = legacy_nchw(self, shape)
         if nchw[1] != self.weight.shape[1]:
-            raise self.error("bottom channels (axis 1) differ from the BN blobs",
-                             expected=f"shape (N, {self.weight.shape[1]}, ...)",
-                             got=list(shape))
+            raise self.error(
+                "bottom channels (axis 1) differ from the BN blobs",
+                expected=f"shape (N, {self.weight.shape[1]}, ...)",
+                got=list(shape),
+            )
         return nchw
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
@@ -140,8 +149,9 @@ class BNLayer(CaffeLayer):
         self._update_stats(mean.detach(), var.detach())
         return centered * (var + self.eps).rsqrt() * slope + bias
 
-    def _segnet(self, rows: torch.Tensor, nchw: tuple[int, int, int, int]
-                ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    def _segnet(
+        self, rows: torch.Tensor, nchw: tuple[int, int, int, int]
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """rows (N, C, H*W) -> the 4-D top [, batch mean, batch variance]."""
         c = rows.shape[1]
         scale, shift = self.weight.reshape(c, 1), self.bias.reshape(c, 1)

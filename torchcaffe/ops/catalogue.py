@@ -41,6 +41,8 @@ def supported_layers_markdown() -> str:
     rows = []
     for name, cls in sorted(registered_layers().items()):
         backward = "yes" if cls.has_backward else "no (as Caffe)"
-        rows.append(f"| {name} | {_params_message(cls.param_field)} | {backward} | "
-                    f"{_summary(cls)} | {cls.restrictions.replace('|', '/') or '-'} |")
+        rows.append(
+            f"| {name} | {_params_message(cls.param_field)} | {backward} | "
+            f"{_summary(cls)} | {cls.restrictions.replace('|', '/') or '-'} |"
+        )
     return HEADER + "\n".join(rows) + "\n"

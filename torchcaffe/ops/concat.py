@@ -28,17 +28,22 @@ class ConcatLayer(CaffeLayer):
         super().__init__(layer_param, bottom_shapes)
         p = self.param
         if p.HasField("axis") and p.HasField("concat_dim"):
-            raise self.error("either axis or concat_dim should be specified, not both",
-                             expected="one of axis / concat_dim",
-                             got=f"axis {p.axis} and concat_dim {p.concat_dim}")
+            raise self.error(
+                "either axis or concat_dim should be specified, not both",
+                expected="one of axis / concat_dim",
+                got=f"axis {p.axis} and concat_dim {p.concat_dim}",
+            )
         self.output_shapes(self.bottom_shapes)
 
     def concat_axis(self, num_axes: int) -> int:
         p = self.param
         if p.HasField("concat_dim"):
             if p.concat_dim >= num_axes:
-                raise self.error("concat_dim out of range", expected=f"0 <= concat_dim < "
-                                 f"{num_axes}", got=p.concat_dim)
+                raise self.error(
+                    "concat_dim out of range",
+                    expected=f"0 <= concat_dim < {num_axes}",
+                    got=p.concat_dim,
+                )
             return p.concat_dim
         return canonical_axis(self, p.axis, num_axes)
 
@@ -49,12 +54,17 @@ class ConcatLayer(CaffeLayer):
         for i, shape in enumerate(bottom_shapes[1:], start=1):
             shape = tuple(int(d) for d in shape)
             if len(shape) != len(first):
-                raise self.error("all inputs must have the same number of axes",
-                                 expected=f"{len(first)} axes in bottom {i}", got=len(shape))
+                raise self.error(
+                    "all inputs must have the same number of axes",
+                    expected=f"{len(first)} axes in bottom {i}",
+                    got=len(shape),
+                )
             if any(a != b for j, (a, b) in enumerate(zip(first, shape)) if j != axis):
-                raise self.error(f"all inputs must have the same shape except at the concat "
-                                 f"axis ({axis})", expected=f"bottom {i} like {first}",
-                                 got=shape)
+                raise self.error(
+                    f"all inputs must have the same shape except at the concat axis ({axis})",
+                    expected=f"bottom {i} like {first}",
+                    got=shape,
+                )
             top[axis] += shape[axis]
         return [tuple(top)]
 

@@ -30,19 +30,28 @@ class ContrastiveLossLayer(LossLayer):
         a, b, y = self.bottom_shapes
         for i, s in enumerate((a, b, y)):
             if len(s) > 4:
-                raise self.error(f"bottom {i} must have at most 4 axes", expected="<= 4",
-                                 got=len(s))
+                raise self.error(
+                    f"bottom {i} must have at most 4 axes", expected="<= 4", got=len(s)
+                )
         checks = [("bottom 1 channels", legacy_dim(b, 1), legacy_dim(a, 1))]
-        checks += [(f"bottom {i} {name}", legacy_dim(s, k), 1) for i, s in enumerate((a, b))
-                   for k, name in ((2, "height"), (3, "width"))]
-        checks += [(f"bottom 2 {name}", legacy_dim(y, k), 1)
-                   for k, name in ((1, "channels"), (2, "height"), (3, "width"))]
+        checks += [
+            (f"bottom {i} {name}", legacy_dim(s, k), 1)
+            for i, s in enumerate((a, b))
+            for k, name in ((2, "height"), (3, "width"))
+        ]
+        checks += [
+            (f"bottom 2 {name}", legacy_dim(y, k), 1)
+            for k, name in ((1, "channels"), (2, "height"), (3, "width"))
+        ]
         for what, got, want in checks:
             if got != want:
                 raise self.error(f"{what} mismatch", expected=want, got=got)
         if legacy_dim(y, 0) < legacy_dim(a, 0):
-            raise self.error("bottom 2 needs one similarity value per pair",
-                             expected=f">= {legacy_dim(a, 0)} values", got=legacy_dim(y, 0))
+            raise self.error(
+                "bottom 2 needs one similarity value per pair",
+                expected=f">= {legacy_dim(a, 0)} values",
+                got=legacy_dim(y, 0),
+            )
         p = self.param
         self.margin = p.margin
         self.legacy_version = p.legacy_version

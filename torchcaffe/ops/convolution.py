@@ -34,16 +34,20 @@ class ConvolutionBase(CaffeLayer):
         self.bias_term = p.bias_term
         for i, other in enumerate(self.bottom_shapes[1:], 1):
             if other != shape:
-                raise self.error(f"all bottoms must have the same shape; bottom {i} differs",
-                                 expected=shape, got=other)
+                raise self.error(
+                    f"all bottoms must have the same shape; bottom {i} differs",
+                    expected=shape,
+                    got=other,
+                )
         conv_out, conv_in = self.num_output, self.channels
         if self.reverse_dimensions:
             conv_out, conv_in = conv_in, conv_out
-        self.add_blob("weight", (conv_out, conv_in // self.group, *self.geom.kernel),
-                      filler=p.weight_filler)
+        self.add_blob(
+            "weight", (conv_out, conv_in // self.group, *self.geom.kernel), filler=p.weight_filler
+        )
         if self.bias_term:
             self.add_blob("bias", (self.num_output,), filler=p.bias_filler)
-        self.top_spatial(shape[self.geom.channel_axis + 1:])
+        self.top_spatial(shape[self.geom.channel_axis + 1 :])
 
     def setup_geometry(self, shape) -> tuple[ConvGeometry, int, int]:
         p = self.param
@@ -52,11 +56,17 @@ class ConvolutionBase(CaffeLayer):
         if p.num_output <= 0:
             raise self.error("num_output must be positive", expected="> 0", got=p.num_output)
         if p.group <= 0 or channels % p.group:
-            raise self.error("group must divide the number of input channels",
-                             expected=f"a divisor of {channels}", got=f"group {p.group}")
+            raise self.error(
+                "group must divide the number of input channels",
+                expected=f"a divisor of {channels}",
+                got=f"group {p.group}",
+            )
         if p.num_output % p.group:
-            raise self.error("num_output must be a multiple of group",
-                             expected=f"a multiple of {p.group}", got=p.num_output)
+            raise self.error(
+                "num_output must be a multiple of group",
+                expected=f"a multiple of {p.group}",
+                got=p.num_output,
+            )
         return geom, p.num_output, p.group
 
     def output_spatial(self, spatial) -> tuple[int, ...]:
@@ -65,9 +75,11 @@ class ConvolutionBase(CaffeLayer):
     def top_spatial(self, spatial) -> tuple[int, ...]:
         out = self.output_spatial(spatial)
         if any(o <= 0 for o in out):
-            raise self.error("output size is not positive for this bottom",
-                             expected="every output dim > 0",
-                             got=f"{tuple(out)} from spatial {tuple(spatial)}")
+            raise self.error(
+                "output size is not positive for this bottom",
+                expected="every output dim > 0",
+                got=f"{tuple(out)} from spatial {tuple(spatial)}",
+            )
         return out
 
     def forward(self, *bottoms: torch.Tensor):
@@ -77,13 +89,17 @@ class ConvolutionBase(CaffeLayer):
     def _one(self, x: torch.Tensor, shape0) -> torch.Tensor:
         axis = self.geom.channel_axis
         if x.dim() != axis + 1 + self.geom.num_spatial or x.shape[axis] != self.channels:
-            raise self.error("bottom incompatible with the convolution set up",
-                             expected=f"{axis + 1 + self.geom.num_spatial} axes with "
-                             f"{self.channels} channels at axis {axis}", got=tuple(x.shape))
+            raise self.error(
+                "bottom incompatible with the convolution set up",
+                expected=f"{axis + 1 + self.geom.num_spatial} axes with "
+                f"{self.channels} channels at axis {axis}",
+                got=tuple(x.shape),
+            )
         if x.shape != shape0:
-            raise self.error("all bottoms must have the same shape", expected=tuple(shape0),
-                             got=tuple(x.shape))
-        lead, spatial = x.shape[:axis], tuple(x.shape[axis + 1:])
+            raise self.error(
+                "all bottoms must have the same shape", expected=tuple(shape0), got=tuple(x.shape)
+            )
+        lead, spatial = x.shape[:axis], tuple(x.shape[axis + 1 :])
         out = self.top_spatial(spatial)
         y = self.compute(x.reshape(math.prod(lead), self.channels, *spatial), spatial)
         return y.reshape(*lead, self.num_output, *out)
@@ -125,5 +141,12 @@ class ConvolutionLayer(ConvolutionBase):
         if any(extra):
             x = F.pad(x, [v for e in reversed(extra) for v in (0, e)])
         conv = (F.conv1d, F.conv2d, F.conv3d)[n - 1]
-        return conv(x, weight, self.bias if self.bias_term else None, g.stride, g.pad,
-                    g.dilation, self.group)
+        return conv(
+            x,
+            weight,
+            self.bias if self.bias_term else None,
+            g.stride,
+            g.pad,
+            g.dilation,
+            self.group,
+        )

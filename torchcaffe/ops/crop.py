@@ -28,24 +28,31 @@ class CropLayer(CaffeLayer):
         self.axis = canonical_axis(self, p.axis, ndim)
         self.offsets_given = list(p.offset)
         if len(self.offsets_given) > 1 and self.axis + len(self.offsets_given) != ndim:
-            raise self.error("number of offset values must equal the number of axes from "
-                             "axis on", expected=ndim - self.axis,
-                             got=len(self.offsets_given))
+            raise self.error(
+                "number of offset values must equal the number of axes from axis on",
+                expected=ndim - self.axis,
+                got=len(self.offsets_given),
+            )
         self.plan(self.bottom_shapes[0], self.bottom_shapes[1])
 
     def plan(self, shape, ref) -> list[tuple[int, int, int]]:
         """(axis, offset, size) for every cropped axis, checked against the bottom."""
         if len(ref) < len(shape):
-            raise self.error("bottom 1 needs at least as many axes as bottom 0",
-                             expected=f">= {len(shape)} axes", got=len(ref))
+            raise self.error(
+                "bottom 1 needs at least as many axes as bottom 0",
+                expected=f">= {len(shape)} axes",
+                got=len(ref),
+            )
         given = self.offsets_given
         cuts = []
         for i in range(self.axis, len(shape)):
             off = 0 if not given else given[0] if len(given) == 1 else given[i - self.axis]
             if shape[i] - off < ref[i]:
-                raise self.error(f"the crop for axis {i} is out of bounds",
-                                 expected=f"offset {off} + size {ref[i]} <= {shape[i]}",
-                                 got=f"bottom size {shape[i]}")
+                raise self.error(
+                    f"the crop for axis {i} is out of bounds",
+                    expected=f"offset {off} + size {ref[i]} <= {shape[i]}",
+                    got=f"bottom size {shape[i]}",
+                )
             cuts.append((i, off, ref[i]))
         return cuts
 

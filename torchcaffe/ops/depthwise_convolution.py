@@ -41,16 +41,15 @@ class ConvolutionDepthwiseLayer(ConvolutionLayer):
     def setup_geometry(self, shape) -> tuple[ConvGeometry, int, int]:
         p = self.param
         if len(shape) != 4:
-            raise self.error("input must have 4 axes (num, channels, height, width)",
-                             expected=4, got=len(shape))
+            raise self.error(
+                "input must have 4 axes (num, channels, height, width)", expected=4, got=len(shape)
+            )
         kernel = self._hw(p, "kernel", "kernel_size", None)
         if min(kernel) <= 0:
-            raise self.error("filter dimensions must be nonzero", expected="kernel > 0",
-                             got=kernel)
+            raise self.error("filter dimensions must be nonzero", expected="kernel > 0", got=kernel)
         stride = self._hw(p, "stride", "stride", 1)
         if min(stride) <= 0:
-            raise self.error("stride dimensions must be nonzero", expected="stride > 0",
-                             got=stride)
+            raise self.error("stride dimensions must be nonzero", expected="stride > 0", got=stride)
         pad = self._hw(p, "pad", "pad", 0)
         dilation = self._hw(p, None, "dilation", 1)
         if min(dilation) <= 0:
@@ -58,14 +57,16 @@ class ConvolutionDepthwiseLayer(ConvolutionLayer):
         channels = shape[1]
         return ConvGeometry(1, kernel, stride, pad, dilation), channels, channels
 
-    def _hw(self, p, prefix: str | None, repeated: str, default: int | None
-            ) -> tuple[int, int]:
+    def _hw(self, p, prefix: str | None, repeated: str, default: int | None) -> tuple[int, int]:
         if prefix and p.HasField(f"{prefix}_h") and p.HasField(f"{prefix}_w"):
             return (getattr(p, f"{prefix}_h"), getattr(p, f"{prefix}_w"))
         values = list(getattr(p, repeated))
         if not values:
             if default is None:
-                raise self.error(f"{repeated} (or both {prefix}_h and {prefix}_w) is required",
-                                 expected=f"{repeated} or {prefix}_h/{prefix}_w", got="none")
+                raise self.error(
+                    f"{repeated} (or both {prefix}_h and {prefix}_w) is required",
+                    expected=f"{repeated} or {prefix}_h/{prefix}_w",
+                    got="none",
+                )
             return (default, default)
         return (values[0], values[1] if len(values) > 1 else values[0])

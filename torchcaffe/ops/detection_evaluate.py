@@ -32,8 +32,10 @@ class DetectionEvaluateLayer(CaffeLayer):
     param_field = "detection_evaluate_param"
     bottoms = Exactly(2)
     has_backward = False
-    restrictions = ("name_size_file (scoring in original-image pixels, with resize_param) is "
-                    "unsupported: boxes are evaluated normalized, as the fork does without it")
+    restrictions = (
+        "name_size_file (scoring in original-image pixels, with resize_param) is "
+        "unsupported: boxes are evaluated normalized, as the fork does without it"
+    )
 
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
@@ -41,12 +43,16 @@ class DetectionEvaluateLayer(CaffeLayer):
         if not p.HasField("num_classes"):
             raise self.error("must provide num_classes", expected="num_classes >= 1", got=None)
         if not p.overlap_threshold > 0:
-            raise self.error("overlap_threshold must be positive", expected="> 0",
-                             got=p.overlap_threshold)
+            raise self.error(
+                "overlap_threshold must be positive", expected="> 0", got=p.overlap_threshold
+            )
         if p.HasField("name_size_file"):
-            raise self.error("name_size_file is not supported", got=p.name_size_file,
-                             hint="drop name_size_file to evaluate normalized boxes",
-                             cls=UnsupportedError)
+            raise self.error(
+                "name_size_file is not supported",
+                got=p.name_size_file,
+                hint="drop name_size_file to evaluate normalized boxes",
+                cls=UnsupportedError,
+            )
         self.num_classes, self.background = p.num_classes, _bbox.label_id(p.background_label_id)
         self._check_shapes(self.bottom_shapes)
 
@@ -54,8 +60,11 @@ class DetectionEvaluateLayer(CaffeLayer):
         for i, width in ((0, 7), (1, 8)):
             s = tuple(shapes[i])
             if len(s) != 4 or s[0] != 1 or s[1] != 1 or s[3] != width:
-                raise self.error(f"bottom {i} must be (1, 1, rows, {width})",
-                                 expected=f"(1, 1, rows, {width})", got=s)
+                raise self.error(
+                    f"bottom {i} must be (1, 1, rows, {width})",
+                    expected=f"(1, 1, rows, {width})",
+                    got=s,
+                )
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         self._check_shapes(bottom_shapes)
@@ -65,8 +74,9 @@ class DetectionEvaluateLayer(CaffeLayer):
     def _num_pos_classes(self) -> int:
         return self.num_classes if self.background == -1 else self.num_classes - 1
 
-    def _group(self, rows: list[list[float]], what: str, stop_at_end: bool
-               ) -> dict[int, dict[int, list[int]]]:
+    def _group(
+        self, rows: list[list[float]], what: str, stop_at_end: bool
+    ) -> dict[int, dict[int, list[int]]]:
         """Row indices by image then label; rows of image -1 end the ground truth (break)
         or are skipped (detections); a background label is an error, as in the fork."""
         groups: dict[int, dict[int, list[int]]] = {}
@@ -77,10 +87,13 @@ class DetectionEvaluateLayer(CaffeLayer):
                     break
                 continue
             if label == self.background:
-                raise DataError(f"found background label in the {what}", layer=self.name,
-                                layer_type=self.caffe_type,
-                                expected=f"labels != background_label_id {self.background}",
-                                got=f"row {r}: {v}")
+                raise DataError(
+                    f"found background label in the {what}",
+                    layer=self.name,
+                    layer_type=self.caffe_type,
+                    expected=f"labels != background_label_id {self.background}",
+                    got=f"row {r}: {v}",
+                )
             groups.setdefault(image, {}).setdefault(label, []).append(r)
         return groups
 
@@ -93,8 +106,7 @@ class DetectionEvaluateLayer(CaffeLayer):
                 counted[label] = counted.get(label, 0) + n
         return counted
 
-    def _tp_fp(self, key: tuple[int, int], dets, gts, iou, det_rows, gt_rows
-               ) -> list[list[float]]:
+    def _tp_fp(self, key: tuple[int, int], dets, gts, iou, det_rows, gt_rows) -> list[list[float]]:
         """[image, label, score, tp, fp] of one image and label, by descending score."""
         out = []
         visited = [False] * len(gt_rows)
@@ -116,14 +128,18 @@ class DetectionEvaluateLayer(CaffeLayer):
     def forward(self, det: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
         d, g = det.detach().reshape(-1, 7), gt.detach().reshape(-1, 8)
         # Overlaps in the input's precision on its device; the bookkeeping is sequential.
-        iou = _bbox.jaccard(d[:, 3:7], _bbox.box_size(d[:, 3:7]), g[:, 3:7],
-                            _bbox.box_size(g[:, 3:7])).tolist()
+        iou = _bbox.jaccard(
+            d[:, 3:7], _bbox.box_size(d[:, 3:7]), g[:, 3:7], _bbox.box_size(g[:, 3:7])
+        ).tolist()
         dets, gts = d.tolist(), g.tolist()
         gt_groups = self._group(gts, "ground truth", stop_at_end=True)
         det_groups = self._group(dets, "detections", stop_at_end=False)
         num_pos = self._num_pos(gt_groups, gts)
-        out = [[-1.0, float(c), float(num_pos.get(c, 0)), -1.0, -1.0]
-               for c in range(self.num_classes) if c != self.background]
+        out = [
+            [-1.0, float(c), float(num_pos.get(c, 0)), -1.0, -1.0]
+            for c in range(self.num_classes)
+            if c != self.background
+        ]
         for image in sorted(det_groups):
             for label in sorted(det_groups[image]):
                 if label == -1:

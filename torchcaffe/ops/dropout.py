@@ -32,8 +32,9 @@ class DropoutLayer(NeuronLayer):
         if not 0 <= p.dropout_ratio < 1:
             # Caffe DCHECKs 0 < ratio < 1; its Bernoulli draw CHECK-fails outside [0, 1] and
             # ratio 1 makes the scale 1 / (1 - ratio) infinite.
-            raise self.error("dropout_ratio out of range", expected="0 <= dropout_ratio < 1",
-                             got=p.dropout_ratio)
+            raise self.error(
+                "dropout_ratio out of range", expected="0 <= dropout_ratio < 1", got=p.dropout_ratio
+            )
         self.dropout_ratio = p.dropout_ratio
         self.scale_train = p.scale_train
         self.sample_weights_test = p.sample_weights_test

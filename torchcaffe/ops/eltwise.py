@@ -36,11 +36,17 @@ class EltwiseLayer(CaffeLayer):
         p = self.param
         n = len(layer_param.bottom)
         if len(p.coeff) not in (0, n):
-            raise self.error("Eltwise takes one coefficient per bottom blob",
-                             expected=f"0 or {n} coeff values", got=len(p.coeff))
+            raise self.error(
+                "Eltwise takes one coefficient per bottom blob",
+                expected=f"0 or {n} coeff values",
+                got=len(p.coeff),
+            )
         if p.operation == EltwiseOp.PROD and len(p.coeff):
-            raise self.error("Eltwise only takes coefficients (coeff) for SUM",
-                             expected="no coeff with operation PROD", got=list(p.coeff))
+            raise self.error(
+                "Eltwise only takes coefficients (coeff) for SUM",
+                expected="no coeff with operation PROD",
+                got=list(p.coeff),
+            )
         self.operation = p.operation
         self.coeff = list(p.coeff) or [1.0] * n
         self.stable_prod_grad = p.stable_prod_grad
@@ -50,8 +56,9 @@ class EltwiseLayer(CaffeLayer):
         first = tuple(int(d) for d in bottom_shapes[0])
         for i, shape in enumerate(bottom_shapes[1:], start=1):
             if tuple(int(d) for d in shape) != first:
-                raise self.error(f"bottom {i} differs in shape from bottom 0",
-                                 expected=first, got=tuple(shape))
+                raise self.error(
+                    f"bottom {i} differs in shape from bottom 0", expected=first, got=tuple(shape)
+                )
         return [first]
 
     def forward(self, *bottoms: torch.Tensor) -> torch.Tensor:

@@ -46,8 +46,10 @@ class EmbedLayer(CaffeLayer):
         if index.device.type != "meta" and index.numel():
             bad = (index < 0) | (index >= self.input_dim)
             if bool(bad.any()):
-                raise self.error("index out of range for the embedding",
-                                 expected=f"0 <= index < input_dim ({self.input_dim})",
-                                 got=x.detach()[bad].tolist()[:5])
+                raise self.error(
+                    "index out of range for the embedding",
+                    expected=f"0 <= index < input_dim ({self.input_dim})",
+                    got=x.detach()[bad].tolist()[:5],
+                )
         top = F.embedding(index, self.weight)
         return top + self.bias if self.bias_term else top

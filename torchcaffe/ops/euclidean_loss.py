@@ -28,9 +28,11 @@ class EuclideanLossLayer(LossLayer):
 
     def _check_counts(self, a, b) -> None:
         if math.prod(a[1:]) != math.prod(b[1:]):
-            raise self.error("inputs must have the same dimension",
-                             expected=f"{math.prod(a[1:])} values per item (as {tuple(a)})",
-                             got=f"shape {tuple(b)}")
+            raise self.error(
+                "inputs must have the same dimension",
+                expected=f"{math.prod(a[1:])} values per item (as {tuple(a)})",
+                got=f"shape {tuple(b)}",
+            )
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         self._check_counts(a.shape, b.shape)

@@ -13,8 +13,15 @@ import torch
 from ..errors import LayerParamError
 from ..proto import caffe_pb2
 
-FILLER_TYPES = ("constant", "gaussian", "positive_unitball", "uniform", "xavier", "msra",
-                "bilinear")
+FILLER_TYPES = (
+    "constant",
+    "gaussian",
+    "positive_unitball",
+    "uniform",
+    "xavier",
+    "msra",
+    "bilinear",
+)
 
 
 def _fans(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -36,13 +43,17 @@ def _variance_n(param: caffe_pb2.FillerParameter, shape: tuple[int, ...]) -> flo
 def check_filler(param: caffe_pb2.FillerParameter) -> None:
     """Reject what Caffe's GetFiller / Fill would reject, before any tensor exists."""
     if param.type not in FILLER_TYPES:
-        raise LayerParamError(f"unknown filler type {param.type!r}",
-                              expected=" / ".join(FILLER_TYPES), got=param.type)
+        raise LayerParamError(
+            f"unknown filler type {param.type!r}", expected=" / ".join(FILLER_TYPES), got=param.type
+        )
     if param.sparse < -1:
         raise LayerParamError("filler sparse must be >= -1", expected=">= -1", got=param.sparse)
     if param.sparse != -1 and param.type != "gaussian":
-        raise LayerParamError(f"sparsity is not supported by the {param.type!r} filler",
-                              expected="sparse: -1", got=param.sparse)
+        raise LayerParamError(
+            f"sparsity is not supported by the {param.type!r} filler",
+            expected="sparse: -1",
+            got=param.sparse,
+        )
 
 
 @torch.no_grad()
@@ -62,8 +73,11 @@ def fill_(tensor: torch.Tensor, param: caffe_pb2.FillerParameter) -> torch.Tenso
         if param.sparse >= 0:
             p = param.sparse / shape[0]
             if p > 1:
-                raise LayerParamError("gaussian filler sparse exceeds the number of outputs",
-                                      expected=f"sparse <= {shape[0]}", got=param.sparse)
+                raise LayerParamError(
+                    "gaussian filler sparse exceeds the number of outputs",
+                    expected=f"sparse <= {shape[0]}",
+                    got=param.sparse,
+                )
             tensor.mul_(torch.bernoulli(torch.full_like(tensor, p)))
     elif kind == "positive_unitball":
         tensor.uniform_(0, 1)
@@ -81,12 +95,16 @@ def fill_(tensor: torch.Tensor, param: caffe_pb2.FillerParameter) -> torch.Tenso
 
 def _bilinear_(tensor: torch.Tensor) -> None:
     if tensor.dim() != 4:
-        raise LayerParamError("the bilinear filler needs a 4-D blob", expected=4,
-                              got=tuple(tensor.shape))
+        raise LayerParamError(
+            "the bilinear filler needs a 4-D blob", expected=4, got=tuple(tensor.shape)
+        )
     height, width = tensor.shape[2], tensor.shape[3]
     if height != width:
-        raise LayerParamError("the bilinear filler needs a square kernel",
-                              expected="kernel_h == kernel_w", got=(height, width))
+        raise LayerParamError(
+            "the bilinear filler needs a square kernel",
+            expected="kernel_h == kernel_w",
+            got=(height, width),
+        )
     f = math.ceil(width / 2.0)
     c = (width - 1) / (2.0 * f)
     x = torch.arange(width, dtype=torch.float64)

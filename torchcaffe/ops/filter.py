@@ -29,8 +29,12 @@ class FilterLayer(CaffeLayer):
         super().__init__(layer_param, bottom_shapes)
         nb, nt = len(layer_param.bottom), len(layer_param.top)
         if nt != nb - 1:
-            raise self.error("Filter needs one top per bottom except the selector",
-                             expected=f"{nb - 1} top(s)", got=nt, cls=BlobWiringError)
+            raise self.error(
+                "Filter needs one top per bottom except the selector",
+                expected=f"{nb - 1} top(s)",
+                got=nt,
+                cls=BlobWiringError,
+            )
         self.output_shapes(self.bottom_shapes)
 
     def allow_force_backward(self, bottom_index: int) -> bool:
@@ -39,12 +43,18 @@ class FilterLayer(CaffeLayer):
     def check_shapes(self, bottom_shapes: Sequence[Shape]) -> None:
         selector = tuple(bottom_shapes[-1])
         if any(d != 1 for d in selector[1:]):
-            raise self.error("selector dimensions must be singletons (1), except the first",
-                             expected=f"({selector[0]}, 1, ...)", got=selector)
+            raise self.error(
+                "selector dimensions must be singletons (1), except the first",
+                expected=f"({selector[0]}, 1, ...)",
+                got=selector,
+            )
         for i, shape in enumerate(bottom_shapes[:-1]):
             if shape[0] != selector[0]:
-                raise self.error(f"bottom {i} must have the selector's first dimension",
-                                 expected=selector[0], got=shape[0])
+                raise self.error(
+                    f"bottom {i} must have the selector's first dimension",
+                    expected=selector[0],
+                    got=shape[0],
+                )
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         """Shapes before any data is seen, as Caffe's first Reshape: all N items kept."""

@@ -25,9 +25,11 @@ class FlattenLayer(CaffeLayer):
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
         if list(layer_param.top[:1]) == list(layer_param.bottom[:1]):
-            raise self.error("Flatten does not allow in-place computation",
-                             expected="a top blob other than the bottom",
-                             got=f"top {layer_param.top[0]!r} == bottom")
+            raise self.error(
+                "Flatten does not allow in-place computation",
+                expected="a top blob other than the bottom",
+                got=f"top {layer_param.top[0]!r} == bottom",
+            )
         self.output_shapes(self.bottom_shapes)
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
@@ -36,9 +38,12 @@ class FlattenLayer(CaffeLayer):
         start = canonical_axis(self, p.axis, len(shape))
         end = canonical_axis(self, p.end_axis, len(shape), "end_axis")
         if end + 1 < start:
-            raise self.error("end_axis must not be before axis - 1",
-                             expected=f"end_axis >= {start - 1} (axis {start})", got=end)
-        return [shape[:start] + (math.prod(shape[start:end + 1]),) + shape[end + 1:]]
+            raise self.error(
+                "end_axis must not be before axis - 1",
+                expected=f"end_axis >= {start - 1} (axis {start})",
+                got=end,
+            )
+        return [shape[:start] + (math.prod(shape[start : end + 1]),) + shape[end + 1 :]]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x.reshape(self.output_shapes([tuple(x.shape)])[0])

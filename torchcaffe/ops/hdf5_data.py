@@ -30,19 +30,25 @@ class HDF5DataLayer(CaffeLayer):
     tops = AtLeast(1)
     param_field = "hdf5_data_param"
     has_backward = False
-    restrictions = ("shuffle draws from torch's RNG (seeded by set_random_seed), not "
-                    "std::random_shuffle: same rows per epoch, another order; multi-GPU row "
-                    "skipping (solver_count > 1) is not reproduced")
+    restrictions = (
+        "shuffle draws from torch's RNG (seeded by set_random_seed), not "
+        "std::random_shuffle: same rows per epoch, another order; multi-GPU row "
+        "skipping (solver_count > 1) is not reproduced"
+    )
 
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
         if layer_param.HasField("transform_param"):
-            raise self.error("HDF5Data does not transform data", expected="no transform_param",
-                             got="a transform_param")
+            raise self.error(
+                "HDF5Data does not transform data",
+                expected="no transform_param",
+                got="a transform_param",
+            )
         p = self.param
         if p.batch_size <= 0:
-            raise self.error("batch_size must be positive", expected="batch_size > 0",
-                             got=p.batch_size)
+            raise self.error(
+                "batch_size must be positive", expected="batch_size > 0", got=p.batch_size
+            )
         self.batch_size = int(p.batch_size)
         self.shuffle = bool(p.shuffle)
         self.top_names = list(layer_param.top)
@@ -63,12 +69,20 @@ class HDF5DataLayer(CaffeLayer):
             with open(source, encoding="utf-8", errors="surrogateescape") as f:
                 names = f.read().split()  # Caffe reads with `>>`: whitespace-separated
         except OSError as err:
-            raise self.error(f"cannot open the source list {source!r} ({err.strerror})",
-                             expected="a text file of .h5 names, relative to the working "
-                             f"directory {os.getcwd()}", got=source, cls=DataError) from None
+            raise self.error(
+                f"cannot open the source list {source!r} ({err.strerror})",
+                expected="a text file of .h5 names, relative to the working "
+                f"directory {os.getcwd()}",
+                got=source,
+                cls=DataError,
+            ) from None
         if not names:
-            raise self.error(f"the source list {source!r} names no HDF5 file",
-                             expected="at least 1 file name", got=0, cls=DataError)
+            raise self.error(
+                f"the source list {source!r} names no HDF5 file",
+                expected="at least 1 file name",
+                got=0,
+                cls=DataError,
+            )
         return names
 
     def _load(self, filename: str) -> None:
@@ -78,44 +92,65 @@ class HDF5DataLayer(CaffeLayer):
         try:
             h5 = h5py.File(filename, "r")
         except OSError as err:
-            raise self.error(f"cannot open HDF5 file {filename!r} ({err})",
-                             cls=DataError) from None
+            raise self.error(f"cannot open HDF5 file {filename!r} ({err})", cls=DataError) from None
         data = []
         with h5:
             for name in self.top_names:
                 data.append(self._dataset(h5, filename, name))
         rows = data[0].shape[0]
         if rows == 0:
-            raise self.error(f"{filename}: dataset '{self.top_names[0]}' has no rows",
-                             expected=">= 1 row", got=0, cls=DataError)
+            raise self.error(
+                f"{filename}: dataset '{self.top_names[0]}' has no rows",
+                expected=">= 1 row",
+                got=0,
+                cls=DataError,
+            )
         for name, d in zip(self.top_names, data):
             if d.shape[0] != rows:
-                raise self.error(f"{filename}: dataset '{name}' has another number of rows "
-                                 f"than '{self.top_names[0]}'", expected=rows, got=d.shape[0],
-                                 cls=DataError)
+                raise self.error(
+                    f"{filename}: dataset '{name}' has another number of rows "
+                    f"than '{self.top_names[0]}'",
+                    expected=rows,
+                    got=d.shape[0],
+                    cls=DataError,
+                )
         if hasattr(self, "_top_shapes"):
             for name, d, shape in zip(self.top_names, data, self._top_shapes):
                 if tuple(d.shape[1:]) != shape[1:]:
-                    raise self.error(f"{filename}: dataset '{name}' rows differ in shape from "
-                                     "the first file's", expected=shape[1:],
-                                     got=tuple(d.shape[1:]), cls=DataError)
+                    raise self.error(
+                        f"{filename}: dataset '{name}' rows differ in shape from the first file's",
+                        expected=shape[1:],
+                        got=tuple(d.shape[1:]),
+                        cls=DataError,
+                    )
         self._data = data
         self._rows = rows
         self._order = self._permutation(rows)
 
     def _dataset(self, h5, filename: str, name: str) -> torch.Tensor:
         if name not in h5 or not hasattr(h5[name], "dtype"):
-            raise self.error(f"{filename}: no dataset named '{name}' (one per top)",
-                             expected=f"datasets {self.top_names}", got=sorted(h5.keys()),
-                             cls=DataError)
+            raise self.error(
+                f"{filename}: no dataset named '{name}' (one per top)",
+                expected=f"datasets {self.top_names}",
+                got=sorted(h5.keys()),
+                cls=DataError,
+            )
         ds = h5[name]
         if ds.ndim < 1:
-            raise self.error(f"{filename}: dataset '{name}' needs at least 1 axis",
-                             expected=">= 1 axis", got=ds.shape, cls=DataError)
+            raise self.error(
+                f"{filename}: dataset '{name}' needs at least 1 axis",
+                expected=">= 1 axis",
+                got=ds.shape,
+                cls=DataError,
+            )
         kind = ds.dtype.kind
         if kind not in "fiub":
-            raise self.error(f"{filename}: dataset '{name}' is not numeric",
-                             expected="float or integer data", got=str(ds.dtype), cls=DataError)
+            raise self.error(
+                f"{filename}: dataset '{name}' is not numeric",
+                expected="float or integer data",
+                got=str(ds.dtype),
+                cls=DataError,
+            )
         array = ds[()]
         if kind == "f" and array.dtype.itemsize >= 4:
             return torch.from_numpy(np.ascontiguousarray(array))
@@ -150,7 +185,7 @@ class HDF5DataLayer(CaffeLayer):
         need = self.batch_size
         while need:
             take = min(need, self._rows - self._row)
-            rows = self._order[self._row:self._row + take]
+            rows = self._order[self._row : self._row + take]
             for out, data in zip(chunks, self._data):
                 out.append(data[rows])
             need -= take

@@ -30,23 +30,26 @@ class Im2colLayer(CaffeLayer):
         super().__init__(layer_param, bottom_shapes)
         shape = self.bottom_shapes[0]
         self.geom = conv_geometry(self, self.param, shape, min_spatial=1)
-        self._out_spatial(shape[self.geom.channel_axis + 1:])
+        self._out_spatial(shape[self.geom.channel_axis + 1 :])
 
     def _out_spatial(self, spatial) -> tuple[int, ...]:
         out = self.geom.conv_output(spatial)
         if any(o <= 0 for o in out):
-            raise self.error("output size is not positive for this bottom",
-                             expected="every output dim > 0",
-                             got=f"{out} from spatial {tuple(spatial)}")
+            raise self.error(
+                "output size is not positive for this bottom",
+                expected="every output dim > 0",
+                got=f"{out} from spatial {tuple(spatial)}",
+            )
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         g = self.geom
         axis = g.channel_axis
         if x.dim() != axis + 1 + g.num_spatial:
-            raise self.error("bottom num_axes may not change",
-                             expected=axis + 1 + g.num_spatial, got=x.dim())
-        lead, channels, spatial = x.shape[:axis], x.shape[axis], tuple(x.shape[axis + 1:])
+            raise self.error(
+                "bottom num_axes may not change", expected=axis + 1 + g.num_spatial, got=x.dim()
+            )
+        lead, channels, spatial = x.shape[:axis], x.shape[axis], tuple(x.shape[axis + 1 :])
         out = self._out_spatial(spatial)
         xs = x.reshape(math.prod(lead), channels, *spatial)
         if g.num_spatial == 2 and not any(g.extra_pad(spatial)):

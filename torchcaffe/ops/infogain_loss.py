@@ -46,8 +46,11 @@ class InfogainLossLayer(LossLayer):
         super().__init__(layer_param, bottom_shapes)
         loss_param = layer_param.loss_param
         if loss_param.HasField("normalize"):
-            raise self.error("loss_param.normalize is deprecated for InfogainLoss",
-                             expected="loss_param.normalization", got="normalize")
+            raise self.error(
+                "loss_param.normalize is deprecated for InfogainLoss",
+                expected="loss_param.normalization",
+                got="normalize",
+            )
         self.ignore_label = ignore_label(loss_param)
         self.normalization = loss_param.normalization
         shape = self.bottom_shapes[0]
@@ -58,22 +61,29 @@ class InfogainLossLayer(LossLayer):
             self._check_h(math.prod(self.bottom_shapes[2]), channels, "bottom 2")
         else:
             if not self.param.HasField("source"):
-                raise self.error("infogain matrix source must be specified",
-                                 expected="infogain_loss_param.source or a third bottom (H)",
-                                 got="neither")
+                raise self.error(
+                    "infogain matrix source must be specified",
+                    expected="infogain_loss_param.source or a third bottom (H)",
+                    got="neither",
+                )
             try:
-                h = blob_proto_to_array(read_blob_proto(self.param.source),
-                                        path=self.param.source)
+                h = blob_proto_to_array(read_blob_proto(self.param.source), path=self.param.source)
             except TorchCaffeError as err:
                 raise err.located(layer=self.name, layer_type=self.caffe_type) from None
             self._check_h(h.size, channels, f"source {self.param.source!r}")
-            self.register_buffer("infogain", torch.as_tensor(h, dtype=torch.float32)
-                                 .reshape(channels, channels), persistent=False)
+            self.register_buffer(
+                "infogain",
+                torch.as_tensor(h, dtype=torch.float32).reshape(channels, channels),
+                persistent=False,
+            )
 
     def _check_h(self, count: int, channels: int, where: str) -> None:
         if count != channels * channels:
-            raise self.error(f"infogain matrix ({where}) must be {channels}x{channels}",
-                             expected=f"{channels * channels} values", got=count)
+            raise self.error(
+                f"infogain matrix ({where}) must be {channels}x{channels}",
+                expected=f"{channels * channels} values",
+                got=count,
+            )
 
     def extra_repr(self) -> str:
         return params_repr(self, "infogain_loss_param", "loss_param")
@@ -81,7 +91,7 @@ class InfogainLossLayer(LossLayer):
     def forward(self, x: torch.Tensor, label: torch.Tensor, h: torch.Tensor | None = None):
         check_label_count(self, x.shape, label.shape, self.axis)
         outer, channels = math.prod(x.shape[: self.axis]), x.shape[self.axis]
-        inner = math.prod(x.shape[self.axis + 1:])
+        inner = math.prod(x.shape[self.axis + 1 :])
         if h is None:
             h = self.infogain
         else:

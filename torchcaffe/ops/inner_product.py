@@ -28,7 +28,7 @@ class InnerProductLayer(CaffeLayer):
             raise self.error("num_output must be positive", expected="> 0", got=p.num_output)
         shape = self.bottom_shapes[0]
         self.axis = canonical_axis(self, p.axis, len(shape))
-        self.k = math.prod(shape[self.axis:])
+        self.k = math.prod(shape[self.axis :])
         self.transpose = p.transpose
         wshape = (self.k, p.num_output) if p.transpose else (p.num_output, self.k)
         self.add_blob("weight", wshape, filler=p.weight_filler)
@@ -36,10 +36,13 @@ class InnerProductLayer(CaffeLayer):
             self.add_blob("bias", (p.num_output,), filler=p.bias_filler)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        k = math.prod(x.shape[self.axis:])
+        k = math.prod(x.shape[self.axis :])
         if k != self.k:
-            raise self.error("input size incompatible with inner product parameters",
-                             expected=f"{self.k} values from axis {self.axis} on", got=k)
+            raise self.error(
+                "input size incompatible with inner product parameters",
+                expected=f"{self.k} values from axis {self.axis} on",
+                got=k,
+            )
         flat = x.reshape(*x.shape[: self.axis], self.k)
         weight = self.weight.t() if self.transpose else self.weight
         y = flat.matmul(weight.t())

@@ -25,8 +25,11 @@ class InputLayer(CaffeLayer):
         super().__init__(layer_param, bottom_shapes)
         shapes = self.param.shape
         if len(shapes) not in (0, 1, self.num_tops):
-            raise self.error("input_param must give 0, 1 or one shape per top",
-                             expected=f"0, 1 or {self.num_tops} shapes", got=len(shapes))
+            raise self.error(
+                "input_param must give 0, 1 or one shape per top",
+                expected=f"0, 1 or {self.num_tops} shapes",
+                got=len(shapes),
+            )
         if len(shapes) == 1:
             dims = [tuple(shapes[0].dim)] * self.num_tops
         elif len(shapes) == 0:
@@ -44,5 +47,3 @@ class InputLayer(CaffeLayer):
     def forward(self):
         tops = tuple(torch.zeros(s) for s in self.shapes)
         return tops if len(tops) > 1 else tops[0]
-
-

@@ -35,14 +35,18 @@ class InterpLayer(CaffeLayer):
         super().__init__(layer_param, bottom_shapes)
         p = self.param
         if p.pad_beg > 0 or p.pad_end > 0:
-            raise self.error("only non-positive padding (cropping) is supported by the fork",
-                             expected="pad_beg <= 0 and pad_end <= 0",
-                             got=(p.pad_beg, p.pad_end))
+            raise self.error(
+                "only non-positive padding (cropping) is supported by the fork",
+                expected="pad_beg <= 0 and pad_end <= 0",
+                got=(p.pad_beg, p.pad_end),
+            )
         if p.use_blob_size != (len(bottom_shapes) == 2):
-            raise self.error("use_blob_size and a second bottom go together",
-                             expected="use_blob_size: true with 2 bottoms, else 1 bottom",
-                             got=f"use_blob_size: {str(p.use_blob_size).lower()} with "
-                                 f"{len(bottom_shapes)} bottom(s)")
+            raise self.error(
+                "use_blob_size and a second bottom go together",
+                expected="use_blob_size: true with 2 bottoms, else 1 bottom",
+                got=f"use_blob_size: {str(p.use_blob_size).lower()} with "
+                f"{len(bottom_shapes)} bottom(s)",
+            )
         self.output_shapes(self.bottom_shapes)
 
     def _sizes(self, in_hw: Sequence[int], ref_hw: Sequence[int] | None):
@@ -61,47 +65,57 @@ class InterpLayer(CaffeLayer):
         elif shrink and zoom:
             out = self._zoom(self._shrink(eff))
         else:
-            raise self.error("the output size is not specified",
-                             expected="zoom_factor, shrink_factor, or height and width",
-                             got=text_format.MessageToString(p, as_one_line=True)
-                             or "no interp_param fields")
+            raise self.error(
+                "the output size is not specified",
+                expected="zoom_factor, shrink_factor, or height and width",
+                got=text_format.MessageToString(p, as_one_line=True) or "no interp_param fields",
+            )
         if min(eff) < 1:
-            raise self.error("the cropped input must be non-empty", expected="H, W > 0 after "
-                             "pad_beg/pad_end", got=eff)
+            raise self.error(
+                "the cropped input must be non-empty",
+                expected="H, W > 0 after pad_beg/pad_end",
+                got=eff,
+            )
         if min(out) < 1:
             raise self.error("the output size must be positive", expected="> 0", got=out)
         return eff, out
 
     def _shrink(self, hw):
         if self.param.shrink_factor < 1:
-            raise self.error("shrink_factor must be positive", expected=">= 1",
-                             got=self.param.shrink_factor)
+            raise self.error(
+                "shrink_factor must be positive", expected=">= 1", got=self.param.shrink_factor
+            )
         return tuple((n - 1) // self.param.shrink_factor + 1 for n in hw)
 
     def _zoom(self, hw):
         if self.param.zoom_factor < 1:
-            raise self.error("zoom_factor must be positive", expected=">= 1",
-                             got=self.param.zoom_factor)
+            raise self.error(
+                "zoom_factor must be positive", expected=">= 1", got=self.param.zoom_factor
+            )
         return tuple(n + (n - 1) * (self.param.zoom_factor - 1) for n in hw)
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         shape = tuple(int(d) for d in bottom_shapes[0])
         if len(shape) != 4:
-            raise self.error("the input must have 4 axes (num, channels, height, width)",
-                             expected="4 axes", got=shape)
+            raise self.error(
+                "the input must have 4 axes (num, channels, height, width)",
+                expected="4 axes",
+                got=shape,
+            )
         ref = None
         if len(bottom_shapes) == 2:
             ref = tuple(int(d) for d in bottom_shapes[1])
             if len(ref) != 4:
-                raise self.error("the size reference (bottom 1) must have 4 axes",
-                                 expected="4 axes", got=ref)
+                raise self.error(
+                    "the size reference (bottom 1) must have 4 axes", expected="4 axes", got=ref
+                )
             ref = ref[2:]
         return [shape[:2] + self._sizes(shape[2:], ref)[1]]
 
     def forward(self, x: torch.Tensor, ref: torch.Tensor | None = None) -> torch.Tensor:
         eff, out = self._sizes(x.shape[2:], None if ref is None else ref.shape[2:])
         begin = -self.param.pad_beg
-        x = x[:, :, begin:begin + eff[0], begin:begin + eff[1]]
+        x = x[:, :, begin : begin + eff[0], begin : begin + eff[1]]
         if eff == out:  # the fork's special case: just copy
             return x.clone()
         taps = [interp2_taps(n_in, n_out, x.dtype, x.device) for n_in, n_out in zip(eff, out)]

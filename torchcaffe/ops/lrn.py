@@ -29,16 +29,18 @@ class LRNLayer(CaffeLayer):
         super().__init__(layer_param, bottom_shapes)
         p = self.param
         if p.local_size % 2 != 1:
-            raise self.error("LRN only supports odd values for local_size", expected="odd",
-                             got=p.local_size)
+            raise self.error(
+                "LRN only supports odd values for local_size", expected="odd", got=p.local_size
+            )
         self.local_size, self.alpha, self.beta, self.k = p.local_size, p.alpha, p.beta, p.k
         self.norm_region = p.norm_region
         self._check(self.bottom_shapes[0])
 
     def _check(self, shape) -> None:
         if len(shape) != 4:
-            raise self.error("input must have 4 axes (num, channels, height, width)",
-                             expected=4, got=len(shape))
+            raise self.error(
+                "input must have 4 axes (num, channels, height, width)", expected=4, got=len(shape)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check(tuple(x.shape))

@@ -35,14 +35,23 @@ class LSTMUnitLayer(CaffeLayer):
         n = shapes[0][1] if len(shapes[0]) > 1 else None
         for i, (shape, axes, what) in enumerate(zip(shapes, (3, 3, 2), ("c_prev", "x", "cont"))):
             if len(shape) != axes:
-                raise self.error(f"{what} (bottom[{i}]) must have {axes} axes",
-                                 expected=f"{axes} axes", got=tuple(shape))
+                raise self.error(
+                    f"{what} (bottom[{i}]) must have {axes} axes",
+                    expected=f"{axes} axes",
+                    got=tuple(shape),
+                )
             if shape[0] != 1 or shape[1] != n:
-                raise self.error(f"{what} (bottom[{i}]) must be (1, #streams, ...)",
-                                 expected=f"(1, {n}, ...)", got=tuple(shape))
+                raise self.error(
+                    f"{what} (bottom[{i}]) must be (1, #streams, ...)",
+                    expected=f"(1, {n}, ...)",
+                    got=tuple(shape),
+                )
         if shapes[1][2] != 4 * shapes[0][2]:
-            raise self.error("x (bottom[1]) must hold 4 gate inputs per hidden unit",
-                             expected=4 * shapes[0][2], got=shapes[1][2])
+            raise self.error(
+                "x (bottom[1]) must hold 4 gate inputs per hidden unit",
+                expected=4 * shapes[0][2],
+                got=shapes[1][2],
+            )
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         self._check_shapes(bottom_shapes)

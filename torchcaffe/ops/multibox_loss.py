@@ -49,9 +49,11 @@ class MultiBoxLossLayer(CaffeLayer):
     # LossLayer denies force_backward to bottom 1 (conf); the fork aborts when asked to
     # backpropagate to the priors or the labels, which simply get no gradient here.
     no_force_backward = frozenset({1, 2, 3})
-    restrictions = ("mining with nms_param (nms_threshold > 0) is unsupported; forcing "
-                    "backward into the prior and label bottoms gives them no gradient, where "
-                    "the fork aborts")
+    restrictions = (
+        "mining with nms_param (nms_threshold > 0) is unsupported; forcing "
+        "backward into the prior and label bottoms gives them no gradient, where "
+        "the fork aborts"
+    )
 
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
@@ -61,57 +63,83 @@ class MultiBoxLossLayer(CaffeLayer):
         self.normalization = normalization_mode(self)
         flags = list(layer_param.propagate_down)  # the fork defaults them to [1, 1, 0, 0]
         self.use_loc, self.use_conf = (flags[0], flags[1]) if flags else (True, True)
-        self.num_priors = check_prior_counts(self, self.bottom_shapes, self.loc_classes,
-                                             self.num_classes)
+        self.num_priors = check_prior_counts(
+            self, self.bottom_shapes, self.loc_classes, self.num_classes
+        )
         self._check_labels_shape(self.bottom_shapes[3])
-        self.keys = [-1] if p.share_location else [
-            c for c in range(self.num_classes) if c != self.background]
+        self.keys = (
+            [-1]
+            if p.share_location
+            else [c for c in range(self.num_classes) if c != self.background]
+        )
 
     # -- LayerSetUp checks ----------------------------------------------------------------
     def _check_classes(self, p) -> None:
         if not p.HasField("num_classes") or p.num_classes < 1:
-            raise self.error("must provide num_classes", expected="num_classes >= 1",
-                             got=p.num_classes if p.HasField("num_classes") else None)
+            raise self.error(
+                "must provide num_classes",
+                expected="num_classes >= 1",
+                got=p.num_classes if p.HasField("num_classes") else None,
+            )
         self.num_classes = p.num_classes
         self.loc_classes = 1 if p.share_location else p.num_classes
         self.background = _bbox.label_id(p.background_label_id)  # uint32 read as int
         if p.conf_loss_type == MB.SOFTMAX and not 0 <= self.background < self.num_classes:
-            raise self.error("background_label_id should be within [0, num_classes) for "
-                             "Softmax", expected=f"0 <= id < {self.num_classes}",
-                             got=self.background)
+            raise self.error(
+                "background_label_id should be within [0, num_classes) for Softmax",
+                expected=f"0 <= id < {self.num_classes}",
+                got=self.background,
+            )
         if p.map_object_to_agnostic:
             want = 2 if self.background >= 0 else 1
             if self.num_classes != want:
-                raise self.error("map_object_to_agnostic needs one object class (plus the "
-                                 "background when background_label_id >= 0)",
-                                 expected=f"num_classes: {want}", got=self.num_classes)
+                raise self.error(
+                    "map_object_to_agnostic needs one object class (plus the "
+                    "background when background_label_id >= 0)",
+                    expected=f"num_classes: {want}",
+                    got=self.num_classes,
+                )
 
     def _check_mining(self, p) -> None:
         mining = self.mining = p.mining_type
         if p.HasField("do_neg_mining") and p.do_neg_mining != (mining != MB.NONE):
-            raise self.error("do_neg_mining (deprecated) contradicts mining_type",
-                             expected=f"do_neg_mining: {str(mining != MB.NONE).lower()}",
-                             got=str(p.do_neg_mining).lower())
+            raise self.error(
+                "do_neg_mining (deprecated) contradicts mining_type",
+                expected=f"do_neg_mining: {str(mining != MB.NONE).lower()}",
+                got=str(p.do_neg_mining).lower(),
+            )
         if mining == MB.NONE:
             return
         if not p.share_location:
-            raise self.error("negative mining needs share_location: true",
-                             expected="share_location: true or mining_type: NONE", got=False)
+            raise self.error(
+                "negative mining needs share_location: true",
+                expected="share_location: true or mining_type: NONE",
+                got=False,
+            )
         if not self.background < self.num_classes:
-            raise self.error("mining needs background_label_id < num_classes",
-                             expected=f"< {self.num_classes}", got=self.background)
+            raise self.error(
+                "mining needs background_label_id < num_classes",
+                expected=f"< {self.num_classes}",
+                got=self.background,
+            )
         if mining == MB.HARD_EXAMPLE and p.sample_size <= 0:
-            raise self.error("HARD_EXAMPLE mining needs sample_size > 0", expected="> 0",
-                             got=p.sample_size)
+            raise self.error(
+                "HARD_EXAMPLE mining needs sample_size > 0", expected="> 0", got=p.sample_size
+            )
         if p.HasField("nms_param") and p.nms_param.nms_threshold > 0:
-            raise self.error("mining with nms_param is not supported",
-                             hint="remove nms_param from multibox_loss_param",
-                             cls=UnsupportedError)
+            raise self.error(
+                "mining with nms_param is not supported",
+                hint="remove nms_param from multibox_loss_param",
+                cls=UnsupportedError,
+            )
 
     def _check_labels_shape(self, shape: Shape) -> None:
         if len(shape) != 4 or shape[3] != 8:
-            raise self.error("bottom 3 (labels) must be (1, 1, num_gt, 8)",
-                             expected="(1, 1, num_gt, 8)", got=tuple(shape))
+            raise self.error(
+                "bottom 3 (labels) must be (1, 1, num_gt, 8)",
+                expected="(1, 1, num_gt, 8)",
+                got=tuple(shape),
+            )
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         check_prior_counts(self, bottom_shapes, self.loc_classes, self.num_classes)
@@ -131,7 +159,8 @@ class MultiBoxLossLayer(CaffeLayer):
         conf_r = conf.reshape(num, self.num_priors, self.num_classes)
         # the fork reads bottom[3]->height() rows of 8 values
         truth = _multibox.read_ground_truth(
-            self, label.reshape(-1)[: label.shape[2] * 8], num, p.use_difficult_gt)
+            self, label.reshape(-1)[: label.shape[2] * 8], num, p.use_difficult_gt
+        )
         match, overlaps = _multibox.find_matches(p, self.keys, truth, loc_r, prior_t)
         loc_pair = _multibox.encode_loc(p, self.keys, truth, loc_r, prior_t, match)
         neg = None
@@ -166,10 +195,13 @@ class MultiBoxLossLayer(CaffeLayer):
         labels = truth.label_of(match)
         bad = (match > -1) & ((labels < 0) | (labels >= self.num_classes))
         if bool(bad.any()):
-            raise DataError("matched ground truth label out of range", layer=self.name,
-                            layer_type=self.caffe_type,
-                            expected=f"labels in [0, {self.num_classes})",
-                            got=int(labels[bad].reshape(-1)[0]))
+            raise DataError(
+                "matched ground truth label out of range",
+                layer=self.name,
+                layer_type=self.caffe_type,
+                expected=f"labels in [0, {self.num_classes})",
+                got=int(labels[bad].reshape(-1)[0]),
+            )
         return labels
 
     def _mine(self, conf_r, loc_pair, match, overlaps, truth):
@@ -227,8 +259,9 @@ class MultiBoxLossLayer(CaffeLayer):
         match sets 1 at i * P + j * C + label (the fork advances its target pointer by P,
         not P * C, per image)."""
         num, p, c = conf_r.shape
-        target = torch.full((num * p * c,), float(self.background), dtype=conf_r.dtype,
-                            device=conf_r.device)
+        target = torch.full(
+            (num * p * c,), float(self.background), dtype=conf_r.dtype, device=conf_r.device
+        )
         for k in range(labels.shape[1]):
             img, j = torch.nonzero(labels[:, k] > -1, as_tuple=True)
             target[img * p + j * c + labels[img, k, j]] = 1.0

@@ -26,9 +26,11 @@ class MultinomialLogisticLossLayer(LossLayer):
         super().__init__(layer_param, bottom_shapes)
         label_shape = self.bottom_shapes[1]
         if len(label_shape) > 4 or any(legacy_dim(label_shape, i) != 1 for i in (1, 2, 3)):
-            raise self.error("label must hold one value per item",
-                             expected="label channels, height and width of 1",
-                             got=f"label shape {label_shape}")
+            raise self.error(
+                "label must hold one value per item",
+                expected="label channels, height and width of 1",
+                got=f"label shape {label_shape}",
+            )
 
     def forward(self, p: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
         num = p.shape[0]

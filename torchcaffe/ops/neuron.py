@@ -33,8 +33,7 @@ def _log_base(layer: CaffeLayer, base: float) -> float:
     if base == -1:
         return 1.0
     if not base > 0:
-        raise layer.error("base must be strictly positive (or -1 for e)", expected="> 0",
-                          got=base)
+        raise layer.error("base must be strictly positive (or -1 for e)", expected="> 0", got=base)
     log_base = math.log(base)
     if not math.isfinite(log_base):
         raise layer.error("log(base) is not finite", expected="a finite base", got=base)
@@ -92,9 +91,11 @@ class AbsValLayer(NeuronLayer):
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
         if list(layer_param.top[:1]) == list(layer_param.bottom[:1]):
-            raise self.error("AbsVal does not allow in-place computation",
-                             expected="a top blob other than the bottom",
-                             got=f"top {layer_param.top[0]!r} == bottom")
+            raise self.error(
+                "AbsVal does not allow in-place computation",
+                expected="a top blob other than the bottom",
+                got=f"top {layer_param.top[0]!r} == bottom",
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.abs(x)
@@ -150,8 +151,7 @@ class ExpLayer(NeuronLayer):
         self.outer_scale = 1.0
         if p.shift != 0:
             try:
-                self.outer_scale = (math.exp(p.shift) if p.base == -1
-                                    else math.pow(p.base, p.shift))
+                self.outer_scale = math.exp(p.shift) if p.base == -1 else math.pow(p.base, p.shift)
             except OverflowError:  # C's pow/exp give inf, and so does the top
                 self.outer_scale = math.inf
 
@@ -246,8 +246,11 @@ class ClipLayer(NeuronLayer):
         if layer_param.HasField("clip_param"):
             missing = [f for f in ("min", "max") if not p.HasField(f)]
             if missing:
-                raise self.error("clip_param is missing a required field",
-                                 expected="both min and max", got=f"no {' and '.join(missing)}")
+                raise self.error(
+                    "clip_param is missing a required field",
+                    expected="both min and max",
+                    got=f"no {' and '.join(missing)}",
+                )
         self.min, self.max = p.min, p.max
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -34,8 +34,11 @@ class NormalizeLayer(CaffeLayer):
         self.across_spatial = p.across_spatial
         self.channel_shared = p.channel_shared
         self.eps = p.eps
-        filler = p.scale_filler if p.HasField("scale_filler") else caffe_pb2.FillerParameter(
-            type="constant", value=1.0)
+        filler = (
+            p.scale_filler
+            if p.HasField("scale_filler")
+            else caffe_pb2.FillerParameter(type="constant", value=1.0)
+        )
         self.add_blob("weight", () if self.channel_shared else (channels,), filler=filler)
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
@@ -46,9 +49,11 @@ class NormalizeLayer(CaffeLayer):
     def _check_bottom(self, shape: Sequence[int]) -> None:
         _, channels, _, _ = legacy_nchw(self, shape, min_axes=2)
         if not self.channel_shared and channels != self.weight.shape[0]:
-            raise self.error("bottom channels (axis 1) differ from the scale blob",
-                             expected=f"shape (N, {self.weight.shape[0]}, ...)",
-                             got=list(shape))
+            raise self.error(
+                "bottom channels (axis 1) differ from the scale blob",
+                expected=f"shape (N, {self.weight.shape[0]}, ...)",
+                got=list(shape),
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_bottom(x.shape)

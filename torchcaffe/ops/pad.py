@@ -32,23 +32,30 @@ class PadLayer(CaffeLayer):
 
     param_field = "pad_param"
     has_backward = False
-    restrictions = ("4-D bottoms only (the fork sizes 2-D and 3-D tops but its forward reads "
-                    "them as 4-D); negative pads only all four together (a crop), as the "
-                    "fork's forward handles no other mix")
+    restrictions = (
+        "4-D bottoms only (the fork sizes 2-D and 3-D tops but its forward reads "
+        "them as 4-D); negative pads only all four together (a crop), as the "
+        "fork's forward handles no other mix"
+    )
 
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
         if layer_param.top and layer_param.bottom and layer_param.top[0] == layer_param.bottom[0]:
-            raise self.error("Pad does not allow in-place computation",
-                             expected="a top named unlike its bottom", got=layer_param.top[0])
+            raise self.error(
+                "Pad does not allow in-place computation",
+                expected="a top named unlike its bottom",
+                got=layer_param.top[0],
+            )
         p = self.param
         self.pads = (p.pad_u, p.pad_d, p.pad_l, p.pad_r)
         self.mode = _MODES[p.pad_type]
         self.crop = all(v < 0 for v in self.pads)
         if not self.crop and any(v < 0 for v in self.pads):
-            raise self.error("negative pads must be all four together (a crop)",
-                             expected="pad_u, pad_d, pad_l, pad_r all >= 0 or all < 0",
-                             got=list(self.pads))
+            raise self.error(
+                "negative pads must be all four together (a crop)",
+                expected="pad_u, pad_d, pad_l, pad_r all >= 0 or all < 0",
+                got=list(self.pads),
+            )
         self.output_shapes(self.bottom_shapes)
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
@@ -58,13 +65,16 @@ class PadLayer(CaffeLayer):
         u, d, left, right = self.pads
         n, c, h, w = shape
         if self.mode == "reflect" and not self.crop and (max(u, d) >= h or max(left, right) >= w):
-            raise self.error("REFLECT padding must be smaller than the padded dimension",
-                             expected=f"pad_u, pad_d < {h} and pad_l, pad_r < {w}",
-                             got=list(self.pads))
+            raise self.error(
+                "REFLECT padding must be smaller than the padded dimension",
+                expected=f"pad_u, pad_d < {h} and pad_l, pad_r < {w}",
+                got=list(self.pads),
+            )
         top = (n, c, h + u + d, w + left + right)
         if min(top) <= 0 and self.crop:
-            raise self.error("the crop leaves nothing", expected="a positive top size",
-                             got=list(top))
+            raise self.error(
+                "the crop leaves nothing", expected="a positive top size", got=list(top)
+            )
         return [top]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -72,7 +82,7 @@ class PadLayer(CaffeLayer):
         u, d, left, right = self.pads
         if self.crop:
             h, w = x.shape[2] + u + d, x.shape[3] + left + right
-            return x[:, :, -u:-u + h, -left:-left + w].contiguous()
+            return x[:, :, -u : -u + h, -left : -left + w].contiguous()
         if self.mode == "constant":
             return F.pad(x, (left, right, u, d), mode="constant", value=self.param.pad_value)
         return F.pad(x, (left, right, u, d), mode=self.mode)

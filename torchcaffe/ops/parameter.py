@@ -25,8 +25,7 @@ class ParameterLayer(CaffeLayer):
         super().__init__(layer_param, bottom_shapes)
         shape = [int(d) for d in self.param.shape.dim]
         if any(d < 0 for d in shape):
-            raise self.error("shape dims must be non-negative", expected="dims >= 0",
-                             got=shape)
+            raise self.error("shape dims must be non-negative", expected="dims >= 0", got=shape)
         self.add_blob("weight", shape)
 
     def forward(self) -> torch.Tensor:

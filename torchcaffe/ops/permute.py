@@ -28,18 +28,25 @@ class PermuteLayer(CaffeLayer):
         named = [int(o) for o in self.param.order]
         for order in named:
             if order >= num_axes:
-                raise self.error("order must be less than the bottom's number of axes",
-                                 expected=f"order < {num_axes}", got=order)
+                raise self.error(
+                    "order must be less than the bottom's number of axes",
+                    expected=f"order < {num_axes}",
+                    got=order,
+                )
         if len(set(named)) != len(named):
-            raise self.error("there are duplicate orders", expected="each axis named once",
-                             got=named)
+            raise self.error(
+                "there are duplicate orders", expected="each axis named once", got=named
+            )
         self.order = tuple(named + [i for i in range(num_axes) if i not in named])
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         shape = bottom_shapes[0]
         if len(shape) != len(self.order):
-            raise self.error("the bottom's number of axes changed since setup",
-                             expected=f"{len(self.order)} axes", got=list(shape))
+            raise self.error(
+                "the bottom's number of axes changed since setup",
+                expected=f"{len(self.order)} axes",
+                got=list(shape),
+            )
         return [tuple(int(shape[i]) for i in self.order)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

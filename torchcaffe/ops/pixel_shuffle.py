@@ -28,9 +28,11 @@ class PixelShuffleLayer(CaffeLayer):
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
         if not self.param.HasField("upscale_factor") or self.param.upscale_factor <= 0:
-            raise self.error("upscale_factor must be set and positive",
-                             expected="pixelshuffle_param { upscale_factor: r > 0 }",
-                             got=self.param.upscale_factor)
+            raise self.error(
+                "upscale_factor must be set and positive",
+                expected="pixelshuffle_param { upscale_factor: r > 0 }",
+                got=self.param.upscale_factor,
+            )
         self.r = int(self.param.upscale_factor)
         self.output_shapes(self.bottom_shapes)
 
@@ -40,8 +42,9 @@ class PixelShuffleLayer(CaffeLayer):
             raise self.error("bottom must be 4-D", expected="N x C x H x W", got=list(shape))
         n, c, h, w = shape
         if c % self.r:
-            raise self.error("channels must be divisible by upscale_factor",
-                             expected=f"C % {self.r} == 0", got=c)
+            raise self.error(
+                "channels must be divisible by upscale_factor", expected=f"C % {self.r} == 0", got=c
+            )
         return [(n, c // (self.r * self.r), h * self.r, w * self.r)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

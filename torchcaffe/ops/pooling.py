@@ -75,8 +75,9 @@ def _ave_pool(x, kernel, stride, pad, out):
     ceil = _torch_ceil_mode(hw, kernel, stride, pad, out)
     if ceil is not None:  # torch's count_include_pad divisor is Caffe's pool_size
         return F.avg_pool2d(x, kernel, stride, pad, ceil_mode=ceil, count_include_pad=True)
-    sums = F.avg_pool2d(F.pad(x, _explicit_pad(hw, kernel, stride, pad, out)), kernel, stride,
-                        divisor_override=1)
+    sums = F.avg_pool2d(
+        F.pad(x, _explicit_pad(hw, kernel, stride, pad, out)), kernel, stride, divisor_override=1
+    )
     sizes = []
     for i, k, s, p, o in zip(hw, kernel, stride, pad, out):
         start = torch.arange(o, device=x.device) * s - p
@@ -100,8 +101,17 @@ def _stochastic_pool(x, kernel, stride, out, sample):
     return torch.where(pos, s2 / torch.where(pos, s1, torch.ones_like(s1)), 0.0)
 
 
-def caffe_pool2d(x: torch.Tensor, method: int, kernel: Pair, stride: Pair, pad: Pair,
-                 out: Pair, *, sample: bool = False, want_mask: bool = False):
+def caffe_pool2d(
+    x: torch.Tensor,
+    method: int,
+    kernel: Pair,
+    stride: Pair,
+    pad: Pair,
+    out: Pair,
+    *,
+    sample: bool = False,
+    want_mask: bool = False,
+):
     """Pool (N, C, H, W) to Caffe's ``out`` size -> (top, mask or None)."""
     if method == PP.MAX:
         return _max_pool(x, kernel, stride, pad, out, want_mask)
@@ -125,8 +135,10 @@ class PoolingLayer(CaffeLayer):
     """
 
     param_field = "pooling_param"
-    restrictions = ("STOCHASTIC TRAIN draws follow Caffe's distribution, not its RNG stream "
-                    "(Caffe has it on GPU only; here CPU and CUDA)")
+    restrictions = (
+        "STOCHASTIC TRAIN draws follow Caffe's distribution, not its RNG stream "
+        "(Caffe has it on GPU only; here CPU and CUDA)"
+    )
     tops = Between(1, 2)
 
     def __init__(self, layer_param, bottom_shapes):
@@ -134,49 +146,62 @@ class PoolingLayer(CaffeLayer):
         p = self.param
         self.pool = p.pool
         if self.num_tops > 1 and p.pool != PP.MAX:
-            raise self.error("only MAX pooling has a second (mask) top",
-                             expected="1 top", got=self.num_tops)
+            raise self.error(
+                "only MAX pooling has a second (mask) top", expected="1 top", got=self.num_tops
+            )
         self.global_pooling = p.global_pooling
         self.kernel = self._kernel(p)
         self.pad = self._pair(p, "pad")
         self.stride = self._pair(p, "stride")
         self.ceil = self._ceil(p)
         if self.global_pooling and (self.pad != (0, 0) or self.stride != (1, 1)):
-            raise self.error("with global_pooling: true only pad = 0 and stride = 1",
-                             expected="pad 0, stride 1", got=f"pad {self.pad}, stride "
-                             f"{self.stride}")
+            raise self.error(
+                "with global_pooling: true only pad = 0 and stride = 1",
+                expected="pad 0, stride 1",
+                got=f"pad {self.pad}, stride {self.stride}",
+            )
         if any(s <= 0 for s in self.stride):
             raise self.error("stride must be positive", expected="> 0", got=self.stride)
         if self.pad != (0, 0) and p.pool == PP.STOCHASTIC:
-            raise self.error("padding implemented only for average and max pooling",
-                             expected="pad 0 with STOCHASTIC", got=self.pad)
+            raise self.error(
+                "padding implemented only for average and max pooling",
+                expected="pad 0 with STOCHASTIC",
+                got=self.pad,
+            )
         self.geometry(self.bottom_shapes[0])
 
     def _kernel(self, p) -> Pair | None:
         sized, hw = p.HasField("kernel_size"), p.HasField("kernel_h") and p.HasField("kernel_w")
         if self.global_pooling:
             if sized or p.HasField("kernel_h") or p.HasField("kernel_w"):
-                raise self.error("with global_pooling: true the filter size cannot be "
-                                 "specified", expected="no kernel_size/kernel_h/kernel_w",
-                                 got="a kernel size")
+                raise self.error(
+                    "with global_pooling: true the filter size cannot be specified",
+                    expected="no kernel_size/kernel_h/kernel_w",
+                    got="a kernel size",
+                )
             return None
         if sized == hw:
-            raise self.error("filter size is kernel_size OR kernel_h and kernel_w; not both",
-                             expected="kernel_size, or both kernel_h and kernel_w",
-                             got="both" if sized else "neither (or only one of kernel_h/w)")
+            raise self.error(
+                "filter size is kernel_size OR kernel_h and kernel_w; not both",
+                expected="kernel_size, or both kernel_h and kernel_w",
+                got="both" if sized else "neither (or only one of kernel_h/w)",
+            )
         kernel = (p.kernel_size,) * 2 if sized else (p.kernel_h, p.kernel_w)
         if min(kernel) <= 0:
-            raise self.error("filter dimensions cannot be zero", expected="kernel_size > 0",
-                             got=kernel)
+            raise self.error(
+                "filter dimensions cannot be zero", expected="kernel_size > 0", got=kernel
+            )
         return kernel
 
     def _pair(self, p, field: str) -> Pair:
         h, w = f"{field}_h", f"{field}_w"
         if p.HasField(h) or p.HasField(w):
             if p.HasField(field) or not (p.HasField(h) and p.HasField(w)):
-                raise self.error(f"{field} is {field} OR {h} and {w} are required",
-                                 expected=f"{field}, or both {h} and {w}",
-                                 got="a mix of them")
+                raise self.error(
+                    f"{field} is {field} OR {h} and {w} are required",
+                    expected=f"{field}, or both {h} and {w}",
+                    got="a mix of them",
+                )
             return (getattr(p, h), getattr(p, w))
         return (getattr(p, field),) * 2
 
@@ -184,32 +209,49 @@ class PoolingLayer(CaffeLayer):
         ceil = p.round_mode == PP.CEIL
         if p.HasField("ceil_mode"):
             if p.HasField("round_mode") and p.ceil_mode != ceil:
-                raise self.error("round_mode and ceil_mode disagree", expected="one of them",
-                                 got=f"round_mode {PP.RoundMode.Name(p.round_mode)}, "
-                                 f"ceil_mode {p.ceil_mode}")
+                raise self.error(
+                    "round_mode and ceil_mode disagree",
+                    expected="one of them",
+                    got=f"round_mode {PP.RoundMode.Name(p.round_mode)}, ceil_mode {p.ceil_mode}",
+                )
             ceil = p.ceil_mode
         return ceil
 
     def geometry(self, shape) -> tuple[Pair, Pair]:
         """(kernel, output size) for a bottom shape; global pooling follows the bottom."""
         if len(shape) != 4:
-            raise self.error("input must have 4 axes (num, channels, height, width)",
-                             expected=4, got=len(shape))
+            raise self.error(
+                "input must have 4 axes (num, channels, height, width)", expected=4, got=len(shape)
+            )
         hw = (shape[2], shape[3])
         kernel = hw if self.kernel is None else self.kernel
         if self.pad != (0, 0) and any(p >= k for p, k in zip(self.pad, kernel)):
-            raise self.error("pad must be smaller than the kernel", expected=f"< {kernel}",
-                             got=self.pad)
+            raise self.error(
+                "pad must be smaller than the kernel", expected=f"< {kernel}", got=self.pad
+            )
         clip = self.pad != (0, 0)
-        out = tuple(pooled_size(i, k, s, p, self.ceil, clip)
-                    for i, k, s, p in zip(hw, kernel, self.stride, self.pad))
+        out = tuple(
+            pooled_size(i, k, s, p, self.ceil, clip)
+            for i, k, s, p in zip(hw, kernel, self.stride, self.pad)
+        )
         if min(out) <= 0:
-            raise self.error("pooled output size is not positive (kernel larger than the "
-                             "padded bottom)", expected="> 0", got=f"{out} from {hw}")
+            raise self.error(
+                "pooled output size is not positive (kernel larger than the padded bottom)",
+                expected="> 0",
+                got=f"{out} from {hw}",
+            )
         return kernel, out
 
     def forward(self, x: torch.Tensor):
         kernel, out = self.geometry(tuple(x.shape))
-        y, mask = caffe_pool2d(x, self.pool, kernel, self.stride, self.pad, out,
-                               sample=self.training, want_mask=self.num_tops > 1)
+        y, mask = caffe_pool2d(
+            x,
+            self.pool,
+            kernel,
+            self.stride,
+            self.pad,
+            out,
+            sample=self.training,
+            want_mask=self.num_tops > 1,
+        )
         return (y, mask) if self.num_tops > 1 else y

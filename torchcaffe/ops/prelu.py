@@ -29,22 +29,31 @@ class PReLULayer(NeuronLayer):
         shape = self.bottom_shapes[0]
         self._check_axes(len(shape))
         self.channel_shared = p.channel_shared
-        filler = p.filler if p.HasField("filler") else caffe_pb2.FillerParameter(
-            type="constant", value=0.25)
+        filler = (
+            p.filler
+            if p.HasField("filler")
+            else caffe_pb2.FillerParameter(type="constant", value=0.25)
+        )
         self.add_blob("weight", () if self.channel_shared else (shape[1],), filler=filler)
 
     def _check_axes(self, ndim: int) -> None:
         if not 2 <= ndim <= 4:
-            raise self.error("bottom must have 2 to 4 axes (Caffe reads its channels through "
-                             "the legacy 4-D accessor)", expected="2 <= num_axes <= 4",
-                             got=ndim)
+            raise self.error(
+                "bottom must have 2 to 4 axes (Caffe reads its channels through "
+                "the legacy 4-D accessor)",
+                expected="2 <= num_axes <= 4",
+                got=ndim,
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_axes(x.dim())
         slope = self.weight
         if not self.channel_shared:
             if x.shape[1] != slope.shape[0]:
-                raise self.error("bottom channels differ from the slope blob",
-                                 expected=slope.shape[0], got=x.shape[1])
+                raise self.error(
+                    "bottom channels differ from the slope blob",
+                    expected=slope.shape[0],
+                    got=x.shape[1],
+                )
             slope = slope.reshape((-1,) + (1,) * (x.dim() - 2))
         return torch.where(x > 0, x, slope * x)

@@ -55,12 +55,16 @@ class PriorBoxLayer(CaffeLayer):
         if any(not s > 0 for s in p.min_size):
             raise self.error("min_size must be positive", got=list(p.min_size))
         if p.max_size and len(p.max_size) != len(p.min_size):
-            raise self.error("max_size needs one entry per min_size",
-                             expected=f"{len(p.min_size)} max_size", got=len(p.max_size))
+            raise self.error(
+                "max_size needs one entry per min_size",
+                expected=f"{len(p.min_size)} max_size",
+                got=len(p.max_size),
+            )
         for lo, hi in zip(p.min_size, p.max_size):
             if not hi > lo:
-                raise self.error("max_size must be greater than min_size",
-                                 expected=f"max_size > {lo}", got=hi)
+                raise self.error(
+                    "max_size must be greater than min_size", expected=f"max_size > {lo}", got=hi
+                )
 
     @staticmethod
     def _aspect_ratios(given: Sequence[float], flip: bool) -> list[float]:
@@ -89,8 +93,11 @@ class PriorBoxLayer(CaffeLayer):
 
     def _variance(self, p) -> list[float]:
         if len(p.variance) not in (0, 1, 4):
-            raise self.error("variance takes one value or exactly four",
-                             expected="1 or 4 values", got=len(p.variance))
+            raise self.error(
+                "variance takes one value or exactly four",
+                expected="1 or 4 values",
+                got=len(p.variance),
+            )
         if any(not v > 0 for v in p.variance):
             raise self.error("variance must be positive", got=list(p.variance))
         return [_f32(v) for v in p.variance] or [_f32(0.1)]
@@ -99,16 +106,19 @@ class PriorBoxLayer(CaffeLayer):
         """(h, w) from ``both`` or from ``h``/``w`` (not both forms); ``unset`` when absent."""
         if p.HasField(h) or p.HasField(w):
             if p.HasField(both):
-                raise self.error(f"either {both} or {h}/{w} should be specified; not both",
-                                 got=f"{both}: {getattr(p, both)}")
+                raise self.error(
+                    f"either {both} or {h}/{w} should be specified; not both",
+                    got=f"{both}: {getattr(p, both)}",
+                )
             pair = (getattr(p, h), getattr(p, w))
         elif p.HasField(both):
             pair = (getattr(p, both),) * 2
         else:
             return (unset, unset)
         if not min(pair) > 0:
-            raise self.error(f"{both} / {h} / {w} should be larger than 0",
-                             expected="> 0", got=pair)
+            raise self.error(
+                f"{both} / {h} / {w} should be larger than 0", expected="> 0", got=pair
+            )
         return pair
 
     # -- Reshape / Forward ----------------------------------------------------------------
@@ -122,26 +132,34 @@ class PriorBoxLayer(CaffeLayer):
         h, w = self._height_width(tuple(bottom_shapes[0]), 0)
         self._height_width(tuple(bottom_shapes[1]), 1)
         if h * w == 0:
-            raise self.error("bottom 0 must have a non-empty height and width",
-                             got=tuple(bottom_shapes[0]))
+            raise self.error(
+                "bottom 0 must have a non-empty height and width", got=tuple(bottom_shapes[0])
+            )
         return [(1, 2, h * w * self.num_priors * 4)]
 
-    def _boxes(self, layer_hw: tuple[int, int], img_hw: tuple[int, int],
-               device: torch.device) -> torch.Tensor:
+    def _boxes(
+        self, layer_hw: tuple[int, int], img_hw: tuple[int, int], device: torch.device
+    ) -> torch.Tensor:
         """(H, W, num_priors, 4) float64 boxes: float32 centers, double divisions."""
         f32 = torch.float32
         steps = self.step_hw
         if not all(steps):
             steps = tuple(_f32(i / n) for i, n in zip(img_hw, layer_hw))  # float division
         offset = torch.tensor(self.param.offset, dtype=f32, device=device)
-        cy, cx = ((torch.arange(n, dtype=f32, device=device) + offset)
-                  * torch.tensor(step, dtype=f32, device=device)
-                  for n, step in zip(layer_hw, steps))
+        cy, cx = (
+            (torch.arange(n, dtype=f32, device=device) + offset)
+            * torch.tensor(step, dtype=f32, device=device)
+            for n, step in zip(layer_hw, steps)
+        )
         cx, cy = cx.double()[None, :, None], cy.double()[:, None, None]
         bw, bh = torch.tensor(self.box_sizes, dtype=f32, device=device).double().unbind(-1)
         img_h, img_w = img_hw
-        parts = ((cx - bw / 2) / img_w, (cy - bh / 2) / img_h,
-                 (cx + bw / 2) / img_w, (cy + bh / 2) / img_h)
+        parts = (
+            (cx - bw / 2) / img_w,
+            (cy - bh / 2) / img_h,
+            (cx + bw / 2) / img_w,
+            (cy + bh / 2) / img_h,
+        )
         return torch.stack(torch.broadcast_tensors(*parts), -1)
 
     def forward(self, feat: torch.Tensor, image: torch.Tensor) -> torch.Tensor:

@@ -47,7 +47,7 @@ def fork_sort_order(scores: np.ndarray, num_top: int) -> np.ndarray:
     stack = [(0, key.shape[0] - 1)] if key.shape[0] > 1 else []
     while stack:
         start, end = stack.pop()
-        pivot, seg = key[start], key[start + 1:end + 1]
+        pivot, seg = key[start], key[start + 1 : end + 1]
         low = np.flatnonzero(seg < pivot) + start + 1  # where the left scan stops
         high = np.flatnonzero(seg > pivot)[::-1] + start + 1  # where the right scan stops
         k = min(low.shape[0], high.shape[0])
@@ -66,8 +66,9 @@ def fork_sort_order(scores: np.ndarray, num_top: int) -> np.ndarray:
     return perm
 
 
-def greedy_nms(boxes: torch.Tensor, thresh: float, max_out: int, disjoint_zero: bool
-               ) -> torch.Tensor:
+def greedy_nms(
+    boxes: torch.Tensor, thresh: float, max_out: int, disjoint_zero: bool
+) -> torch.Tensor:
     """Indices kept by greedy NMS over score-sorted ``boxes`` (P x 4), in keep order.
 
     IoU counts pixels inclusively (+1); a box is suppressed when IoU > thresh (in the boxes'
@@ -87,7 +88,7 @@ def greedy_nms(boxes: torch.Tensor, thresh: float, max_out: int, disjoint_zero: 
     for t in range(count):
         i = torch.argmax(alive.to(torch.uint8)).view(1)  # first alive box (argmax: the first)
         ok = alive.index_select(0, i)
-        keep[t:t + 1] = torch.where(ok, i, -1)
+        keep[t : t + 1] = torch.where(ok, i, -1)
         b = boxes.index_select(0, i)[0]
         w = torch.maximum(zero, torch.minimum(b[2], x2) - torch.maximum(b[0], x1) + 1)
         h = torch.maximum(zero, torch.minimum(b[3], y2) - torch.maximum(b[1], y1) + 1)
@@ -134,18 +135,20 @@ class ProposalLayer(CaffeLayer):
 
     def _setup(self, p: caffe_pb2.ProposalParameter) -> None:
         if not p.ratio or not p.scale:
-            raise self.error("anchors need at least one ratio and one scale",
-                             expected="proposal_param { ratio: ... scale: ... }",
-                             got=f"{len(p.ratio)} ratio(s), {len(p.scale)} scale(s)")
+            raise self.error(
+                "anchors need at least one ratio and one scale",
+                expected="proposal_param { ratio: ... scale: ... }",
+                got=f"{len(p.ratio)} ratio(s), {len(p.scale)} scale(s)",
+            )
         for field in ("ratio", "scale"):
             bad = [v for v in getattr(p, field) if not v > 0]
             if bad:
-                raise self.error(f"every {field} must be > 0", expected=f"{field} > 0",
-                                 got=bad[0])
+                raise self.error(f"every {field} must be > 0", expected=f"{field} > 0", got=bad[0])
         for field in ("feat_stride", "base_size", "post_nms_topn"):
             if getattr(p, field) <= 0:
-                raise self.error(f"{field} must be > 0", expected=f"{field} > 0",
-                                 got=getattr(p, field))
+                raise self.error(
+                    f"{field} must be > 0", expected=f"{field} > 0", got=getattr(p, field)
+                )
         anchors = self.make_anchors()
         self.num_anchors = anchors.shape[0]
         self.register_buffer("anchors", torch.from_numpy(anchors).float(), persistent=False)
@@ -159,15 +162,24 @@ class ProposalLayer(CaffeLayer):
         scores, deltas, im_info = bottom_shapes
         a = self.num_anchors
         if len(scores) != 4 or scores[1] != 2 * a:
-            raise self.error("bottom[0] must hold background and foreground scores per anchor",
-                             expected=f"N x {2 * a} x H x W ({a} anchors)", got=scores)
+            raise self.error(
+                "bottom[0] must hold background and foreground scores per anchor",
+                expected=f"N x {2 * a} x H x W ({a} anchors)",
+                got=scores,
+            )
         if tuple(deltas) != (scores[0], 4 * a, scores[2], scores[3]):
-            raise self.error("bottom[1] must hold 4 box deltas per anchor",
-                             expected=f"{(scores[0], 4 * a, scores[2], scores[3])}", got=deltas)
+            raise self.error(
+                "bottom[1] must hold 4 box deltas per anchor",
+                expected=f"{(scores[0], 4 * a, scores[2], scores[3])}",
+                got=deltas,
+            )
         per_row = int(np.prod(im_info[1:])) if len(im_info) > 1 else 0
         if len(im_info) < 1 or im_info[0] < 1 or per_row < self.min_im_info:
-            raise self.error("bottom[2] must be im_info rows [height width scale]",
-                             expected=f"1 x {max(self.min_im_info, 3)}", got=im_info)
+            raise self.error(
+                "bottom[2] must be im_info rows [height width scale]",
+                expected=f"1 x {max(self.min_im_info, 3)}",
+                got=im_info,
+            )
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         self.check_bottoms(bottom_shapes)
@@ -175,16 +187,18 @@ class ProposalLayer(CaffeLayer):
         return [(rows, 5), (rows,)][: self.num_tops]
 
     # -- the pipeline ------------------------------------------------------------------------
-    def proposals(self, scores: torch.Tensor, deltas: torch.Tensor, im_info: torch.Tensor,
-                  n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def proposals(
+        self, scores: torch.Tensor, deltas: torch.Tensor, im_info: torch.Tensor, n: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Image n's boxes (P x 4) and scores (P), ordered by (h, w, anchor), clipped."""
         a, (h, w) = self.num_anchors, scores.shape[-2:]
         dtype, device = scores.dtype, scores.device
         stride = int(self.param.feat_stride)
         sy = torch.arange(h, device=device).to(dtype) * stride
         sx = torch.arange(w, device=device).to(dtype) * stride
-        shift = torch.stack(torch.broadcast_tensors(sx[None, :], sy[:, None],
-                                                    sx[None, :], sy[:, None]), -1)
+        shift = torch.stack(
+            torch.broadcast_tensors(sx[None, :], sy[:, None], sx[None, :], sy[:, None]), -1
+        )
         anchors = (shift[:, :, None, :] + self.anchors.to(dtype)).reshape(-1, 4)
         d = deltas[n].reshape(a, 4, h, w).permute(2, 3, 0, 1).reshape(-1, 4)
         fg = scores[n, a:].permute(1, 2, 0).reshape(-1)
@@ -196,24 +210,33 @@ class ProposalLayer(CaffeLayer):
         pred_y = d[:, 1] * heights + ctr_y
         pred_w = torch.exp(d[:, 2]) * widths
         pred_h = torch.exp(d[:, 3]) * heights
-        boxes = torch.stack([pred_x - 0.5 * pred_w, pred_y - 0.5 * pred_h,
-                             pred_x + 0.5 * pred_w, pred_y + 0.5 * pred_h], 1)
+        boxes = torch.stack(
+            [
+                pred_x - 0.5 * pred_w,
+                pred_y - 0.5 * pred_h,
+                pred_x + 0.5 * pred_w,
+                pred_y + 0.5 * pred_h,
+            ],
+            1,
+        )
         limit = torch.stack([im_info[1], im_info[0], im_info[1], im_info[0]]) - 1
-        boxes = torch.maximum(torch.minimum(boxes, limit), torch.zeros((), dtype=dtype,
-                                                                       device=device))
+        boxes = torch.maximum(
+            torch.minimum(boxes, limit), torch.zeros((), dtype=dtype, device=device)
+        )
         return boxes, fg
 
-    def select(self, boxes: torch.Tensor, fg: torch.Tensor, im_info: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def select(
+        self, boxes: torch.Tensor, fg: torch.Tensor, im_info: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The fork: boxes under min_size score 0; sort_box's order; first pre_nms_topn.
 
         A descending sort gives sort_box's order unless tied scores reach the first
         pre_nms_topn (or its boundary); only then the quicksort is replayed on the host.
         """
-        min_size = torch.tensor(float(self.param.min_size), dtype=boxes.dtype,
-                                device=boxes.device)
-        big = ((boxes[:, 2] - boxes[:, 0] + 1 >= min_size)
-               & (boxes[:, 3] - boxes[:, 1] + 1 >= min_size))
+        min_size = torch.tensor(float(self.param.min_size), dtype=boxes.dtype, device=boxes.device)
+        big = (boxes[:, 2] - boxes[:, 0] + 1 >= min_size) & (
+            boxes[:, 3] - boxes[:, 1] + 1 >= min_size
+        )
         fg = fg * big.to(fg.dtype)
         top = int(self.param.pre_nms_topn)
         ranked, order = torch.sort(fg, descending=True)
@@ -232,10 +255,15 @@ class ProposalLayer(CaffeLayer):
             for n in range(scores.shape[0]):
                 boxes, fg = self.proposals(scores, deltas.to(scores.dtype), info, n)
                 boxes, fg = self.select(boxes, fg, info)
-                keep = greedy_nms(boxes, float(self.param.nms_thresh),
-                                  int(self.param.post_nms_topn), self.nms_disjoint_zero)
-                batch = torch.full((keep.shape[0], 1), float(n), dtype=scores.dtype,
-                                   device=scores.device)
+                keep = greedy_nms(
+                    boxes,
+                    float(self.param.nms_thresh),
+                    int(self.param.post_nms_topn),
+                    self.nms_disjoint_zero,
+                )
+                batch = torch.full(
+                    (keep.shape[0], 1), float(n), dtype=scores.dtype, device=scores.device
+                )
                 rois.append(torch.cat([batch, boxes[keep]], 1))
                 kept_scores.append(fg[keep])
             tops = (torch.cat(rois), self.score_top(torch.cat(kept_scores)))

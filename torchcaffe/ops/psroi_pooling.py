@@ -42,13 +42,16 @@ class PSROIPoolingLayer(CaffeLayer):
         p = self.param
         for field in ("spatial_scale", "output_dim", "group_size"):
             if not p.HasField(field):
-                raise self.error(f"psroi_pooling_param.{field} is required",
-                                 expected=f"psroi_pooling_param {{ {field}: ... }}",
-                                 got=f"no {field}")
+                raise self.error(
+                    f"psroi_pooling_param.{field} is required",
+                    expected=f"psroi_pooling_param {{ {field}: ... }}",
+                    got=f"no {field}",
+                )
         for field in ("output_dim", "group_size"):
             if getattr(p, field) <= 0:
-                raise self.error(f"{field} must be > 0", expected=f"{field} > 0",
-                                 got=getattr(p, field))
+                raise self.error(
+                    f"{field} must be > 0", expected=f"{field} > 0", got=getattr(p, field)
+                )
         self.spatial_scale = float(p.spatial_scale)
         self.output_dim, self.group_size = int(p.output_dim), int(p.group_size)
         self.output_shapes(self.bottom_shapes)
@@ -57,9 +60,11 @@ class PSROIPoolingLayer(CaffeLayer):
         check_roi_bottoms(self, bottom_shapes)
         g, d = self.group_size, self.output_dim
         if bottom_shapes[0][1] != d * g * g:
-            raise self.error("input channel number does not match layer parameters",
-                             expected=f"output_dim * group_size^2 = {d * g * g} channels",
-                             got=bottom_shapes[0][1])
+            raise self.error(
+                "input channel number does not match layer parameters",
+                expected=f"output_dim * group_size^2 = {d * g * g} channels",
+                got=bottom_shapes[0][1],
+            )
         return [(bottom_shapes[1][0], d, g, g)]
 
     def _bins(self, rois: torch.Tensor, dtype: torch.dtype, axis: int, size: int):
@@ -95,8 +100,9 @@ class PSROIPoolingLayer(CaffeLayer):
         for sl in roi_chunks(r, d * g * g * kh * kw):
             with torch.no_grad():
                 base = (batch[sl, None, None, None] * c + chan) * h  # r x d x g x g
-                index = ((base[..., None, None] + hidx[sl, None, :, None, :, None]) * w
-                         + widx[sl, None, None, :, None, :])  # r x d x g x g x Kh x Kw
+                index = (base[..., None, None] + hidx[sl, None, :, None, :, None]) * w + widx[
+                    sl, None, None, :, None, :
+                ]  # r x d x g x g x Kh x Kw
                 valid = hval[sl, None, :, None, :, None] & wval[sl, None, None, :, None, :]
             vals = torch.where(valid, flat_x[index], 0.0)
             sums.append(vals.sum(dim=(-2, -1)))

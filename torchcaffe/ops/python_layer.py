@@ -31,33 +31,38 @@ from ..trust import ENV_VAR, python_layers_allowed
 from ._python_substitutes import NATIVE_SUBSTITUTES, RUN_MODULE_HINT, NativeSubstituteWarning
 from .base import ANY, Arity, CaffeLayer, Shape
 
-OPT_IN_HINT = ("Python layers import and run code named by the model; if you trust this "
-               "model, pass allow_python_layers=True (torchcaffe.load / caffe.Net) or set "
-               f"{ENV_VAR}=1")
+OPT_IN_HINT = (
+    "Python layers import and run code named by the model; if you trust this "
+    "model, pass allow_python_layers=True (torchcaffe.load / caffe.Net) or set "
+    f"{ENV_VAR}=1"
+)
 
 
 def import_layer_class(lp: caffe_pb2.LayerParameter) -> type:
     """The user's layer class named by ``python_param`` (module on sys.path, class name)."""
     module_name, class_name = lp.python_param.module, lp.python_param.layer
     if not module_name or not class_name:
-        raise LayerParamError("python_param needs both module and layer",
-                              expected="python_param { module: ... layer: ... }",
-                              got=f"module={module_name!r} layer={class_name!r}")
+        raise LayerParamError(
+            "python_param needs both module and layer",
+            expected="python_param { module: ... layer: ... }",
+            got=f"module={module_name!r} layer={class_name!r}",
+        )
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        raise LayerParamError(f"cannot import Python layer module {module_name!r}: {err}",
-                              hint="put the module's directory on PYTHONPATH (sys.path)"
-                              ) from err
+        raise LayerParamError(
+            f"cannot import Python layer module {module_name!r}: {err}",
+            hint="put the module's directory on PYTHONPATH (sys.path)",
+        ) from err
     try:
         return getattr(module, class_name)
     except AttributeError:
-        raise LayerParamError(f"module {module_name!r} has no layer class {class_name!r}"
-                              ) from None
+        raise LayerParamError(f"module {module_name!r} has no layer class {class_name!r}") from None
 
 
-def native_substitute(lp: caffe_pb2.LayerParameter
-                      ) -> Callable[[caffe_pb2.LayerParameter, Sequence[Shape]], CaffeLayer] | None:
+def native_substitute(
+    lp: caffe_pb2.LayerParameter,
+) -> Callable[[caffe_pb2.LayerParameter, Sequence[Shape]], CaffeLayer] | None:
     """The native builder serving this Python layer, or None to run the model's own module.
 
     None for modules without a substitute, and for those with one when the user opted in and
@@ -86,8 +91,9 @@ class _PythonFunction(torch.autograd.Function):
     """Forward/backward through the user's numpy code; params get the diffs it writes."""
 
     @staticmethod
-    def forward(ctx: Any, layer: PythonLayer, n_bottoms: int, *inputs: torch.Tensor
-                ) -> tuple[torch.Tensor, ...]:
+    def forward(
+        ctx: Any, layer: PythonLayer, n_bottoms: int, *inputs: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
         ctx.layer = layer
         ctx.n_bottoms = n_bottoms
         ctx.device = inputs[0].device if inputs else torch.device("cpu")
@@ -117,21 +123,27 @@ class PythonLayer(CaffeLayer):
     bottoms: ClassVar[Arity] = ANY
     tops: ClassVar[Arity] = ANY
     param_field = "python_param"
-    restrictions = ("runs the model's module only with the allow_python_layers opt-in; "
-                    "py-faster-rcnn's rpn.proposal_layer runs as a native equivalent unless "
-                    "opted in with the module on sys.path")
+    restrictions = (
+        "runs the model's module only with the allow_python_layers opt-in; "
+        "py-faster-rcnn's rpn.proposal_layer runs as a native equivalent unless "
+        "opted in with the module on sys.path"
+    )
 
     @classmethod
-    def from_param(cls, layer_param: caffe_pb2.LayerParameter,
-                   bottom_shapes: Sequence[Shape]) -> CaffeLayer:
+    def from_param(
+        cls, layer_param: caffe_pb2.LayerParameter, bottom_shapes: Sequence[Shape]
+    ) -> CaffeLayer:
         """A known Python layer becomes its native substitute (layer_param kept as read)."""
         builder = native_substitute(layer_param)
         if builder is None:
             return super().from_param(layer_param, bottom_shapes)
         layer = builder(layer_param, bottom_shapes)
-        warnings.warn(NativeSubstituteWarning(
-            f"layer '{layer_param.name}' (Python): {layer.extra_repr()}; {RUN_MODULE_HINT}"),
-            stacklevel=2)
+        warnings.warn(
+            NativeSubstituteWarning(
+                f"layer '{layer_param.name}' (Python): {layer.extra_repr()}; {RUN_MODULE_HINT}"
+            ),
+            stacklevel=2,
+        )
         return layer
 
     def __init__(self, layer_param: caffe_pb2.LayerParameter, bottom_shapes: Sequence[Shape]):
@@ -139,7 +151,10 @@ class PythonLayer(CaffeLayer):
         if not python_layers_allowed():
             raise self.error(
                 f"refusing to run Python layer {layer_param.python_param.module}."
-                f"{layer_param.python_param.layer}", hint=OPT_IN_HINT, cls=TrustError)
+                f"{layer_param.python_param.layer}",
+                hint=OPT_IN_HINT,
+                cls=TrustError,
+            )
         cls = import_layer_class(layer_param)
         try:
             self.py = cls(layer_param)
@@ -152,8 +167,7 @@ class PythonLayer(CaffeLayer):
         except TorchCaffeError:
             raise
         except Exception as err:  # the user's code: report it at this layer
-            raise self.error(f"Python layer setup failed: {type(err).__name__}: {err}"
-                             ) from err
+            raise self.error(f"Python layer setup failed: {type(err).__name__}: {err}") from err
         self._adopt_blobs()
 
     def _adopt_blobs(self) -> None:
@@ -187,8 +201,9 @@ class PythonLayer(CaffeLayer):
         dtype = bottoms[0].dtype if bottoms else torch.float32
         return tuple(torch.from_numpy(t.data.copy()).to(device, dtype) for t in self._tops)
 
-    def run_backward(self, grads: Sequence[torch.Tensor], wanted: Sequence[bool]
-                     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def run_backward(
+        self, grads: Sequence[torch.Tensor], wanted: Sequence[bool]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         for top, grad in zip(self._tops, grads):
             top.diff[...] = grad.detach().to("cpu").numpy()
         for blob in self._bottoms:
@@ -201,14 +216,14 @@ class PythonLayer(CaffeLayer):
         except TorchCaffeError as err:
             raise err.located(layer=self.name, layer_type=self.caffe_type) from None
         bottom_diffs = [torch.from_numpy(b.diff.copy()) for b in self._bottoms]
-        param_diffs = [torch.from_numpy(b.diff.copy()).to(p.dtype)
-                       for b, p in zip(blobs, self.param_blobs())]
+        param_diffs = [
+            torch.from_numpy(b.diff.copy()).to(p.dtype) for b, p in zip(blobs, self.param_blobs())
+        ]
         return bottom_diffs, param_diffs
 
     def forward(self, *bottoms: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         params = self.param_blobs()
-        tracked = torch.is_grad_enabled() and any(
-            t.requires_grad for t in (*bottoms, *params))
+        tracked = torch.is_grad_enabled() and any(t.requires_grad for t in (*bottoms, *params))
         if tracked:
             tops = _PythonFunction.apply(self, len(bottoms), *bottoms, *params)
         else:

@@ -27,8 +27,10 @@ from .base import Between, CaffeLayer, Shape
 
 # Caffe's own check asks for 2 axes, but its unrolled net's input InnerProduct (axis 2) then
 # fails on a 2-D x; say so up front.
-_X_AXES = ("bottom[0] must have at least 3 axes (#timesteps, #streams, features...): its "
-           "transform is an InnerProduct over axis 2")
+_X_AXES = (
+    "bottom[0] must have at least 3 axes (#timesteps, #streams, features...): its "
+    "transform is an InnerProduct over axis 2"
+)
 
 
 class RecurrentLayer(CaffeLayer):
@@ -41,8 +43,10 @@ class RecurrentLayer(CaffeLayer):
     tops = Between(1, 3)
     no_force_backward = frozenset({1})
     state_names: ClassVar[tuple[str, ...]] = ()
-    restrictions = ("debug_info is accepted and ignored; when N changes between forwards the "
-                    "carried state restarts from zeros (Caffe reuses stale memory)")
+    restrictions = (
+        "debug_info is accepted and ignored; when N changes between forwards the "
+        "carried state restarts from zeros (Caffe reuses stale memory)"
+    )
 
     @classmethod
     def check_arity(cls, layer_param) -> None:
@@ -53,15 +57,21 @@ class RecurrentLayer(CaffeLayer):
         low = 2 + n_state
         if not low <= nb <= low + 1:
             raise BlobWiringError(
-                "wrong number of bottom blobs", layer=layer_param.name,
+                "wrong number of bottom blobs",
+                layer=layer_param.name,
                 layer_type=layer_param.type,
-                expected=f"{low} to {low + 1} bottom(s) (x, cont, [x_static]{states})", got=nb)
+                expected=f"{low} to {low + 1} bottom(s) (x, cont, [x_static]{states})",
+                got=nb,
+            )
         if nt != 1 + n_state:
             finals = "".join(f", {s}T" for s in cls.state_names) if expose else ""
             raise BlobWiringError(
-                "wrong number of top blobs", layer=layer_param.name,
+                "wrong number of top blobs",
+                layer=layer_param.name,
                 layer_type=layer_param.type,
-                expected=f"exactly {1 + n_state} top(s) (output{finals})", got=nt)
+                expected=f"exactly {1 + n_state} top(s) (output{finals})",
+                got=nt,
+            )
 
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
@@ -82,8 +92,9 @@ class RecurrentLayer(CaffeLayer):
         self.add_params(p)
         if not self.expose_hidden:
             for name in self.state_names:
-                self.register_buffer(f"{name}_state", torch.zeros(1, n, self.num_output),
-                                     persistent=False)
+                self.register_buffer(
+                    f"{name}_state", torch.zeros(1, n, self.num_output), persistent=False
+                )
 
     def _check_shapes(self, shapes: Sequence[Shape]) -> None:
         """Caffe's Reshape checks: T fixed at setup, cont (T, N), x_static (N, ...), states."""
@@ -93,28 +104,40 @@ class RecurrentLayer(CaffeLayer):
         if x[0] != self.T:
             raise self.error("input number of timesteps changed", expected=self.T, got=x[0])
         if cont != x[:2]:
-            raise self.error("cont (bottom[1]) must be (#timesteps, #streams)",
-                             expected=x[:2], got=cont)
+            raise self.error(
+                "cont (bottom[1]) must be (#timesteps, #streams)", expected=x[:2], got=cont
+            )
         if self.static_input:
             static = tuple(shapes[2])
             if len(static) < 2 or static[0] != x[1]:
-                raise self.error("x_static (bottom[2]) must be (#streams, features...): its "
-                                 "transform is an InnerProduct over axis 1",
-                                 expected=f"({x[1]}, ...) with >= 2 axes", got=static)
+                raise self.error(
+                    "x_static (bottom[2]) must be (#streams, features...): its "
+                    "transform is an InnerProduct over axis 1",
+                    expected=f"({x[1]}, ...) with >= 2 axes",
+                    got=static,
+                )
         if self.expose_hidden:
             want = (1, x[1], self.num_output)
             for k, name in enumerate(self.state_names):
                 i = 2 + self.static_input + k
                 if tuple(shapes[i]) != want:
-                    raise self.error(f"initial state {name}0 (bottom[{i}]) has the wrong shape",
-                                     expected=want, got=tuple(shapes[i]))
+                    raise self.error(
+                        f"initial state {name}0 (bottom[{i}]) has the wrong shape",
+                        expected=want,
+                        got=tuple(shapes[i]),
+                    )
 
     # -- subclass hooks -------------------------------------------------------------------
     def add_params(self, p) -> None:
         raise NotImplementedError
 
-    def unroll(self, x: torch.Tensor, cont: torch.Tensor, x_static: torch.Tensor | None,
-               state: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def unroll(
+        self,
+        x: torch.Tensor,
+        cont: torch.Tensor,
+        x_static: torch.Tensor | None,
+        state: list[torch.Tensor],
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """x (T, N, I), cont (T, N), x_static (N, S) -> (output sequence, final states)."""
         raise NotImplementedError
 
@@ -135,7 +158,7 @@ class RecurrentLayer(CaffeLayer):
         t, n = x.shape[:2]
         x_static = rest[0].reshape(n, -1) if self.static_input else None
         if self.expose_hidden:
-            state = [h.detach() for h in rest[self.static_input:]]
+            state = [h.detach() for h in rest[self.static_input :]]
         else:
             state = []
             for name in self.state_names:
@@ -143,8 +166,7 @@ class RecurrentLayer(CaffeLayer):
                 if tuple(held.shape) != (1, n, self.num_output):
                     held = torch.zeros(1, n, self.num_output)
                 state.append(held.detach().to(device=x.device, dtype=x.dtype))
-        out, final = self.unroll(x.reshape(t, n, -1), cont.detach().to(x.dtype), x_static,
-                                 state)
+        out, final = self.unroll(x.reshape(t, n, -1), cont.detach().to(x.dtype), x_static, state)
         if self.expose_hidden:
             return (out, *(s.detach() for s in final))
         if x.device.type != "meta":

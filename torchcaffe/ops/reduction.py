@@ -35,7 +35,7 @@ class ReductionLayer(CaffeLayer):
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         shape = tuple(int(d) for d in bottom_shapes[0])
-        return [shape[:canonical_axis(self, self.param.axis, len(shape))]]
+        return [shape[: canonical_axis(self, self.param.axis, len(shape))]]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         axis = canonical_axis(self, self.param.axis, x.dim())

@@ -28,22 +28,29 @@ class ReshapeLayer(CaffeLayer):
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
         if list(layer_param.top[:1]) == list(layer_param.bottom[:1]):
-            raise self.error("Reshape does not allow in-place computation",
-                             expected="a top blob other than the bottom",
-                             got=f"top {layer_param.top[0]!r} == bottom")
+            raise self.error(
+                "Reshape does not allow in-place computation",
+                expected="a top blob other than the bottom",
+                got=f"top {layer_param.top[0]!r} == bottom",
+            )
         p = self.param
         self.dims = [int(d) for d in p.shape.dim]
         inferred = [i for i, d in enumerate(self.dims) if d == -1]
         if len(inferred) > 1:
-            raise self.error("new shape contains multiple -1 dims",
-                             expected="at most one -1 in shape", got=self.dims)
+            raise self.error(
+                "new shape contains multiple -1 dims",
+                expected="at most one -1 in shape",
+                got=self.dims,
+            )
         bad = [d for d in self.dims if d < -1]
         if bad:
-            raise self.error("shape dims must be >= 0, or -1 to infer one",
-                             expected="dims >= -1", got=self.dims)
+            raise self.error(
+                "shape dims must be >= 0, or -1 to infer one", expected="dims >= -1", got=self.dims
+            )
         if p.num_axes < -1:
-            raise self.error("num_axes must be >= 0, or -1 for all", expected=">= -1",
-                             got=p.num_axes)
+            raise self.error(
+                "num_axes must be >= 0, or -1 for all", expected=">= -1", got=p.num_axes
+            )
         self.inferred_axis = inferred[0] if inferred else -1
         self.output_shapes(self.bottom_shapes)
 
@@ -52,31 +59,43 @@ class ReshapeLayer(CaffeLayer):
         p, ndim = self.param, len(shape)
         start = p.axis if p.axis >= 0 else ndim + p.axis + 1
         if not 0 <= start <= ndim:
-            raise self.error(f"axis out of range for a {ndim}-D bottom",
-                             expected=f"{-ndim - 1} <= axis <= {ndim}", got=p.axis)
+            raise self.error(
+                f"axis out of range for a {ndim}-D bottom",
+                expected=f"{-ndim - 1} <= axis <= {ndim}",
+                got=p.axis,
+            )
         end = ndim if p.num_axes == -1 else start + p.num_axes
         if end > ndim:
-            raise self.error("axis + num_axes is out of range",
-                             expected=f"axis + num_axes <= {ndim}", got=end)
+            raise self.error(
+                "axis + num_axes is out of range", expected=f"axis + num_axes <= {ndim}", got=end
+            )
         top = list(shape[:start]) + list(self.dims) + list(shape[end:])
         for i, d in enumerate(self.dims):
             if d == 0:
                 if start + i >= ndim:
-                    raise self.error("shape contains a 0 but there is no bottom axis to copy",
-                                     expected=f"axis + {i} < {ndim}", got=start + i)
+                    raise self.error(
+                        "shape contains a 0 but there is no bottom axis to copy",
+                        expected=f"axis + {i} < {ndim}",
+                        got=start + i,
+                    )
                 top[start + i] = shape[start + i]
         count = math.prod(shape)
         if self.inferred_axis >= 0:
             explicit = math.prod(d for j, d in enumerate(top) if j != start + self.inferred_axis)
             if explicit == 0 or count % explicit:
-                raise self.error(f"bottom count ({count}) must be divisible by the product "
-                                 f"of the specified dimensions", expected=f"a divisor of "
-                                 f"{count}", got=explicit)
+                raise self.error(
+                    f"bottom count ({count}) must be divisible by the product "
+                    f"of the specified dimensions",
+                    expected=f"a divisor of {count}",
+                    got=explicit,
+                )
             top[start + self.inferred_axis] = count // explicit
         if math.prod(top) != count:
-            raise self.error("output count must match input count",
-                             expected=f"{count} ({shape})", got=f"{math.prod(top)} "
-                             f"({tuple(top)})")
+            raise self.error(
+                "output count must match input count",
+                expected=f"{count} ({shape})",
+                got=f"{math.prod(top)} ({tuple(top)})",
+            )
         return [tuple(top)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -31,12 +31,14 @@ class ResizeLayer(CaffeLayer):
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
         p = self.param
-        need = (("out_height_scale", "out_width_scale") if p.is_pyramid_test
-                else ("height", "width"))
+        need = ("out_height_scale", "out_width_scale") if p.is_pyramid_test else ("height", "width")
         for field in need:
             if not p.HasField(field):
-                raise self.error(f"output {field.replace('_', ' ')} is required",
-                                 expected=f"resize_param {{ {field}: ... }}", got="none")
+                raise self.error(
+                    f"output {field.replace('_', ' ')} is required",
+                    expected=f"resize_param {{ {field}: ... }}",
+                    got="none",
+                )
         self.output_shapes(self.bottom_shapes)
 
     def _out_hw(self, in_hw: Sequence[int]) -> tuple[int, int]:
@@ -49,15 +51,19 @@ class ResizeLayer(CaffeLayer):
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         shape = tuple(int(d) for d in bottom_shapes[0])
         if len(shape) != 4:
-            raise self.error("the input must have 4 axes (num, channels, height, width)",
-                             expected="4 axes", got=shape)
+            raise self.error(
+                "the input must have 4 axes (num, channels, height, width)",
+                expected="4 axes",
+                got=shape,
+            )
         out = self._out_hw(shape[2:])
         if min(out) < 1:
-            raise self.error("the output size must be positive", expected=">= 1 by >= 1",
-                             got=out)
+            raise self.error("the output size must be positive", expected=">= 1 by >= 1", got=out)
         return [shape[:2] + out]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        taps = [resize_taps(n_in, n_out, x.dtype, x.device)
-                for n_in, n_out in zip(x.shape[2:], self._out_hw(x.shape[2:]))]
+        taps = [
+            resize_taps(n_in, n_out, x.dtype, x.device)
+            for n_in, n_out in zip(x.shape[2:], self._out_hw(x.shape[2:]))
+        ]
         return resample2d(x, *taps)

@@ -47,8 +47,9 @@ class ROIPoolingLayer(CaffeLayer):
         p = self.param
         for field in ("pooled_h", "pooled_w"):
             if getattr(p, field) <= 0:
-                raise self.error(f"{field} must be > 0", expected=f"{field} > 0",
-                                 got=getattr(p, field))
+                raise self.error(
+                    f"{field} must be > 0", expected=f"{field} > 0", got=getattr(p, field)
+                )
         self.pooled_h, self.pooled_w = int(p.pooled_h), int(p.pooled_w)
         self.spatial_scale = float(p.spatial_scale)
         check_roi_bottoms(self, self.bottom_shapes)
@@ -102,8 +103,7 @@ class ROIPoolingLayer(CaffeLayer):
             cols = self._feasible(sw, ew, bin_w, pw, w).reshape(-1)
             p = torch.arange(ph, device=x.device)[:, None]
             q = torch.arange(pw, device=x.device)
-            routed = ((arg >= 0) & rows[(r * ph + p) * h + at // w]
-                      & cols[(r * pw + q) * w + at % w])
+            routed = (arg >= 0) & rows[(r * ph + p) * h + at // w] & cols[(r * pw + q) * w + at % w]
             chan = torch.arange(c, device=x.device)[None, :, None, None]
             flat = (batch[:, None, None, None] * c + chan) * (h * w) + at
         out = x.reshape(-1)[flat]
@@ -133,8 +133,7 @@ def _shifted(t: torch.Tensor | None, dim: int, half: int, value: float):
     return torch.nn.functional.pad(t.narrow(dim, half, t.shape[dim] - half), pad, value=value)
 
 
-def bin_max(x, batch, hs, he, ws, we, with_index: bool
-            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def bin_max(x, batch, hs, he, ws, we, with_index: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Max of x[batch] over every bin (-inf if none) and, ``with_index``, its row-major first
     position (flat h * W + w, -1 if none); R x C x ph x pw each.
 
@@ -156,11 +155,11 @@ def bin_max(x, batch, hs, he, ws, we, with_index: bool
     h1 = (he - (torch.ones_like(kh) << kh))[:, :, None].clamp(0, h - 1)
     w0 = ws[:, None, :].clamp(0, w - 1)
     w1 = (we - (torch.ones_like(kw) << kw))[:, None, :].clamp(0, w - 1)
-    lev = (kh[:, :, None] * levels_w + kw[:, None, :])  # R x ph x pw
+    lev = kh[:, :, None] * levels_w + kw[:, None, :]  # R x ph x pw
     per_channel = n * h * w * levels_h * levels_w * (2 if with_index else 1)
     step = max(1, CHUNK_ELEMENTS // max(per_channel, 1))
     for c0 in range(0, c, step):
-        xc = x[:, c0:c0 + step].permute(0, 2, 3, 1)  # N x H x W x c
+        xc = x[:, c0 : c0 + step].permute(0, 2, 3, 1)  # N x H x W x c
         ok = xc > -FLT_MAX
         val = torch.where(ok, xc, float("-inf"))
         idx = torch.where(ok, pos, big).expand_as(xc) if with_index else None
@@ -171,8 +170,12 @@ def bin_max(x, batch, hs, he, ws, we, with_index: bool
             cols_i: list[Any] = [idx]
             for b in range(1, levels_w):
                 half = 1 << (b - 1)
-                nv, ni = _pick(cols_v[-1], cols_i[-1], _shifted(cols_v[-1], 2, half, -math.inf),
-                               _shifted(cols_i[-1], 2, half, big))
+                nv, ni = _pick(
+                    cols_v[-1],
+                    cols_i[-1],
+                    _shifted(cols_v[-1], 2, half, -math.inf),
+                    _shifted(cols_i[-1], 2, half, big),
+                )
                 cols_v.append(nv)
                 cols_i.append(ni)
             rows_v.append(torch.stack(cols_v))
@@ -180,8 +183,9 @@ def bin_max(x, batch, hs, he, ws, we, with_index: bool
                 rows_i.append(torch.stack(cols_i))
             if a + 1 < levels_h:
                 half = 1 << a
-                val, idx = _pick(val, idx, _shifted(val, 1, half, -math.inf),
-                                 _shifted(idx, 1, half, big))
+                val, idx = _pick(
+                    val, idx, _shifted(val, 1, half, -math.inf), _shifted(idx, 1, half, big)
+                )
         table_v = torch.stack(rows_v).reshape(-1, xc.shape[-1])  # (levels, N, H, W) rows
         table_i = torch.stack(rows_i).reshape(-1, xc.shape[-1]) if rows_i else None
         best_v: Any = None
@@ -192,8 +196,8 @@ def bin_max(x, batch, hs, he, ws, we, with_index: bool
                 v, i = table_v[row], (None if table_i is None else table_i[row])
                 best_v, best_i = (v, i) if best_v is None else _pick(best_v, best_i, v, i)
         best_v = best_v.masked_fill(empty, -math.inf)
-        out_v[:, c0:c0 + step] = best_v.permute(0, 3, 1, 2)
+        out_v[:, c0 : c0 + step] = best_v.permute(0, 3, 1, 2)
         if out_i is not None:
             best_i = torch.where(best_v > -math.inf, best_i.long(), -1)
-            out_i[:, c0:c0 + step] = best_i.permute(0, 3, 1, 2)
+            out_i[:, c0 : c0 + step] = best_i.permute(0, 3, 1, 2)
     return out_v, out_i

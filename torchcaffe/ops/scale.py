@@ -27,10 +27,12 @@ class ScaleLayer(CaffeLayer):
 
     param_field = "scale_param"
     bottoms = Between(1, 2)
-    restrictions = ("the learned scale's diff is always accumulated; Caffe overwrites it "
-                    "when bottom[0] has one outer index (count(0, axis) == 1) and the scale "
-                    "more than one element, which shows only with iter_size > 1 or shared "
-                    "scale params")
+    restrictions = (
+        "the learned scale's diff is always accumulated; Caffe overwrites it "
+        "when bottom[0] has one outer index (count(0, axis) == 1) and the scale "
+        "more than one element, which shows only with iter_size > 1 or shared "
+        "scale params"
+    )
 
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
@@ -39,8 +41,11 @@ class ScaleLayer(CaffeLayer):
         self.has_scale_blob = len(self.bottom_shapes) == 1
         if self.has_scale_blob:
             shape = learned_shape(self, x_shape, p.axis, p.num_axes, "scale", "scale_param")
-            filler = p.filler if p.HasField("filler") else caffe_pb2.FillerParameter(
-                type="constant", value=1.0)
+            filler = (
+                p.filler
+                if p.HasField("filler")
+                else caffe_pb2.FillerParameter(type="constant", value=1.0)
+            )
             self.add_blob("weight", shape, filler=filler)
         if p.bias_term:
             num_axes = p.num_axes if self.has_scale_blob else len(self.bottom_shapes[1])
@@ -53,8 +58,7 @@ class ScaleLayer(CaffeLayer):
         operand = tuple(self.weight.shape) if self.has_scale_blob else bottom_shapes[1]
         operand_axis(self, x_shape, operand, self.param.axis, "scale", "scale_param")
         if self.param.bias_term:
-            operand_axis(self, x_shape, self.bias.shape, self.param.axis, "bias",
-                         "scale_param")
+            operand_axis(self, x_shape, self.bias.shape, self.param.axis, "bias", "scale_param")
         return [tuple(int(d) for d in x_shape)]
 
     def forward(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -62,7 +66,8 @@ class ScaleLayer(CaffeLayer):
         axis = operand_axis(self, x.shape, s.shape, self.param.axis, "scale", "scale_param")
         y = x * broadcastable(s, axis, x.dim())
         if self.param.bias_term:
-            axis = operand_axis(self, x.shape, self.bias.shape, self.param.axis, "bias",
-                                "scale_param")
+            axis = operand_axis(
+                self, x.shape, self.bias.shape, self.param.axis, "bias", "scale_param"
+            )
             y = y + broadcastable(self.bias, axis, x.dim())
         return y

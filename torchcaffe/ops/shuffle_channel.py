@@ -27,18 +27,21 @@ class ShuffleChannelLayer(CaffeLayer):
         super().__init__(layer_param, bottom_shapes)
         self.group = int(self.param.group)
         if self.group <= 0:
-            raise self.error("group must be greater than 0", expected="group > 0",
-                             got=self.group)
+            raise self.error("group must be greater than 0", expected="group > 0", got=self.group)
         self.output_shapes(self.bottom_shapes)
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         shape = tuple(int(d) for d in bottom_shapes[0])
         if len(shape) < 2:
-            raise self.error("bottom must have a channel axis", expected="N x C x ...",
-                             got=list(shape))
+            raise self.error(
+                "bottom must have a channel axis", expected="N x C x ...", got=list(shape)
+            )
         if shape[1] % self.group:
-            raise self.error("channels must be divisible by group",
-                             expected=f"C % {self.group} == 0", got=shape[1])
+            raise self.error(
+                "channels must be divisible by group",
+                expected=f"C % {self.group} == 0",
+                got=shape[1],
+            )
         return [shape]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

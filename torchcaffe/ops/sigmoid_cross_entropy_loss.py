@@ -35,9 +35,11 @@ class SigmoidCrossEntropyLossLayer(LossLayer):
 
     def _check_counts(self, x_shape, t_shape) -> None:
         if math.prod(x_shape) != math.prod(t_shape):
-            raise self.error("inputs must have the same count",
-                             expected=f"{math.prod(x_shape)} targets (as {tuple(x_shape)})",
-                             got=f"shape {tuple(t_shape)}")
+            raise self.error(
+                "inputs must have the same count",
+                expected=f"{math.prod(x_shape)} targets (as {tuple(x_shape)})",
+                got=f"shape {tuple(t_shape)}",
+            )
 
     def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         self._check_counts(x.shape, target.shape)
@@ -49,5 +51,6 @@ class SigmoidCrossEntropyLossLayer(LossLayer):
             valid = target.long() != self.ignore_label
             loss = torch.where(valid, loss, 0.0)
         outer = x.shape[0]
-        return loss.sum() / normalizer(self.normalization, outer, x.numel() // max(outer, 1),
-                                       valid, x)
+        return loss.sum() / normalizer(
+            self.normalization, outer, x.numel() // max(outer, 1), valid, x
+        )

@@ -29,9 +29,11 @@ class SliceLayer(CaffeLayer):
         super().__init__(layer_param, bottom_shapes)
         p = self.param
         if p.HasField("axis") and p.HasField("slice_dim"):
-            raise self.error("either axis or slice_dim should be specified, not both",
-                             expected="one of axis / slice_dim",
-                             got=f"axis {p.axis} and slice_dim {p.slice_dim}")
+            raise self.error(
+                "either axis or slice_dim should be specified, not both",
+                expected="one of axis / slice_dim",
+                got=f"axis {p.axis} and slice_dim {p.slice_dim}",
+            )
         self.slice_point = list(p.slice_point)
         self.output_shapes(self.bottom_shapes)
 
@@ -40,40 +42,57 @@ class SliceLayer(CaffeLayer):
         p = self.param
         if p.HasField("slice_dim"):
             if p.slice_dim >= len(shape):
-                raise self.error("slice_dim out of range",
-                                 expected=f"0 <= slice_dim < {len(shape)}", got=p.slice_dim)
+                raise self.error(
+                    "slice_dim out of range",
+                    expected=f"0 <= slice_dim < {len(shape)}",
+                    got=p.slice_dim,
+                )
             axis = p.slice_dim
         else:
             axis = canonical_axis(self, p.axis, len(shape))
         size, n = shape[axis], self.num_tops
         if not self.slice_point:
             if size % n:
-                raise self.error(f"the number of tops ({n}) should evenly divide the slice "
-                                 f"axis {axis}", expected=f"a multiple of {n}", got=size)
+                raise self.error(
+                    f"the number of tops ({n}) should evenly divide the slice axis {axis}",
+                    expected=f"a multiple of {n}",
+                    got=size,
+                )
             return axis, [size // n] * n
         if len(self.slice_point) != n - 1:
-            raise self.error("slice_point needs one value per boundary between tops",
-                             expected=f"{n - 1} slice_point values",
-                             got=len(self.slice_point))
+            raise self.error(
+                "slice_point needs one value per boundary between tops",
+                expected=f"{n - 1} slice_point values",
+                got=len(self.slice_point),
+            )
         if n > size:
-            raise self.error(f"more tops than entries along the slice axis {axis}",
-                             expected=f"at most {size} tops", got=n)
+            raise self.error(
+                f"more tops than entries along the slice axis {axis}",
+                expected=f"at most {size} tops",
+                got=n,
+            )
         sizes, prev = [], 0
         for point in self.slice_point:
             if point <= prev:
-                raise self.error("slice_point values must be strictly increasing and > 0",
-                                 expected=f"> {prev}", got=point)
+                raise self.error(
+                    "slice_point values must be strictly increasing and > 0",
+                    expected=f"> {prev}",
+                    got=point,
+                )
             sizes.append(point - prev)
             prev = point
         if prev > size:
-            raise self.error(f"slice_point beyond the end of the slice axis {axis}",
-                             expected=f"<= {size}", got=prev)
+            raise self.error(
+                f"slice_point beyond the end of the slice axis {axis}",
+                expected=f"<= {size}",
+                got=prev,
+            )
         return axis, sizes + [size - prev]
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         shape = tuple(int(d) for d in bottom_shapes[0])
         axis, sizes = self.plan(shape)
-        return [shape[:axis] + (s,) + shape[axis + 1:] for s in sizes]
+        return [shape[:axis] + (s,) + shape[axis + 1 :] for s in sizes]
 
     def forward(self, x: torch.Tensor):
         axis, sizes = self.plan(tuple(x.shape))

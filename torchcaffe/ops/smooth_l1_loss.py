@@ -33,16 +33,25 @@ class SmoothL1LossLayer(LossLayer):
         super().__init__(layer_param, bottom_shapes)
         shapes = self.bottom_shapes
         if any(len(s) > 4 for s in shapes):
-            raise self.error("SmoothL1Loss bottoms must have at most 4 axes",
-                             expected="<= 4 axes", got=[len(s) for s in shapes])
+            raise self.error(
+                "SmoothL1Loss bottoms must have at most 4 axes",
+                expected="<= 4 axes",
+                got=[len(s) for s in shapes],
+            )
         for i, s in enumerate(shapes[1:], start=1):
             for k, name in ((1, "channels"), (2, "height"), (3, "width")):
                 if legacy_dim(s, k) != legacy_dim(shapes[0], k):
-                    raise self.error(f"bottom {i} {name} differs from bottom 0",
-                                     expected=legacy_dim(shapes[0], k), got=legacy_dim(s, k))
+                    raise self.error(
+                        f"bottom {i} {name} differs from bottom 0",
+                        expected=legacy_dim(shapes[0], k),
+                        got=legacy_dim(s, k),
+                    )
             if i >= 2 and legacy_dim(s, 0) != legacy_dim(shapes[0], 0):
-                raise self.error(f"bottom {i} (weights) num differs from bottom 0",
-                                 expected=legacy_dim(shapes[0], 0), got=legacy_dim(s, 0))
+                raise self.error(
+                    f"bottom {i} (weights) num differs from bottom 0",
+                    expected=legacy_dim(shapes[0], 0),
+                    got=legacy_dim(s, 0),
+                )
         sigma = self.param.sigma
         self.sigma2 = float(torch.tensor(sigma, dtype=torch.float32) ** 2)  # Dtype sigma^2
 

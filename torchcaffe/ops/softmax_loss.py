@@ -42,8 +42,9 @@ class SoftmaxWithLossLayer(LossLayer):
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
         shape = self.bottom_shapes[0]
-        self.axis = canonical_axis(self, layer_param.softmax_param.axis, len(shape),
-                                   "softmax_param.axis")
+        self.axis = canonical_axis(
+            self, layer_param.softmax_param.axis, len(shape), "softmax_param.axis"
+        )
         self.ignore_label = ignore_label(self.param)
         self.normalization = normalization_mode(self)
         check_label_count(self, shape, self.bottom_shapes[1], self.axis)
@@ -54,7 +55,7 @@ class SoftmaxWithLossLayer(LossLayer):
     def forward(self, x: torch.Tensor, label: torch.Tensor):
         check_label_count(self, x.shape, label.shape, self.axis)
         outer, channels = math.prod(x.shape[: self.axis]), x.shape[self.axis]
-        inner = math.prod(x.shape[self.axis + 1:])
+        inner = math.prod(x.shape[self.axis + 1 :])
         log_prob, prob = log_softmax_clamped(x, self.axis, FLT_MIN)
         labels = label.detach().reshape(outer, 1, inner).long()
         valid = None if self.ignore_label is None else labels != self.ignore_label

@@ -11,8 +11,11 @@ from ..registry import register_layer
 from .base import CaffeLayer
 from .pooling import PP, caffe_pool2d, pooled_size
 
-_POOL = {caffe_pb2.SPPParameter.MAX: PP.MAX, caffe_pb2.SPPParameter.AVE: PP.AVE,
-         caffe_pb2.SPPParameter.STOCHASTIC: PP.STOCHASTIC}
+_POOL = {
+    caffe_pb2.SPPParameter.MAX: PP.MAX,
+    caffe_pb2.SPPParameter.AVE: PP.AVE,
+    caffe_pb2.SPPParameter.STOCHASTIC: PP.STOCHASTIC,
+}
 
 
 @register_layer("SPP")
@@ -34,8 +37,9 @@ class SPPLayer(CaffeLayer):
         super().__init__(layer_param, bottom_shapes)
         p = self.param
         if p.pyramid_height < 1:
-            raise self.error("pyramid_height must be positive", expected=">= 1",
-                             got=p.pyramid_height)
+            raise self.error(
+                "pyramid_height must be positive", expected=">= 1", got=p.pyramid_height
+            )
         self.pyramid_height = p.pyramid_height
         self.pool = _POOL[p.pool]
         self.levels(self.bottom_shapes[0])
@@ -43,26 +47,34 @@ class SPPLayer(CaffeLayer):
     def levels(self, shape) -> list[tuple]:
         """Per level: (kernel, stride, pad, output size), validated as Caffe's Pooling does."""
         if len(shape) != 4:
-            raise self.error("input must have 4 axes (num, channels, height, width)",
-                             expected=4, got=len(shape))
+            raise self.error(
+                "input must have 4 axes (num, channels, height, width)", expected=4, got=len(shape)
+            )
         hw = (shape[2], shape[3])
         if min(hw) <= 0:
             raise self.error("input dimensions cannot be zero", expected="> 0", got=hw)
         plans = []
         for level in range(self.pyramid_height):
-            bins = 2 ** level
+            bins = 2**level
             kernel = tuple(math.ceil(i / bins) for i in hw)
             pad = tuple((k * bins - i + 1) // 2 for k, i in zip(kernel, hw))
             if pad != (0, 0):
                 if self.pool == PP.STOCHASTIC:
-                    raise self.error(f"level {level} needs padding, which STOCHASTIC pooling "
-                                     "does not implement", expected="pad 0", got=pad)
+                    raise self.error(
+                        f"level {level} needs padding, which STOCHASTIC pooling does not implement",
+                        expected="pad 0",
+                        got=pad,
+                    )
                 if any(p >= k for p, k in zip(pad, kernel)):
-                    raise self.error(f"level {level} ({bins} bins) needs pad >= kernel for "
-                                     "this bottom; Caffe's Pooling rejects it",
-                                     expected=f"pad < kernel {kernel}", got=f"pad {pad}")
-            out = tuple(pooled_size(i, k, k, p, True, pad != (0, 0))
-                        for i, k, p in zip(hw, kernel, pad))
+                    raise self.error(
+                        f"level {level} ({bins} bins) needs pad >= kernel for "
+                        "this bottom; Caffe's Pooling rejects it",
+                        expected=f"pad < kernel {kernel}",
+                        got=f"pad {pad}",
+                    )
+            out = tuple(
+                pooled_size(i, k, k, p, True, pad != (0, 0)) for i, k, p in zip(hw, kernel, pad)
+            )
             plans.append((kernel, kernel, pad, out))
         return plans
 

@@ -25,11 +25,15 @@ class TileLayer(CaffeLayer):
         super().__init__(layer_param, bottom_shapes)
         p = self.param
         if not p.HasField("tiles"):
-            raise self.error("the number of tiles must be specified",
-                             expected="tile_param { tiles: N }", got="no tiles")
+            raise self.error(
+                "the number of tiles must be specified",
+                expected="tile_param { tiles: N }",
+                got="no tiles",
+            )
         if p.tiles <= 0:
-            raise self.error("the number of tiles must be positive", expected="tiles > 0",
-                             got=p.tiles)
+            raise self.error(
+                "the number of tiles must be positive", expected="tiles > 0", got=p.tiles
+            )
         self.tiles = p.tiles
         self.output_shapes(self.bottom_shapes)
 

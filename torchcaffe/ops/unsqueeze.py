@@ -25,16 +25,17 @@ class UnsqueezeLayer(CaffeLayer):
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
         if not self.param.HasField("dim"):
-            raise self.error("dim must be set", expected="unsqueeze_param { dim: D }",
-                             got="no dim")
+            raise self.error("dim must be set", expected="unsqueeze_param { dim: D }", got="no dim")
         self.output_shapes(self.bottom_shapes)
 
     def _axis(self, num_axes: int) -> int:
         axis = self.param.dim + num_axes + 1 if self.param.dim < 0 else self.param.dim
         if not 0 <= axis <= num_axes:
-            raise self.error("dim is out of range for the bottom",
-                             expected=f"{-num_axes - 1} <= dim <= {num_axes}",
-                             got=self.param.dim)
+            raise self.error(
+                "dim is out of range for the bottom",
+                expected=f"{-num_axes - 1} <= dim <= {num_axes}",
+                got=self.param.dim,
+            )
         return axis
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:

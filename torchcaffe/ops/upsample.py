@@ -32,9 +32,11 @@ class UpsampleLayer(CaffeLayer):
 
     param_field = "upsample_param"
     bottoms = Between(1, 2)
-    restrictions = ("SegNet fields with one bottom, dims_num with two, scale 0 (an empty top "
-                    "in brocolli) and an input whose rank is not dims_num are errors; so is a "
-                    "mask index outside the output (the fork aborts or writes out of bounds)")
+    restrictions = (
+        "SegNet fields with one bottom, dims_num with two, scale 0 (an empty top "
+        "in brocolli) and an input whose rank is not dims_num are errors; so is a "
+        "mask index outside the output (the fork aborts or writes out of bounds)"
+    )
 
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
@@ -46,8 +48,11 @@ class UpsampleLayer(CaffeLayer):
         else:
             given = [f for f in _SEGNET_FIELDS if p.HasField(f)]
             if given:
-                raise self.error("SegNet's upsample fields need the pooling mask as bottom 1",
-                                 expected="2 bottoms (data, mask)", got=f"1 bottom with {given}")
+                raise self.error(
+                    "SegNet's upsample fields need the pooling mask as bottom 1",
+                    expected="2 bottoms (data, mask)",
+                    got=f"1 bottom with {given}",
+                )
             if p.dims_num not in (3, 4):
                 raise self.error("dims_num must be 3 or 4", expected="3 or 4", got=p.dims_num)
             if p.scale < 1:
@@ -56,22 +61,36 @@ class UpsampleLayer(CaffeLayer):
 
     def _setup_segnet(self, p) -> None:
         if p.HasField("dims_num"):
-            raise self.error("dims_num is brocolli's one-bottom form; SegNet's two-bottom form "
-                             "upsamples (N, C, H, W)", expected="no dims_num", got=p.dims_num)
-        if not ((p.HasField("upsample_h") and p.HasField("upsample_w"))
-                or (not p.HasField("scale") and p.HasField("scale_h") and p.HasField("scale_w"))
-                or (not p.HasField("scale_h") and not p.HasField("scale_w"))):
-            raise self.error("upsample_h & upsample_w are required, else scale OR "
-                             "scale_h & scale_w", expected="one way to give the output size",
-                             got=text_format.MessageToString(p, as_one_line=True))
+            raise self.error(
+                "dims_num is brocolli's one-bottom form; SegNet's two-bottom form "
+                "upsamples (N, C, H, W)",
+                expected="no dims_num",
+                got=p.dims_num,
+            )
+        if not (
+            (p.HasField("upsample_h") and p.HasField("upsample_w"))
+            or (not p.HasField("scale") and p.HasField("scale_h") and p.HasField("scale_w"))
+            or (not p.HasField("scale_h") and not p.HasField("scale_w"))
+        ):
+            raise self.error(
+                "upsample_h & upsample_w are required, else scale OR scale_h & scale_w",
+                expected="one way to give the output size",
+                got=text_format.MessageToString(p, as_one_line=True),
+            )
         shape = self.bottom_shapes[0]
         if len(shape) != 4:
-            raise self.error("the input must have 4 axes (num, channels, height, width)",
-                             expected="4 axes", got=shape)
+            raise self.error(
+                "the input must have 4 axes (num, channels, height, width)",
+                expected="4 axes",
+                got=shape,
+            )
         if p.HasField("upsample_h") and p.HasField("upsample_w"):
             if p.upsample_h <= 1 or p.upsample_w <= 1:
-                raise self.error("upsample_h and upsample_w must be greater than 1",
-                                 expected="> 1", got=(p.upsample_h, p.upsample_w))
+                raise self.error(
+                    "upsample_h and upsample_w must be greater than 1",
+                    expected="> 1",
+                    got=(p.upsample_h, p.upsample_w),
+                )
             self.out_hw = (int(p.upsample_h), int(p.upsample_w))
             return
         if p.HasField("scale_h"):
@@ -79,12 +98,17 @@ class UpsampleLayer(CaffeLayer):
         else:
             scale_h = scale_w = p.scale if p.HasField("scale") else 2  # SegNet's default
         if scale_h <= 1 or scale_w <= 1:
-            raise self.error("the scale must be greater than 1", expected="> 1",
-                             got=(scale_h, scale_w))
+            raise self.error(
+                "the scale must be greater than 1", expected="> 1", got=(scale_h, scale_w)
+            )
         for axis, pad, scale in (("h", p.pad_out_h, scale_h), ("w", p.pad_out_w, scale_w)):
             if pad and scale != 2:
-                raise self.error(f"pad_out_{axis} requires scale_{axis} == 2, otherwise the "
-                                 "output size is ill-defined", expected=2, got=scale)
+                raise self.error(
+                    f"pad_out_{axis} requires scale_{axis} == 2, otherwise the "
+                    "output size is ill-defined",
+                    expected=2,
+                    got=scale,
+                )
         self.out_hw = (shape[2] * scale_h - int(p.pad_out_h), shape[3] * scale_w - int(p.pad_out_w))
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
@@ -92,15 +116,22 @@ class UpsampleLayer(CaffeLayer):
         if self.segnet:
             mask = tuple(int(d) for d in bottom_shapes[1])
             if len(shape) != 4 or mask != shape:
-                raise self.error("the mask (bottom 1) must have the 4-D shape of the data "
-                                 "(bottom 0)", expected=shape, got=mask)
+                raise self.error(
+                    "the mask (bottom 1) must have the 4-D shape of the data (bottom 0)",
+                    expected=shape,
+                    got=mask,
+                )
             return [shape[:2] + self.out_hw]
         dims, scale = self.param.dims_num, self.param.scale
         if len(shape) != dims:
-            raise self.error(f"dims_num {dims} needs a {dims}-D input", expected=f"{dims} axes",
-                             got=shape)
-        return [shape[:-2] + (shape[-2] * scale, shape[-1] * scale) if dims == 4
-                else shape[:-1] + (shape[-1] * scale,)]
+            raise self.error(
+                f"dims_num {dims} needs a {dims}-D input", expected=f"{dims} axes", got=shape
+            )
+        return [
+            shape[:-2] + (shape[-2] * scale, shape[-1] * scale)
+            if dims == 4
+            else shape[:-1] + (shape[-1] * scale,)
+        ]
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         if self.segnet:
@@ -112,7 +143,9 @@ class UpsampleLayer(CaffeLayer):
         return x.repeat_interleave(scale, dim=-2) if self.param.dims_num == 4 else x
 
     def _range_error(self, got):
-        return self.error("upsample top index out of range",
-                          hint="check the scale settings match the input pooling layer's "
-                               "downsample setup",
-                          expected=f"0 <= index < {self.out_hw[0] * self.out_hw[1]}", got=got)
+        return self.error(
+            "upsample top index out of range",
+            hint="check the scale settings match the input pooling layer's downsample setup",
+            expected=f"0 <= index < {self.out_hw[0] * self.out_hw[1]}",
+            got=got,
+        )

@@ -11,5 +11,13 @@ from torchcaffe.pycaffe.solver import (
     get_solver,
 )
 
-__all__ = ["Net", "SGDSolver", "NesterovSolver", "AdaGradSolver", "RMSPropSolver",
-           "AdaDeltaSolver", "AdamSolver", "get_solver"]
+__all__ = [
+    "Net",
+    "SGDSolver",
+    "NesterovSolver",
+    "AdaGradSolver",
+    "RMSPropSolver",
+    "AdaDeltaSolver",
+    "AdamSolver",
+    "get_solver",
+]

@@ -42,17 +42,22 @@ class Layer:
         """Check params and bottoms once; default: nothing to set up."""
 
     def reshape(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:
-        raise UnsupportedError(f"Python layer {type(self).__name__} defines no reshape",
-                               hint="define reshape(self, bottom, top) to shape the tops")
+        raise UnsupportedError(
+            f"Python layer {type(self).__name__} defines no reshape",
+            hint="define reshape(self, bottom, top) to shape the tops",
+        )
 
     def forward(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:
         raise UnsupportedError(f"Python layer {type(self).__name__} defines no forward")
 
-    def backward(self, top: Sequence[Blob], propagate_down: Sequence[bool],
-                 bottom: Sequence[Blob]) -> None:
-        raise UnsupportedError(f"Python layer {type(self).__name__} defines no backward",
-                               hint="define backward(self, top, propagate_down, bottom), or "
-                               "stop gradients before it (propagate_down: false)")
+    def backward(
+        self, top: Sequence[Blob], propagate_down: Sequence[bool], bottom: Sequence[Blob]
+    ) -> None:
+        raise UnsupportedError(
+            f"Python layer {type(self).__name__} defines no backward",
+            hint="define backward(self, top, propagate_down, bottom), or "
+            "stop gradients before it (propagate_down: false)",
+        )
 
     def __repr__(self) -> str:
         extra: Any = self.param_str

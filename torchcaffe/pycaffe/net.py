@@ -51,12 +51,20 @@ class Net:
     """``caffe.Net(network_file, phase)``, ``caffe.Net(network_file, weights, phase)``, or the
     keyword forms ``caffe.Net(network_file, phase=..., weights=..., level=..., stages=...)``."""
 
-    def __init__(self, network_file: Any, *args: Any, phase: int | str | None = None,
-                 weights: str | os.PathLike | None = None, level: int = 0,
-                 stages: Sequence[str] | None = None, **load_options: Any) -> None:
+    def __init__(
+        self,
+        network_file: Any,
+        *args: Any,
+        phase: int | str | None = None,
+        weights: str | os.PathLike | None = None,
+        level: int = 0,
+        stages: Sequence[str] | None = None,
+        **load_options: Any,
+    ) -> None:
         weights, phase = _parse_net_args(args, weights, phase)
-        self._net: TorchNet = netio.build_torch_net(network_file, phase, level=level,
-                                                    stages=stages or (), **load_options)
+        self._net: TorchNet = netio.build_torch_net(
+            network_file, phase, level=level, stages=stages or (), **load_options
+        )
         self._device = torch.device("cpu")
         self._make_blobs()
         self._bind_params()
@@ -68,7 +76,8 @@ class Net:
     # -- construction ---------------------------------------------------------------------
     def _make_blobs(self) -> None:
         self.blobs: OrderedDict[str, Blob] = OrderedDict(
-            (name, Blob(self._net.blob_shapes[name])) for name in self._net.blob_names)
+            (name, Blob(self._net.blob_shapes[name])) for name in self._net.blob_names
+        )
         self._blob_loss_weights = {name: 0.0 for name in self.blobs}
         for step in self._net.steps:
             for top, w in zip(step.tops, step.loss_weights):
@@ -247,25 +256,29 @@ class Net:
                 if t.requires_grad:
                     outs.append(t)
                     grads.append(self.blobs[name].diff_at(device).view(t.shape).to(t.dtype))
-            wanted = [j for j, b in enumerate(record.bottoms)
-                      if step.bottom_need_backward[j] and b.requires_grad]
-            params = [p for p, need in zip(module.param_blobs(), step.param_need_backward)
-                      if need and isinstance(p, nn.Parameter) and p.requires_grad]
+            wanted = [
+                j
+                for j, b in enumerate(record.bottoms)
+                if step.bottom_need_backward[j] and b.requires_grad
+            ]
+            params = [
+                p
+                for p, need in zip(module.param_blobs(), step.param_need_backward)
+                if need and isinstance(p, nn.Parameter) and p.requires_grad
+            ]
             inputs = [record.bottoms[j] for j in wanted] + params
             if not outs or not inputs:
                 continue
-            got = torch.autograd.grad(outs, inputs, grads, allow_unused=True,
-                                      retain_graph=True)
+            got = torch.autograd.grad(outs, inputs, grads, allow_unused=True, retain_graph=True)
             for j, g in zip(wanted, got[: len(wanted)]):
                 diff = self.blobs[step.bottoms[j]].diff_at(device, mutable=True)
                 if g is None:
                     diff.zero_()
                 else:
                     diff.copy_(g.view(diff.shape))
-            for p, g in zip(params, got[len(wanted):]):
+            for p, g in zip(params, got[len(wanted) :]):
                 if g is not None:
-                    self._param_blob_of[id(p)].diff_at(device, mutable=True).add_(
-                        g.view(p.shape))
+                    self._param_blob_of[id(p)].diff_at(device, mutable=True).add_(g.view(p.shape))
 
     def _layer_index(self, name: str) -> int:
         try:
@@ -274,8 +287,13 @@ class Net:
             self._net.step(name)  # raises with close matches
             raise
 
-    def forward(self, blobs: Sequence[str] | None = None, start: str | None = None,
-                end: str | None = None, **kwargs: np.ndarray) -> dict[str, np.ndarray]:
+    def forward(
+        self,
+        blobs: Sequence[str] | None = None,
+        start: str | None = None,
+        end: str | None = None,
+        **kwargs: np.ndarray,
+    ) -> dict[str, np.ndarray]:
         """pycaffe's forward: set ``kwargs`` inputs, run ``start..end``, return outputs."""
         blobs = list(blobs or [])
         start_ind = 0 if start is None else self._layer_index(start)
@@ -289,20 +307,30 @@ class Net:
                 outputs.add(end)
         if kwargs:
             if set(kwargs) != set(self.inputs):
-                raise BlobWiringError("input blob arguments do not match net inputs",
-                                      expected=sorted(self.inputs), got=sorted(kwargs))
+                raise BlobWiringError(
+                    "input blob arguments do not match net inputs",
+                    expected=sorted(self.inputs),
+                    got=sorted(kwargs),
+                )
             for name, value in kwargs.items():
                 value = np.asarray(value)
                 if value.shape[0] != self.blobs[name].shape[0]:
-                    raise BlobWiringError(f"input {name!r} is not batch sized",
-                                          expected=self.blobs[name].shape[0],
-                                          got=value.shape[0])
+                    raise BlobWiringError(
+                        f"input {name!r} is not batch sized",
+                        expected=self.blobs[name].shape[0],
+                        got=value.shape[0],
+                    )
                 self.blobs[name].data[...] = value
         self._forward(start_ind, end_ind)
         return {name: self.blobs[name].data for name in outputs}
 
-    def backward(self, diffs: Sequence[str] | None = None, start: str | None = None,
-                 end: str | None = None, **kwargs: np.ndarray) -> dict[str, np.ndarray]:
+    def backward(
+        self,
+        diffs: Sequence[str] | None = None,
+        start: str | None = None,
+        end: str | None = None,
+        **kwargs: np.ndarray,
+    ) -> dict[str, np.ndarray]:
         """pycaffe's backward: set ``kwargs`` top diffs, run ``start..end`` in reverse."""
         diffs = list(diffs or [])
         start_ind = len(self._net.steps) - 1 if start is None else self._layer_index(start)
@@ -316,14 +344,19 @@ class Net:
                 outputs.add(end)
         if kwargs:
             if set(kwargs) != set(self.outputs):
-                raise BlobWiringError("top diff arguments do not match net outputs",
-                                      expected=sorted(self.outputs), got=sorted(kwargs))
+                raise BlobWiringError(
+                    "top diff arguments do not match net outputs",
+                    expected=sorted(self.outputs),
+                    got=sorted(kwargs),
+                )
             for name, value in kwargs.items():
                 value = np.asarray(value)
                 if value.shape[0] != self.blobs[name].shape[0]:
-                    raise BlobWiringError(f"diff {name!r} is not batch sized",
-                                          expected=self.blobs[name].shape[0],
-                                          got=value.shape[0])
+                    raise BlobWiringError(
+                        f"diff {name!r} is not batch sized",
+                        expected=self.blobs[name].shape[0],
+                        got=value.shape[0],
+                    )
                 self.blobs[name].diff[...] = value
         self._backward(start_ind, end_ind)
         return {name: self.blobs[name].diff for name in outputs}
@@ -334,8 +367,9 @@ class Net:
         self._backward(len(self._net.steps) - 1, 0)
         return loss
 
-    def forward_all(self, blobs: Sequence[str] | None = None, **kwargs: np.ndarray
-                    ) -> dict[str, np.ndarray]:
+    def forward_all(
+        self, blobs: Sequence[str] | None = None, **kwargs: np.ndarray
+    ) -> dict[str, np.ndarray]:
         """Run batches of ``kwargs`` inputs through the net; concatenate the outputs."""
         return netio.forward_all(self, blobs, kwargs)
 
@@ -377,20 +411,30 @@ class Net:
             mine = self._net.layers[step.key]
             theirs = other._net.layer(step.name).param_blobs()
             if len(theirs) != len(mine.param_blobs()):
-                raise LayerParamError("incompatible number of blobs", layer=step.name,
-                                      layer_type=step.type, expected=len(mine.param_blobs()),
-                                      got=len(theirs))
+                raise LayerParamError(
+                    "incompatible number of blobs",
+                    layer=step.name,
+                    layer_type=step.type,
+                    expected=len(mine.param_blobs()),
+                    got=len(theirs),
+                )
             for j, (t, s) in enumerate(zip(mine.param_blobs(), theirs)):
                 if tuple(t.shape) != tuple(s.shape):
-                    raise LayerParamError(f"cannot share param {j} weights; shape mismatch",
-                                          layer=step.name, layer_type=step.type,
-                                          expected=tuple(t.shape), got=tuple(s.shape))
+                    raise LayerParamError(
+                        f"cannot share param {j} weights; shape mismatch",
+                        layer=step.name,
+                        layer_type=step.type,
+                        expected=tuple(t.shape),
+                        got=tuple(s.shape),
+                    )
                 mine.set_param_blob(j, s)
         self._bind_params()
 
     def __repr__(self) -> str:
-        return (f"<caffe.Net {self.name!r} phase={caffe_pb2.Phase.Name(self.phase)} "
-                f"{len(self.layers)} layers>")
+        return (
+            f"<caffe.Net {self.name!r} phase={caffe_pb2.Phase.Name(self.phase)} "
+            f"{len(self.layers)} layers>"
+        )
 
 
 def _parse_net_args(args: tuple, weights: Any, phase: Any) -> tuple[Any, Any]:
@@ -407,9 +451,13 @@ def _parse_net_args(args: tuple, weights: Any, phase: Any) -> tuple[Any, Any]:
             raise LayerParamError("caffe.Net got weights/phase twice", got=args)
         weights, phase = args
     elif len(args) > 2:
-        raise LayerParamError("caffe.Net takes (network_file, [weights], phase)",
-                              expected="at most 3 positional arguments", got=len(args) + 1)
+        raise LayerParamError(
+            "caffe.Net takes (network_file, [weights], phase)",
+            expected="at most 3 positional arguments",
+            got=len(args) + 1,
+        )
     if phase is None:
-        raise LayerParamError("caffe.Net needs a phase", expected="caffe.TRAIN or caffe.TEST",
-                              got=None)
+        raise LayerParamError(
+            "caffe.Net needs a phase", expected="caffe.TRAIN or caffe.TEST", got=None
+        )
     return weights, phase

@@ -20,8 +20,9 @@ def build_torch_net(network_file: Any, phase: Any, **options: Any):
     return load(network_file, None, phase, **options)
 
 
-def forward_all(net: Net, blobs: Sequence[str] | None, kwargs: Mapping[str, Any]
-                ) -> dict[str, np.ndarray]:
+def forward_all(
+    net: Net, blobs: Sequence[str] | None, kwargs: Mapping[str, Any]
+) -> dict[str, np.ndarray]:
     """pycaffe's forward_all: split inputs into net-sized batches, pad the last one.
 
     Blobs without a batch axis (a scalar loss) come back as one value per forward, where
@@ -36,14 +37,16 @@ def forward_all(net: Net, blobs: Sequence[str] | None, kwargs: Mapping[str, Any]
         return {k: v.copy() for k, v in out.items()}
     sizes = {len(v) for v in inputs.values()}
     if len(sizes) != 1:
-        raise BlobWiringError("forward_all inputs have different batch counts",
-                              got={k: len(v) for k, v in inputs.items()})
+        raise BlobWiringError(
+            "forward_all inputs have different batch counts",
+            got={k: len(v) for k, v in inputs.items()},
+        )
     total = sizes.pop()
     batch = net.blobs[net.inputs[0]].shape[0]
     for first in range(0, total, batch):
         chunk = {}
         for name, value in inputs.items():
-            part = value[first:first + batch]
+            part = value[first : first + batch]
             pad = batch - len(part)
             if pad:
                 part = np.concatenate([part, np.zeros((pad,) + part.shape[1:], part.dtype)])
@@ -56,5 +59,4 @@ def forward_all(net: Net, blobs: Sequence[str] | None, kwargs: Mapping[str, Any]
             else:  # a per-batch value (a scalar loss): one entry per forward
                 per_batch.add(name)
                 results[name].append(value)
-    return {name: np.asarray(v if name in per_batch else v[:total])
-            for name, v in results.items()}
+    return {name: np.asarray(v if name in per_batch else v[:total]) for name, v in results.items()}

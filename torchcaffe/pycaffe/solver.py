@@ -40,13 +40,12 @@ class AdamSolver(SGDSolver):
 
 
 SOLVER_CLASSES: dict[str, type[Solver]] = {
-    cls.solver_type: cls for cls in (SGDSolver, NesterovSolver, AdaGradSolver, RMSPropSolver,
-                                     AdaDeltaSolver, AdamSolver)  # type: ignore[misc]
+    cls.solver_type: cls
+    for cls in (SGDSolver, NesterovSolver, AdaGradSolver, RMSPropSolver, AdaDeltaSolver, AdamSolver)  # type: ignore[misc]
 }
 
 
-def get_solver(solver: str | os.PathLike | caffe_pb2.SolverParameter, **options: Any
-               ) -> Solver:
+def get_solver(solver: str | os.PathLike | caffe_pb2.SolverParameter, **options: Any) -> Solver:
     """Caffe's SolverRegistry::CreateSolver: the class named by the file's ``type``."""
     param, _ = load_solver_param(solver)
     cls = SOLVER_CLASSES.get(param.type, Solver)  # Solver reports an unknown type

@@ -1,12 +1,12 @@
 """A solver definition as a torch optimizer and LR scheduler, for the torch face.
 
-    net = torchcaffe.load("train_val.prototxt", phase="train", input_shapes=...)
-    param, _ = load_solver_param("solver.prototxt")
-    opt = make_optimizer(param, net)          # Caffe's update rule, lr_mult/decay_mult groups
-    sched = make_lr_policy(param, opt)        # Caffe's lr_policy
-    for it in range(param.max_iter):
-        opt.zero_grad(); net.total_loss(net.forward_all_blobs(...)).backward()
-        opt.step(); sched.step()
+net = torchcaffe.load("train_val.prototxt", phase="train", input_shapes=...)
+param, _ = load_solver_param("solver.prototxt")
+opt = make_optimizer(param, net)          # Caffe's update rule, lr_mult/decay_mult groups
+sched = make_lr_policy(param, opt)        # Caffe's lr_policy
+for it in range(param.max_iter):
+    opt.zero_grad(); net.total_loss(net.forward_all_blobs(...)).backward()
+    opt.step(); sched.step()
 """
 
 from __future__ import annotations
@@ -22,13 +22,21 @@ if TYPE_CHECKING:
     from ..net.net import TorchNet
 
 # SolverParameter fields each update rule reads (beyond lr, decay and clipping).
-RULE_FIELDS = {"SGD": ("momentum",), "Nesterov": ("momentum",), "AdaGrad": ("delta",),
-               "RMSProp": ("rms_decay", "delta"), "AdaDelta": ("momentum", "delta"),
-               "Adam": ("momentum", "momentum2", "delta")}
+RULE_FIELDS = {
+    "SGD": ("momentum",),
+    "Nesterov": ("momentum",),
+    "AdaGrad": ("delta",),
+    "RMSProp": ("rms_decay", "delta"),
+    "AdaDelta": ("momentum", "delta"),
+    "Adam": ("momentum", "momentum2", "delta"),
+}
 
 
-def make_optimizer(param: caffe_pb2.SolverParameter, net: TorchNet | list[Learnable],
-                   solver_type: str | None = None) -> CaffeOptimizer:
+def make_optimizer(
+    param: caffe_pb2.SolverParameter,
+    net: TorchNet | list[Learnable],
+    solver_type: str | None = None,
+) -> CaffeOptimizer:
     """The update rule of ``solver_type`` (default: ``param.type``) over ``net``'s params."""
     solver_type = solver_type or param.type
     cls = OPTIMIZERS[solver_type]
@@ -37,13 +45,18 @@ def make_optimizer(param: caffe_pb2.SolverParameter, net: TorchNet | list[Learna
     regularization = param.regularization_type
     if regularization not in REGULARIZATION_TYPES:  # unused without weight decay, as in Caffe
         regularization = "L2"
-    return cls(groups, param.base_lr, weight_decay=param.weight_decay,
-               regularization_type=regularization,
-               clip_gradients=param.clip_gradients, iter_size=param.iter_size, **rule)
+    return cls(
+        groups,
+        param.base_lr,
+        weight_decay=param.weight_decay,
+        regularization_type=regularization,
+        clip_gradients=param.clip_gradients,
+        iter_size=param.iter_size,
+        **rule,
+    )
 
 
-def make_lr_policy(param: caffe_pb2.SolverParameter, optimizer: CaffeOptimizer
-                   ) -> CaffeLRPolicy:
+def make_lr_policy(param: caffe_pb2.SolverParameter, optimizer: CaffeOptimizer) -> CaffeLRPolicy:
     """The scheduler of ``param.lr_policy``, at iteration 0."""
     cls = LR_POLICIES[param.lr_policy]
     return cls(optimizer, **policy_arguments(param.lr_policy, param))

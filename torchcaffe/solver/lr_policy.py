@@ -72,8 +72,7 @@ class CaffeLRPolicy(LRScheduler):
     @property
     def lr(self) -> float:
         """The rate of the current iteration (pycaffe's ``solver.lr``)."""
-        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer.param_groups \
-            else 0.0
+        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer.param_groups else 0.0
 
 
 class FixedPolicy(CaffeLRPolicy):
@@ -94,7 +93,7 @@ class StepPolicy(CaffeLRPolicy):
         self.current_step = iteration // self.stepsize
 
     def factor(self, iteration):
-        return self.gamma ** self.current_step
+        return self.gamma**self.current_step
 
 
 class ExpPolicy(CaffeLRPolicy):
@@ -105,7 +104,7 @@ class ExpPolicy(CaffeLRPolicy):
         super().__init__(optimizer, last_epoch)
 
     def factor(self, iteration):
-        return self.gamma ** iteration
+        return self.gamma**iteration
 
 
 class InvPolicy(CaffeLRPolicy):
@@ -124,18 +123,21 @@ class MultiStepPolicy(CaffeLRPolicy):
 
     policy = "multistep"
 
-    def __init__(self, optimizer, gamma: float, stepvalue: Sequence[int],
-                 last_epoch: int = -1) -> None:
+    def __init__(
+        self, optimizer, gamma: float, stepvalue: Sequence[int], last_epoch: int = -1
+    ) -> None:
         self.gamma, self.stepvalue = _f32(gamma), [int(v) for v in stepvalue]
         super().__init__(optimizer, last_epoch)
 
     def advance(self, iteration):
-        if (self.current_step < len(self.stepvalue)
-                and iteration >= self.stepvalue[self.current_step]):
+        if (
+            self.current_step < len(self.stepvalue)
+            and iteration >= self.stepvalue[self.current_step]
+        ):
             self.current_step += 1
 
     def factor(self, iteration):
-        return self.gamma ** self.current_step
+        return self.gamma**self.current_step
 
 
 class PolyPolicy(CaffeLRPolicy):
@@ -161,14 +163,28 @@ class SigmoidPolicy(CaffeLRPolicy):
 
 
 LR_POLICIES: dict[str, type[CaffeLRPolicy]] = {
-    cls.policy: cls for cls in (FixedPolicy, StepPolicy, ExpPolicy, InvPolicy, MultiStepPolicy,
-                                PolyPolicy, SigmoidPolicy)
+    cls.policy: cls
+    for cls in (
+        FixedPolicy,
+        StepPolicy,
+        ExpPolicy,
+        InvPolicy,
+        MultiStepPolicy,
+        PolyPolicy,
+        SigmoidPolicy,
+    )
 }
 
 
 def policy_arguments(policy: str, param: Any) -> dict[str, Any]:
     """The SolverParameter fields a policy reads, as keyword arguments."""
-    fields = {"fixed": (), "step": ("gamma", "stepsize"), "exp": ("gamma",),
-              "inv": ("gamma", "power"), "multistep": ("gamma", "stepvalue"),
-              "poly": ("power", "max_iter"), "sigmoid": ("gamma", "stepsize")}[policy]
+    fields = {
+        "fixed": (),
+        "step": ("gamma", "stepsize"),
+        "exp": ("gamma",),
+        "inv": ("gamma", "power"),
+        "multistep": ("gamma", "stepvalue"),
+        "poly": ("power", "max_iter"),
+        "sigmoid": ("gamma", "stepsize"),
+    }[policy]
     return {name: getattr(param, name) for name in fields}

@@ -29,21 +29,30 @@ def resolve(name: str, field: str, solver_path: str | None) -> str:
     if solver_path and not os.path.isabs(name):
         beside = os.path.join(os.path.dirname(os.path.abspath(solver_path)), name)
         if os.path.exists(beside):
-            hint = (f"it exists next to the solver file; Caffe resolves solver paths against "
-                    f"the working directory, so run from {os.path.dirname(beside)}")
-    raise field_error(solver_path, field, f"file {name!r} not found (relative to the working "
-                      f"directory {os.getcwd()})", hint=hint)
+            hint = (
+                f"it exists next to the solver file; Caffe resolves solver paths against "
+                f"the working directory, so run from {os.path.dirname(beside)}"
+            )
+    raise field_error(
+        solver_path,
+        field,
+        f"file {name!r} not found (relative to the working directory {os.getcwd()})",
+        hint=hint,
+    )
 
 
-def _net(source: str | caffe_pb2.NetParameter, default_phase: int,
-         override: caffe_pb2.NetState | None, options: dict[str, Any]) -> Net:
+def _net(
+    source: str | caffe_pb2.NetParameter,
+    default_phase: int,
+    override: caffe_pb2.NetState | None,
+    options: dict[str, Any],
+) -> Net:
     net_param = read_net(source) if isinstance(source, str) else source
     state = caffe_pb2.NetState(phase=caffe_pb2.Phase.Name(default_phase))
     state.MergeFrom(net_param.state)
     if override is not None:
         state.MergeFrom(override)
-    return Net(source, phase=state.phase, level=state.level, stages=list(state.stage),
-               **options)
+    return Net(source, phase=state.phase, level=state.level, stages=list(state.stage), **options)
 
 
 def load_weights(net: Net, param: caffe_pb2.SolverParameter, solver_path: str | None) -> None:
@@ -54,8 +63,9 @@ def load_weights(net: Net, param: caffe_pb2.SolverParameter, solver_path: str | 
             net.copy_from(resolve(name, "weights", solver_path))
 
 
-def build_train_net(param: caffe_pb2.SolverParameter, solver_path: str | None,
-                    **options: Any) -> Net:
+def build_train_net(
+    param: caffe_pb2.SolverParameter, solver_path: str | None, **options: Any
+) -> Net:
     if param.HasField("train_net_param"):
         source: str | caffe_pb2.NetParameter = param.train_net_param
     elif param.HasField("train_net"):
@@ -69,8 +79,9 @@ def build_train_net(param: caffe_pb2.SolverParameter, solver_path: str | None,
     return net
 
 
-def build_test_nets(param: caffe_pb2.SolverParameter, solver_path: str | None,
-                    **options: Any) -> list[Net]:
+def build_test_nets(
+    param: caffe_pb2.SolverParameter, solver_path: str | None, **options: Any
+) -> list[Net]:
     sources: list[str | caffe_pb2.NetParameter] = list(param.test_net_param)
     sources += [resolve(n, "test_net", solver_path) for n in param.test_net]
     remaining = len(param.test_iter) - len(sources)

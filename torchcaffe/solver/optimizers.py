@@ -54,19 +54,36 @@ class CaffeOptimizer(Optimizer):
     history_keys: ClassVar[tuple[str, ...]] = ("history",)
     caffe_type: ClassVar[str] = ""
 
-    def __init__(self, params: Iterable[Any], lr: float, *, lr_mult: float = 1.0,
-                 weight_decay: float = 0.0, decay_mult: float = 1.0,
-                 regularization_type: str = "L2", clip_gradients: float = -1.0,
-                 iter_size: int = 1, **rule: Any) -> None:
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float,
+        *,
+        lr_mult: float = 1.0,
+        weight_decay: float = 0.0,
+        decay_mult: float = 1.0,
+        regularization_type: str = "L2",
+        clip_gradients: float = -1.0,
+        iter_size: int = 1,
+        **rule: Any,
+    ) -> None:
         if lr < 0:
             raise ValueError(f"invalid learning rate {lr}")
         if regularization_type not in REGULARIZATION_TYPES:
-            raise ValueError(f"unknown regularization_type {regularization_type!r}; "
-                             f"expected one of {REGULARIZATION_TYPES}")
+            raise ValueError(
+                f"unknown regularization_type {regularization_type!r}; "
+                f"expected one of {REGULARIZATION_TYPES}"
+            )
         if iter_size < 1:
             raise ValueError(f"iter_size must be >= 1, got {iter_size}")
-        defaults = dict(lr=lr, lr_mult=lr_mult, weight_decay=weight_decay,
-                        decay_mult=decay_mult, regularization_type=regularization_type, **rule)
+        defaults = dict(
+            lr=lr,
+            lr_mult=lr_mult,
+            weight_decay=weight_decay,
+            decay_mult=decay_mult,
+            regularization_type=regularization_type,
+            **rule,
+        )
         super().__init__(params, defaults)
         self.clip_gradients = float(clip_gradients)
         self.iter_size = int(iter_size)
@@ -78,15 +95,17 @@ class CaffeOptimizer(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        live = [(g, p, p.grad) for g in self.param_groups for p in g["params"]
-                if p.grad is not None]
+        live = [
+            (g, p, p.grad) for g in self.param_groups for p in g["params"] if p.grad is not None
+        ]
         self._clip([grad for _, _, grad in live])
         for group, p, grad in live:
             if self.iter_size != 1:
                 grad.mul_(_scalar(1.0 / self.iter_size, grad.dtype))
             self._regularize(group, p, grad)
-            local_rate = _scalar(_scalar(group["lr"], p.dtype) *
-                                 _scalar(group["lr_mult"], p.dtype), p.dtype)
+            local_rate = _scalar(
+                _scalar(group["lr"], p.dtype) * _scalar(group["lr_mult"], p.dtype), p.dtype
+            )
             self._update(group, p, grad, self._state(p), local_rate)
             p.sub_(grad)
         return loss
@@ -102,8 +121,9 @@ class CaffeOptimizer(Optimizer):
                 g.mul_(_scalar(factor, g.dtype))
 
     def _regularize(self, group: dict, p: torch.Tensor, grad: torch.Tensor) -> None:
-        decay = _scalar(_scalar(group["weight_decay"], p.dtype) *
-                        _scalar(group["decay_mult"], p.dtype), p.dtype)
+        decay = _scalar(
+            _scalar(group["weight_decay"], p.dtype) * _scalar(group["decay_mult"], p.dtype), p.dtype
+        )
         if not decay:
             return
         if group["regularization_type"] == "L2":
@@ -122,8 +142,9 @@ class CaffeOptimizer(Optimizer):
                 state[key] = value.to(device=p.device, dtype=p.dtype)
         return state
 
-    def _update(self, group: dict, p: torch.Tensor, grad: torch.Tensor, state: dict,
-                local_rate: float) -> None:
+    def _update(
+        self, group: dict, p: torch.Tensor, grad: torch.Tensor, state: dict, local_rate: float
+    ) -> None:
         """Turn ``grad`` (in place) into the value Net::Update subtracts."""
         raise NotImplementedError
 
@@ -136,23 +157,29 @@ class CaffeOptimizer(Optimizer):
         optimizer does not update (a buffer) gets zeros, as Caffe's history of an lr_mult 0
         blob without weight decay holds."""
         managed = self._managed()
-        return [self._state(p)[key].detach().clone() if id(p) in managed
-                else torch.zeros_like(p) for key in self.history_keys for p in params]
+        return [
+            self._state(p)[key].detach().clone() if id(p) in managed else torch.zeros_like(p)
+            for key in self.history_keys
+            for p in params
+        ]
 
-    def load_history_blobs(self, params: Sequence[torch.Tensor],
-                           blobs: Sequence[torch.Tensor], iteration: int) -> None:
+    def load_history_blobs(
+        self, params: Sequence[torch.Tensor], blobs: Sequence[torch.Tensor], iteration: int
+    ) -> None:
         """Install a solverstate's history (``history_blobs`` order) and iteration count."""
         if len(blobs) != len(self.history_keys) * len(params):
-            raise ValueError(f"expected {len(self.history_keys) * len(params)} history "
-                             f"blobs, got {len(blobs)}")
+            raise ValueError(
+                f"expected {len(self.history_keys) * len(params)} history blobs, got {len(blobs)}"
+            )
         managed = self._managed()
         it = iter(blobs)
         for key in self.history_keys:
             for p in params:
                 value = next(it)
                 if id(p) in managed:
-                    self._state(p)[key] = value.to(device=p.device, dtype=p.dtype).reshape(
-                        p.shape).clone()
+                    self._state(p)[key] = (
+                        value.to(device=p.device, dtype=p.dtype).reshape(p.shape).clone()
+                    )
         for p in params:
             if id(p) in managed:
                 self.state[p]["step"] = int(iteration)
@@ -205,8 +232,9 @@ class CaffeRMSProp(CaffeOptimizer):
 
     caffe_type = "RMSProp"
 
-    def __init__(self, params, lr: float, rms_decay: float = 0.99, delta: float = 1e-8,
-                 **kw: Any) -> None:
+    def __init__(
+        self, params, lr: float, rms_decay: float = 0.99, delta: float = 1e-8, **kw: Any
+    ) -> None:
         super().__init__(params, lr, rms_decay=rms_decay, delta=delta, **kw)
 
     def _update(self, group, p, grad, state, local_rate):
@@ -222,8 +250,9 @@ class CaffeAdaDelta(CaffeOptimizer):
     caffe_type = "AdaDelta"
     history_keys = ("history", "update_history")
 
-    def __init__(self, params, lr: float, momentum: float = 0.0, delta: float = 1e-8,
-                 **kw: Any) -> None:
+    def __init__(
+        self, params, lr: float, momentum: float = 0.0, delta: float = 1e-8, **kw: Any
+    ) -> None:
         super().__init__(params, lr, momentum=momentum, delta=delta, **kw)
 
     def _update(self, group, p, grad, state, local_rate):
@@ -245,8 +274,15 @@ class CaffeAdam(CaffeOptimizer):
     caffe_type = "Adam"
     history_keys = ("m", "v")
 
-    def __init__(self, params, lr: float, momentum: float = 0.9, momentum2: float = 0.999,
-                 delta: float = 1e-8, **kw: Any) -> None:
+    def __init__(
+        self,
+        params,
+        lr: float,
+        momentum: float = 0.9,
+        momentum2: float = 0.999,
+        delta: float = 1e-8,
+        **kw: Any,
+    ) -> None:
         super().__init__(params, lr, momentum=momentum, momentum2=momentum2, delta=delta, **kw)
 
     def _update(self, group, p, grad, state, local_rate):
@@ -254,7 +290,7 @@ class CaffeAdam(CaffeOptimizer):
         beta1, beta2 = _scalar(group["momentum"], p.dtype), _scalar(group["momentum2"], p.dtype)
         t = state.get("step", 0) + 1
         state["step"] = t
-        correction = math.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t)
+        correction = math.sqrt(1.0 - beta2**t) / (1.0 - beta1**t)
         rate = _scalar(local_rate * _scalar(correction, p.dtype), p.dtype)
         m.mul_(beta1).add_(grad, alpha=_one_minus(beta1, p.dtype))
         v.mul_(beta2).add_(grad.square(), alpha=_one_minus(beta2, p.dtype))
@@ -262,6 +298,6 @@ class CaffeAdam(CaffeOptimizer):
 
 
 OPTIMIZERS: dict[str, type[CaffeOptimizer]] = {
-    cls.caffe_type: cls for cls in (CaffeSGD, CaffeNesterov, CaffeAdaGrad, CaffeRMSProp,
-                                    CaffeAdaDelta, CaffeAdam)
+    cls.caffe_type: cls
+    for cls in (CaffeSGD, CaffeNesterov, CaffeAdaGrad, CaffeRMSProp, CaffeAdaDelta, CaffeAdam)
 }

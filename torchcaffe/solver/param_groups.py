@@ -40,8 +40,9 @@ def learnable_params(net: TorchNet) -> list[Learnable]:
     out = []
     for info in net.param_infos:
         tensor = net.layer(info.layer).param_blobs()[info.index]
-        out.append(Learnable(info.layer, info.index, tensor, float(info.lr_mult),
-                             float(info.decay_mult)))
+        out.append(
+            Learnable(info.layer, info.index, tensor, float(info.lr_mult), float(info.decay_mult))
+        )
     return out
 
 
@@ -57,7 +58,11 @@ def param_groups(net: TorchNet | list[Learnable], **group_options: Any) -> list[
             continue
         key = (entry.lr_mult, entry.decay_mult)
         if key not in groups:
-            groups[key] = {"params": [], "lr_mult": entry.lr_mult,
-                           "decay_mult": entry.decay_mult, **group_options}
+            groups[key] = {
+                "params": [],
+                "lr_mult": entry.lr_mult,
+                "decay_mult": entry.decay_mult,
+                **group_options,
+            }
         groups[key]["params"].append(entry.tensor)
     return list(groups.values())

@@ -49,8 +49,11 @@ class Callback:
     """pycaffe's solver callback: ``on_start`` before each iteration's passes,
     ``on_gradients_ready`` before the update."""
 
-    def __init__(self, on_start: Callable[[], Any] | None = None,
-                 on_gradients_ready: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self,
+        on_start: Callable[[], Any] | None = None,
+        on_gradients_ready: Callable[[], Any] | None = None,
+    ) -> None:
         self.on_start = on_start or (lambda: None)
         self.on_gradients_ready = on_gradients_ready or (lambda: None)
 
@@ -66,9 +69,14 @@ class Solver:
 
     solver_type: ClassVar[str | None] = None
 
-    def __init__(self, solver: PathLike | caffe_pb2.SolverParameter, *,
-                 allow_python_layers: bool = False, progress: bool | None = None,
-                 path: PathLike | None = None) -> None:
+    def __init__(
+        self,
+        solver: PathLike | caffe_pb2.SolverParameter,
+        *,
+        allow_python_layers: bool = False,
+        progress: bool | None = None,
+        path: PathLike | None = None,
+    ) -> None:
         param, path_read = load_solver_param(solver)
         path = path_read if path is None else os.fspath(path)  # path: names an edited param
         self.type = self.solver_type or param.type
@@ -102,10 +110,12 @@ class Solver:
         """The learning rate of the current iteration (before lr_mult)."""
         return self.scheduler.lr
 
-    def add_callback(self, on_start: Callable[[], Any] | Callback,
-                     on_gradients_ready: Callable[[], Any] | None = None) -> None:
-        cb = on_start if isinstance(on_start, Callback) else Callback(on_start,
-                                                                     on_gradients_ready)
+    def add_callback(
+        self,
+        on_start: Callable[[], Any] | Callback,
+        on_gradients_ready: Callable[[], Any] | None = None,
+    ) -> None:
+        cb = on_start if isinstance(on_start, Callback) else Callback(on_start, on_gradients_ready)
         self._callbacks.append(cb)
 
     def share_weights(self, net: Net) -> None:
@@ -120,12 +130,20 @@ class Solver:
         self._losses, self.smoothed_loss = [], 0.0
         timer, last = time.perf_counter(), self._iter
         disable = None if self.progress is None else not self.progress  # None: tty only
-        with tqdm(total=max(int(iters), 0), unit="iter", desc="train", leave=False,
-                  disable=True if iters < 2 else disable) as bar:
+        with tqdm(
+            total=max(int(iters), 0),
+            unit="iter",
+            desc="train",
+            leave=False,
+            disable=True if iters < 2 else disable,
+        ) as bar:
             while self._iter < stop_iter:
                 self.net.clear_param_diffs()
-                if (p.test_interval and self._iter % p.test_interval == 0
-                        and (self._iter > 0 or p.test_initialization)):
+                if (
+                    p.test_interval
+                    and self._iter % p.test_interval == 0
+                    and (self._iter > 0 or p.test_initialization)
+                ):
                     self.test_all()
                     if self.requested_early_exit:
                         break
@@ -201,11 +219,17 @@ class Solver:
             self._losses[idx] = loss
 
     def _display(self, lapse: float, iters: int) -> None:
-        log.info("Iteration %d (%g iter/s, %.3fs/%d iters), loss = %g", self._iter,
-                 iters / lapse if lapse else 0.0, lapse, self.param.display,
-                 self.smoothed_loss)
-        log_outputs(self.net, "Train", {n: self.net.blobs[n].data.ravel()
-                                         for n in self.net.outputs})
+        log.info(
+            "Iteration %d (%g iter/s, %.3fs/%d iters), loss = %g",
+            self._iter,
+            iters / lapse if lapse else 0.0,
+            lapse,
+            self.param.display,
+            self.smoothed_loss,
+        )
+        log_outputs(
+            self.net, "Train", {n: self.net.blobs[n].data.ravel() for n in self.net.outputs}
+        )
 
     # -- testing --------------------------------------------------------------------------
     def test_all(self) -> list[OrderedDict[str, np.ndarray]]:
@@ -235,9 +259,12 @@ class Solver:
                 pass
             os.remove(probe)
         except OSError as err:
-            raise field_error(self.path, "snapshot_prefix", f"cannot write snapshots under "
-                              f"{self.param.snapshot_prefix!r} ({err.strerror})",
-                              hint="make sure the directory exists and is writable") from None
+            raise field_error(
+                self.path,
+                "snapshot_prefix",
+                f"cannot write snapshots under {self.param.snapshot_prefix!r} ({err.strerror})",
+                hint="make sure the directory exists and is writable",
+            ) from None
 
     def snapshot(self) -> str:
         """Write ``<prefix>_iter_<N>.caffemodel`` and ``.solverstate`` (or their .h5 forms);
@@ -245,11 +272,14 @@ class Solver:
         hdf5 = self.param.snapshot_format == HDF5
         model = self._filename(".caffemodel.h5" if hdf5 else ".caffemodel")
         log.info("Snapshotting to %s file %s", "HDF5" if hdf5 else "binary proto", model)
-        (self.net.save_hdf5 if hdf5 else self.net.save)(model,
-                                                         write_diff=self.param.snapshot_diff)
+        (self.net.save_hdf5 if hdf5 else self.net.save)(model, write_diff=self.param.snapshot_diff)
         history = self.optimizer.history_blobs([e.tensor for e in self._learnables])
-        snap = SolverSnapshot(self._iter, self.scheduler.snapshot_step, model,
-                              [h.detach().cpu().numpy() for h in history])
+        snap = SolverSnapshot(
+            self._iter,
+            self.scheduler.snapshot_step,
+            model,
+            [h.detach().cpu().numpy() for h in history],
+        )
         state_file = self._filename(".solverstate.h5" if hdf5 else ".solverstate")
         log.info("Snapshotting solver state to %s", state_file)
         (write_solverstate_hdf5 if hdf5 else write_solverstate)(state_file, snap)
@@ -262,22 +292,33 @@ class Solver:
         tensors = [e.tensor for e in self._learnables]
         want = len(self.optimizer.history_keys) * len(tensors)
         if len(snap.history) != want:
-            raise SolverError("incorrect number of history blobs", path=name, expected=want,
-                              got=len(snap.history),
-                              hint=f"the state must come from a {self.type} solver on this net")
+            raise SolverError(
+                "incorrect number of history blobs",
+                path=name,
+                expected=want,
+                got=len(snap.history),
+                hint=f"the state must come from a {self.type} solver on this net",
+            )
         shapes = [tuple(t.shape) for t in tensors] * len(self.optimizer.history_keys)
         for j, (blob, shape) in enumerate(zip(snap.history, shapes)):
             if blob.size != int(np.prod(shape, dtype=np.int64)):
-                raise SolverError(f"history blob {j} does not fit its param", path=name,
-                                  expected=shape, got=blob.shape)
+                raise SolverError(
+                    f"history blob {j} does not fit its param",
+                    path=name,
+                    expected=shape,
+                    got=blob.shape,
+                )
         self._iter = snap.iter
         if snap.learned_net:
             self.net.copy_from(snap.learned_net)
         self.net._ensure_device()
-        self.optimizer.load_history_blobs(tensors, [torch.from_numpy(np.asarray(h))
-                                                    for h in snap.history], snap.iter)
+        self.optimizer.load_history_blobs(
+            tensors, [torch.from_numpy(np.asarray(h)) for h in snap.history], snap.iter
+        )
         self.scheduler.restore(snap.iter, snap.current_step)
 
     def __repr__(self) -> str:
-        return (f"<caffe.{type(self).__name__} type={self.type} iter={self._iter} "
-                f"net={self.net.name!r} test_nets={len(self.test_nets)}>")
+        return (
+            f"<caffe.{type(self).__name__} type={self.type} iter={self._iter} "
+            f"net={self.net.name!r} test_nets={len(self.test_nets)}>"
+        )

@@ -67,9 +67,12 @@ def read_solverstate(path: PathLike) -> SolverSnapshot:
         return _read_hdf5(name)
     state = read_binary_proto(name, caffe_pb2.SolverState)
     history = [blob_proto_to_array(b, path=name) for b in state.history]
-    return SolverSnapshot(state.iter, state.current_step,
-                          state.learned_net if state.HasField("learned_net") else None,
-                          history)
+    return SolverSnapshot(
+        state.iter,
+        state.current_step,
+        state.learned_net if state.HasField("learned_net") else None,
+        history,
+    )
 
 
 def _read_hdf5(name: str) -> SolverSnapshot:
@@ -86,7 +89,8 @@ def _read_hdf5(name: str) -> SolverSnapshot:
                 learned = raw.decode() if isinstance(raw, bytes) else str(raw)
             group = h5["history"]
             history = [np.asarray(group[str(i)][()]) for i in range(len(group))]
-            return SolverSnapshot(int(h5["iter"][()]), int(h5["current_step"][()]), learned,
-                                  history)
+            return SolverSnapshot(
+                int(h5["iter"][()]), int(h5["current_step"][()]), learned, history
+            )
     except OSError as err:
         raise SolverError(f"cannot read the HDF5 solver state ({err})", path=name) from None

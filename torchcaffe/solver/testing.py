@@ -56,8 +56,7 @@ def run_test(solver: Solver, index: int) -> OrderedDict[str, np.ndarray]:
 
 def weighted_loss(net: Net) -> float:
     """Caffe's loss of a forward: sum over loss blobs of weight * sum(blob)."""
-    return sum(w * float(net.blobs[n].data.sum()) for n, w in net.blob_loss_weights.items()
-               if w)
+    return sum(w * float(net.blobs[n].data.sum()) for n, w in net.blob_loss_weights.items() if w)
 
 
 def log_outputs(net: Net, kind: str, values: dict[str, np.ndarray]) -> None:

@@ -31,6 +31,7 @@ class StoredStatsBatchGrad(torch.autograd.Function):
         return (grad - mean_g - x_hat * mean_gx) * inv_std, None, None
 
 
-def stored_stats_batch_grad(x: torch.Tensor, mean: torch.Tensor,
-                            inv_std: torch.Tensor) -> torch.Tensor:
+def stored_stats_batch_grad(
+    x: torch.Tensor, mean: torch.Tensor, inv_std: torch.Tensor
+) -> torch.Tensor:
     return StoredStatsBatchGrad.apply(x, mean, inv_std)

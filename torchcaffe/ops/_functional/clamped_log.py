@@ -52,8 +52,9 @@ class LogClamped(torch.autograd.Function):
         return grad / clamped, None
 
 
-def log_softmax_clamped(x: torch.Tensor, axis: int, threshold: float
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
+def log_softmax_clamped(
+    x: torch.Tensor, axis: int, threshold: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     return LogSoftmaxClamped.apply(x, axis, threshold)
 
 

@@ -26,8 +26,9 @@ class CaffeUnstableProd(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad):
         top, *bottoms = ctx.saved_tensors
-        return tuple((top / b) * grad if need else None
-                     for b, need in zip(bottoms, ctx.needs_input_grad))
+        return tuple(
+            (top / b) * grad if need else None for b, need in zip(bottoms, ctx.needs_input_grad)
+        )
 
 
 def caffe_unstable_prod(*bottoms: torch.Tensor) -> torch.Tensor:

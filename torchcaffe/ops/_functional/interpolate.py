@@ -51,8 +51,9 @@ def interp2_taps(n_in: int, n_out: int, dtype: torch.dtype, device) -> Taps:
     return _to(Taps(i0, i1, w0, w1), dtype, device)
 
 
-def bilinear_interpolate_taps(n_in: int, n_out: int, align_corners: bool, dtype: torch.dtype,
-                              device) -> Taps:
+def bilinear_interpolate_taps(
+    n_in: int, n_out: int, align_corners: bool, dtype: torch.dtype, device
+) -> Taps:
     """brocolli ``BilinearInterpolate``: x = (j + 0.5) * in / out - 0.5 (double maths, stored
     as Dtype) or, with align_corners, j * float((in - 1) / (out - 1)) in Dtype; x clamped to
     [0, in - 1]; i0 = floor(x) clamped to [0, in - 2], i1 = i0 + 1; weights i1 - x, x - i0.
@@ -89,8 +90,16 @@ def resize_taps(n_in: int, n_out: int, dtype: torch.dtype, device) -> Taps:
 
 
 def _to(taps: Taps, dtype: torch.dtype, device) -> Taps:
-    return Taps(*(None if t is None else t.to(device=device, dtype=dtype)
-                  if t.is_floating_point() else t.to(device) for t in taps))
+    return Taps(
+        *(
+            None
+            if t is None
+            else t.to(device=device, dtype=dtype)
+            if t.is_floating_point()
+            else t.to(device)
+            for t in taps
+        )
+    )
 
 
 def _one_axis(x: torch.Tensor, taps: Taps, dim: int) -> torch.Tensor:
@@ -98,8 +107,9 @@ def _one_axis(x: torch.Tensor, taps: Taps, dim: int) -> torch.Tensor:
     w0, w1 = taps.w0.view(shape), taps.w1.view(shape)
     second = w1 * x.index_select(dim, taps.i1)
     if taps.valid1 is not None:
-        second = torch.where(taps.valid1.view(shape), second, torch.zeros((), dtype=x.dtype,
-                                                                          device=x.device))
+        second = torch.where(
+            taps.valid1.view(shape), second, torch.zeros((), dtype=x.dtype, device=x.device)
+        )
     return w0 * x.index_select(dim, taps.i0) + second
 
 

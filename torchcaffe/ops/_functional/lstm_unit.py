@@ -30,11 +30,19 @@ class LSTMUnitStep(torch.autograd.Function):
     def backward(ctx, c_diff, h_diff):
         c_prev, i, f, o, g, tanh_c = ctx.saved_tensors
         c_term = c_diff + h_diff * o * (1 - tanh_c * tanh_c)
-        x_diff = torch.cat((c_term * g * i * (1 - i), c_term * c_prev * f * (1 - f),
-                            h_diff * tanh_c * o * (1 - o), c_term * i * (1 - g * g)), dim=-1)
+        x_diff = torch.cat(
+            (
+                c_term * g * i * (1 - i),
+                c_term * c_prev * f * (1 - f),
+                h_diff * tanh_c * o * (1 - o),
+                c_term * i * (1 - g * g),
+            ),
+            dim=-1,
+        )
         return c_term * f, x_diff, None
 
 
-def lstm_unit_step(c_prev: torch.Tensor, x: torch.Tensor, cont: torch.Tensor
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def lstm_unit_step(
+    c_prev: torch.Tensor, x: torch.Tensor, cont: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     return LSTMUnitStep.apply(c_prev, x, cont.detach())

@@ -42,6 +42,7 @@ class CaffeNormalize(torch.autograd.Function):
         return grad_x, grad_scale, None, None
 
 
-def caffe_normalize(x: torch.Tensor, scale: torch.Tensor, across_spatial: bool,
-                    eps: float) -> torch.Tensor:
+def caffe_normalize(
+    x: torch.Tensor, scale: torch.Tensor, across_spatial: bool, eps: float
+) -> torch.Tensor:
     return CaffeNormalize.apply(x, scale, (1, 2) if across_spatial else (1,), eps)

@@ -23,8 +23,7 @@ def check_mask_range(mask: torch.Tensor, size: int, error) -> torch.Tensor:
     return index
 
 
-def unpool_forward(x: torch.Tensor, index: torch.Tensor, out_hw: tuple[int, int]
-                   ) -> torch.Tensor:
+def unpool_forward(x: torch.Tensor, index: torch.Tensor, out_hw: tuple[int, int]) -> torch.Tensor:
     """(N, C, H, W) values + int64 flat indices -> (N, C, *out_hw), zeros where nothing lands."""
     n, c = x.shape[:2]
     flat_x, flat_i = x.reshape(n, c, -1), index.reshape(n, c, -1)
@@ -54,6 +53,5 @@ class SegNetUnpool(torch.autograd.Function):
         return grad_x.reshape(index.shape), None, None
 
 
-def segnet_unpool(x: torch.Tensor, index: torch.Tensor, out_hw: tuple[int, int]
-                  ) -> torch.Tensor:
+def segnet_unpool(x: torch.Tensor, index: torch.Tensor, out_hw: tuple[int, int]) -> torch.Tensor:
     return SegNetUnpool.apply(x, index, out_hw)
