@@ -111,8 +111,8 @@ def _run(snippet, feat=FEAT, image=IMAGE, dtype=torch.float32):
             dict(min_sizes=[12], max_sizes=[25], ars=[2], variance=[0.1, 0.1, 0.2, 0.2]),
         ),
         (
-            "min_size: 7.5 min_size: 15 max_size: 11 max_size: 31.9 "
-            "aspect_ratio: 2 aspect_ratio: 3 aspect_ratio: 0.5 aspect_ratio: 1 flip: true clip: true",
+            "min_size: 7.5 min_size: 15 max_size: 11 max_size: 31.9 aspect_ratio: 2 "
+            "aspect_ratio: 3 aspect_ratio: 0.5 aspect_ratio: 1 flip: true clip: true",
             dict(min_sizes=[7.5, 15], max_sizes=[11, 31.9], ars=[2, 3, 0.5, 1], clip=True),
         ),
         (
