@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -35,6 +35,36 @@ class BuiltNet:
     output_names: list[str] = field(default_factory=list)
     params: list[ParamInfo] = field(default_factory=list)
     force_backward: bool = False
+
+
+@dataclass
+class _LayerRow:
+    """One layer while the net is being built; its backward flags change until ``to_step``."""
+
+    index: int
+    param: caffe_pb2.LayerParameter  # a copy, with automatic tops and the phase filled in
+    key: str
+    module: CaffeLayer
+    loss_weights: list[float]
+    propagate_down: list[bool]
+    need_backward: bool
+    bottom_need_backward: list[bool]
+    param_need_backward: list[bool]
+
+    def to_step(self) -> LayerStep:
+        return LayerStep(
+            index=self.index,
+            name=self.param.name,
+            type=self.param.type,
+            key=self.key,
+            bottoms=tuple(self.param.bottom),
+            tops=tuple(self.param.top),
+            loss_weights=tuple(self.loss_weights),
+            propagate_down=tuple(self.propagate_down),
+            need_backward=self.need_backward,
+            bottom_need_backward=tuple(self.bottom_need_backward),
+            param_need_backward=tuple(self.param_need_backward),
+        )
 
 
 def module_key(name: str, taken: set[str]) -> str:
@@ -90,7 +120,7 @@ class _Builder:
         return err.located(path=self.path, layer=lp.name, layer_type=lp.type)
 
     def build(self) -> BuiltNet:
-        rows = []
+        rows: list[_LayerRow] = []
         for index, lp_in in enumerate(self.param.layer):
             lp = caffe_pb2.LayerParameter()
             lp.CopyFrom(lp_in)
@@ -103,25 +133,9 @@ class _Builder:
         self._prune_backward(rows)
         if self.param.force_backward:
             self._force_backward(rows)
-        out = self.out
-        for row in rows:
-            out.steps.append(
-                LayerStep(
-                    index=row["index"],
-                    name=row["lp"].name,
-                    type=row["lp"].type,
-                    key=row["key"],
-                    bottoms=tuple(row["lp"].bottom),
-                    tops=tuple(row["lp"].top),
-                    loss_weights=tuple(row["loss"]),
-                    propagate_down=tuple(row["pd"]),
-                    need_backward=row["need"],
-                    bottom_need_backward=tuple(row["bnb"]),
-                    param_need_backward=tuple(row["pnb"]),
-                )
-            )
-        out.output_names = sorted(self.available)  # Caffe iterates a std::set<string>
-        return out
+        self.out.steps.extend(row.to_step() for row in rows)
+        self.out.output_names = sorted(self.available)  # Caffe iterates a std::set<string>
+        return self.out
 
     # -- one layer ---------------------------------------------------------------------------
     def _add_automatic_tops(self, lp: caffe_pb2.LayerParameter) -> list[str]:
@@ -136,7 +150,7 @@ class _Builder:
         auto = cls.is_loss if cls.auto_top_blobs is None else cls.auto_top_blobs
         if not auto or cls.tops.allows(len(lp.top)) or len(lp.top) > cls.tops.low:
             return []
-        added = []
+        added: list[str] = []
         while len(lp.top) < cls.tops.low:
             name = "(automatic)"
             if name in self.out.blob_shapes or added:
@@ -145,7 +159,36 @@ class _Builder:
             added.append(name)
         return added
 
-    def _add_layer(self, index: int, lp: caffe_pb2.LayerParameter) -> dict:
+    def _add_layer(self, index: int, lp: caffe_pb2.LayerParameter) -> _LayerRow:
+        """Net::Init's loop body for one layer, step by step."""
+        self._check_propagate_down(lp)
+        cls = self._resolve_class(lp)
+        bottom_shapes, bottom_need_backward, need_backward = self._wire_bottoms(lp)
+        self._check_tops(lp)
+        module, top_shapes = self._set_up(cls, lp, bottom_shapes)
+        key = module_key(lp.name, self.keys)
+        self.out.modules[key] = module
+        self.modules_by_index.append(module)
+        self._register_tops(lp, top_shapes)
+        loss_weights = self._loss_weights(module, lp)
+        param_need_backward = self._params(index, lp, module)
+        need_backward |= any(param_need_backward)
+        if need_backward:
+            for blob in lp.top:
+                self.blob_need_backward[blob] = True
+        return _LayerRow(
+            index=index,
+            param=lp,
+            key=key,
+            module=module,
+            loss_weights=loss_weights,
+            propagate_down=[bool(p) for p in lp.propagate_down] or [True] * len(lp.bottom),
+            need_backward=need_backward,
+            bottom_need_backward=bottom_need_backward,
+            param_need_backward=param_need_backward,
+        )
+
+    def _check_propagate_down(self, lp: caffe_pb2.LayerParameter) -> None:
         if lp.propagate_down and len(lp.propagate_down) != len(lp.bottom):
             raise self.fail(
                 LayerParamError(
@@ -155,15 +198,21 @@ class _Builder:
                 ),
                 lp,
             )
+
+    def _resolve_class(self, lp: caffe_pb2.LayerParameter) -> type[CaffeLayer]:
         try:
-            cls = layer_class(lp.type)
+            return layer_class(lp.type)
         except TorchCaffeError as err:
             hint = feed_hint(lp)
             if hint:
                 err.hint = hint
             raise self.fail(err, lp) from None
+
+    def _wire_bottoms(self, lp: caffe_pb2.LayerParameter) -> tuple[list[Shape], list[bool], bool]:
+        """Consume each bottom from the available blobs: its shape and backward flags."""
         need_backward = False
-        bottom_shapes, bnb = [], []
+        bottom_shapes: list[Shape] = []
+        bottom_need_backward: list[bool] = []
         for j, blob in enumerate(lp.bottom):
             if blob not in self.available:
                 if blob in self.out.blob_shapes:
@@ -186,8 +235,11 @@ class _Builder:
             nb = self.blob_need_backward[blob]
             if lp.propagate_down:
                 nb = lp.propagate_down[j]
-            bnb.append(nb)
+            bottom_need_backward.append(nb)
             need_backward |= self.blob_need_backward[blob]
+        return bottom_shapes, bottom_need_backward, need_backward
+
+    def _check_tops(self, lp: caffe_pb2.LayerParameter) -> None:
         for j, blob in enumerate(lp.top):
             in_place = j < len(lp.bottom) and lp.bottom[j] == blob
             if not in_place and blob in self.out.blob_shapes:
@@ -199,6 +251,11 @@ class _Builder:
                     ),
                     lp,
                 )
+
+    def _set_up(
+        self, cls: type[CaffeLayer], lp: caffe_pb2.LayerParameter, bottom_shapes: list[Shape]
+    ) -> tuple[CaffeLayer, list[Shape]]:
+        """Build the module from its param and bottom shapes (Caffe's SetUp) and its top shapes."""
         if lp.type == "Input":
             self._apply_input_shapes(lp)
         try:
@@ -222,9 +279,9 @@ class _Builder:
                 ),
                 lp,
             )
-        key = module_key(lp.name, self.keys)
-        self.out.modules[key] = module
-        self.modules_by_index.append(module)
+        return module, top_shapes
+
+    def _register_tops(self, lp: caffe_pb2.LayerParameter, top_shapes: list[Shape]) -> None:
         for blob, shape in zip(lp.top, top_shapes):
             if blob not in self.out.blob_shapes:
                 self.out.blob_order.append(blob)
@@ -234,23 +291,6 @@ class _Builder:
                 self.available.append(blob)
             if lp.type == "Input":
                 self.out.input_names.append(blob)
-        loss = self._loss_weights(module, lp)
-        pnb = self._params(index, lp, module)
-        need_backward |= any(pnb)
-        if need_backward:
-            for blob in lp.top:
-                self.blob_need_backward[blob] = True
-        return {
-            "index": index,
-            "lp": lp,
-            "key": key,
-            "module": module,
-            "loss": loss,
-            "pd": [bool(p) for p in lp.propagate_down] or [True] * len(lp.bottom),
-            "need": need_backward,
-            "bnb": bnb,
-            "pnb": pnb,
-        }
 
     def _apply_input_shapes(self, lp: caffe_pb2.LayerParameter) -> None:
         shapes = lp.input_param.shape
@@ -304,12 +344,11 @@ class _Builder:
         spec: caffe_pb2.ParamSpec,
     ) -> None:
         name = spec.name
-        display = name or str(i)
         if not name or name not in self.param_owner:
             if name:
                 self.param_owner[name] = (index, i)
             self.learnable[(index, i)] = len(self.out.params)
-            self.out.params.append(ParamInfo(lp.name, i, display, spec.lr_mult, spec.decay_mult))
+            self.out.params.append(ParamInfo(lp.name, i, spec.lr_mult, spec.decay_mult))
             self.lr_set.append(spec.HasField("lr_mult"))
             self.decay_set.append(spec.HasField("decay_mult"))
             return
@@ -355,7 +394,7 @@ class _Builder:
                     lp,
                 )
             self.lr_set[slot] = True
-            info = _replace(info, lr_mult=spec.lr_mult)
+            info = replace(info, lr_mult=spec.lr_mult)
         if spec.HasField("decay_mult"):
             if self.decay_set[slot] and spec.decay_mult != info.decay_mult:
                 raise self.fail(
@@ -367,51 +406,45 @@ class _Builder:
                     lp,
                 )
             self.decay_set[slot] = True
-            info = _replace(info, decay_mult=spec.decay_mult)
+            info = replace(info, decay_mult=spec.decay_mult)
         self.out.params[slot] = info
 
     # -- backward flags ----------------------------------------------------------------------
-    def _prune_backward(self, rows: list[dict]) -> None:
+    def _prune_backward(self, rows: list[_LayerRow]) -> None:
         under_loss: set[str] = set()
         skip_backp: set[str] = set()
         for row in reversed(rows):
-            lp = row["lp"]
+            lp = row.param
             contributes = False
             skip = True
             for j, blob in enumerate(lp.top):
-                if row["loss"][j] or blob in under_loss:
+                if row.loss_weights[j] or blob in under_loss:
                     contributes = True
                 if blob not in skip_backp:
                     skip = False
                 if contributes and not skip:
                     break
-            if row["need"] and skip:
-                row["need"] = False
-                row["bnb"] = [False] * len(lp.bottom)
+            if row.need_backward and skip:
+                row.need_backward = False
+                row.bottom_need_backward = [False] * len(lp.bottom)
             if not contributes:
-                row["need"] = False
+                row.need_backward = False
             for j, blob in enumerate(lp.bottom):
                 if contributes:
                     under_loss.add(blob)
                 else:
-                    row["bnb"][j] = False
-                if not row["bnb"][j]:
+                    row.bottom_need_backward[j] = False
+                if not row.bottom_need_backward[j]:
                     skip_backp.add(blob)
 
-    def _force_backward(self, rows: list[dict]) -> None:
+    def _force_backward(self, rows: list[_LayerRow]) -> None:
         for row in rows:
-            module = row["module"]
-            row["need"] = True
-            for j, blob in enumerate(row["lp"].bottom):
-                row["bnb"][j] = row["bnb"][j] or module.allow_force_backward(j)
-                self.blob_need_backward[blob] = self.blob_need_backward[blob] or row["bnb"][j]
-            row["pnb"] = [True] * len(row["pnb"])
-
-
-def _replace(info: ParamInfo, **kw) -> ParamInfo:
-    from dataclasses import replace
-
-    return replace(info, **kw)
+            row.need_backward = True
+            flags = row.bottom_need_backward
+            for j, blob in enumerate(row.param.bottom):
+                flags[j] = flags[j] or row.module.allow_force_backward(j)
+                self.blob_need_backward[blob] = self.blob_need_backward[blob] or flags[j]
+            row.param_need_backward = [True] * len(row.param_need_backward)
 
 
 def set_requires_grad(modules: Mapping[str, torch.nn.Module], steps: Sequence[LayerStep]) -> None:

@@ -39,9 +39,7 @@ class LayerStep:
 class ParamInfo:
     """One learnable param of the net (the owner, for shared params), with its multipliers."""
 
-    layer: str
-    index: int
-    display_name: str
+    layer: str  # Caffe name of the layer that owns the blob
+    index: int  # the blob's index among that layer's param blobs
     lr_mult: float
     decay_mult: float
-    owner: tuple[str, int] | None = None  # (layer, index) of the owner when shared
