@@ -13,16 +13,12 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .errors import LayerParamError
+from .errors import BlobShapeError
 from .proto import caffe_pb2
 from .syncedmem import SyncedMemory
 
 MAX_BLOB_AXES = 32
 INT_MAX = 2**31 - 1
-
-
-class BlobShapeError(LayerParamError):
-    """An impossible blob shape or axis index."""
 
 
 class Count(int):

@@ -113,8 +113,28 @@ class LayerParamError(TorchCaffeError):
     """A layer's parameters (or bottom shapes) that Caffe would reject at SetUp."""
 
 
+class BlobShapeError(LayerParamError):
+    """An impossible blob shape or axis index."""
+
+
 class BlobWiringError(TorchCaffeError):
     """Net wiring Caffe rejects: unknown bottom, duplicate top, wrong bottom/top count."""
+
+
+class UnknownNameError(TorchCaffeError, KeyError):
+    """A layer or blob name the net does not have (also a KeyError, as a dict lookup is)."""
+
+
+class UsageError(TorchCaffeError, TypeError):
+    """A Python call with the wrong arguments (e.g. ``caffe.Net`` without a phase)."""
+
+
+class WireError(TorchCaffeError):
+    """Bytes that are not a well-formed protobuf message (the streaming weights reader)."""
+
+
+class RegistryError(TorchCaffeError):
+    """Two classes claim one Caffe type string (a programming error in torchcaffe)."""
 
 
 class WeightsError(TorchCaffeError):

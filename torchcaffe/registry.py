@@ -11,7 +11,7 @@ import difflib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from .errors import TorchCaffeError, UnknownLayerTypeError
+from .errors import RegistryError, UnknownLayerTypeError
 
 if TYPE_CHECKING:
     from .ops.base import CaffeLayer
@@ -19,10 +19,6 @@ if TYPE_CHECKING:
 _LAYERS: dict[str, type[CaffeLayer]] = {}
 
 L = TypeVar("L", bound=type)
-
-
-class RegistryError(TorchCaffeError):
-    """Two classes claim one Caffe type string (a programming error in torchcaffe)."""
 
 
 def register_layer(caffe_type: str) -> Callable[[L], L]:

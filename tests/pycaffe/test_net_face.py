@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import torchcaffe as caffe
-from torchcaffe.errors import BlobWiringError, LayerParamError, WeightsError
+from torchcaffe.errors import BlobWiringError, UnknownNameError, UsageError, WeightsError
 
 NET = """
 name: "face"
@@ -114,8 +114,10 @@ def test_forward_start_end_and_kwargs(prototxt):
     net.blobs["ip1"].data[...] = 0.0
     out = net.forward(start="ip2", end="ip2")
     np.testing.assert_allclose(out["ip2"], np.broadcast_to(net.params["ip2"][1].data, (3, 2)))
-    with pytest.raises(LayerParamError, match="ip3"):
+    with pytest.raises(UnknownNameError, match="ip3"):
         net.forward(end="ip3")
+    with pytest.raises(KeyError):  # a missing name is also a lookup error, as in a dict
+        net.forward(start="nope")
 
 
 def test_backward_with_top_diff_kwargs():
@@ -183,8 +185,12 @@ def test_save_copy_from_and_constructor_forms(prototxt, tmp_path):
         for name in a.params:
             for pa, pb in zip(a.params[name], b.params[name]):
                 np.testing.assert_array_equal(pa.data, pb.data)
-    with pytest.raises(LayerParamError, match="phase"):
+    with pytest.raises(UsageError, match="phase"):
         caffe.Net(prototxt)
+    with pytest.raises(TypeError, match="at most 3 positional"):
+        caffe.Net(prototxt, weights, caffe.TEST, "extra")
+    with pytest.raises(UsageError, match="weights twice"):
+        caffe.Net(prototxt, weights, weights=weights)
     with pytest.raises(WeightsError):
         caffe.Net(prototxt, str(tmp_path / "missing.caffemodel"), caffe.TEST)
 

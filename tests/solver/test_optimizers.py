@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from torchcaffe.errors import SolverError
 from torchcaffe.solver import OPTIMIZERS, make_optimizer, param_groups
 from torchcaffe.solver.optimizers import CaffeSGD
 
@@ -181,17 +182,17 @@ def test_load_history_round_trip_and_device_follow():
     assert opt.state[p]["step"] == 7
     got = opt.history_blobs([p])
     assert all(torch.equal(g, b) for g, b in zip(got, blobs))
-    with pytest.raises(ValueError, match="expected 2 history blobs"):
+    with pytest.raises(SolverError, match="expected 2 history blobs"):
         opt.load_history_blobs([p], blobs[:1], iteration=0)
 
 
 def test_bad_constructor_arguments():
     p = [torch.nn.Parameter(torch.zeros(1))]
-    with pytest.raises(ValueError, match="regularization_type"):
+    with pytest.raises(SolverError, match="regularization_type"):
         CaffeSGD(p, 0.1, regularization_type="L3")
-    with pytest.raises(ValueError, match="iter_size"):
+    with pytest.raises(SolverError, match="iter_size"):
         CaffeSGD(p, 0.1, iter_size=0)
-    with pytest.raises(ValueError, match="learning rate"):
+    with pytest.raises(SolverError, match="learning rate"):
         CaffeSGD(p, -1.0)
 
 

@@ -15,7 +15,7 @@ from typing import TypeVar
 from google.protobuf import text_format, unknown_fields
 from google.protobuf.message import DecodeError, Message
 
-from ..errors import PrototxtError
+from ..errors import PrototxtError, UsageError
 from ..proto import caffe_pb2 as pb
 from .atomic import atomic_write
 from .upgrade import (
@@ -156,7 +156,11 @@ def _resolve(source: PathLike) -> tuple[str | None, str | None]:
     if isinstance(source, os.PathLike):
         return os.fspath(source), None
     if not isinstance(source, str):
-        raise TypeError(f"read_net takes a path or prototxt text; got {type(source).__name__}")
+        raise UsageError(
+            "read_net takes a path or prototxt text",
+            expected="str or os.PathLike",
+            got=type(source).__name__,
+        )
     if os.path.exists(source):
         return source, None
     if "\n" in source or "{" in source:

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from ..errors import WireError
+
 VARINT, I64, LEN, I32 = 0, 1, 2, 5
-
-
-class WireError(ValueError):
-    """Bytes that are not a well-formed protobuf message."""
 
 
 def read_varint(buf: memoryview, pos: int) -> tuple[int, int]:

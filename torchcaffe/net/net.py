@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch
 from torch import nn
 
-from ..errors import BlobWiringError, LayerParamError, TorchCaffeError
+from ..errors import BlobWiringError, LayerParamError, TorchCaffeError, UnknownNameError
 from ..ops.base import CaffeLayer, Shape
 from ..proto import caffe_pb2
 from .builder import build_net, set_requires_grad
@@ -84,7 +84,7 @@ class TorchNet(nn.Module):
             import difflib
 
             close = difflib.get_close_matches(name, list(self._step_by_name), n=3)
-            raise LayerParamError(
+            raise UnknownNameError(
                 f"no layer named {name!r} in net '{self.name}'",
                 path=self.path,
                 hint=f"close matches: {close}" if close else None,

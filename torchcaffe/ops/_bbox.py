@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import LayerParamError
 from ..proto import caffe_pb2
 
 CodeType = caffe_pb2.PriorBoxParameter
@@ -76,7 +77,9 @@ def encode(
         wh = torch.stack([pw, ph, pw, ph], -1)
         out = (gt - prior) / wh
         return out if variance_in_target else out / var
-    raise ValueError(f"unknown code_type {code_type}")
+    raise LayerParamError(
+        "unknown bbox code_type", expected="CORNER, CENTER_SIZE or CORNER_SIZE", got=code_type
+    )
 
 
 def decode(
@@ -103,7 +106,9 @@ def decode(
     if code_type == CORNER_SIZE:
         wh = torch.stack([pw, ph, pw, ph], -1)
         return prior + loc * wh if variance_in_target else prior + var * loc * wh
-    raise ValueError(f"unknown code_type {code_type}")
+    raise LayerParamError(
+        "unknown bbox code_type", expected="CORNER, CENTER_SIZE or CORNER_SIZE", got=code_type
+    )
 
 
 def sorted_candidates(scores: torch.Tensor, threshold: float, top_k: int):

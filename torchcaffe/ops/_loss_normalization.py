@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from google.protobuf import text_format
 
-from ..errors import DataError
+from ..errors import DataError, LayerParamError
 from ..proto import caffe_pb2
 from .base import CaffeLayer, Exactly, Shape
 
@@ -96,7 +96,9 @@ def normalizer(
         return float(max(1, outer))
     if mode == Norm.NONE:
         return 1.0
-    raise ValueError(f"unknown normalization mode {mode}")
+    raise LayerParamError(
+        "unknown loss normalization mode", expected="FULL, VALID, BATCH_SIZE or NONE", got=mode
+    )
 
 
 def ignore_label(param) -> int | None:

@@ -21,7 +21,7 @@ from torch import nn
 
 from .. import runtime
 from ..blob import Blob
-from ..errors import BlobWiringError, LayerParamError
+from ..errors import BlobWiringError, LayerParamError, UsageError
 from ..net.net import TorchNet
 from ..proto import caffe_pb2
 from ..syncedmem import Head
@@ -445,19 +445,17 @@ def _parse_net_args(args: tuple, weights: Any, phase: Any) -> tuple[Any, Any]:
         elif weights is None:
             weights = args[0]
         else:
-            raise LayerParamError("caffe.Net got weights twice", got=args)
+            raise UsageError("caffe.Net got weights twice", got=args)
     elif len(args) == 2:
         if weights is not None or phase is not None:
-            raise LayerParamError("caffe.Net got weights/phase twice", got=args)
+            raise UsageError("caffe.Net got weights/phase twice", got=args)
         weights, phase = args
     elif len(args) > 2:
-        raise LayerParamError(
+        raise UsageError(
             "caffe.Net takes (network_file, [weights], phase)",
             expected="at most 3 positional arguments",
             got=len(args) + 1,
         )
     if phase is None:
-        raise LayerParamError(
-            "caffe.Net needs a phase", expected="caffe.TRAIN or caffe.TEST", got=None
-        )
+        raise UsageError("caffe.Net needs a phase", expected="caffe.TRAIN or caffe.TEST", got=None)
     return weights, phase

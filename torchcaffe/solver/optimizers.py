@@ -29,6 +29,8 @@ import numpy as np
 import torch
 from torch.optim import Optimizer
 
+from ..errors import SolverError
+
 REGULARIZATION_TYPES = ("L2", "L1")
 
 
@@ -68,14 +70,15 @@ class CaffeOptimizer(Optimizer):
         **rule: Any,
     ) -> None:
         if lr < 0:
-            raise ValueError(f"invalid learning rate {lr}")
+            raise SolverError("invalid learning rate", expected=">= 0", got=lr)
         if regularization_type not in REGULARIZATION_TYPES:
-            raise ValueError(
-                f"unknown regularization_type {regularization_type!r}; "
-                f"expected one of {REGULARIZATION_TYPES}"
+            raise SolverError(
+                "unknown regularization_type",
+                expected=f"one of {REGULARIZATION_TYPES}",
+                got=repr(regularization_type),
             )
         if iter_size < 1:
-            raise ValueError(f"iter_size must be >= 1, got {iter_size}")
+            raise SolverError("iter_size must be >= 1", expected=">= 1", got=iter_size)
         defaults = dict(
             lr=lr,
             lr_mult=lr_mult,
@@ -168,8 +171,10 @@ class CaffeOptimizer(Optimizer):
     ) -> None:
         """Install a solverstate's history (``history_blobs`` order) and iteration count."""
         if len(blobs) != len(self.history_keys) * len(params):
-            raise ValueError(
-                f"expected {len(self.history_keys) * len(params)} history blobs, got {len(blobs)}"
+            raise SolverError(
+                "wrong number of history blobs",
+                expected=f"{len(self.history_keys) * len(params)} history blobs",
+                got=len(blobs),
             )
         managed = self._managed()
         it = iter(blobs)
