@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import math
 
 import torch
@@ -12,7 +13,7 @@ from ._conv_geometry import ConvGeometry, conv_geometry, im2col_nd
 from .base import AtLeast, CaffeLayer
 
 
-class ConvolutionBase(CaffeLayer):
+class ConvolutionBase(CaffeLayer, metaclass=abc.ABCMeta):
     """Shared by Convolution and Deconvolution (Caffe's BaseConvolutionLayer).
 
     Several bottoms are convolved with the same filters, one top each; they must share a shape.
@@ -104,8 +105,9 @@ class ConvolutionBase(CaffeLayer):
         y = self.compute(x.reshape(math.prod(lead), self.channels, *spatial), spatial)
         return y.reshape(*lead, self.num_output, *out)
 
+    @abc.abstractmethod
     def compute(self, x: torch.Tensor, spatial: tuple[int, ...]) -> torch.Tensor:
-        raise NotImplementedError
+        """The convolution proper over (N, C, *spatial) input."""
 
     def add_bias(self, y: torch.Tensor) -> torch.Tensor:
         if not self.bias_term:

@@ -16,6 +16,7 @@ ops. What the base reproduces from recurrent_layer.cpp:
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Sequence
 from typing import ClassVar
@@ -33,7 +34,7 @@ _X_AXES = (
 )
 
 
-class RecurrentLayer(CaffeLayer):
+class RecurrentLayer(CaffeLayer, metaclass=abc.ABCMeta):
     """Base of RNN and LSTM (``recurrent_param``: num_output, weight_filler, bias_filler,
     debug_info, expose_hidden). Subclasses name their states, create their param blobs in
     Caffe's unrolled-net order in ``add_params`` and run the time loop in ``unroll``."""
@@ -128,9 +129,11 @@ class RecurrentLayer(CaffeLayer):
                     )
 
     # -- subclass hooks -------------------------------------------------------------------
+    @abc.abstractmethod
     def add_params(self, p) -> None:
-        raise NotImplementedError
+        """Create this cell's weight blobs from the recurrent param ``p``."""
 
+    @abc.abstractmethod
     def unroll(
         self,
         x: torch.Tensor,
@@ -139,7 +142,6 @@ class RecurrentLayer(CaffeLayer):
         state: list[torch.Tensor],
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """x (T, N, I), cont (T, N), x_static (N, S) -> (output sequence, final states)."""
-        raise NotImplementedError
 
     # -- the recurrence -------------------------------------------------------------------
     def reset(self) -> None:

@@ -20,6 +20,7 @@ optimizer multiplies by the group's ``lr_mult``. ``current_step`` is Caffe's
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -34,7 +35,7 @@ def _f32(x: float) -> float:
     return float(np.float32(x))
 
 
-class CaffeLRPolicy(LRScheduler):
+class CaffeLRPolicy(LRScheduler, metaclass=abc.ABCMeta):
     """Base: subclasses give ``factor(iteration)`` (the rate over base_lr) and may move
     ``current_step`` in ``advance``."""
 
@@ -48,8 +49,9 @@ class CaffeLRPolicy(LRScheduler):
     def advance(self, iteration: int) -> None:
         """Caffe's side effects on ``current_step_`` at GetLearningRate (none by default)."""
 
+    @abc.abstractmethod
     def factor(self, iteration: int) -> float:
-        raise NotImplementedError
+        """The rate over base_lr at ``iteration`` (Caffe's GetLearningRate)."""
 
     def rate(self, base_lr: float, iteration: int) -> float:
         """Caffe's rate for ``base_lr`` at ``iteration``, given the current ``current_step``."""

@@ -21,6 +21,7 @@ Params whose ``grad`` is None are skipped (torch's convention).
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
@@ -46,7 +47,7 @@ def _one_minus(value: float, dtype: torch.dtype) -> float:
     return 1.0 - float(value)
 
 
-class CaffeOptimizer(Optimizer):
+class CaffeOptimizer(Optimizer, metaclass=abc.ABCMeta):
     """Base: Caffe's ApplyUpdate around a per-param ``_update`` rule.
 
     ``clip_gradients`` < 0 disables clipping; ``iter_size`` is the number of forward/backward
@@ -145,11 +146,11 @@ class CaffeOptimizer(Optimizer):
                 state[key] = value.to(device=p.device, dtype=p.dtype)
         return state
 
+    @abc.abstractmethod
     def _update(
         self, group: dict, p: torch.Tensor, grad: torch.Tensor, state: dict, local_rate: float
     ) -> None:
         """Turn ``grad`` (in place) into the value Net::Update subtracts."""
-        raise NotImplementedError
 
     # -- Caffe's history blobs ----------------------------------------------------------------
     def _managed(self) -> set[int]:
