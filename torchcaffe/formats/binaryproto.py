@@ -21,7 +21,10 @@ PathLike = str | os.PathLike
 
 _LEGACY = ("num", "channels", "height", "width")
 # BlobProto field numbers of the packed value fields.
-_DATA, _DIFF, _DOUBLE_DATA, _DOUBLE_DIFF = 5, 6, 8, 9
+_DATA = pb.BlobProto.DATA_FIELD_NUMBER
+_DIFF = pb.BlobProto.DIFF_FIELD_NUMBER
+_DOUBLE_DATA = pb.BlobProto.DOUBLE_DATA_FIELD_NUMBER
+_DOUBLE_DIFF = pb.BlobProto.DOUBLE_DIFF_FIELD_NUMBER
 
 
 def blob_proto_shape(proto: pb.BlobProto) -> tuple[int, ...]:

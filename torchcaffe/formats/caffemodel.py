@@ -28,6 +28,37 @@ if TYPE_CHECKING:
     from ..net.net import TorchNet
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+# Field numbers the wire-level reader and writer walk, from caffe.proto via caffe_pb2.
+_Net, _V2, _V1, _V0 = (
+    caffe_pb2.NetParameter,
+    caffe_pb2.LayerParameter,
+    caffe_pb2.V1LayerParameter,
+    caffe_pb2.V0LayerParameter,
+)
+NET_NAME_FIELD_NUMBER = _Net.NAME_FIELD_NUMBER
+NET_LAYER_FIELD_NUMBER = _Net.LAYER_FIELD_NUMBER  # LayerParameter (V2)
+NET_LAYERS_FIELD_NUMBER = _Net.LAYERS_FIELD_NUMBER  # V1LayerParameter, possibly holding V0
+V2_NAME_FIELD_NUMBER = _V2.NAME_FIELD_NUMBER
+V2_TYPE_FIELD_NUMBER = _V2.TYPE_FIELD_NUMBER
+V2_BLOBS_FIELD_NUMBER = _V2.BLOBS_FIELD_NUMBER
+V1_NAME_FIELD_NUMBER = _V1.NAME_FIELD_NUMBER
+V1_TYPE_FIELD_NUMBER = _V1.TYPE_FIELD_NUMBER
+V1_BLOBS_FIELD_NUMBER = _V1.BLOBS_FIELD_NUMBER
+V1_V0_LAYER_FIELD_NUMBER = _V1.LAYER_FIELD_NUMBER
+V0_BLOBS_FIELD_NUMBER = _V0.BLOBS_FIELD_NUMBER  # V0 name and type share V2's numbers
+BLOB_LEGACY_FIELD_NUMBERS = (  # num, channels, height, width
+    caffe_pb2.BlobProto.NUM_FIELD_NUMBER,
+    caffe_pb2.BlobProto.CHANNELS_FIELD_NUMBER,
+    caffe_pb2.BlobProto.HEIGHT_FIELD_NUMBER,
+    caffe_pb2.BlobProto.WIDTH_FIELD_NUMBER,
+)
+BLOB_DATA_FIELD_NUMBER = caffe_pb2.BlobProto.DATA_FIELD_NUMBER
+BLOB_DIFF_FIELD_NUMBER = caffe_pb2.BlobProto.DIFF_FIELD_NUMBER
+BLOB_SHAPE_FIELD_NUMBER = caffe_pb2.BlobProto.SHAPE_FIELD_NUMBER
+BLOB_DOUBLE_DATA_FIELD_NUMBER = caffe_pb2.BlobProto.DOUBLE_DATA_FIELD_NUMBER
+BLOB_DOUBLE_DIFF_FIELD_NUMBER = caffe_pb2.BlobProto.DOUBLE_DIFF_FIELD_NUMBER
+SHAPE_DIM_FIELD_NUMBER = caffe_pb2.BlobShape.DIM_FIELD_NUMBER
+
 RENAME_HINT = (
     "To learn this layer's parameters from scratch rather than copying from a "
     "saved net, rename the layer"
@@ -83,9 +114,9 @@ def _records(buf: memoryview, path: str) -> Iterator[LayerRecord]:
         for number, wtype, start, end, _ in wire.iter_fields(buf):
             if wtype != wire.LEN:
                 continue
-            if number == 100:  # NetParameter.layer (LayerParameter)
+            if number == NET_LAYER_FIELD_NUMBER:
                 yield _v2_layer(buf, start, end)
-            elif number == 2:  # NetParameter.layers (V1LayerParameter, possibly holding V0)
+            elif number == NET_LAYERS_FIELD_NUMBER:
                 yield _v1_layer(buf, start, end)
     except wire.WireError as err:
         raise WeightsError(
@@ -98,12 +129,12 @@ def _string(buf: memoryview, start: int, end: int) -> str:
 
 
 def _named_layer(buf: memoryview, start: int, end: int, blobs_field: int) -> LayerRecord:
-    """A V2 LayerParameter or a V0 LayerParameter: name 1, type 2 (strings), blobs differ."""
+    """A V2 LayerParameter or a V0 LayerParameter: same name and type fields, blobs differ."""
     name, type_, blobs = "", "", []
     for number, wtype, s, e, _ in wire.iter_fields(buf, start, end):
-        if number == 1 and wtype == wire.LEN:
+        if number == V2_NAME_FIELD_NUMBER and wtype == wire.LEN:
             name = _string(buf, s, e)
-        elif number == 2 and wtype == wire.LEN:
+        elif number == V2_TYPE_FIELD_NUMBER and wtype == wire.LEN:
             type_ = _string(buf, s, e)
         elif number == blobs_field and wtype == wire.LEN:
             blobs.append(_blob(buf, s, e))
@@ -111,20 +142,20 @@ def _named_layer(buf: memoryview, start: int, end: int, blobs_field: int) -> Lay
 
 
 def _v2_layer(buf: memoryview, start: int, end: int) -> LayerRecord:
-    return _named_layer(buf, start, end, blobs_field=7)
+    return _named_layer(buf, start, end, blobs_field=V2_BLOBS_FIELD_NUMBER)
 
 
 def _v1_layer(buf: memoryview, start: int, end: int) -> LayerRecord:
     name, type_, blobs = "", "", []
     v0: LayerRecord | None = None
     for number, wtype, s, e, _ in wire.iter_fields(buf, start, end):
-        if number == 4 and wtype == wire.LEN:
+        if number == V1_NAME_FIELD_NUMBER and wtype == wire.LEN:
             name = _string(buf, s, e)
-        elif number == 5 and wtype == wire.VARINT:
+        elif number == V1_TYPE_FIELD_NUMBER and wtype == wire.VARINT:
             type_ = _v1_type_name(s)
-        elif number == 6 and wtype == wire.LEN:
+        elif number == V1_BLOBS_FIELD_NUMBER and wtype == wire.LEN:
             blobs.append(_blob(buf, s, e))
-        elif number == 1 and wtype == wire.LEN:
+        elif number == V1_V0_LAYER_FIELD_NUMBER and wtype == wire.LEN:
             v0 = _v0_layer(buf, s, e)
     if v0 is not None and not name:
         return v0
@@ -132,7 +163,7 @@ def _v1_layer(buf: memoryview, start: int, end: int) -> LayerRecord:
 
 
 def _v0_layer(buf: memoryview, start: int, end: int) -> LayerRecord:
-    return _named_layer(buf, start, end, blobs_field=50)
+    return _named_layer(buf, start, end, blobs_field=V0_BLOBS_FIELD_NUMBER)
 
 
 def _v1_type_name(value: int) -> str:
@@ -160,24 +191,28 @@ def _blob(buf: memoryview, start: int, end: int) -> BlobRecord:
     ddata: list = []
     ddiff: list = []
     for number, wtype, s, e, _ in wire.iter_fields(buf, start, end):
-        if number in (1, 2, 3, 4) and wtype == wire.VARINT:
+        if number in BLOB_LEGACY_FIELD_NUMBERS and wtype == wire.VARINT:
             legacy[number] = s
-        elif number == 7 and wtype == wire.LEN:
+        elif number == BLOB_SHAPE_FIELD_NUMBER and wtype == wire.LEN:
             for n2, w2, s2, e2, _ in wire.iter_fields(buf, s, e):
-                if n2 == 1 and w2 == wire.LEN:  # packed dims
+                if n2 == SHAPE_DIM_FIELD_NUMBER and w2 == wire.LEN:  # packed dims
                     pos = s2
                     while pos < e2:
                         v, pos = wire.read_varint(buf, pos)
                         dims.append(v)
-                elif n2 == 1 and w2 == wire.VARINT:
+                elif n2 == SHAPE_DIM_FIELD_NUMBER and w2 == wire.VARINT:
                     dims.append(s2)
-        elif number in (5, 6) and wtype in (wire.LEN, wire.I32):
-            (data if number == 5 else diff).append((s, e))
-        elif number in (8, 9) and wtype in (wire.LEN, wire.I64):
-            (ddata if number == 8 else ddiff).append((s, e))
+        elif number == BLOB_DATA_FIELD_NUMBER and wtype in (wire.LEN, wire.I32):
+            data.append((s, e))
+        elif number == BLOB_DIFF_FIELD_NUMBER and wtype in (wire.LEN, wire.I32):
+            diff.append((s, e))
+        elif number == BLOB_DOUBLE_DATA_FIELD_NUMBER and wtype in (wire.LEN, wire.I64):
+            ddata.append((s, e))
+        elif number == BLOB_DOUBLE_DIFF_FIELD_NUMBER and wtype in (wire.LEN, wire.I64):
+            ddiff.append((s, e))
     dims = [d - (1 << 64) if d >= 1 << 63 else d for d in dims]
     if legacy:
-        shape = tuple(int(legacy.get(k, 0)) for k in (1, 2, 3, 4))
+        shape = tuple(int(legacy.get(k, 0)) for k in BLOB_LEGACY_FIELD_NUMBERS)
     else:
         shape = tuple(dims)
     values = _floats(buf, ddata, "<f8")
@@ -308,14 +343,14 @@ def _assign(target: torch.Tensor, values: np.ndarray) -> None:
 
 # -- saving -----------------------------------------------------------------------------------
 def _split_layer_param(lp: caffe_pb2.LayerParameter) -> tuple[bytes, bytes]:
-    """Serialized fields before and after ``blobs`` (7), so blobs land in canonical order."""
+    """Serialized fields before and after ``blobs``, so blobs land in canonical order."""
     low, high = caffe_pb2.LayerParameter(), caffe_pb2.LayerParameter()
     low.CopyFrom(lp)
     high.CopyFrom(lp)
     for fd, _ in lp.ListFields():
-        if fd.number >= 7:
+        if fd.number >= V2_BLOBS_FIELD_NUMBER:
             low.ClearField(fd.name)
-        if fd.number <= 7:
+        if fd.number <= V2_BLOBS_FIELD_NUMBER:
             high.ClearField(fd.name)
     high.DiscardUnknownFields()
     return low.SerializeToString(deterministic=True), high.SerializeToString(deterministic=True)
@@ -327,16 +362,18 @@ def _host_bytes(tensor: torch.Tensor, double: bool) -> memoryview:
 
 
 def _blob_chunks(tensor: torch.Tensor, diff: torch.Tensor | None, double: bool) -> list:
-    """Wire chunks of one BlobProto: data (5 or 8), diff (6 or 9), shape (7)."""
+    """Wire chunks of one BlobProto: data (or double_data), diff (or double_diff), shape."""
+    data_field = BLOB_DOUBLE_DATA_FIELD_NUMBER if double else BLOB_DATA_FIELD_NUMBER
+    diff_field = BLOB_DOUBLE_DIFF_FIELD_NUMBER if double else BLOB_DIFF_FIELD_NUMBER
     chunks: list = []
     data = _host_bytes(tensor, double)
-    chunks += [wire.len_field_header(8 if double else 5, len(data)), data]
+    chunks += [wire.len_field_header(data_field, len(data)), data]
     if diff is not None:
         d = _host_bytes(diff, double)
-        chunks += [wire.len_field_header(9 if double else 6, len(d)), d]
+        chunks += [wire.len_field_header(diff_field, len(d)), d]
     dims = b"".join(wire.encode_varint(int(s)) for s in tensor.shape)
-    shape = wire.len_field_header(1, len(dims)) + dims if tensor.dim() else b""
-    chunks += [wire.len_field_header(7, len(shape)), shape]
+    shape = wire.len_field_header(SHAPE_DIM_FIELD_NUMBER, len(dims)) + dims if tensor.dim() else b""
+    chunks += [wire.len_field_header(BLOB_SHAPE_FIELD_NUMBER, len(shape)), shape]
     if double:  # canonical field order: shape (7) before double_data (8)
         chunks = chunks[-2:] + chunks[:-2]
     return chunks
@@ -347,7 +384,7 @@ def save_caffemodel(net: TorchNet, path: str | os.PathLike, write_diff: bool = F
     with atomic_write(path, "wb") as f:
         if net.name:
             name = net.name.encode()
-            f.write(wire.len_field_header(1, len(name)) + name)
+            f.write(wire.len_field_header(NET_NAME_FIELD_NUMBER, len(name)) + name)
         for step in net.steps:
             module = net.layers[step.key]
             low, high = _split_layer_param(module.layer_param)
@@ -359,9 +396,9 @@ def save_caffemodel(net: TorchNet, path: str | os.PathLike, write_diff: bool = F
                     grad = torch.zeros_like(blob)
                 chunks = _blob_chunks(blob, grad, double)
                 body_len = sum(len(c) for c in chunks)
-                blob_parts.append([wire.len_field_header(7, body_len)] + chunks)
+                blob_parts.append([wire.len_field_header(V2_BLOBS_FIELD_NUMBER, body_len)] + chunks)
             total = len(low) + len(high) + sum(len(c) for part in blob_parts for c in part)
-            f.write(wire.len_field_header(100, total))
+            f.write(wire.len_field_header(NET_LAYER_FIELD_NUMBER, total))
             f.write(low)
             for part in blob_parts:
                 for chunk in part:
