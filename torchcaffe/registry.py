@@ -21,8 +21,12 @@ _LAYERS: dict[str, type[CaffeLayer]] = {}
 L = TypeVar("L", bound=type)
 
 
-def register_layer(caffe_type: str) -> Callable[[L], L]:
-    """Class decorator: make ``cls`` the implementation of ``caffe_type``."""
+def register_layer(caffe_type: str, *, fork: str | None = None) -> Callable[[L], L]:
+    """Class decorator: make ``cls`` the implementation of ``caffe_type``.
+
+    ``fork`` names the Caffe fork that defines the type (e.g. "SSD"); None means BVLC Caffe.
+    It is set on every registered class, so a subclass never inherits its base's fork.
+    """
 
     def deco(cls: L) -> L:
         if caffe_type in _LAYERS:
@@ -31,6 +35,7 @@ def register_layer(caffe_type: str) -> Callable[[L], L]:
                 f"{_LAYERS[caffe_type].__module__} and {cls.__module__}"
             )
         cls.caffe_type = caffe_type  # type: ignore[attr-defined]
+        cls.fork = fork  # type: ignore[attr-defined]
         _LAYERS[caffe_type] = cls  # type: ignore[assignment]
         return cls
 

@@ -10,7 +10,7 @@ from ..registry import register_layer
 from .base import CaffeLayer, Exactly, Shape
 
 
-@register_layer("Axpy")
+@register_layer("Axpy", fork="SENet")
 class AxpyLayer(CaffeLayer):
     """top = a * x + y. Caffe type ``Axpy`` (SENet fork), no params message.
 

@@ -68,6 +68,7 @@ class CaffeLayer(nn.Module):
     """
 
     caffe_type: ClassVar[str] = ""
+    fork: ClassVar[str | None] = None  # the Caffe fork that defines the type; None: BVLC
     bottoms: ClassVar[Arity] = Exactly(1)
     tops: ClassVar[Arity] = Exactly(1)
     equal_bottom_top: ClassVar[bool] = False  # Caffe's EqualNumBottomTopBlobs

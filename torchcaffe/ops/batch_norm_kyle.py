@@ -8,7 +8,7 @@ from ..registry import register_layer
 from .batch_norm import BatchNormLayer
 
 
-@register_layer("BatchNormKyle")
+@register_layer("BatchNormKyle", fork="brocolli")
 class BatchNormKyleLayer(BatchNormLayer):
     """y = (x - mean) / sqrt(var + eps) [* alpha + beta] per channel (axis 1). Caffe type
     ``BatchNormKyle`` (brocolli-caffe batch_norm_kyle_layer.cpp), ``batch_norm_param``

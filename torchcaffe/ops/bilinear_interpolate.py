@@ -11,7 +11,7 @@ from ._functional.interpolate import bilinear_interpolate_taps, resample2d
 from .base import CaffeLayer, Shape
 
 
-@register_layer("BilinearInterpolate")
+@register_layer("BilinearInterpolate", fork="brocolli")
 class BilinearInterpolateLayer(CaffeLayer):
     """Bilinear interpolation. Caffe type ``BilinearInterpolate`` (brocolli-caffe),
     ``bilinear_interpolate_param`` (dst_h, dst_w | scale_factor = 1, align_corners = true).

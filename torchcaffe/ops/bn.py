@@ -18,7 +18,7 @@ PSPNET_FIELDS = ("slope_filler", "bias_filler", "momentum", "eps", "frozen", "en
 SEGNET_EPS = 1e-9  # caffe-segnet's BNLayer hard-codes var_eps_
 
 
-@register_layer("BN")
+@register_layer("BN", fork="PSPNet, SegNet")
 class BNLayer(CaffeLayer):
     """y = (x - mean) / sqrt(var + eps) * slope + bias per channel, over N, H, W. Caffe type
     ``BN``, ``bn_param``, in two fork dialects told apart by the fields set (their field

@@ -1,8 +1,9 @@
 """The supported-layers table, generated from the registry (never written by hand).
 
-One row per registered type: its params message and fields, whether Caffe computes a gradient
-through it, and any restriction the class declares. ``torchcaffe layers --out
-docs/supported_layers.md`` writes it; a test keeps the committed file current.
+One row per registered type: the fork that defines it (if not BVLC), its params message and
+fields, whether Caffe computes a gradient through it, and any restriction the class declares.
+``torchcaffe layers --out docs/supported_layers.md`` writes it; a test keeps the committed file
+current.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ Generated from the layer registry by `torchcaffe layers --out docs/supported_lay
 do not edit by hand. Every listed type runs forward and (where Caffe has one) backward, and
 accepts every field of its params message unless the restrictions column says otherwise.
 
-| Type | Params message | Backward | Summary | Restrictions |
-|---|---|---|---|---|
+The fork column names the Caffe fork that defines a type; "-" is BVLC Caffe.
+
+| Type | Fork | Params message | Backward | Summary | Restrictions |
+|---|---|---|---|---|---|
 """
 
 
@@ -42,7 +45,7 @@ def supported_layers_markdown() -> str:
     for name, cls in sorted(registered_layers().items()):
         backward = "yes" if cls.has_backward else "no (as Caffe)"
         rows.append(
-            f"| {name} | {_params_message(cls.param_field)} | {backward} | "
+            f"| {name} | {cls.fork or '-'} | {_params_message(cls.param_field)} | {backward} | "
             f"{_summary(cls)} | {cls.restrictions.replace('|', '/') or '-'} |"
         )
     return HEADER + "\n".join(rows) + "\n"

@@ -15,7 +15,7 @@ from .base import Exactly
 from .convolution import ConvolutionLayer
 
 
-@register_layer("DepthwiseConvolution")
+@register_layer("DepthwiseConvolution", fork="MobileNet")
 class DepthwiseConvolutionLayer(ConvolutionLayer):
     """Fork type ``DepthwiseConvolution``, ``convolution_param``: exactly Convolution
     (weight (num_output, channels / group, *kernel); usually group == channels).
@@ -24,7 +24,7 @@ class DepthwiseConvolutionLayer(ConvolutionLayer):
     """
 
 
-@register_layer("ConvolutionDepthwise")
+@register_layer("ConvolutionDepthwise", fork="MobileNet")
 class ConvolutionDepthwiseLayer(ConvolutionLayer):
     """Fork type ``ConvolutionDepthwise``, ``convolution_param``; (N, C, H, W) bottoms.
 

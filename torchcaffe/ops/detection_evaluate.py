@@ -12,7 +12,7 @@ from . import _bbox
 from .base import CaffeLayer, Exactly, Shape
 
 
-@register_layer("DetectionEvaluate")
+@register_layer("DetectionEvaluate", fork="SSD")
 class DetectionEvaluateLayer(CaffeLayer):
     """Per-class ground-truth counts and per-detection TP/FP flags.
     Caffe type ``DetectionEvaluate`` (SSD fork), ``detection_evaluate_param``.

@@ -58,7 +58,7 @@ def check_prior_boxes(layer: CaffeLayer, boxes: torch.Tensor, code_type: int) ->
         )
 
 
-@register_layer("DetectionOutput")
+@register_layer("DetectionOutput", fork="SSD")
 class DetectionOutputLayer(CaffeLayer):
     """SSD detections: decode loc against the priors, per-class ApplyNMSFast, keep_top_k.
     Caffe type ``DetectionOutput`` (SSD fork), ``detection_output_param``.

@@ -14,7 +14,7 @@ from ._functional.relu6 import caffe_relu6
 from .neuron import NeuronLayer
 
 
-@register_layer("ReLU6")
+@register_layer("ReLU6", fork="brocolli")
 class ReLU6Layer(NeuronLayer):
     """min(max(x, 0) + negative_slope * min(x, 0), threshold). Caffe type ``ReLU6``
     (brocolli-caffe), ``relu6_param`` (negative_slope, threshold).
@@ -38,7 +38,7 @@ class ReLU6Layer(NeuronLayer):
         return caffe_relu6(x, self.negative_slope, self.threshold)
 
 
-@register_layer("HardSwish")
+@register_layer("HardSwish", fork="brocolli")
 class HardSwishLayer(NeuronLayer):
     """x * max(0, min(1, x / 6 + 0.5)). Caffe type ``HardSwish`` (brocolli-caffe); no params.
 
@@ -53,7 +53,7 @@ class HardSwishLayer(NeuronLayer):
         return x * torch.clamp(x / 6.0 + 0.5, 0.0, 1.0)
 
 
-@register_layer("HardSigmoid")
+@register_layer("HardSigmoid", fork="brocolli")
 class HardSigmoidLayer(NeuronLayer):
     """max(0, min(1, alpha * x + beta)). Caffe type ``HardSigmoid`` (brocolli-caffe),
     ``hardsigmoid_param`` (alpha 0.2, beta 0.5).

@@ -12,7 +12,7 @@ from ._functional.interpolate import interp2_taps, resample2d
 from .base import Between, CaffeLayer, Shape
 
 
-@register_layer("Interp")
+@register_layer("Interp", fork="PSPNet, DeepLab-v2")
 class InterpLayer(CaffeLayer):
     """Bilinear interpolation. Caffe type ``Interp`` (PSPNet, DeepLab-v2), ``interp_param``
     (zoom_factor, shrink_factor, height + width, pad_beg, pad_end <= 0; caffe-priv's

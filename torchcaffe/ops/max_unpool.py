@@ -11,7 +11,7 @@ from ._functional.unpool import check_mask_range, unpool_forward
 from .base import CaffeLayer, Exactly, Shape
 
 
-@register_layer("MaxUnPool")
+@register_layer("MaxUnPool", fork="brocolli")
 class MaxUnPoolLayer(CaffeLayer):
     """Max-unpooling. Caffe type ``MaxUnPool`` (brocolli-caffe), ``max_unpool_param``
     (dst_h, dst_w: both required).

@@ -20,7 +20,7 @@ MB = caffe_pb2.MultiBoxLossParameter
 Norm = caffe_pb2.LossParameter
 
 
-@register_layer("MultiBoxLoss")
+@register_layer("MultiBoxLoss", fork="SSD")
 class MultiBoxLossLayer(CaffeLayer):
     """SSD training loss: (loc_weight * loc loss + conf loss) / normalizer.
     Caffe type ``MultiBoxLoss`` (SSD fork), ``multibox_loss_param`` and ``loss_param``.

@@ -13,7 +13,7 @@ from ._legacy import legacy_nchw
 from .base import CaffeLayer, Shape
 
 
-@register_layer("Normalize")
+@register_layer("Normalize", fork="SSD")
 class NormalizeLayer(CaffeLayer):
     """y = x / sqrt(sum x^2 + eps) * scale. Caffe type ``Normalize`` (SSD fork), ``norm_param``
     (across_spatial = true, channel_shared = true, eps = 1e-10, scale_filler: constant 1).

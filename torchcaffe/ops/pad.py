@@ -18,7 +18,7 @@ _MODES = {
 }
 
 
-@register_layer("Pad")
+@register_layer("Pad", fork="brocolli")
 class PadLayer(CaffeLayer):
     """Spatial padding. Caffe type ``Pad`` (brocolli-caffe), ``pad_param`` (pad_type CONSTANT /
     REPLICATE / REFLECT, pad_u, pad_d, pad_l, pad_r, pad_value).

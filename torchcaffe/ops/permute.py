@@ -10,7 +10,7 @@ from ..registry import register_layer
 from .base import CaffeLayer, Shape
 
 
-@register_layer("Permute")
+@register_layer("Permute", fork="SSD")
 class PermuteLayer(CaffeLayer):
     """Axis permutation. Caffe type ``Permute`` (SSD fork), ``permute_param`` (repeated order).
 

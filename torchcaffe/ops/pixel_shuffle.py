@@ -11,7 +11,7 @@ from ..registry import register_layer
 from .base import CaffeLayer, Shape
 
 
-@register_layer("PixelShuffle")
+@register_layer("PixelShuffle", fork="brocolli")
 class PixelShuffleLayer(CaffeLayer):
     """Depth to space. Caffe type ``PixelShuffle`` (brocolli-caffe), ``pixelshuffle_param``
     (upscale_factor r: required).

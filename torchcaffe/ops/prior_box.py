@@ -17,7 +17,7 @@ def _f32(x: float) -> float:
     return float(torch.tensor(x, dtype=torch.float32))
 
 
-@register_layer("PriorBox")
+@register_layer("PriorBox", fork="SSD")
 class PriorBoxLayer(CaffeLayer):
     """Default (prior) boxes for every cell of bottom 0, normalized by the image size.
     Caffe type ``PriorBox`` (SSD fork), ``prior_box_param``.

@@ -103,7 +103,7 @@ def greedy_nms(
     return keep[keep >= 0]
 
 
-@register_layer("Proposal")
+@register_layer("Proposal", fork="brocolli (Faster R-CNN)")
 class ProposalLayer(CaffeLayer):
     """RPN proposals. Caffe type ``Proposal`` (brocolli fork), ``proposal_param`` (feat_stride =
     16, base_size = 16, min_size = 16, ratio, scale (at least one each), pre_nms_topn = 6000,

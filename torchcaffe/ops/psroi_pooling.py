@@ -16,7 +16,7 @@ from ._roi import bin_windows, c_round, check_roi_bottoms, roi_batch_index, roi_
 from .base import Arity, CaffeLayer, Exactly, Shape
 
 
-@register_layer("PSROIPooling")
+@register_layer("PSROIPooling", fork="R-FCN")
 class PSROIPoolingLayer(CaffeLayer):
     """Position-sensitive ROI pooling. Caffe type ``PSROIPooling``, ``psroi_pooling_param``
     (spatial_scale, output_dim > 0, group_size > 0: all required).

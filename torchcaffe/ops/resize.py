@@ -11,7 +11,7 @@ from ._functional.interpolate import resample2d, resize_taps
 from .base import CaffeLayer, Shape
 
 
-@register_layer("Resize")
+@register_layer("Resize", fork="brocolli")
 class ResizeLayer(CaffeLayer):
     """Bilinear resize. Caffe type ``Resize`` (brocolli-caffe), ``resize_param``
     (ResizeLayerParameter: height, width | is_pyramid_test with out_height_scale,

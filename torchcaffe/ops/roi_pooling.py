@@ -18,7 +18,7 @@ from .base import Arity, CaffeLayer, Exactly, Shape
 FLT_MAX = 3.4028234663852886e38
 
 
-@register_layer("ROIPooling")
+@register_layer("ROIPooling", fork="Fast/Faster R-CNN")
 class ROIPoolingLayer(CaffeLayer):
     """ROI max pooling. Caffe type ``ROIPooling``, ``roi_pooling_param`` (pooled_h, pooled_w
     > 0; spatial_scale = 1).

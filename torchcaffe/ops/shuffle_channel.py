@@ -10,7 +10,7 @@ from ..registry import register_layer
 from .base import CaffeLayer, Shape
 
 
-@register_layer("ShuffleChannel")
+@register_layer("ShuffleChannel", fork="ShuffleNet")
 class ShuffleChannelLayer(CaffeLayer):
     """Channel shuffle. Caffe type ``ShuffleChannel`` (ShuffleNet fork, merged into several
     others), ``shuffle_channel_param`` (group = 1).

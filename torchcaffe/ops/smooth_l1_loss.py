@@ -10,7 +10,7 @@ from ._loss_normalization import LossLayer, legacy_dim
 from .base import Between
 
 
-@register_layer("SmoothL1Loss")
+@register_layer("SmoothL1Loss", fork="Fast/Faster R-CNN")
 class SmoothL1LossLayer(LossLayer):
     """sum(w_out * f(w_in * (a - b))) / N with f(d) = 0.5 sigma^2 d^2 where |d| < 1 / sigma^2,
     else |d| - 0.5 / sigma^2. Caffe type ``SmoothL1Loss`` (py-faster-rcnn, SSD, brocolli),

@@ -10,7 +10,7 @@ from ..registry import register_layer
 from .base import CaffeLayer, Shape
 
 
-@register_layer("Unsqueeze")
+@register_layer("Unsqueeze", fork="brocolli")
 class UnsqueezeLayer(CaffeLayer):
     """Insert a size-1 axis. Caffe type ``Unsqueeze`` (brocolli-caffe), ``unsqueeze_param``
     (dim: required; negative counts from the end, -1 appends a trailing axis).

@@ -14,7 +14,7 @@ from .base import Between, CaffeLayer, Shape
 _SEGNET_FIELDS = ("scale_h", "scale_w", "pad_out_h", "pad_out_w", "upsample_h", "upsample_w")
 
 
-@register_layer("Upsample")
+@register_layer("Upsample", fork="brocolli, SegNet")
 class UpsampleLayer(CaffeLayer):
     """Upsampling. Caffe type ``Upsample``, ``upsample_param``; two forks share the name:
 
