@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,12 +20,12 @@ import torch
 from torch import nn
 
 from .. import runtime
+from ..api import load, load_weights, save_weights
 from ..blob import Blob
 from ..errors import BlobWiringError, LayerParamError, UsageError
 from ..net.net import TorchNet
 from ..proto import caffe_pb2
 from ..syncedmem import Head
-from . import netio
 
 
 @dataclass
@@ -62,8 +62,8 @@ class Net:
         **load_options: Any,
     ) -> None:
         weights, phase = _parse_net_args(args, weights, phase)
-        self._net: TorchNet = netio.build_torch_net(
-            network_file, phase, level=level, stages=stages or (), **load_options
+        self._net: TorchNet = load(
+            network_file, None, phase, level=level, stages=stages or (), **load_options
         )
         self._device = torch.device("cpu")
         self._make_blobs()
@@ -371,7 +371,7 @@ class Net:
         self, blobs: Sequence[str] | None = None, **kwargs: np.ndarray
     ) -> dict[str, np.ndarray]:
         """Run batches of ``kwargs`` inputs through the net; concatenate the outputs."""
-        return netio.forward_all(self, blobs, kwargs)
+        return _forward_all(self, blobs, kwargs)
 
     def clear_param_diffs(self) -> None:
         for blob in self._param_blob_of.values():
@@ -390,16 +390,16 @@ class Net:
     def copy_from(self, path: str | os.PathLike) -> None:
         """Caffe's CopyTrainedLayersFrom (binary or HDF5)."""
         self._ensure_device()
-        netio.load_weights(self._net, path)
+        load_weights(self._net, path)
         self._params_written_on_device()
 
     def save(self, path: str | os.PathLike, write_diff: bool = False) -> None:
         self._ensure_device()
-        netio.save_weights(self._net, path, write_diff=write_diff)
+        save_weights(self._net, path, write_diff=write_diff)
 
     def save_hdf5(self, path: str | os.PathLike, write_diff: bool = False) -> None:
         self._ensure_device()
-        netio.save_weights(self._net, path, write_diff=write_diff, hdf5=True)
+        save_weights(self._net, path, write_diff=write_diff, hdf5=True)
 
     def share_with(self, other: Net) -> None:
         """Caffe's ShareTrainedLayersWith: same-named layers use ``other``'s param memory."""
@@ -459,3 +459,45 @@ def _parse_net_args(args: tuple, weights: Any, phase: Any) -> tuple[Any, Any]:
     if phase is None:
         raise UsageError("caffe.Net needs a phase", expected="caffe.TRAIN or caffe.TEST", got=None)
     return weights, phase
+
+
+def _forward_all(
+    net: Net, blobs: Sequence[str] | None, kwargs: Mapping[str, Any]
+) -> dict[str, np.ndarray]:
+    """pycaffe's forward_all: split inputs into net-sized batches, pad the last one.
+
+    Blobs without a batch axis (a scalar loss) come back as one value per forward, where
+    pycaffe itself would fail to concatenate them.
+    """
+    per_batch: set[str] = set()
+    outputs = list(net.outputs) + list(blobs or [])
+    results: dict[str, list[np.ndarray]] = {name: [] for name in outputs}
+    inputs = {k: np.asarray(v) for k, v in kwargs.items()}
+    if not inputs:
+        out = net.forward(blobs=blobs)
+        return {k: v.copy() for k, v in out.items()}
+    sizes = {len(v) for v in inputs.values()}
+    if len(sizes) != 1:
+        raise BlobWiringError(
+            "forward_all inputs have different batch counts",
+            got={k: len(v) for k, v in inputs.items()},
+        )
+    total = sizes.pop()
+    batch = net.blobs[net.inputs[0]].shape[0]
+    for first in range(0, total, batch):
+        chunk = {}
+        for name, value in inputs.items():
+            part = value[first : first + batch]
+            pad = batch - len(part)
+            if pad:
+                part = np.concatenate([part, np.zeros((pad,) + part.shape[1:], part.dtype)])
+            chunk[name] = part
+        out = net.forward(blobs=blobs, **chunk)
+        for name in outputs:
+            value = out[name].copy()
+            if value.ndim and value.shape[0] == batch:
+                results[name].extend(value)
+            else:  # a per-batch value (a scalar loss): one entry per forward
+                per_batch.add(name)
+                results[name].append(value)
+    return {name: np.asarray(v if name in per_batch else v[:total]) for name, v in results.items()}

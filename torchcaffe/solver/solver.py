@@ -26,6 +26,7 @@ from ..errors import SolverError
 from ..proto import caffe_pb2
 from ..pycaffe.net import Net
 from .config import check_solver_param, field_error, load_solver_param
+from .evaluation import log_outputs, run_test, weighted_loss
 from .factory import make_lr_policy, make_optimizer
 from .nets import build_test_nets, build_train_net
 from .param_groups import learnable_params
@@ -35,7 +36,6 @@ from .state import (
     write_solverstate,
     write_solverstate_hdf5,
 )
-from .testing import log_outputs, run_test, weighted_loss
 
 log = logging.getLogger("torchcaffe.solver")
 PathLike = str | os.PathLike
