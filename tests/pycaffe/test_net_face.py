@@ -133,6 +133,12 @@ def test_backward_with_top_diff_kwargs():
     np.testing.assert_allclose(diffs["ip1"], (top @ w2) * mask, rtol=1e-5, atol=1e-7)
     with pytest.raises(BlobWiringError, match="top diff"):
         face.backward(nope=top)
+    with pytest.raises(BlobWiringError, match="top diff 'ip2' is not batch sized"):
+        face.backward(ip2=np.ones((2, 2)), label=np.zeros((3, 2)))
+    with pytest.raises(BlobWiringError, match="input blob arguments do not match net inputs"):
+        face.forward(data=np.ones((3, 4)))
+    with pytest.raises(BlobWiringError, match="input blob 'data' is not batch sized"):
+        face.forward(data=np.ones((2, 4)), label=np.zeros((3, 2)))
 
 
 def test_backward_is_pruned_without_loss_or_force_backward():

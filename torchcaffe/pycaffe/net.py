@@ -306,21 +306,7 @@ class Net:
             if end in self.blobs:
                 outputs.add(end)
         if kwargs:
-            if set(kwargs) != set(self.inputs):
-                raise BlobWiringError(
-                    "input blob arguments do not match net inputs",
-                    expected=sorted(self.inputs),
-                    got=sorted(kwargs),
-                )
-            for name, value in kwargs.items():
-                value = np.asarray(value)
-                if value.shape[0] != self.blobs[name].shape[0]:
-                    raise BlobWiringError(
-                        f"input {name!r} is not batch sized",
-                        expected=self.blobs[name].shape[0],
-                        got=value.shape[0],
-                    )
-                self.blobs[name].data[...] = value
+            self._assign_batch(kwargs, self.inputs, "data", "input blob", "net inputs")
         self._forward(start_ind, end_ind)
         return {name: self.blobs[name].data for name in outputs}
 
@@ -343,23 +329,36 @@ class Net:
             if end in self.blobs:
                 outputs.add(end)
         if kwargs:
-            if set(kwargs) != set(self.outputs):
-                raise BlobWiringError(
-                    "top diff arguments do not match net outputs",
-                    expected=sorted(self.outputs),
-                    got=sorted(kwargs),
-                )
-            for name, value in kwargs.items():
-                value = np.asarray(value)
-                if value.shape[0] != self.blobs[name].shape[0]:
-                    raise BlobWiringError(
-                        f"diff {name!r} is not batch sized",
-                        expected=self.blobs[name].shape[0],
-                        got=value.shape[0],
-                    )
-                self.blobs[name].diff[...] = value
+            self._assign_batch(kwargs, self.outputs, "diff", "top diff", "net outputs")
         self._backward(start_ind, end_ind)
         return {name: self.blobs[name].diff for name in outputs}
+
+    def _assign_batch(
+        self,
+        values: Mapping[str, Any],
+        names: Sequence[str],
+        field: str,
+        what: str,
+        expected: str,
+    ) -> None:
+        """Write ``values`` into blob ``field`` ("data" or "diff"); the keyword arguments of
+        forward/backward must name exactly ``names``, each a full batch."""
+        if set(values) != set(names):
+            raise BlobWiringError(
+                f"{what} arguments do not match {expected}",
+                expected=sorted(names),
+                got=sorted(values),
+            )
+        for name, value in values.items():
+            array = np.asarray(value)
+            blob = self.blobs[name]
+            if array.shape[0] != blob.shape[0]:
+                raise BlobWiringError(
+                    f"{what} {name!r} is not batch sized",
+                    expected=blob.shape[0],
+                    got=array.shape[0],
+                )
+            getattr(blob, field)[...] = array
 
     def forward_backward(self) -> float:
         """Caffe's Net::ForwardBackward: forward, then backward; returns the loss."""
