@@ -24,6 +24,8 @@ INT_MAX = 2**31 - 1
 class Count(int):
     """An element count that is also Caffe's ``count(start, end)`` over the shape's axes."""
 
+    shape: tuple[int, ...]
+
     def __new__(cls, value: int, shape: tuple[int, ...]) -> Count:
         obj = super().__new__(cls, value)
         obj.shape = shape

@@ -130,7 +130,8 @@ def _string(buf: memoryview, start: int, end: int) -> str:
 
 def _named_layer(buf: memoryview, start: int, end: int, blobs_field: int) -> LayerRecord:
     """A V2 LayerParameter or a V0 LayerParameter: same name and type fields, blobs differ."""
-    name, type_, blobs = "", "", []
+    name, type_ = "", ""
+    blobs: list[BlobRecord | None] = []
     for number, wtype, s, e, _ in wire.iter_fields(buf, start, end):
         if number == V2_NAME_FIELD_NUMBER and wtype == wire.LEN:
             name = _string(buf, s, e)
@@ -146,7 +147,8 @@ def _v2_layer(buf: memoryview, start: int, end: int) -> LayerRecord:
 
 
 def _v1_layer(buf: memoryview, start: int, end: int) -> LayerRecord:
-    name, type_, blobs = "", "", []
+    name, type_ = "", ""
+    blobs: list[BlobRecord | None] = []
     v0: LayerRecord | None = None
     for number, wtype, s, e, _ in wire.iter_fields(buf, start, end):
         if number == V1_NAME_FIELD_NUMBER and wtype == wire.LEN:
@@ -275,13 +277,13 @@ def copy_trained_layers(
     names = set(net.layer_names)
     first_user: dict[int, tuple[str, int]] = {}
     for step in net.steps:
-        for j, blob in enumerate(net.layers[step.key].param_blobs()):
-            first_user.setdefault(id(blob), (step.name, j))
+        for j, tensor in enumerate(net.module_of(step).param_blobs()):
+            first_user.setdefault(id(tensor), (step.name, j))
     for record in records:
         if record.name not in names:
             continue
         step = net.step(record.name)
-        targets = net.layers[step.key].param_blobs()
+        targets = net.module_of(step).param_blobs()
         count_ok = (
             len(record.blobs) <= len(targets)
             if record.partial
@@ -358,7 +360,7 @@ def _split_layer_param(lp: caffe_pb2.LayerParameter) -> tuple[bytes, bytes]:
 
 def _host_bytes(tensor: torch.Tensor, double: bool) -> memoryview:
     t = tensor.detach().to("cpu", torch.float64 if double else torch.float32).contiguous()
-    return memoryview(t.view(-1).numpy()).cast("B")
+    return t.view(-1).numpy().data.cast("B")
 
 
 def _blob_chunks(tensor: torch.Tensor, diff: torch.Tensor | None, double: bool) -> list:
@@ -386,7 +388,7 @@ def save_caffemodel(net: TorchNet, path: str | os.PathLike, write_diff: bool = F
             name = net.name.encode()
             f.write(wire.len_field_header(NET_NAME_FIELD_NUMBER, len(name)) + name)
         for step in net.steps:
-            module = net.layers[step.key]
+            module = net.module_of(step)
             low, high = _split_layer_param(module.layer_param)
             blob_parts = []
             for blob in module.param_blobs():
@@ -416,7 +418,7 @@ def save_hdf5(net: TorchNet, path: str | os.PathLike, write_diff: bool = False) 
             data = f.create_group("data")
             diff = f.create_group("diff") if write_diff else None
             for step in net.steps:
-                blobs = net.layers[step.key].param_blobs()
+                blobs = net.module_of(step).param_blobs()
                 group = data.create_group(step.name)
                 dgroup = diff.create_group(step.name) if diff is not None else None
                 for i, blob in enumerate(blobs):

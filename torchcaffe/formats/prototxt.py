@@ -148,6 +148,7 @@ def read_net(source: PathLike, *, upgrade: bool = True) -> pb.NetParameter:
     if text is not None:
         net = parse_net_text(text)
     else:
+        assert path is not None  # _resolve gives a path or text
         net = _parse_net_auto(read_bytes(path), path)
     return upgrade_net_as_needed(net, path) if upgrade else net
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 import os
 import warnings
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from google.protobuf.message import Message
 
@@ -306,7 +306,7 @@ V0_LAYER_TYPES: dict[str, str] = {
 
 def upgrade_v0_layer_type(
     type_name: str, *, layer: str | None = None, path: PathLike | None = None
-) -> int:
+) -> pb.V1LayerParameter.LayerType:
     """Caffe's UpgradeV0LayerType: V0 type string -> V1 ``LayerType`` enum value."""
     if type_name not in V0_LAYER_TYPES:
         close = difflib.get_close_matches(type_name, list(V0_LAYER_TYPES), n=3)
@@ -316,7 +316,8 @@ def upgrade_v0_layer_type(
             else f"V0 layer types are {', '.join(sorted(V0_LAYER_TYPES))}"
         )
         raise UnknownLayerTypeError(type_name, close, path=_fspath(path), layer=layer, hint=hint)
-    return V1Type.Value(V0_LAYER_TYPES[type_name])
+    # EnumTypeWrapper.Value is typed int; the value is one of LayerType's.
+    return cast(pb.V1LayerParameter.LayerType, V1Type.Value(V0_LAYER_TYPES[type_name]))
 
 
 def upgrade_v0_layer_parameter(

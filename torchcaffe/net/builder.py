@@ -447,7 +447,7 @@ class _Builder:
             row.param_need_backward = [True] * len(row.param_need_backward)
 
 
-def set_requires_grad(modules: Mapping[str, torch.nn.Module], steps: Sequence[LayerStep]) -> None:
+def set_requires_grad(modules: Mapping[str, CaffeLayer], steps: Sequence[LayerStep]) -> None:
     """Params require grad exactly where Caffe computes their diff (param_propagate_down)."""
     flags: dict[int, bool] = {}
     for step in steps:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping, Sequence
+from typing import cast
 
 import torch
 from torch import nn
@@ -61,7 +62,7 @@ class TorchNet(nn.Module):
         self.force_backward = built.force_backward
         self._step_by_name = {s.name: s for s in self.steps}
         self._known_input_shapes = {n: self.blob_shapes[n] for n in self.input_names}
-        set_requires_grad(self.layers, self.steps)
+        set_requires_grad(built.modules, self.steps)
         self.train(self.phase == caffe_pb2.TRAIN)
 
     # -- identity --------------------------------------------------------------------------
@@ -75,7 +76,11 @@ class TorchNet(nn.Module):
 
     def layer(self, name: str) -> CaffeLayer:
         """The module of Caffe layer ``name``."""
-        return self.layers[self.step(name).key]
+        return self.module_of(self.step(name))
+
+    def module_of(self, step: LayerStep) -> CaffeLayer:
+        """The module that runs ``step`` (``self.layers`` is a ModuleDict, typed as Module)."""
+        return cast(CaffeLayer, self.layers[step.key])
 
     def step(self, name: str) -> LayerStep:
         try:
@@ -160,7 +165,7 @@ class TorchNet(nn.Module):
                 continue
             bottoms = [shapes[b] for b in step.bottoms]
             try:
-                tops = self.layers[step.key].output_shapes(bottoms)
+                tops = self.module_of(step).output_shapes(bottoms)
             except TorchCaffeError as err:
                 raise err.located(path=self.path, layer=step.name, layer_type=step.type) from None
             except (RuntimeError, ValueError, IndexError) as err:

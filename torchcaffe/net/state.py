@@ -10,7 +10,7 @@ from ..proto import caffe_pb2
 PHASES = {"train": caffe_pb2.TRAIN, "test": caffe_pb2.TEST}
 
 
-def parse_phase(phase: int | str) -> int:
+def parse_phase(phase: int | str) -> caffe_pb2.Phase:
     """Accept caffe_pb2.TRAIN/TEST, 0/1, or "train"/"test" (any case)."""
     if isinstance(phase, str):
         try:
@@ -21,7 +21,7 @@ def parse_phase(phase: int | str) -> int:
             ) from None
     if phase not in (caffe_pb2.TRAIN, caffe_pb2.TEST):
         raise LayerParamError("unknown phase", expected="caffe.TRAIN or caffe.TEST", got=phase)
-    return int(phase)
+    return caffe_pb2.TRAIN if phase == caffe_pb2.TRAIN else caffe_pb2.TEST
 
 
 def make_state(phase: int | str, level: int = 0, stages: Iterable[str] = ()) -> caffe_pb2.NetState:

@@ -76,8 +76,8 @@ def _per_axis(
             expected=" or ".join(str(a) for a in sorted(allowed)) + " values",
             got=f"{len(values)} values for {n} spatial dims",
         )
-    if not values:
-        return (default,) * n
+    if not values:  # with no default, only n == 0 gets here
+        return () if default is None else (default,) * n
     return tuple(int(values[0 if len(values) == 1 else i]) for i in range(n))
 
 

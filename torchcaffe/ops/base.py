@@ -75,7 +75,7 @@ class CaffeLayer(nn.Module):
     param_field: ClassVar[str | None] = None
     is_loss: ClassVar[bool] = False  # LossLayer: top 0 weighs 1 unless loss_weight says otherwise
     auto_top_blobs: ClassVar[bool | None] = None  # Caffe's AutoTopBlobs; None: same as is_loss
-    has_backward: ClassVar[bool] = True  # False: Caffe computes no gradient through this layer
+    has_backward: bool = True  # False: Caffe computes no gradient (a form may set it per instance)
     no_force_backward: ClassVar[frozenset[int]] = frozenset()  # bottoms AllowForceBackward denies
     restrictions: ClassVar[str] = ""  # what Caffe accepts that this layer does not (docs table)
 

@@ -30,6 +30,11 @@ class BatchNormLayer(CaffeLayer):
     param_field = "batch_norm_param"
     restrictions = "brocolli's use_alpha_beta (affine BatchNorm) is not supported"
 
+    # param blobs, registered by add_blob
+    mean: torch.Tensor
+    variance: torch.Tensor
+    scale_factor: torch.Tensor
+
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
         p = self.param

@@ -31,6 +31,10 @@ class BatchNormKyleLayer(BatchNormLayer):
         "so weight decay there would shrink the running statistics"
     )
 
+    # param blobs, registered by add_blob
+    alpha: torch.Tensor
+    beta: torch.Tensor
+
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
         self.use_alpha_beta = self.param.use_alpha_beta

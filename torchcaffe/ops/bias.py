@@ -25,6 +25,9 @@ class BiasLayer(CaffeLayer):
     param_field = "bias_param"
     bottoms = Between(1, 2)
 
+    # param blobs, registered by add_blob
+    bias: torch.Tensor
+
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
         p = self.param

@@ -49,6 +49,7 @@ class BilinearInterpolateLayer(CaffeLayer):
                 expected="exactly one of the two",
                 got="both" if has_dst else "neither",
             )
+        dst: tuple[int, ...]
         if has_dst:
             dst = (
                 p.dst_h if p.HasField("dst_h") else shape[2],

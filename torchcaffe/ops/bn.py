@@ -54,6 +54,12 @@ class BNLayer(CaffeLayer):
         "needs bn_mode or a filler set in the prototxt"
     )
 
+    # param blobs, registered by add_blob
+    weight: torch.Tensor
+    bias: torch.Tensor
+    mean: torch.Tensor
+    variance: torch.Tensor
+
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
         self.dialect = self._pick_dialect(self.param)
@@ -112,7 +118,8 @@ class BNLayer(CaffeLayer):
         nchw = self._check_bottom(bottom_shapes[0])
         if self.dialect == "pspnet":
             return [tuple(int(d) for d in bottom_shapes[0])]
-        return [nchw] + [(1, nchw[1], 1, 1)] * (self.num_tops - 1)
+        stats: list[Shape] = [(1, nchw[1], 1, 1)] * (self.num_tops - 1)
+        return [nchw, *stats]
 
     def _check_bottom(self, shape: Sequence[int]) -> tuple[int, int, int, int]:
         nchw = legacy_nchw(self, shape)

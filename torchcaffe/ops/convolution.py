@@ -26,6 +26,10 @@ class ConvolutionBase(CaffeLayer, metaclass=abc.ABCMeta):
     equal_bottom_top = True
     reverse_dimensions = False  # Deconvolution: filters map num_output -> channels
 
+    # param blobs, registered by add_blob
+    weight: torch.Tensor
+    bias: torch.Tensor
+
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
         p = self.param

@@ -26,6 +26,10 @@ class EmbedLayer(CaffeLayer):
     param_field = "embed_param"
     no_force_backward = frozenset({0})
 
+    # param blobs, registered by add_blob
+    weight: torch.Tensor
+    bias: torch.Tensor
+
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
         p = self.param

@@ -30,6 +30,8 @@ class HDF5DataLayer(CaffeLayer):
     tops = AtLeast(1)
     param_field = "hdf5_data_param"
     has_backward = False
+    _data: list[torch.Tensor]  # the current file's datasets, one per top
+    _like: torch.Tensor  # buffer: carries .to(device) / .double() to the tops
     restrictions = (
         "shuffle draws from torch's RNG (seeded by set_random_seed), not "
         "std::random_shuffle: same rows per epoch, another order; multi-GPU row "

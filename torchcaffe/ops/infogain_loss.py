@@ -40,6 +40,7 @@ class InfogainLossLayer(LossLayer):
     param_field = "infogain_loss_param"
     bottoms = Between(2, 3)
     tops = Between(1, 2)
+    infogain: torch.Tensor  # buffer from infogain_loss_param.source (absent with 3 bottoms)
     no_force_backward = frozenset({1, 2})
 
     def __init__(self, layer_param, bottom_shapes):

@@ -21,6 +21,10 @@ class InnerProductLayer(CaffeLayer):
 
     param_field = "inner_product_param"
 
+    # param blobs, registered by add_blob
+    weight: torch.Tensor
+    bias: torch.Tensor
+
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
         p = self.param

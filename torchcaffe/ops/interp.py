@@ -55,6 +55,7 @@ class InterpLayer(CaffeLayer):
         eff = tuple(int(n) + p.pad_beg + p.pad_end for n in in_hw)
         shrink, zoom = p.HasField("shrink_factor"), p.HasField("zoom_factor")
         if p.use_blob_size:
+            assert ref_hw is not None  # __init__ checked: use_blob_size comes with bottom 1
             out = tuple(int(n) for n in ref_hw)
         elif shrink and not zoom:
             out = self._shrink(eff)

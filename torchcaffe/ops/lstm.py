@@ -25,6 +25,12 @@ class LSTMLayer(RecurrentLayer):
 
     state_names = ("h", "c")
 
+    # param blobs, registered by add_blob
+    w_xc: torch.Tensor
+    b_c: torch.Tensor
+    w_xc_static: torch.Tensor
+    w_hc: torch.Tensor
+
     def add_params(self, p) -> None:
         gates = 4 * self.num_output
         self.add_blob("w_xc", (gates, self.input_dim), filler=p.weight_filler)

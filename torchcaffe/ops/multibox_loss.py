@@ -62,7 +62,7 @@ class MultiBoxLossLayer(CaffeLayer):
         self._check_mining(p)
         self.normalization = normalization_mode(self)
         flags = list(layer_param.propagate_down)  # the fork defaults them to [1, 1, 0, 0]
-        self.use_loc, self.use_conf = (flags[0], flags[1]) if flags else (True, True)
+        self.use_loc, self.use_conf = (bool(flags[0]), bool(flags[1])) if flags else (True, True)
         self.num_priors = check_prior_counts(
             self, self.bottom_shapes, self.loc_classes, self.num_classes
         )
@@ -181,7 +181,12 @@ class MultiBoxLossLayer(CaffeLayer):
         mode = self.normalization
         if mode == Norm.VALID:
             return num_matches.clamp(min=1)
-        return max(1, {Norm.FULL: num * self.num_priors, Norm.BATCH_SIZE: num, Norm.NONE: 1}[mode])
+        counts: dict[int, int] = {
+            Norm.FULL: num * self.num_priors,
+            Norm.BATCH_SIZE: num,
+            Norm.NONE: 1,
+        }
+        return max(1, counts[mode])
 
     def _loc_loss(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Elementwise SmoothL1 (|d| < 1: d^2 / 2, else |d| - 1/2) or L2 (d^2 / 2)."""

@@ -27,6 +27,9 @@ class NormalizeLayer(CaffeLayer):
 
     param_field = "norm_param"
 
+    # param blobs, registered by add_blob
+    weight: torch.Tensor
+
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
         p = self.param

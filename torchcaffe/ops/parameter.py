@@ -21,6 +21,9 @@ class ParameterLayer(CaffeLayer):
     bottoms = Exactly(0)
     tops = Exactly(1)
 
+    # param blobs, registered by add_blob
+    weight: torch.Tensor
+
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
         shape = [int(d) for d in self.param.shape.dim]

@@ -67,6 +67,7 @@ def _max_pool(x, kernel, stride, pad, out, want_mask):
         y = y.clamp_min(-FLT_MAX)  # windows entirely in the padding
     if not want_mask:
         return y, None
+    assert idx is not None
     return y, torch.where(y > -FLT_MAX, idx.to(y.dtype), -1.0)
 
 
@@ -230,10 +231,11 @@ class PoolingLayer(CaffeLayer):
                 "pad must be smaller than the kernel", expected=f"< {kernel}", got=self.pad
             )
         clip = self.pad != (0, 0)
-        out = tuple(
+        oh, ow = (
             pooled_size(i, k, s, p, self.ceil, clip)
             for i, k, s, p in zip(hw, kernel, self.stride, self.pad)
         )
+        out = (oh, ow)
         if min(out) <= 0:
             raise self.error(
                 "pooled output size is not positive (kernel larger than the padded bottom)",

@@ -23,6 +23,9 @@ class PReLULayer(NeuronLayer):
 
     param_field = "prelu_param"
 
+    # param blobs, registered by add_blob
+    weight: torch.Tensor
+
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
         p = self.param

@@ -152,8 +152,10 @@ class RecurrentLayer(CaffeLayer, metaclass=abc.ABCMeta):
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         self._check_shapes(bottom_shapes)
         t, n = bottom_shapes[0][:2]
-        states = [(1, n, self.num_output)] * (len(self.state_names) if self.expose_hidden else 0)
-        return [(t, n, self.num_output)] + states
+        states: list[Shape] = [(1, n, self.num_output)] * (
+            len(self.state_names) if self.expose_hidden else 0
+        )
+        return [(t, n, self.num_output), *states]
 
     def forward(self, x: torch.Tensor, cont: torch.Tensor, *rest: torch.Tensor):
         self._check_shapes([tuple(x.shape), tuple(cont.shape)] + [tuple(r.shape) for r in rest])

@@ -46,7 +46,8 @@ class ResizeLayer(CaffeLayer):
         if not p.is_pyramid_test:
             return int(p.height), int(p.width)
         scales = torch.tensor([p.out_height_scale, p.out_width_scale], dtype=torch.float32)
-        return tuple(int(v) for v in scales * torch.tensor(list(in_hw), dtype=torch.float32))
+        h, w = (int(v) for v in scales * torch.tensor(list(in_hw), dtype=torch.float32))
+        return h, w
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         shape = tuple(int(d) for d in bottom_shapes[0])

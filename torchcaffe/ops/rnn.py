@@ -22,6 +22,14 @@ class RNNLayer(RecurrentLayer):
 
     state_names = ("h",)
 
+    # param blobs, registered by add_blob
+    w_xh: torch.Tensor
+    b_h: torch.Tensor
+    w_xh_static: torch.Tensor
+    w_hh: torch.Tensor
+    w_ho: torch.Tensor
+    b_o: torch.Tensor
+
     def add_params(self, p) -> None:
         h = self.num_output
         self.add_blob("w_xh", (h, self.input_dim), filler=p.weight_filler)

@@ -34,6 +34,10 @@ class ScaleLayer(CaffeLayer):
         "scale params"
     )
 
+    # param blobs, registered by add_blob
+    weight: torch.Tensor
+    bias: torch.Tensor
+
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
         p = self.param

@@ -136,6 +136,7 @@ class UpsampleLayer(CaffeLayer):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         if self.segnet:
             size = self.out_hw[0] * self.out_hw[1]
+            assert mask is not None  # the SegNet form has two bottoms
             index = check_mask_range(mask, size, self._range_error)
             return segnet_unpool(x, index, self.out_hw)
         x, scale = x.detach(), self.param.scale

@@ -90,7 +90,7 @@ class Net:
         by_tensor: dict[int, Blob] = {}
         self.layers: list[LayerView] = []
         for step in self._net.steps:
-            module = self._net.layers[step.key]
+            module = self._net.module_of(step)
             blobs = []
             for tensor in module.param_blobs():
                 blob = by_tensor.get(id(tensor))
@@ -248,7 +248,7 @@ class Net:
             record = self._records.get(i)
             if not step.need_backward or record is None:
                 continue
-            module = self._net.layers[step.key]
+            module = self._net.module_of(step)
             if not module.has_backward:
                 continue
             outs, grads = [], []
@@ -407,7 +407,7 @@ class Net:
         for step in self._net.steps:
             if step.name not in other._net.layer_names:
                 continue
-            mine = self._net.layers[step.key]
+            mine = self._net.module_of(step)
             theirs = other._net.layer(step.name).param_blobs()
             if len(theirs) != len(mine.param_blobs()):
                 raise LayerParamError(
@@ -484,7 +484,7 @@ def _forward_all(
     total = sizes.pop()
     batch = net.blobs[net.inputs[0]].shape[0]
     for first in range(0, total, batch):
-        chunk = {}
+        chunk: dict[str, Any] = {}
         for name, value in inputs.items():
             part = value[first : first + batch]
             pad = batch - len(part)

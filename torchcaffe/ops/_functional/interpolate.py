@@ -90,15 +90,15 @@ def resize_taps(n_in: int, n_out: int, dtype: torch.dtype, device) -> Taps:
 
 
 def _to(taps: Taps, dtype: torch.dtype, device) -> Taps:
+    def move(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)
+
     return Taps(
-        *(
-            None
-            if t is None
-            else t.to(device=device, dtype=dtype)
-            if t.is_floating_point()
-            else t.to(device)
-            for t in taps
-        )
+        move(taps.i0),
+        move(taps.i1),
+        move(taps.w0),
+        move(taps.w1),
+        None if taps.valid1 is None else move(taps.valid1),
     )
 
 
