@@ -72,7 +72,9 @@ class LazyDataset:
         try:
             return np.asarray(self.dataset[()], dtype=dtype).reshape(-1)
         except (OSError, ValueError, TypeError, RuntimeError) as err:
-            raise WeightsError(f"cannot read HDF5 dataset {self.where}: {err}", path=self.path)
+            raise WeightsError(
+                f"cannot read HDF5 dataset {self.where}: {err}", path=self.path
+            ) from None
 
 
 # -- reading ----------------------------------------------------------------------------------
@@ -468,7 +470,7 @@ def _report_unfilled(net: TorchNet, written: set[int], path: str | None, strict:
     warnings.warn(
         f"{prefix}{what}. Expected when fine-tuning; pass strict=True to make it an error",
         PartialWeightsWarning,
-        stacklevel=4,
+        stacklevel=5,  # the caller of load_weights (torch.no_grad adds a frame)
     )
 
 

@@ -388,7 +388,10 @@ class Net:
 
     # -- weights -----------------------------------------------------------------------------
     def copy_from(self, path: str | os.PathLike, strict: bool = False) -> None:
-        """Caffe's CopyTrainedLayersFrom (binary or HDF5); ``strict``: see torchcaffe.load_weights."""
+        """Caffe's CopyTrainedLayersFrom (binary or HDF5).
+
+        ``strict``: unfilled param layers are an error, not a warning (see load_weights).
+        """
         self._ensure_device()
         netio.load_weights(self._net, path, strict=strict)
         self._params_written_on_device()
