@@ -15,6 +15,7 @@ from typing import TypeVar
 from google.protobuf import text_format, unknown_fields
 from google.protobuf.message import DecodeError, Message
 
+from .. import limits
 from ..errors import PrototxtError
 from ..proto import caffe_pb2 as pb
 from .atomic import atomic_write
@@ -41,6 +42,11 @@ def read_bytes(path: PathLike) -> bytes:
     name = os.fspath(path)
     try:
         with open(name, "rb") as f:
+            problem = limits.file_size_problem(os.fstat(f.fileno()).st_size)
+            if problem:
+                raise PrototxtError(
+                    problem, path=name, hint="see docs/limits.md to raise it for a file you trust"
+                )
             return f.read()
     except FileNotFoundError:
         raise PrototxtError("file not found", path=name) from None
