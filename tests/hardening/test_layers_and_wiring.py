@@ -17,7 +17,10 @@ def load(text: str):
 
 def data(shape=(1, 3, 4, 5), name="data") -> str:
     dims = " ".join(f"dim: {d}" for d in shape)
-    return f'layer {{ name: "{name}" type: "Input" top: "{name}" input_param {{ shape {{ {dims} }} }} }}\n'
+    return (
+        f'layer {{ name: "{name}" type: "Input" top: "{name}" '
+        f"input_param {{ shape {{ {dims} }} }} }}\n"
+    )
 
 
 PRIOR = (
