@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 
 from .formats.caffemodel import copy_trained_layers, read_weights, save_caffemodel, save_hdf5
-from .formats.prototxt import read_net
+from .formats.prototxt import read_net, source_name
 from .net.net import TorchNet
 from .proto import caffe_pb2
 from .trust import allow_python_layers as _allow_python
@@ -40,8 +40,8 @@ def load(
 
         net_param, path = upgrade_net_as_needed(prototxt), None
     else:
-        path = os.fspath(prototxt)
-        net_param = read_net(path)
+        net_param = read_net(prototxt)
+        path = source_name(prototxt)  # inline text is named "<prototxt text>", not quoted
     with _allow_python(allow_python_layers):
         net = TorchNet(
             net_param, phase, level=level, stages=list(stages), path=path, input_shapes=input_shapes

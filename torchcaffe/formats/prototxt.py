@@ -30,7 +30,7 @@ M = TypeVar("M", bound=Message)
 
 TEXT_SUFFIXES = frozenset({".prototxt", ".pbtxt", ".txt", ".prototext"})
 BINARY_SUFFIXES = frozenset({".caffemodel", ".binaryproto", ".pb", ".protobin", ".solverstate"})
-_TEXT_NAME = "<text>"  # names in-memory text in error messages
+TEXT_NAME = "<prototxt text>"  # names in-memory text in messages (never the text itself)
 _LOCATION_PREFIX = re.compile(r"^\d+:\d+ : ")
 
 
@@ -64,7 +64,7 @@ def _decode(data: bytes) -> str:
 
 def parse_text_proto(text: str | bytes, message_type: type[M], path: PathLike | None = None) -> M:
     """Parse protobuf text format into a new ``message_type``; errors carry line and column."""
-    name = _TEXT_NAME if path is None else os.fspath(path)
+    name = TEXT_NAME if path is None else os.fspath(path)
     if isinstance(text, bytes):
         text = _decode(text)
     msg = message_type()
@@ -156,6 +156,12 @@ def read_net(source: PathLike, *, upgrade: bool = True) -> pb.NetParameter:
     else:
         net = _parse_net_auto(read_bytes(path), path)
     return upgrade_net_as_needed(net, path) if upgrade else net
+
+
+def source_name(source: PathLike) -> str:
+    """What messages call ``source``: its path, or ``<prototxt text>`` for inline text."""
+    path, _ = _resolve(source)
+    return TEXT_NAME if path is None else path
 
 
 def _resolve(source: PathLike) -> tuple[str | None, str | None]:
