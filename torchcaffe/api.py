@@ -59,7 +59,8 @@ def load_weights(net: TorchNet, caffemodel: PathLike, *, strict: bool = False) -
     ``PartialWeightsWarning`` naming them; ``strict=True`` raises ``WeightsError`` instead.
     """
     path = os.fspath(caffemodel)
-    return copy_trained_layers(net, read_weights(path), path, strict=strict)
+    records = read_weights(path, names=set(net.layer_names))
+    return copy_trained_layers(net, records, path, strict=strict)
 
 
 def save_weights(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import mmap
 import os
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -83,8 +83,15 @@ def is_hdf5(path: str | os.PathLike) -> bool:
         return f.read(8) == HDF5_SIGNATURE
 
 
-def read_weights(path: str | os.PathLike) -> Iterator[LayerRecord]:
-    """Layer records of a binary or HDF5 weights file, in file order."""
+def read_weights(
+    path: str | os.PathLike, names: Collection[str] | None = None
+) -> Iterator[LayerRecord]:
+    """Layer records of a binary or HDF5 weights file, in file order.
+
+    ``names``: the net's layer names. An HDF5 file's other groups are then not even opened, as
+    Caffe's CopyTrainedLayersFromHDF5 ignores them (a binary file is one protobuf message and
+    is checked whole, as Caffe's parser does).
+    """
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise WeightsError("weights file not found", path=path)
@@ -92,7 +99,7 @@ def read_weights(path: str | os.PathLike) -> Iterator[LayerRecord]:
     if problem:
         raise WeightsError(problem, path=path, hint=LIMITS_HINT)
     if is_hdf5(path):
-        return read_hdf5_weights(path)
+        return read_hdf5_weights(path, names)
     return read_binary_weights(path)
 
 
@@ -109,8 +116,15 @@ def read_binary_weights(path: str | os.PathLike) -> Iterator[LayerRecord]:
 def _records(buf: memoryview, path: str) -> Iterator[LayerRecord]:
     """Walk NetParameter: layers are streamed; every other field is checked by protobuf."""
     rest: list[tuple[int, int]] = []
+    kinds: set[int] = set()
     try:
         for number, wtype, start, end, field_start in wire.iter_fields(buf):
+            if number in (100, 2) and wtype == wire.LEN:
+                kinds.add(number)
+                if len(kinds) == 2:  # Caffe's UpgradeV1Net refuses such a net
+                    raise WeightsError(
+                        "the file holds both 'layer' (V2) and 'layers' (V1) records", path=path
+                    )
             if number == 100 and wtype == wire.LEN:  # NetParameter.layer (LayerParameter)
                 yield _v2_layer(buf, start, end)
             elif number == 2 and wtype == wire.LEN:  # NetParameter.layers (V1, maybe V0 inside)
@@ -246,7 +260,9 @@ def _blob(buf: memoryview, start: int, end: int) -> BlobRecord:
     return BlobRecord(shape, bool(legacy), values, grads)
 
 
-def read_hdf5_weights(path: str | os.PathLike) -> Iterator[LayerRecord]:
+def read_hdf5_weights(
+    path: str | os.PathLike, names: Collection[str] | None = None
+) -> Iterator[LayerRecord]:
     """Caffe's CopyTrainedLayersFromHDF5 layout: ``/data/<layer>/<i>``, checked entry by entry
     (group or dataset, numeric dtype, at most 32 axes) before any value is read."""
     import h5py
@@ -267,6 +283,8 @@ def read_hdf5_weights(path: str | os.PathLike) -> Iterator[LayerRecord]:
                     "HDF5 entry /data is not a group", path=path, expected="a group of layers"
                 )
             for name in _h5_keys(data, "/data", path):
+                if names is not None and name not in names:
+                    continue
                 group = _h5_get(data, name, path)
                 where = f"/data/{name}"
                 if not isinstance(group, h5py.Group):
