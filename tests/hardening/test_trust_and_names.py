@@ -66,3 +66,18 @@ def test_built_net_from_text_is_named_not_quoted():
 
 def TorchCaffeError_like():  # noqa: N802 - reads as an exception class
     return (LayerParamError, torchcaffe.BlobWiringError)
+
+
+def test_binary_net_with_a_non_utf8_name_is_a_prototxt_error(tmp_path):
+    # found by the fuzz suite: protobuf hands invalid UTF-8 back as bytes, which then broke
+    # sorting blob names with a TypeError deep in the builder
+    from torchcaffe.proto import caffe_pb2
+
+    net = caffe_pb2.NetParameter()
+    lp = net.layer.add(name="in", type="Input", top=["ab"])
+    lp.input_param.shape.add().dim.append(1)
+    data = net.SerializeToString().replace(b"\x12\x02ab", b"\x12\x02\xff\xfe")
+    path = tmp_path / "net.protobin"
+    path.write_bytes(data)
+    with pytest.raises(PrototxtError, match=r"layer\[0\]\.top\[0\].*UTF-8"):
+        torchcaffe.load(str(path))

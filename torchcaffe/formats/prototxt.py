@@ -97,7 +97,32 @@ def parse_binary_proto(data: bytes, message_type: type[M], path: PathLike | None
             path=name,
             hint="the file may be truncated, or be a text prototxt with a binary extension",
         ) from None
+    bad = _non_utf8_string(msg)
+    if bad:
+        raise PrototxtError(
+            f"string field {bad} of {message_type.DESCRIPTOR.name} is not valid UTF-8",
+            path=name,
+            hint="names and strings must be UTF-8, as they must be in a text prototxt",
+        )
     return msg
+
+
+def _non_utf8_string(msg: Message, where: str = "") -> str | None:
+    """The first string field holding bytes (protobuf hands back invalid UTF-8 as bytes)."""
+    for fd, value in msg.ListFields():
+        here = f"{where}.{fd.name}" if where else fd.name
+        if fd.type == fd.TYPE_STRING:
+            values = value if fd.is_repeated else [value]
+            for i, v in enumerate(values):
+                if isinstance(v, bytes):
+                    return f"{here}[{i}]" if fd.is_repeated else here
+        elif fd.type == fd.TYPE_MESSAGE:
+            values = value if fd.is_repeated else [value]
+            for i, v in enumerate(values):
+                bad = _non_utf8_string(v, f"{here}[{i}]" if fd.is_repeated else here)
+                if bad:
+                    return bad
+    return None
 
 
 def read_text_proto(path: PathLike, message_type: type[M]) -> M:
