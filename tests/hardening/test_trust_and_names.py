@@ -76,7 +76,7 @@ def test_binary_net_with_a_non_utf8_name_is_a_prototxt_error(tmp_path):
     net = caffe_pb2.NetParameter()
     lp = net.layer.add(name="in", type="Input", top=["ab"])
     lp.input_param.shape.add().dim.append(1)
-    data = net.SerializeToString().replace(b"\x12\x02ab", b"\x12\x02\xff\xfe")
+    data = net.SerializeToString().replace(b"\x22\x02ab", b"\x22\x02\xff\xfe")
     path = tmp_path / "net.protobin"
     path.write_bytes(data)
     with pytest.raises(PrototxtError, match=r"layer\[0\]\.top\[0\].*UTF-8"):
