@@ -212,7 +212,9 @@ def _random_h5_weights(rng, path, target: Target) -> str:
             f.create_dataset("data", data=np.zeros(3))
             return "data_is_dataset"
         data = f.create_group("data")
-        for name in rng.sample(target.names + ["other", "conv/x"], rng.randint(0, 4)):
+        for name in rng.sample(target.names + ["other", "ip/x"], rng.randint(0, 4)):
+            if name.split("/")[0] in data:
+                continue  # one entry per layer (and "ip/x" nests below a group "ip")
             shapes = target.shapes.get(name) or [(3,)]
             if rng.random() < 0.05:
                 data.create_dataset(name, data=np.zeros(2))
@@ -224,6 +226,8 @@ def _random_h5_weights(rng, path, target: Target) -> str:
                 shape = shapes[j] if j < len(shapes) else (2,)
                 kind = rng.randrange(10)
                 key = str(j) if rng.random() > 0.05 else rng.choice(("x", "7", "-1"))
+                if key in group:
+                    continue
                 if kind == 0:
                     group.create_group(key)
                     hows.append("blob_is_group")
@@ -353,7 +357,7 @@ def _random_h5_state(rng, path) -> str:
     hows = []
     with h5py.File(path, "w") as f:
         for key in ("iter", "current_step", "learned_net"):
-            kind = rng.randrange(8)
+            kind = rng.randrange(24)  # 0-4 malformed, the rest well formed
             if kind == 0:
                 hows.append(f"{key}_missing")
             elif kind == 1:
@@ -382,7 +386,7 @@ def _random_h5_state(rng, path) -> str:
             hows.append("keys")
         for j, key in enumerate(keys):
             shape = SHAPES[j] if j < len(SHAPES) else (3,)
-            kind = rng.randrange(8)
+            kind = rng.randrange(24)  # 0-3 malformed
             if kind == 0:
                 group.create_group(key)
                 hows.append("history_group")
