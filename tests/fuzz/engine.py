@@ -169,8 +169,8 @@ def bounded() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def memory_cap() -> Iterator[None]:
-    """Cap the process's address space at its current size + MEMORY_HEADROOM for a run."""
+def memory_cap(headroom: int = MEMORY_HEADROOM) -> Iterator[None]:
+    """Cap the process's address space at its current size + ``headroom`` for a run."""
     try:
         import resource
     except ImportError:  # pragma: no cover - Windows
@@ -182,7 +182,7 @@ def memory_cap() -> Iterator[None]:
     with open("/proc/self/status") as f:
         vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    cap = vm + MEMORY_HEADROOM
+    cap = vm + headroom
     if hard != resource.RLIM_INFINITY:
         cap = min(cap, hard)
     resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
