@@ -68,7 +68,7 @@ class LazyDataset:
         self.shape = tuple(int(d) for d in dataset.shape)
         self.size = int(np.prod(self.shape, dtype=object))
 
-    def read(self, dtype: np.dtype) -> np.ndarray:
+    def read(self, dtype: type[np.floating]) -> np.ndarray:
         try:
             return np.asarray(self.dataset[()], dtype=dtype).reshape(-1)
         except (OSError, ValueError, TypeError, RuntimeError) as err:
@@ -155,7 +155,8 @@ def _string(buf: memoryview, start: int, end: int) -> str:
 
 def _named_layer(buf: memoryview, start: int, end: int, blobs_field: int, message) -> LayerRecord:
     """A V2 LayerParameter or a V0 LayerParameter: name 1, type 2 (strings), blobs differ."""
-    name, type_, blobs = "", "", []
+    name, type_ = "", ""
+    blobs: list[BlobRecord | None] = []
     rest: list[tuple[int, int]] = []
     for number, wtype, s, e, fs in wire.iter_fields(buf, start, end):
         if number == 1 and wtype == wire.LEN:
@@ -175,7 +176,8 @@ def _v2_layer(buf: memoryview, start: int, end: int) -> LayerRecord:
 
 
 def _v1_layer(buf: memoryview, start: int, end: int) -> LayerRecord:
-    name, type_, blobs = "", "", []
+    name, type_ = "", ""
+    blobs: list[BlobRecord | None] = []
     v0: LayerRecord | None = None
     rest: list[tuple[int, int]] = []
     for number, wtype, s, e, fs in wire.iter_fields(buf, start, end):
@@ -403,10 +405,10 @@ def copy_trained_layers(
     for record in records:
         if by_name is None:
             by_name = _target_layers(net, record.partial)
-        step = by_name.get(record.name)
-        if step is None:
+        found = by_name.get(record.name)
+        if found is None:
             continue
-        plan += _check_record(net, step, record, first_user, path)
+        plan += _check_record(net, found, record, first_user, path)
         filled.append(record.name)
     written = {id(target) for target, _ in plan}
     _report_unfilled(net, written, path, strict)
