@@ -138,3 +138,28 @@ def test_kill_9_during_real_saves(tmp_path):
     for t in targets:
         torchcaffe.save_weights(net, t)
     assert sorted(os.listdir(tmp_path)) == sorted(t.name for t in targets)
+
+
+def test_solver_snapshot_removes_litter_of_a_killed_snapshot(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "net.prototxt").write_text(
+        NET.replace("dim: 64", "dim: 3").replace("num_output: 4096", "num_output: 2")
+    )
+    (tmp_path / "solver.prototxt").write_text(
+        'net: "net.prototxt"\nbase_lr: 0.1\nlr_policy: "fixed"\nsnapshot_prefix: "snap"\n'
+    )
+    solver = torchcaffe.SGDSolver("solver.prototxt")
+    litter = [
+        tmp_path / ("snap_iter_0.caffemodel" + TEMP_MARK + "deadbeef"),
+        tmp_path / ("snap_iter_0.solverstate" + TEMP_MARK + "deadbeef"),
+    ]
+    for name in litter:
+        name.write_bytes(b"half a snapshot")
+    solver.snapshot()
+    assert not any(name.exists() for name in litter)
+    assert sorted(os.listdir(tmp_path)) == [
+        "net.prototxt",
+        "snap_iter_0.caffemodel",
+        "snap_iter_0.solverstate",
+        "solver.prototxt",
+    ]
