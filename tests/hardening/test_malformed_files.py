@@ -256,3 +256,14 @@ def test_binaryproto_with_too_many_axes(tmp_path):
     path.write_bytes(blob.SerializeToString())
     with pytest.raises(DataError, match="33 axes"):
         read_mean_file(path)
+
+
+def test_hdf5_param_after_a_missing_index_is_still_read(tmp_path):
+    # Caffe opens "0".."n-1": a missing "1" is an error for an unshared param, whatever follows
+    def build(f):
+        g = f.create_group("data/ip")
+        g.create_dataset("0", data=np.zeros((5, 48), np.float32))
+        g.create_dataset("999999999", data=np.zeros(1, np.float32))
+
+    with pytest.raises(WeightsError, match=r"layer 'ip'.*param 1 is missing"):
+        torchcaffe.load_weights(net(), h5(tmp_path / "w.caffemodel.h5", build))

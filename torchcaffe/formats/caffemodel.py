@@ -35,6 +35,7 @@ RENAME_HINT = (
     "To learn this layer's parameters from scratch rather than copying from a "
     "saved net, rename the layer"
 )
+MAX_PARAMS = 1024  # param blobs one layer may have, far above any Caffe layer's
 LIMITS_HINT = "see docs/limits.md to raise the limit for a file you trust"
 
 
@@ -297,10 +298,12 @@ def read_hdf5_weights(
                         got=type(group).__name__,
                     )
                 keys = _h5_keys(group, where, path)
-                count = 1 + max((int(k) for k in keys if k.isdigit()), default=-1)
+                # Caffe reads datasets "0".."n-1" for a layer of n params; no layer has
+                # MAX_PARAMS, so indices past it are never read (and cost no list slots)
+                count = 1 + max((int(k) for k in keys if k.isdigit() and len(k) < 6), default=-1)
                 present = set(keys)
                 blobs: list[BlobRecord | None] = []
-                for i in range(min(count, len(keys))):
+                for i in range(min(count, MAX_PARAMS)):
                     if str(i) not in present:
                         blobs.append(None)
                         continue
