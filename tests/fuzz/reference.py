@@ -93,6 +93,8 @@ def solverstate(data: bytes, shapes: list[tuple[int, ...]]):
             raise Reject("history shape")
         history.append(blob_values(blob, math.prod(shape)))
     learned = state.learned_net if state.HasField("learned_net") else None
+    if isinstance(learned, bytes):  # torchcaffe's rule for every binary proto, as for text
+        raise Reject("learned_net is not UTF-8")
     return state.iter, state.current_step, learned, history
 
 
