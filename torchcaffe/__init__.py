@@ -14,7 +14,7 @@ Caffe face (pycaffe names)::
 
 from __future__ import annotations
 
-from . import proto
+from . import limits, proto
 from .api import load, load_weights, save_weights
 from .blob import Blob
 from .errors import (
@@ -22,6 +22,7 @@ from .errors import (
     DataError,
     DeviceError,
     LayerParamError,
+    PartialWeightsWarning,
     PrototxtError,
     SolverError,
     TorchCaffeError,
@@ -65,6 +66,7 @@ __all__ = [
     "TRAIN",
     "TEST",
     "proto",
+    "limits",
     "caffe_pb2",
     "layer_type_list",
     "register_layer",
@@ -83,6 +85,7 @@ __all__ = [
     "DataError",
     "DeviceError",
     "TrustError",
+    "PartialWeightsWarning",
     "NativeSubstituteWarning",
     "SGDSolver",
     "NesterovSolver",

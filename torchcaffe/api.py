@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 
 from .formats.caffemodel import copy_trained_layers, read_weights, save_caffemodel, save_hdf5
-from .formats.prototxt import read_net
+from .formats.prototxt import read_net, source_name
 from .net.net import TorchNet
 from .proto import caffe_pb2
 from .trust import allow_python_layers as _allow_python
@@ -23,6 +23,7 @@ def load(
     stages: Iterable[str] = (),
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     allow_python_layers: bool = False,
+    strict: bool = False,
 ) -> TorchNet:
     """Compile a Caffe net (text prototxt, or a NetParameter) into a torch ``nn.Module``.
 
@@ -31,27 +32,35 @@ def load(
     layer (Data, ImageData, HDF5Data, ...) there turns that layer into an input you feed, which is
     how a train_val net runs before the data layers exist. ``allow_python_layers``
     lets ``type: "Python"`` layers import and run their module (trusted models only).
+    ``strict`` makes a caffemodel that leaves param layers unfilled an error (see
+    ``load_weights``).
     """
     if isinstance(prototxt, caffe_pb2.NetParameter):
         from .formats.upgrade import upgrade_net_as_needed
 
         net_param, path = upgrade_net_as_needed(prototxt), None
     else:
-        path = os.fspath(prototxt)
-        net_param = read_net(path)
+        net_param = read_net(prototxt)
+        path = source_name(prototxt)  # inline text is named "<prototxt text>", not quoted
     with _allow_python(allow_python_layers):
         net = TorchNet(
             net_param, phase, level=level, stages=list(stages), path=path, input_shapes=input_shapes
         )
     if caffemodel is not None:
-        load_weights(net, caffemodel)
+        load_weights(net, caffemodel, strict=strict)
     return net
 
 
-def load_weights(net: TorchNet, caffemodel: PathLike) -> list[str]:
-    """Copy trained blobs into ``net`` by layer name; returns the layers filled."""
+def load_weights(net: TorchNet, caffemodel: PathLike, *, strict: bool = False) -> list[str]:
+    """Copy trained blobs into ``net`` by layer name; returns the layers filled.
+
+    All or nothing: every record is checked before any param changes. Param layers the file
+    does not fill keep their values, as in Caffe (fine-tuning), with a
+    ``PartialWeightsWarning`` naming them; ``strict=True`` raises ``WeightsError`` instead.
+    """
     path = os.fspath(caffemodel)
-    return copy_trained_layers(net, read_weights(path), path)
+    records = read_weights(path, names=set(net.layer_names))
+    return copy_trained_layers(net, records, path, strict=strict)
 
 
 def save_weights(

@@ -159,3 +159,11 @@ class DeviceError(TorchCaffeError):
 
 class TrustError(TorchCaffeError):
     """Code from a model directory (Python layers) that the user has not opted in to run."""
+
+
+class PartialWeightsWarning(UserWarning):
+    """A weights file that left some of the net's param layers at their fillers.
+
+    Caffe copies such a file silently (fine-tuning relies on it); torchcaffe names the layers.
+    ``strict=True`` on the loaders makes this a ``WeightsError`` instead.
+    """

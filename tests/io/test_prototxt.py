@@ -79,7 +79,7 @@ def test_unterminated_message_is_reported_with_a_location(tmp_path):
 
 
 def test_malformed_text_given_as_string_is_located():
-    with pytest.raises(PrototxtError, match=r"^<text>:2:3: .*no field named \"nme\""):
+    with pytest.raises(PrototxtError, match=r"^<prototxt text>:2:3: .*no field named \"nme\""):
         read_net('name: "x"\n  nme: 1\n')
 
 

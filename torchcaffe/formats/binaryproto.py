@@ -7,11 +7,13 @@ non-empty, else ``data``. Large arrays go in and out as packed bytes, not per-el
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable
 
 import numpy as np
 
+from .. import limits
 from ..errors import DataError
 from ..proto import caffe_pb2 as pb
 from . import wire
@@ -43,9 +45,12 @@ def blob_proto_to_array(
     FromProto). A value count that does not match the shape raises ``DataError``.
     """
     shape = blob_proto_shape(proto)
-    if any(d < 0 for d in shape):
+    problem = limits.shape_problem(shape)
+    if problem:
         raise DataError(
-            "negative blob dimension", path=_name(path), expected=">= 0 per axis", got=shape
+            f"blob proto shape {list(shape)}: {problem}",
+            path=_name(path),
+            hint="see docs/limits.md to raise a limit for a file you trust",
         )
     doubles, floats = (proto.double_diff, proto.diff) if diff else (proto.double_data, proto.data)
     values = (
@@ -53,7 +58,7 @@ def blob_proto_to_array(
         if len(doubles)
         else np.asarray(floats, dtype=np.float32)
     )
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     if values.size != count:
         field = ("double_" if len(doubles) else "") + ("diff" if diff else "data")
         raise DataError(

@@ -12,20 +12,23 @@ from __future__ import annotations
 import mmap
 import os
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from google.protobuf.message import DecodeError
 
-from ..errors import WeightsError
+from .. import limits
+from ..errors import PartialWeightsWarning, WeightsError
 from ..proto import caffe_pb2
 from . import wire
 from .atomic import atomic_write
 
 if TYPE_CHECKING:
     from ..net.net import TorchNet
+    from ..net.program import LayerStep
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 # Field numbers the wire-level reader and writer walk, from caffe.proto via caffe_pb2.
@@ -63,6 +66,8 @@ RENAME_HINT = (
     "To learn this layer's parameters from scratch rather than copying from a "
     "saved net, rename the layer"
 )
+MAX_PARAMS = 1024  # param blobs one layer may have, far above any Caffe layer's
+LIMITS_HINT = "see docs/limits.md to raise the limit for a file you trust"
 
 
 @dataclass
@@ -71,7 +76,7 @@ class BlobRecord:
 
     shape: tuple[int, ...]
     legacy_4d: bool
-    data: np.ndarray  # flat; a read-only view into the file where possible
+    data: np.ndarray | LazyDataset  # binary: a flat read-only view into the file
     diff: np.ndarray | None = None
 
 
@@ -81,6 +86,27 @@ class LayerRecord:
     type: str
     blobs: list[BlobRecord | None]  # None: absent from an HDF5 file (allowed for shared params)
     partial: bool = False  # HDF5: fewer blobs than the layer has is allowed, as in Caffe
+    links: int | None = None  # HDF5: entries in the layer's group (Caffe checks the count)
+
+
+class LazyDataset:
+    """An HDF5 dataset whose shape and dtype are checked; its values are read only on demand,
+    after the shape was matched against the net (a 3 KB file may declare terabytes)."""
+
+    def __init__(self, dataset, where: str, path: str) -> None:
+        self.dataset = dataset
+        self.where = where
+        self.path = path
+        self.shape = tuple(int(d) for d in dataset.shape)
+        self.size = int(np.prod(self.shape, dtype=object))
+
+    def read(self, dtype: type[np.floating]) -> np.ndarray:
+        try:
+            return np.asarray(self.dataset[()], dtype=dtype).reshape(-1)
+        except (OSError, ValueError, TypeError, RuntimeError) as err:
+            raise WeightsError(
+                f"cannot read HDF5 dataset {self.where}: {err}", path=self.path
+            ) from None
 
 
 # -- reading ----------------------------------------------------------------------------------
@@ -89,13 +115,23 @@ def is_hdf5(path: str | os.PathLike) -> bool:
         return f.read(8) == HDF5_SIGNATURE
 
 
-def read_weights(path: str | os.PathLike) -> Iterator[LayerRecord]:
-    """Layer records of a binary or HDF5 weights file, in file order."""
+def read_weights(
+    path: str | os.PathLike, names: Collection[str] | None = None
+) -> Iterator[LayerRecord]:
+    """Layer records of a binary or HDF5 weights file, in file order.
+
+    ``names``: the net's layer names. An HDF5 file's other groups are then not even opened, as
+    Caffe's CopyTrainedLayersFromHDF5 ignores them (a binary file is one protobuf message and
+    is checked whole, as Caffe's parser does).
+    """
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise WeightsError("weights file not found", path=path)
+    problem = limits.file_size_problem(os.path.getsize(path), weights=True)
+    if problem:
+        raise WeightsError(problem, path=path, hint=LIMITS_HINT)
     if is_hdf5(path):
-        return read_hdf5_weights(path)
+        return read_hdf5_weights(path, names)
     return read_binary_weights(path)
 
 
@@ -110,62 +146,87 @@ def read_binary_weights(path: str | os.PathLike) -> Iterator[LayerRecord]:
 
 
 def _records(buf: memoryview, path: str) -> Iterator[LayerRecord]:
+    """Walk NetParameter: layers are streamed; every other field is checked by protobuf."""
+    rest: list[tuple[int, int]] = []
+    kinds: set[int] = set()
     try:
-        for number, wtype, start, end, _ in wire.iter_fields(buf):
-            if wtype != wire.LEN:
-                continue
-            if number == NET_LAYER_FIELD_NUMBER:
+        for number, wtype, start, end, field_start in wire.iter_fields(buf):
+            if number in (NET_LAYER_FIELD_NUMBER, NET_LAYERS_FIELD_NUMBER) and wtype == wire.LEN:
+                kinds.add(number)
+                if len(kinds) == 2:  # Caffe's UpgradeV1Net refuses such a net
+                    raise WeightsError(
+                        "the file holds both 'layer' (V2) and 'layers' (V1) records", path=path
+                    )
+            if number == NET_LAYER_FIELD_NUMBER and wtype == wire.LEN:
                 yield _v2_layer(buf, start, end)
-            elif number == NET_LAYERS_FIELD_NUMBER:
+            elif number == NET_LAYERS_FIELD_NUMBER and wtype == wire.LEN:
                 yield _v1_layer(buf, start, end)
+            else:
+                rest.append((field_start, end))
+        _check_with_protobuf(buf, rest, caffe_pb2.NetParameter)
     except wire.WireError as err:
         raise WeightsError(
             f"not a valid binary caffemodel (NetParameter): {err}", path=path
         ) from None
 
 
+def _check_with_protobuf(buf: memoryview, spans: list[tuple[int, int]], message) -> None:
+    """The fields not streamed here go through protobuf's own parser, which rejects what it
+    rejects in a whole-message parse (e.g. a corrupt nested parameter message)."""
+    if not spans:
+        return
+    try:
+        message.FromString(b"".join(bytes(buf[s:e]) for s, e in spans))
+    except DecodeError as err:
+        raise wire.WireError(f"{message.DESCRIPTOR.name}: {err}") from None
+
+
 def _string(buf: memoryview, start: int, end: int) -> str:
-    return bytes(buf[start:end]).decode("utf-8", errors="replace")
+    return bytes(buf[start:end]).decode("utf-8", errors="surrogateescape")
 
 
-def _named_layer(buf: memoryview, start: int, end: int, blobs_field: int) -> LayerRecord:
+def _named_layer(buf: memoryview, start: int, end: int, blobs_field: int, message) -> LayerRecord:
     """A V2 LayerParameter or a V0 LayerParameter: same name and type fields, blobs differ."""
     name, type_ = "", ""
     blobs: list[BlobRecord | None] = []
-    for number, wtype, s, e, _ in wire.iter_fields(buf, start, end):
+    rest: list[tuple[int, int]] = []
+    for number, wtype, s, e, fs in wire.iter_fields(buf, start, end):
         if number == V2_NAME_FIELD_NUMBER and wtype == wire.LEN:
             name = _string(buf, s, e)
         elif number == V2_TYPE_FIELD_NUMBER and wtype == wire.LEN:
             type_ = _string(buf, s, e)
         elif number == blobs_field and wtype == wire.LEN:
             blobs.append(_blob(buf, s, e))
+        else:
+            rest.append((fs, e))
+    _check_with_protobuf(buf, rest, message)
     return LayerRecord(name, type_, blobs)
 
 
 def _v2_layer(buf: memoryview, start: int, end: int) -> LayerRecord:
-    return _named_layer(buf, start, end, blobs_field=V2_BLOBS_FIELD_NUMBER)
+    return _named_layer(buf, start, end, V2_BLOBS_FIELD_NUMBER, caffe_pb2.LayerParameter)
 
 
 def _v1_layer(buf: memoryview, start: int, end: int) -> LayerRecord:
     name, type_ = "", ""
     blobs: list[BlobRecord | None] = []
     v0: LayerRecord | None = None
-    for number, wtype, s, e, _ in wire.iter_fields(buf, start, end):
+    rest: list[tuple[int, int]] = []
+    for number, wtype, s, e, fs in wire.iter_fields(buf, start, end):
         if number == V1_NAME_FIELD_NUMBER and wtype == wire.LEN:
             name = _string(buf, s, e)
-        elif number == V1_TYPE_FIELD_NUMBER and wtype == wire.VARINT:
-            type_ = _v1_type_name(s)
         elif number == V1_BLOBS_FIELD_NUMBER and wtype == wire.LEN:
             blobs.append(_blob(buf, s, e))
         elif number == V1_V0_LAYER_FIELD_NUMBER and wtype == wire.LEN:
-            v0 = _v0_layer(buf, s, e)
+            v0 = _named_layer(buf, s, e, V0_BLOBS_FIELD_NUMBER, caffe_pb2.V0LayerParameter)
+        else:
+            if number == V1_TYPE_FIELD_NUMBER and wtype == wire.VARINT:
+                type_ = _v1_type_name(s)
+            rest.append((fs, e))
+    _check_with_protobuf(buf, rest, caffe_pb2.V1LayerParameter)
     if v0 is not None and not name:
         return v0
     return LayerRecord(name, type_, blobs or (v0.blobs if v0 else []))
-
-
-def _v0_layer(buf: memoryview, start: int, end: int) -> LayerRecord:
-    return _named_layer(buf, start, end, blobs_field=V0_BLOBS_FIELD_NUMBER)
 
 
 def _v1_type_name(value: int) -> str:
@@ -178,11 +239,20 @@ def _v1_type_name(value: int) -> str:
 def _floats(buf: memoryview, chunks: list, dtype: str) -> np.ndarray | None:
     if not chunks:
         return None
-    parts = [
-        np.frombuffer(buf, dtype=dtype, count=(e - s) // np.dtype(dtype).itemsize, offset=s)
-        for s, e in chunks
-    ]
+    size = np.dtype(dtype).itemsize
+    for s, e in chunks:
+        if (e - s) % size:
+            raise wire.WireError(
+                f"packed {dtype[1:]} field of {e - s} bytes is not a multiple of {size}"
+            )
+    parts = [np.frombuffer(buf, dtype=dtype, count=(e - s) // size, offset=s) for s, e in chunks]
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _int32(value: int) -> int:
+    """A varint as protobuf reads it into an int32 field (low 32 bits, signed)."""
+    value &= 0xFFFFFFFF
+    return value - (1 << 32) if value >= 1 << 31 else value
 
 
 def _blob(buf: memoryview, start: int, end: int) -> BlobRecord:
@@ -194,14 +264,12 @@ def _blob(buf: memoryview, start: int, end: int) -> BlobRecord:
     ddiff: list = []
     for number, wtype, s, e, _ in wire.iter_fields(buf, start, end):
         if number in BLOB_LEGACY_FIELD_NUMBERS and wtype == wire.VARINT:
-            legacy[number] = s
+            legacy[number] = _int32(s)
         elif number == BLOB_SHAPE_FIELD_NUMBER and wtype == wire.LEN:
+            # a repeated occurrence of the shape message merges: its dims append
             for n2, w2, s2, e2, _ in wire.iter_fields(buf, s, e):
                 if n2 == SHAPE_DIM_FIELD_NUMBER and w2 == wire.LEN:  # packed dims
-                    pos = s2
-                    while pos < e2:
-                        v, pos = wire.read_varint(buf, pos)
-                        dims.append(v)
+                    dims.extend(wire.read_packed_varints(buf, s2, e2))
                 elif n2 == SHAPE_DIM_FIELD_NUMBER and w2 == wire.VARINT:
                     dims.append(s2)
         elif number == BLOB_DATA_FIELD_NUMBER and wtype in (wire.LEN, wire.I32):
@@ -218,119 +286,250 @@ def _blob(buf: memoryview, start: int, end: int) -> BlobRecord:
     else:
         shape = tuple(dims)
     values = _floats(buf, ddata, "<f8")
-    if values is None:
-        values = _floats(buf, data, "<f4")
+    single = _floats(buf, data, "<f4")
+    if values is None or values.size == 0:
+        values = single
     if values is None:
         values = np.zeros(0, dtype=np.float32)
     grads = _floats(buf, ddiff, "<f8")
-    if grads is None:
-        grads = _floats(buf, diff, "<f4")
+    single_grads = _floats(buf, diff, "<f4")
+    if grads is None or grads.size == 0:
+        grads = single_grads
     return BlobRecord(shape, bool(legacy), values, grads)
 
 
-def read_hdf5_weights(path: str | os.PathLike) -> Iterator[LayerRecord]:
+def read_hdf5_weights(
+    path: str | os.PathLike, names: Collection[str] | None = None
+) -> Iterator[LayerRecord]:
+    """Caffe's CopyTrainedLayersFromHDF5 layout: ``/data/<layer>/<i>``, checked entry by entry
+    (group or dataset, numeric dtype, at most 32 axes) before any value is read."""
     import h5py
 
     path = os.fspath(path)
     try:
         f = h5py.File(path, "r")
-    except OSError as err:
+    except (OSError, ValueError) as err:
         raise WeightsError(f"cannot open HDF5 weights: {err}", path=path) from None
 
     def records() -> Iterator[LayerRecord]:
         with f:
-            if "data" not in f:
+            data = _h5_get(f, "data", path)
+            if data is None:
                 raise WeightsError("HDF5 weights file has no 'data' group", path=path)
-            for name, group in f["data"].items():
-                count = 1 + max((int(k) for k in group if k.isdigit()), default=-1)
-                blobs = [
-                    BlobRecord(
-                        tuple(group[str(i)].shape),
-                        False,
-                        np.asarray(group[str(i)], dtype=np.float32).reshape(-1),
+            if not isinstance(data, h5py.Group):
+                raise WeightsError(
+                    "HDF5 entry /data is not a group", path=path, expected="a group of layers"
+                )
+            for name in _h5_keys(data, "/data", path):
+                if names is not None and name not in names:
+                    continue
+                group = _h5_get(data, name, path)
+                where = f"/data/{name}"
+                if not isinstance(group, h5py.Group):
+                    raise WeightsError(
+                        f"HDF5 entry {where} is not a group",
+                        path=path,
+                        expected="a group of datasets '0', '1', ...",
+                        got=type(group).__name__,
                     )
-                    if str(i) in group
-                    else None
-                    for i in range(count)
-                ]
-                yield LayerRecord(name, "", blobs, partial=True)
+                keys = _h5_keys(group, where, path)
+                # Caffe reads datasets "0".."n-1" for a layer of n params; no layer has
+                # MAX_PARAMS, so indices past it are never read (and cost no list slots)
+                count = 1 + max((int(k) for k in keys if k.isdigit() and len(k) < 6), default=-1)
+                present = set(keys)
+                blobs: list[BlobRecord | None] = []
+                for i in range(min(count, MAX_PARAMS)):
+                    if str(i) not in present:
+                        blobs.append(None)
+                        continue
+                    ds = _h5_get(group, str(i), path)
+                    blobs.append(_h5_blob(ds, f"{where}/{i}", path))
+                yield LayerRecord(name, "", blobs, partial=True, links=len(keys))
 
     return records()
 
 
+def _h5_get(group, key: str, path: str):
+    try:
+        return group.get(key)
+    except (OSError, ValueError, KeyError, RuntimeError) as err:
+        raise WeightsError(f"cannot read HDF5 entry {key!r}: {err}", path=path) from None
+
+
+def _h5_keys(group, where: str, path: str) -> list[str]:
+    try:
+        return list(group.keys())
+    except (OSError, ValueError, RuntimeError) as err:
+        raise WeightsError(f"cannot list HDF5 group {where}: {err}", path=path) from None
+
+
+def _h5_blob(ds, where: str, path: str) -> BlobRecord:
+    import h5py
+
+    if not isinstance(ds, h5py.Dataset):
+        raise WeightsError(
+            f"HDF5 entry {where} is not a dataset",
+            path=path,
+            expected="a numeric dataset",
+            got=type(ds).__name__,
+        )
+    problem = hdf5_dataset_problem(ds)
+    if problem:
+        raise WeightsError(f"HDF5 dataset {where}: {problem}", path=path)
+    return BlobRecord(tuple(int(d) for d in ds.shape), False, LazyDataset(ds, where, path))
+
+
+def hdf5_dataset_problem(ds) -> str | None:
+    """Caffe's hdf5_load_nd_dataset checks: float or integer class, at most 32 axes."""
+    try:
+        dtype, shape = ds.dtype, ds.shape
+    except (OSError, ValueError, TypeError, RuntimeError) as err:
+        return f"unreadable header ({err})"
+    if dtype.kind not in "fiu" or dtype.fields is not None or dtype.subdtype is not None:
+        return f"unsupported data type {dtype}; expected a float or integer dataset"
+    if shape is None:
+        return "has no shape (an empty dataspace)"
+    problem = limits.shape_problem(tuple(int(d) for d in shape))
+    return f"shape {tuple(shape)}: {problem}" if problem else None
+
+
 # -- into a net -------------------------------------------------------------------------------
-def _fits(target: Sequence[int], record: BlobRecord) -> bool:
-    target = tuple(target)
+def shape_equals(target: Sequence[int], record: BlobRecord) -> bool:
+    """Caffe's Blob::ShapeEquals: legacy 4-D dims compare with the target's LegacyShape(-4..-1)
+    (indexed from the end; missing leading axes count as 1), other shapes must be equal."""
+    target = tuple(int(d) for d in target)
     if record.legacy_4d:
-        if len(target) <= 4 and (1,) * (4 - len(target)) + target == record.shape:
-            return True  # Caffe's ShapeEquals against LegacyShape
-        return int(np.prod(target)) == int(np.prod(record.shape))
+        return len(target) <= 4 and (1,) * (4 - len(target)) + target == record.shape
     return target == record.shape
+
+
+def _materialize(blob: BlobRecord, dtype: torch.dtype) -> np.ndarray:
+    if isinstance(blob.data, LazyDataset):
+        return blob.data.read(np.float64 if dtype == torch.float64 else np.float32)
+    return blob.data
+
+
+def _target_layers(net: TorchNet, hdf5: bool) -> dict[str, LayerStep]:
+    """Layer name -> step, as Caffe picks among layers sharing a name: the binary loader
+    searches from the front (first wins), the HDF5 loader uses layer_names_index_ (last)."""
+    by_name: dict[str, LayerStep] = {}
+    for step in net.steps:
+        if hdf5 or step.name not in by_name:
+            by_name[step.name] = step
+    return by_name
 
 
 @torch.no_grad()
 def copy_trained_layers(
-    net: TorchNet, records: Iterator[LayerRecord], path: str | None = None
+    net: TorchNet,
+    records: Iterator[LayerRecord],
+    path: str | None = None,
+    *,
+    strict: bool = False,
 ) -> list[str]:
-    """Copy blobs into ``net`` by layer name; returns the names of the layers filled."""
-    filled = []
-    names = set(net.layer_names)
+    """Copy blobs into ``net`` by layer name; returns the names of the layers filled.
+
+    Every record is checked against the net before any param changes (all or nothing). Param
+    layers the file leaves unfilled keep their fillers, as in Caffe, with a
+    ``PartialWeightsWarning`` naming them; ``strict=True`` makes that a ``WeightsError``.
+    """
+    filled: list[str] = []
+    plan: list[tuple[torch.Tensor, np.ndarray]] = []
     first_user: dict[int, tuple[str, int]] = {}
     for step in net.steps:
-        for j, tensor in enumerate(net.module_of(step).param_blobs()):
-            first_user.setdefault(id(tensor), (step.name, j))
+        for j, blob in enumerate(net.module_of(step).param_blobs()):
+            first_user.setdefault(id(blob), (step.name, j))
+    by_name: dict[str, LayerStep] | None = None
     for record in records:
-        if record.name not in names:
+        if by_name is None:
+            by_name = _target_layers(net, record.partial)
+        found = by_name.get(record.name)
+        if found is None:
             continue
-        step = net.step(record.name)
-        targets = net.module_of(step).param_blobs()
-        count_ok = (
-            len(record.blobs) <= len(targets)
-            if record.partial
-            else len(record.blobs) == len(targets)
-        )
-        if not count_ok:
-            raise WeightsError(
-                "incompatible number of blobs",
-                path=path,
-                layer=record.name,
-                layer_type=step.type,
-                expected=len(targets),
-                got=len(record.blobs),
-            )
-        for j, target in enumerate(targets):
-            blob = record.blobs[j] if j < len(record.blobs) else None
-            if blob is None:
-                if first_user[id(target)] != (record.name, j):
-                    continue  # weight-shared: the owner's dataset fills it
-                raise WeightsError(
-                    f"param {j} is missing from the weights file",
-                    path=path,
-                    layer=record.name,
-                    layer_type=step.type,
-                )
-            if not _fits(target.shape, blob):
-                raise WeightsError(
-                    f"cannot copy param {j} weights; shape mismatch",
-                    path=path,
-                    layer=record.name,
-                    layer_type=step.type,
-                    expected=f"target param shape {tuple(target.shape)}",
-                    got=f"source param shape {blob.shape}",
-                    hint=RENAME_HINT,
-                )
-            if blob.data.size != target.numel():
-                raise WeightsError(
-                    f"param {j} holds {blob.data.size} values for a blob of shape {blob.shape}",
-                    path=path,
-                    layer=record.name,
-                    layer_type=step.type,
-                    expected=target.numel(),
-                    got=blob.data.size,
-                )
-            _assign(target, blob.data)
+        plan += _check_record(net, found, record, first_user, path)
         filled.append(record.name)
+    written = {id(target) for target, _ in plan}
+    _report_unfilled(net, written, path, strict)
+    for target, values in plan:
+        _assign(target, values)
     return filled
+
+
+def _check_record(
+    net: TorchNet,
+    step: LayerStep,
+    record: LayerRecord,
+    first_user: dict[int, tuple[str, int]],
+    path: str | None,
+) -> list[tuple[torch.Tensor, np.ndarray]]:
+    """The (param, values) copies one record makes, after Caffe's checks on every blob."""
+    targets = net.module_of(step).param_blobs()
+    where = {"path": path, "layer": record.name, "layer_type": step.type}
+    count = len(record.blobs) if record.links is None else record.links
+    count_ok = count <= len(targets) if record.partial else count == len(targets)
+    if not count_ok:
+        raise WeightsError(
+            "incompatible number of blobs", expected=len(targets), got=count, **where
+        )
+    plan = []
+    for j, target in enumerate(targets):
+        blob = record.blobs[j] if j < len(record.blobs) else None
+        if blob is None:
+            if first_user[id(target)] != (record.name, j):
+                continue  # weight-shared: the owner's dataset fills it
+            raise WeightsError(f"param {j} is missing from the weights file", **where)
+        if not shape_equals(target.shape, blob):
+            raise WeightsError(
+                f"cannot copy param {j} weights; shape mismatch",
+                expected=f"target param shape {tuple(target.shape)}",
+                got=f"source param shape {blob.shape}"
+                + (" (legacy num/channels/height/width)" if blob.legacy_4d else ""),
+                hint=RENAME_HINT,
+                **where,
+            )
+        if blob.data.size != target.numel():
+            raise WeightsError(
+                f"param {j} holds {blob.data.size} values for a blob of shape {blob.shape}",
+                expected=target.numel(),
+                got=blob.data.size,
+                **where,
+            )
+        plan.append((target, _materialize(blob, target.dtype)))
+    return plan
+
+
+def _report_unfilled(net: TorchNet, written: set[int], path: str | None, strict: bool) -> None:
+    unfilled: list[str] = []
+    total = 0
+    for step in net.steps:
+        blobs = net.module_of(step).param_blobs()
+        if not blobs:
+            continue
+        total += 1
+        if any(id(b) not in written for b in blobs) and step.name not in unfilled:
+            unfilled.append(step.name)
+    if not unfilled:
+        return
+    shown = ", ".join(repr(n) for n in unfilled[:20])
+    if len(unfilled) > 20:
+        shown += f" and {len(unfilled) - 20} more"
+    what = (
+        f"{len(unfilled)} of the net's {total} layers with params got no weights from this "
+        f"file and keep their initial (filler) values: {shown}"
+    )
+    if strict:
+        raise WeightsError(
+            what,
+            path=path,
+            hint="check that the weights belong to this net; strict=False loads the rest "
+            "(as Caffe does, e.g. for fine-tuning)",
+        )
+    prefix = f"{path}: " if path else ""
+    warnings.warn(
+        f"{prefix}{what}. Expected when fine-tuning; pass strict=True to make it an error",
+        PartialWeightsWarning,
+        stacklevel=5,  # the caller of load_weights (torch.no_grad adds a frame)
+    )
 
 
 def _assign(target: torch.Tensor, values: np.ndarray) -> None:

@@ -15,6 +15,7 @@ from typing import TypeVar
 from google.protobuf import text_format, unknown_fields
 from google.protobuf.message import DecodeError, Message
 
+from .. import limits
 from ..errors import PrototxtError, UsageError
 from ..proto import caffe_pb2 as pb
 from .atomic import atomic_write
@@ -29,7 +30,7 @@ M = TypeVar("M", bound=Message)
 
 TEXT_SUFFIXES = frozenset({".prototxt", ".pbtxt", ".txt", ".prototext"})
 BINARY_SUFFIXES = frozenset({".caffemodel", ".binaryproto", ".pb", ".protobin", ".solverstate"})
-_TEXT_NAME = "<text>"  # names in-memory text in error messages
+TEXT_NAME = "<prototxt text>"  # names in-memory text in messages (never the text itself)
 _LOCATION_PREFIX = re.compile(r"^\d+:\d+ : ")
 
 
@@ -41,6 +42,11 @@ def read_bytes(path: PathLike) -> bytes:
     name = os.fspath(path)
     try:
         with open(name, "rb") as f:
+            problem = limits.file_size_problem(os.fstat(f.fileno()).st_size)
+            if problem:
+                raise PrototxtError(
+                    problem, path=name, hint="see docs/limits.md to raise it for a file you trust"
+                )
             return f.read()
     except FileNotFoundError:
         raise PrototxtError("file not found", path=name) from None
@@ -58,7 +64,7 @@ def _decode(data: bytes) -> str:
 
 def parse_text_proto(text: str | bytes, message_type: type[M], path: PathLike | None = None) -> M:
     """Parse protobuf text format into a new ``message_type``; errors carry line and column."""
-    name = _TEXT_NAME if path is None else os.fspath(path)
+    name = TEXT_NAME if path is None else os.fspath(path)
     if isinstance(text, bytes):
         text = _decode(text)
     msg = message_type()
@@ -91,7 +97,32 @@ def parse_binary_proto(data: bytes, message_type: type[M], path: PathLike | None
             path=name,
             hint="the file may be truncated, or be a text prototxt with a binary extension",
         ) from None
+    bad = _non_utf8_string(msg)
+    if bad:
+        raise PrototxtError(
+            f"string field {bad} of {message_type.DESCRIPTOR.name} is not valid UTF-8",
+            path=name,
+            hint="names and strings must be UTF-8, as they must be in a text prototxt",
+        )
     return msg
+
+
+def _non_utf8_string(msg: Message, where: str = "") -> str | None:
+    """The first string field holding bytes (protobuf hands back invalid UTF-8 as bytes)."""
+    for fd, value in msg.ListFields():
+        here = f"{where}.{fd.name}" if where else fd.name
+        if fd.type == fd.TYPE_STRING:
+            values = value if fd.is_repeated else [value]
+            for i, v in enumerate(values):
+                if isinstance(v, bytes):
+                    return f"{here}[{i}]" if fd.is_repeated else here
+        elif fd.type == fd.TYPE_MESSAGE:
+            values = value if fd.is_repeated else [value]
+            for i, v in enumerate(values):
+                bad = _non_utf8_string(v, f"{here}[{i}]" if fd.is_repeated else here)
+                if bad:
+                    return bad
+    return None
 
 
 def read_text_proto(path: PathLike, message_type: type[M]) -> M:
@@ -151,6 +182,12 @@ def read_net(source: PathLike, *, upgrade: bool = True) -> pb.NetParameter:
         assert path is not None  # _resolve gives a path or text
         net = _parse_net_auto(read_bytes(path), path)
     return upgrade_net_as_needed(net, path) if upgrade else net
+
+
+def source_name(source: PathLike) -> str:
+    """What messages call ``source``: its path, or ``<prototxt text>`` for inline text."""
+    path, _ = _resolve(source)
+    return TEXT_NAME if path is None else path
 
 
 def _resolve(source: PathLike) -> tuple[str | None, str | None]:

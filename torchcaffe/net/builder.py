@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from .. import limits
 from ..errors import BlobWiringError, LayerParamError, TorchCaffeError, UnsupportedError
 from ..ops.base import CaffeLayer, Shape
 from ..proto import caffe_pb2
@@ -87,6 +88,7 @@ def build_net(
     path: str | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> BuiltNet:
+    check_layer_count(net, path)
     filtered = filter_net(net, state, path)
     if input_shapes:
         filtered = feed_data_layers(filtered, input_shapes)
@@ -107,7 +109,7 @@ class _Builder:
         self.path = path
         self.input_shapes = input_shapes
         self.out = BuiltNet(name=param.name, force_backward=param.force_backward)
-        self.available: list[str] = []  # insertion-ordered set of blobs no layer consumed yet
+        self.available: dict[str, None] = {}  # ordered set of blobs no layer consumed yet
         self.blob_need_backward: dict[str, bool] = {}
         self.keys: set[str] = set()
         self.param_owner: dict[str, tuple[int, int]] = {}
@@ -129,7 +131,7 @@ class _Builder:
             automatic = self._add_automatic_tops(lp)
             rows.append(self._add_layer(index, lp))
             for blob in automatic:  # anonymous tops are never net outputs
-                self.available.remove(blob)
+                del self.available[blob]
         self._prune_backward(rows)
         if self.param.force_backward:
             self._force_backward(rows)
@@ -230,7 +232,7 @@ class _Builder:
                     ),
                     lp,
                 )
-            self.available.remove(blob)
+            del self.available[blob]
             bottom_shapes.append(self.out.blob_shapes[blob])
             nb = self.blob_need_backward[blob]
             if lp.propagate_down:
@@ -240,9 +242,10 @@ class _Builder:
         return bottom_shapes, bottom_need_backward, need_backward
 
     def _check_tops(self, lp: caffe_pb2.LayerParameter) -> None:
+        earlier_tops: set[str] = set()  # Caffe's AppendTop sees this layer's earlier tops too
         for j, blob in enumerate(lp.top):
             in_place = j < len(lp.bottom) and lp.bottom[j] == blob
-            if not in_place and blob in self.out.blob_shapes:
+            if not in_place and (blob in self.out.blob_shapes or blob in earlier_tops):
                 raise self.fail(
                     BlobWiringError(
                         f"top blob '{blob}' produced by multiple sources",
@@ -251,6 +254,7 @@ class _Builder:
                     ),
                     lp,
                 )
+            earlier_tops.add(blob)
 
     def _set_up(
         self, cls: type[CaffeLayer], lp: caffe_pb2.LayerParameter, bottom_shapes: list[Shape]
@@ -270,6 +274,7 @@ class _Builder:
                 ),
                 lp,
             ) from err
+        check_top_shapes(lp, top_shapes, self.fail)
         if len(top_shapes) != len(lp.top):
             raise self.fail(
                 BlobWiringError(
@@ -287,8 +292,7 @@ class _Builder:
                 self.out.blob_order.append(blob)
                 self.blob_need_backward[blob] = False
             self.out.blob_shapes[blob] = tuple(shape)
-            if blob not in self.available:
-                self.available.append(blob)
+            self.available[blob] = None
             if lp.type == "Input":
                 self.out.input_names.append(blob)
 
@@ -445,6 +449,31 @@ class _Builder:
                 flags[j] = flags[j] or row.module.allow_force_backward(j)
                 self.blob_need_backward[blob] = self.blob_need_backward[blob] or flags[j]
             row.param_need_backward = [True] * len(row.param_need_backward)
+
+
+def check_layer_count(net: caffe_pb2.NetParameter, path: str | None) -> None:
+    """The max_layers limit, before any layer is built."""
+    count, cap = len(net.layer) + len(net.layers), limits.get().max_layers
+    if count > cap:
+        raise LayerParamError(
+            f"the net has {count} layers, more than the limit of {cap} (max_layers)",
+            path=path,
+            hint="see docs/limits.md to raise it for a net you trust",
+        )
+
+
+def check_top_shapes(lp: caffe_pb2.LayerParameter, shapes: Sequence[Shape], fail) -> None:
+    """Every top a layer would produce fits the blob limits (Caffe's Blob::Reshape checks)."""
+    for blob, shape in zip(lp.top, shapes):
+        problem = limits.shape_problem(tuple(int(d) for d in shape))
+        if problem:
+            raise fail(
+                LayerParamError(
+                    f"top '{blob}' would have shape {list(shape)}: {problem}",
+                    hint="see docs/limits.md to raise a limit for a net you trust",
+                ),
+                lp,
+            )
 
 
 def set_requires_grad(modules: Mapping[str, CaffeLayer], steps: Sequence[LayerStep]) -> None:

@@ -54,6 +54,13 @@ class DetectionEvaluateLayer(CaffeLayer):
                 cls=UnsupportedError,
             )
         self.num_classes, self.background = p.num_classes, _bbox.label_id(p.background_label_id)
+        if self.background != -1 and not 0 <= self.background < self.num_classes:
+            # the fork sizes the top for num_classes - 1 classes and then writes num_classes
+            raise self.error(
+                "background_label_id must be -1 (none) or a class id",
+                expected=f"-1 or 0..{self.num_classes - 1}",
+                got=p.background_label_id,
+            )
         self._check_shapes(self.bottom_shapes)
 
     def _check_shapes(self, shapes: Sequence[Shape]) -> None:

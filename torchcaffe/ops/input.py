@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import limits
 from ..registry import register_layer
 from .base import AtLeast, CaffeLayer, Exactly
 
@@ -39,6 +40,12 @@ class InputLayer(CaffeLayer):
         for d in dims:
             if any(x < 0 for x in d):
                 raise self.error("negative input dimension", expected=">= 0", got=d)
+            problem = limits.shape_problem(d)
+            if problem:
+                raise self.error(
+                    f"input shape {list(d)}: {problem}",
+                    hint="see docs/limits.md to raise a limit for a net you trust",
+                )
         self.shapes = [tuple(int(x) for x in d) for d in dims]
 
     def output_shapes(self, bottom_shapes):

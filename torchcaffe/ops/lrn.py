@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .. import limits
 from ..proto import caffe_pb2
 from ..registry import register_layer
 from .base import CaffeLayer
@@ -41,6 +42,22 @@ class LRNLayer(CaffeLayer):
             raise self.error(
                 "input must have 4 axes (num, channels, height, width)", expected=4, got=len(shape)
             )
+        if self.norm_region == LP.ACROSS_CHANNELS:
+            # Caffe's (and torch's) across-channel window pads the channel axis by local_size-1
+            n, c, h, w = (int(d) for d in shape)
+            padded = (max(n, 1), c + self.local_size - 1, h, w)
+            problem = limits.shape_problem(padded)
+            if problem:
+                raise self.error(
+                    f"local_size {self.local_size} needs a padded buffer of shape {padded}: "
+                    f"{problem}",
+                    expected=f"a local_size near the {c} channels",
+                    got=self.local_size,
+                )
+
+    def output_shapes(self, bottom_shapes):
+        self._check(tuple(bottom_shapes[0]))
+        return [tuple(bottom_shapes[0])]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check(tuple(x.shape))

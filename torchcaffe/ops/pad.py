@@ -70,6 +70,12 @@ class PadLayer(CaffeLayer):
                 expected=f"pad_u, pad_d < {h} and pad_l, pad_r < {w}",
                 got=list(self.pads),
             )
+        if self.mode == "replicate" and not self.crop and min(c, h, w) == 0:
+            raise self.error(
+                "REPLICATE padding needs a non-empty bottom (there is no edge value to repeat)",
+                expected="channels, height and width > 0",
+                got=list(shape),
+            )
         top = (n, c, h + u + d, w + left + right)
         if min(top) <= 0 and self.crop:
             raise self.error(

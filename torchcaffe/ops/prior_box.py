@@ -52,8 +52,21 @@ class PriorBoxLayer(CaffeLayer):
     def _check_sizes(self, p) -> None:
         if not p.min_size:
             raise self.error("must provide min_size", expected="at least one min_size", got=0)
-        if any(not s > 0 for s in p.min_size):
-            raise self.error("min_size must be positive", got=list(p.min_size))
+        if any(not 0 < s < math.inf for s in p.min_size):
+            raise self.error(
+                "min_size must be positive and finite", expected="> 0", got=list(p.min_size)
+            )
+        if any(not 0 < s < math.inf for s in p.max_size):
+            raise self.error(
+                "max_size must be positive and finite", expected="> 0", got=list(p.max_size)
+            )
+        if any(not 0 < ar < math.inf for ar in p.aspect_ratio):
+            # 1/0 and sqrt of a negative have no box; the fork would emit inf/nan priors
+            raise self.error(
+                "aspect_ratio must be positive and finite",
+                expected="> 0",
+                got=list(p.aspect_ratio),
+            )
         if p.max_size and len(p.max_size) != len(p.min_size):
             raise self.error(
                 "max_size needs one entry per min_size",

@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from .. import limits
 from ..registry import register_layer
 from ._roi import CHUNK_ELEMENTS, c_round, check_roi_bottoms, roi_batch_index
 from .base import Arity, CaffeLayer, Exactly, Shape
@@ -57,6 +58,19 @@ class ROIPoolingLayer(CaffeLayer):
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         check_roi_bottoms(self, bottom_shapes)
         n_rois, channels = bottom_shapes[1][0], bottom_shapes[0][1]
+        height, width = bottom_shapes[0][2], bottom_shapes[0][3]
+        # forward/backward hold an R x pooled x size mask per axis, besides the top itself
+        for field, pooled, size in (
+            ("pooled_h", self.pooled_h, height),
+            ("pooled_w", self.pooled_w, width),
+        ):
+            problem = limits.shape_problem((max(int(n_rois), 1), pooled, max(int(size), 1)))
+            if problem:
+                raise self.error(
+                    f"{field} {pooled} needs a bin mask of {problem}",
+                    expected=f"{field} near the bottom's {size}",
+                    got=pooled,
+                )
         return [(n_rois, channels, self.pooled_h, self.pooled_w)]
 
     def _axis(self, rois: torch.Tensor, dtype: torch.dtype, pooled: int, axis: int, size: int):

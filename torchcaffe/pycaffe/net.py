@@ -386,10 +386,13 @@ class Net:
                     self.blobs[name].diff[...] = self._blob_loss_weights[name]
 
     # -- weights -----------------------------------------------------------------------------
-    def copy_from(self, path: str | os.PathLike) -> None:
-        """Caffe's CopyTrainedLayersFrom (binary or HDF5)."""
+    def copy_from(self, path: str | os.PathLike, strict: bool = False) -> None:
+        """Caffe's CopyTrainedLayersFrom (binary or HDF5).
+
+        ``strict``: unfilled param layers are an error, not a warning (see load_weights).
+        """
         self._ensure_device()
-        load_weights(self._net, path)
+        load_weights(self._net, path, strict=strict)
         self._params_written_on_device()
 
     def save(self, path: str | os.PathLike, write_diff: bool = False) -> None:

@@ -22,7 +22,6 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import runtime
-from ..errors import SolverError
 from ..proto import caffe_pb2
 from ..pycaffe.net import Net
 from .config import check_solver_param, field_error, load_solver_param
@@ -288,29 +287,12 @@ class Solver:
     def restore(self, state_file: PathLike) -> None:
         """Caffe's Restore: iteration, learned net, lr policy step and history."""
         name = os.fspath(state_file)
-        snap = read_solverstate(name)
         tensors = [e.tensor for e in self._learnables]
-        want = len(self.optimizer.history_keys) * len(tensors)
-        if len(snap.history) != want:
-            raise SolverError(
-                "incorrect number of history blobs",
-                path=name,
-                expected=want,
-                got=len(snap.history),
-                hint=f"the state must come from a {self.type} solver on this net",
-            )
         shapes = [tuple(t.shape) for t in tensors] * len(self.optimizer.history_keys)
-        for j, (blob, shape) in enumerate(zip(snap.history, shapes)):
-            if blob.size != int(np.prod(shape, dtype=np.int64)):
-                raise SolverError(
-                    f"history blob {j} does not fit its param",
-                    path=name,
-                    expected=shape,
-                    got=blob.shape,
-                )
-        self._iter = snap.iter
+        snap = read_solverstate(name, expected_shapes=shapes)
         if snap.learned_net:
             self.net.copy_from(snap.learned_net)
+        self._iter = snap.iter
         self.net._ensure_device()
         self.optimizer.load_history_blobs(
             tensors, [torch.from_numpy(np.asarray(h)) for h in snap.history], snap.iter

@@ -8,13 +8,15 @@ atomic, so an interrupted snapshot leaves the previous one intact.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import SolverError
+from ..errors import SolverError, TorchCaffeError
 from ..formats.atomic import atomic_write
-from ..formats.binaryproto import array_to_blob_proto, blob_proto_to_array
+from ..formats.binaryproto import array_to_blob_proto, blob_proto_shape, blob_proto_to_array
+from ..formats.caffemodel import BlobRecord, hdf5_dataset_problem, shape_equals
 from ..formats.prototxt import read_binary_proto, write_binary
 from ..proto import caffe_pb2
 
@@ -58,15 +60,36 @@ def write_solverstate_hdf5(path: PathLike, snap: SolverSnapshot) -> None:
             group.create_dataset(str(i), data=np.asarray(blob, np.float32))
 
 
-def read_solverstate(path: PathLike) -> SolverSnapshot:
-    """Either format, by suffix as Caffe's Restore; errors name the file."""
+def read_solverstate(
+    path: PathLike, expected_shapes: Sequence[Sequence[int]] | None = None
+) -> SolverSnapshot:
+    """Either format, by suffix as Caffe's Restore; errors name the file.
+
+    ``expected_shapes`` (one per history blob, as the solver holds them) is checked before any
+    history value is read: the count, then each shape as Caffe's loaders compare it (binary:
+    Blob::ShapeEquals, legacy 4-D dims indexed from the end; HDF5: the exact shape).
+    """
     name = os.fspath(path)
     if not os.path.isfile(name):
         raise SolverError("solver state file not found", path=name)
     if is_hdf5_state(name):
-        return _read_hdf5(name)
-    state = read_binary_proto(name, caffe_pb2.SolverState)
-    history = [blob_proto_to_array(b, path=name) for b in state.history]
+        return _read_hdf5(name, expected_shapes)
+    try:
+        state = read_binary_proto(name, caffe_pb2.SolverState)
+    except TorchCaffeError as err:
+        raise SolverError(err.what, path=name, hint=err.hint) from None
+    _check_history_count(name, len(state.history), expected_shapes)
+    history = []
+    for i, blob in enumerate(state.history):
+        shape = blob_proto_shape(blob)
+        if expected_shapes is not None:
+            record = BlobRecord(shape, _is_legacy(blob), np.zeros(0))
+            if not shape_equals(expected_shapes[i], record):
+                raise _history_mismatch(name, i, expected_shapes[i], shape)
+        try:
+            history.append(blob_proto_to_array(blob, path=name))
+        except TorchCaffeError as err:
+            raise SolverError(f"history blob {i}: {err.what}", path=name) from None
     return SolverSnapshot(
         state.iter,
         state.current_step,
@@ -75,22 +98,119 @@ def read_solverstate(path: PathLike) -> SolverSnapshot:
     )
 
 
-def _read_hdf5(name: str) -> SolverSnapshot:
+def _is_legacy(blob: caffe_pb2.BlobProto) -> bool:
+    return any(blob.HasField(f) for f in ("num", "channels", "height", "width"))
+
+
+def _check_history_count(name: str, count: int, expected: Sequence | None) -> None:
+    if expected is not None and count != len(expected):
+        raise SolverError(
+            "incorrect number of history blobs",
+            path=name,
+            expected=len(expected),
+            got=count,
+            hint="the state must come from the same solver type on this net",
+        )
+
+
+def _history_mismatch(name: str, i: int, want: Sequence[int], got: Sequence[int]) -> SolverError:
+    return SolverError(
+        f"history blob {i} does not fit its param; shape mismatch",
+        path=name,
+        expected=tuple(int(d) for d in want),
+        got=tuple(int(d) for d in got),
+    )
+
+
+def _read_hdf5(name: str, expected: Sequence[Sequence[int]] | None) -> SolverSnapshot:
+    """Caffe's RestoreSolverStateFromHDF5, with every entry's kind, dtype and shape checked
+    before its values are read."""
     import h5py
 
     try:
-        with h5py.File(name, "r") as h5:
-            for key in ("iter", "current_step", "history"):
-                if key not in h5:
-                    raise SolverError(f"HDF5 solver state has no '{key}'", path=name)
-            learned = None
-            if "learned_net" in h5:
-                raw = h5["learned_net"][()]
-                learned = raw.decode() if isinstance(raw, bytes) else str(raw)
-            group = h5["history"]
-            history = [np.asarray(group[str(i)][()]) for i in range(len(group))]
-            return SolverSnapshot(
-                int(h5["iter"][()]), int(h5["current_step"][()]), learned, history
-            )
-    except OSError as err:
+        h5 = h5py.File(name, "r")
+    except (OSError, ValueError) as err:
+        raise SolverError(f"cannot open the HDF5 solver state ({err})", path=name) from None
+    try:
+        with h5:
+            iter_ = _h5_int(h5, "iter", name)
+            current_step = _h5_int(h5, "current_step", name)
+            learned = _h5_string(h5, "learned_net", name) if "learned_net" in h5 else None
+            group = h5.get("history")
+            if not isinstance(group, h5py.Group):
+                raise SolverError(
+                    "HDF5 entry /history is missing or not a group",
+                    path=name,
+                    expected="a group of datasets '0', '1', ...",
+                    got=type(group).__name__,
+                )
+            keys = list(group.keys())
+            _check_history_count(name, len(keys), expected)
+            wanted = [str(i) for i in range(len(keys))]
+            if sorted(keys) != sorted(wanted):
+                raise SolverError(
+                    "HDF5 /history datasets must be named 0..n-1",
+                    path=name,
+                    expected=wanted[:10],
+                    got=sorted(keys)[:10],
+                )
+            history = []
+            for i in range(len(keys)):
+                ds = group[str(i)]
+                where = f"/history/{i}"
+                if not isinstance(ds, h5py.Dataset):
+                    raise SolverError(f"HDF5 entry {where} is not a dataset", path=name)
+                problem = hdf5_dataset_problem(ds)
+                if problem:
+                    raise SolverError(f"HDF5 dataset {where}: {problem}", path=name)
+                if expected is not None and tuple(ds.shape) != tuple(expected[i]):
+                    raise _history_mismatch(name, i, expected[i], ds.shape)
+                history.append(np.asarray(ds[()], dtype=np.float32))
+            return SolverSnapshot(iter_, current_step, learned, history)
+    except (OSError, ValueError, TypeError, KeyError, RuntimeError) as err:
         raise SolverError(f"cannot read the HDF5 solver state ({err})", path=name) from None
+
+
+def _h5_int(h5, key: str, name: str) -> int:
+    """Caffe's hdf5_load_int: a one-element numeric dataset."""
+    import h5py
+
+    ds = h5.get(key)
+    if not isinstance(ds, h5py.Dataset):
+        raise SolverError(
+            f"HDF5 solver state has no '{key}' dataset",
+            path=name,
+            expected="a one-element integer dataset",
+            got=type(ds).__name__,
+        )
+    if ds.dtype.kind not in "iuf" or ds.dtype.fields is not None or ds.size != 1:
+        raise SolverError(
+            f"HDF5 entry /{key} is not a single number",
+            path=name,
+            expected="a one-element integer dataset",
+            got=f"dtype {ds.dtype}, shape {ds.shape}",
+        )
+    value = np.asarray(ds[()]).reshape(-1)[0]
+    if not np.isfinite(value) or not -(2**31) <= value < 2**31:
+        raise SolverError(f"HDF5 entry /{key} is out of range", path=name, got=value)
+    return int(value)
+
+
+def _h5_string(h5, key: str, name: str) -> str:
+    """Caffe's hdf5_load_string: a string dataset."""
+    import h5py
+
+    ds = h5.get(key)
+    if not isinstance(ds, h5py.Dataset) or ds.dtype.kind not in "SUO" or ds.size != 1:
+        raise SolverError(
+            f"HDF5 entry /{key} is not a string",
+            path=name,
+            expected="a string dataset",
+            got=None if ds is None else f"{type(ds).__name__} {getattr(ds, 'dtype', '')}",
+        )
+    raw = np.asarray(ds[()]).reshape(-1)[0]
+    if isinstance(raw, bytes):
+        return raw.decode("utf-8", errors="surrogateescape")
+    if isinstance(raw, str):
+        return raw
+    raise SolverError(f"HDF5 entry /{key} is not a string", path=name, got=type(raw).__name__)
