@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from tests.helpers.cases import LayerCase
 from tests.helpers.gradcheck import check_layer_gradient

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from torch import nn
 
 from ..program import LayerStep
-from .inplace import inplace_relu
 from .folding import fold_batchnorm_scale_into_producer
+from .inplace import inplace_relu
 from .program import OptimizedProgram
 
 # The inference pipeline, in order: folding first, so a ReLU after a folded chain sees a
