@@ -132,7 +132,8 @@ def test_inplace_relu_skips_split_views_and_inputs():
     text = """
 input: "data" input_shape { dim: 2 dim: 3 }
 layer { name: "r0" type: "ReLU" bottom: "data" top: "data" }
-layer { name: "ip" type: "InnerProduct" bottom: "data" top: "a" inner_product_param { num_output: 4 } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "a"
+  inner_product_param { num_output: 4 } }
 layer { name: "r1" type: "ReLU" bottom: "a" top: "a" }
 layer { name: "s1" type: "Sigmoid" bottom: "a" top: "s" }
 layer { name: "t1" type: "TanH" bottom: "a" top: "t" }
