@@ -2,9 +2,9 @@
 
 The conformance suite runs cases through the Caffe face, where every blob is observable (only
 in-place chains fold). Here each deterministic layers/ and nets/ case runs as ``net(**inputs)``
-under ``inference_mode``: only the net's outputs are observable, so every legal fold happens,
-and the outputs are compared (TRAIN-phase cases too:
-there BatchNorm uses batch statistics, so only the in-place passes apply) with the reference Caffe's at the case's own tolerance.
+under ``inference_mode``: only the net's outputs are observable, so every legal fold happens.
+The outputs are compared with the reference Caffe's at the case's own tolerance (TRAIN-phase
+cases too: there BatchNorm uses batch statistics, so only the in-place passes apply).
 """
 
 from __future__ import annotations
