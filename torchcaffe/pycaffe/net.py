@@ -253,7 +253,9 @@ class Net:
         net = self._net
         for i in range(start, end + 1):
             self._records.pop(i, None)
-        with torch.inference_mode():
+        # no_grad, not inference_mode: a Blob reshaped here must stay writable by later
+        # autograd-recording forwards (inference tensors refuse in-place updates outside).
+        with torch.no_grad():
             if start == 0 and end == len(net.steps) - 1 and net.optimize:
                 program = net.optimized_program(self.blobs)
                 values = {n: self.blobs[n].data_at(device) for n in net.input_names}
