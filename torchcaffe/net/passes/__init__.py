@@ -24,7 +24,9 @@ INFERENCE_PASSES = (fold_batchnorm_scale_into_producer, inplace_relu)
 
 
 def optimize_for_inference(
-    steps: list[LayerStep], modules: Mapping[str, nn.Module], observable: frozenset[str]
+    steps: list[LayerStep],
+    modules: Mapping[str, nn.Module] | nn.ModuleDict,
+    observable: frozenset[str],
 ) -> OptimizedProgram:
     """Run every inference pass over ``steps``; the report counts what each pass did."""
     program = OptimizedProgram.unoptimized(steps, modules)

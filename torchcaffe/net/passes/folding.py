@@ -12,6 +12,7 @@ dtype, so loading weights, an optimizer step, ``.to()`` or ``.double()`` make th
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -26,30 +27,30 @@ PRODUCERS = ("Convolution", "Deconvolution", "InnerProduct")
 LINKS = ("BatchNorm", "Scale", "Bias")  # the order a chain may take (each at most once)
 
 
-def _producer_ok(step: LayerStep, module: CaffeLayer) -> bool:
+def _producer_ok(step: LayerStep, module: Any) -> bool:
     if step.type not in PRODUCERS or len(step.bottoms) != 1 or len(step.tops) != 1:
         return False
     if step.type == "InnerProduct":
-        return module.axis == 1
+        return bool(module.axis == 1)
     geom = module.geom
     if geom.channel_axis != 1 or not 1 <= geom.num_spatial <= 3:
         return False
-    return step.type == "Convolution" or module.group == 1
+    return step.type == "Convolution" or bool(module.group == 1)
 
 
-def _link_ok(step: LayerStep, module: CaffeLayer, channels: int) -> bool:
+def _link_ok(step: LayerStep, module: Any, channels: int) -> bool:
     if step.type not in LINKS or len(step.bottoms) != 1 or len(step.tops) != 1:
         return False
     if step.type == "BatchNorm":
-        return module.uses_global_stats and tuple(module.mean.shape) == (channels,)
+        return bool(module.uses_global_stats) and tuple(module.mean.shape) == (channels,)
     if step.type == "Scale" and not module.has_scale_blob:
         return False
     operand = module.weight if step.type == "Scale" else module.bias
-    return module.param.axis == 1 and tuple(operand.shape) == (channels,)
+    return bool(module.param.axis == 1) and tuple(operand.shape) == (channels,)
 
 
-def _channels(step: LayerStep, module: CaffeLayer) -> int:
-    return module.param.num_output
+def _channels(step: LayerStep, module: Any) -> int:
+    return int(module.param.num_output)
 
 
 def fold_batchnorm_scale_into_producer(
@@ -102,13 +103,13 @@ def fold_batchnorm_scale_into_producer(
 class FoldedAffine:
     """Runs a producer with BatchNorm/Scale/Bias folded into its weights (inference only)."""
 
-    def __init__(self, producer_type: str, producer: CaffeLayer, links: dict) -> None:
+    def __init__(self, producer_type: str, producer: Any, links: dict[str, Any]) -> None:
         self.producer_type = producer_type
         self.producer = producer
         self.bn = links.get("BatchNorm")
         self.scale = links.get("Scale")
         self.bias = links.get("Bias")
-        self._key: tuple | None = None
+        self._key: tuple[Any, ...] | None = None
         self._folded: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def sources(self) -> list[torch.Tensor]:

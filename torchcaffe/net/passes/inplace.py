@@ -8,11 +8,11 @@ reader, so no other blob aliases the storage.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from ...ops.base import CaffeLayer
 from .program import OptimizedProgram, producer_of, readers_of
 
 PASS_NAME = "inplace_relu"
@@ -25,7 +25,7 @@ FRESH_PRODUCERS = frozenset(
 class InplaceReLU:
     """Caffe's ReLU (negative_slope) overwriting its bottom."""
 
-    def __init__(self, module: CaffeLayer) -> None:
+    def __init__(self, module: Any) -> None:
         self.negative_slope = module.param.negative_slope
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import nn
 
 from ..program import LayerStep
 
-Runner = Callable[..., object]
+Runner = Callable[..., Any]
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class OptimizedProgram:
 
     @classmethod
     def unoptimized(
-        cls, steps: list[LayerStep], modules: Mapping[str, nn.Module]
+        cls, steps: list[LayerStep], modules: Mapping[str, nn.Module] | nn.ModuleDict
     ) -> OptimizedProgram:
         return cls(tuple(steps), {s.key: modules[s.key] for s in steps}, {})
 
