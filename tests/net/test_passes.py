@@ -16,6 +16,7 @@ from torchcaffe.net.passes import INFERENCE_PASSES
 from torchcaffe.proto import caffe_pb2
 
 FOLD, INPLACE = "fold_batchnorm_scale_into_producer", "inplace_relu"
+AFFINE = "fold_batchnorm_into_scale"
 RTOL, ATOL = 1e-4, 1e-5
 
 CONV_BN_SCALE_RELU = """
@@ -66,13 +67,13 @@ def _assert_close(got, want):
 
 
 def test_passes_are_listed_in_order():
-    assert [p.__name__ for p in INFERENCE_PASSES] == [FOLD, INPLACE]
+    assert [p.__name__ for p in INFERENCE_PASSES] == [FOLD, AFFINE, INPLACE]
 
 
 def test_fold_fires_on_conv_ip_and_deconv_chains():
     net = _net()
     program = net.optimized_program()  # observe the outputs (d, h) only
-    assert program.report == {FOLD: 3, INPLACE: 2}
+    assert program.report == {FOLD: 3, AFFINE: 0, INPLACE: 2}
     types = [s.type for s in program.steps]
     assert "Convolution+BatchNorm+Scale" in types
     assert "InnerProduct+BatchNorm+Bias" in types
@@ -95,10 +96,17 @@ def test_observable_intermediate_blocks_a_non_inplace_fold():
     net = _net()
     program = net.optimized_program(["h", "d", "f"])  # f is read: bn2 cannot fold into ip
     assert program.report[FOLD] == 2
+    assert program.report[AFFINE] == 1  # bn2 + b2 become one multiply-add instead
+    assert "BatchNorm+Bias" in [s.type for s in program.steps]
     everything = net.optimized_program(net.blob_names)  # the in-place chains still fold
     assert everything.report[FOLD] == 2
+    assert everything.report[AFFINE] == 0  # g is observable
     x = torch.randn(2, 3, 7, 6)
     want = _unoptimized(net, data=x)
+    with torch.no_grad():
+        partial = net.run({"data": x}, program=program)
+    for name in ("h", "d", "f"):
+        _assert_close(partial[name], want[name])
     with torch.no_grad():
         got = net.forward_all_blobs(data=x)
     assert set(got) == set(want)
@@ -210,4 +218,27 @@ def test_caffe_face_partial_forward_matches(tmp_path, optimize):
     net.forward(start=after_relu)
     want = _unoptimized(net.module, data=torch.from_numpy(x))
     for name in ("c", "h", "d"):
+        np.testing.assert_allclose(net.blobs[name].data, want[name].numpy(), rtol=RTOL, atol=ATOL)
+
+
+def test_caffe_face_folds_batchnorm_into_scale_when_the_conv_output_is_a_blob(tmp_path):
+    """MobileNetV2's pattern: conv -> c, BatchNorm c -> b, Scale b -> b (in place)."""
+    proto = tmp_path / "net.prototxt"
+    proto.write_text("""
+input: "data" input_shape { dim: 2 dim: 3 dim: 5 dim: 4 }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "c"
+  convolution_param { num_output: 4 kernel_size: 1 } }
+layer { name: "bn" type: "BatchNorm" bottom: "c" top: "b" }
+layer { name: "sc" type: "Scale" bottom: "b" top: "b" scale_param { bias_term: true } }
+layer { name: "relu" type: "ReLU" bottom: "b" top: "b" }
+""")
+    net = caffe.Net(str(proto), caffe.TEST)
+    _randomize(net.module)
+    report = net.module.optimized_program(net.blobs).report
+    assert report == {FOLD: 0, AFFINE: 1, INPLACE: 1}
+    x = np.random.default_rng(2).standard_normal((2, 3, 5, 4)).astype(np.float32)
+    net.blobs["data"].data[...] = x
+    net.forward()
+    want = _unoptimized(net.module, data=torch.from_numpy(x))
+    for name in ("c", "b"):
         np.testing.assert_allclose(net.blobs[name].data, want[name].numpy(), rtol=RTOL, atol=ATOL)

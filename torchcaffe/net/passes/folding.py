@@ -53,6 +53,68 @@ def _channels(step: LayerStep, module: Any) -> int:
     return int(module.param.num_output)
 
 
+def _collect_chain(
+    program: OptimizedProgram,
+    at: int,
+    blob: str,
+    channels: int,
+    order: int,
+    observable: frozenset[str],
+) -> tuple[list[tuple[int, LayerStep]], str]:
+    """The legal BatchNorm/Scale/Bias links after step ``at`` (which wrote ``blob``)."""
+    steps = program.steps
+    chain: list[tuple[int, LayerStep]] = []
+    while True:
+        readers = readers_of(steps, at, blob)
+        if len(readers) != 1:
+            break
+        nxt = steps[readers[0]]
+        link = program.runners[nxt.key]
+        if not isinstance(link, CaffeLayer) or not _link_ok(nxt, link, channels):
+            break
+        if LINKS.index(nxt.type) < order or any(nxt.loss_weights):
+            break
+        if nxt.tops[0] != blob and blob in observable:
+            break
+        chain.append((readers[0], nxt))
+        order = LINKS.index(nxt.type) + 1
+        at, blob = readers[0], nxt.tops[0]
+    return chain, blob
+
+
+def fold_batchnorm_into_scale(
+    program: OptimizedProgram, observable: frozenset[str]
+) -> OptimizedProgram:
+    """A BatchNorm (global stats) and the Scale/Bias after it become one multiply-add.
+
+    For chains the producer fold left (its output is observable, as in MobileNetV2's
+    ``conv1 -> conv1/bn -> conv1/scale`` seen through the Caffe face).
+    """
+    steps = program.steps
+    removed: set[int] = set()
+    replaced: dict[int, LayerStep] = {}
+    runners: dict[str, FoldedAffine] = {}
+    for i, step in enumerate(steps):
+        module = program.runners[step.key]
+        if i in removed or step.type != "BatchNorm" or not isinstance(module, CaffeLayer):
+            continue
+        channels = int(module.mean.shape[0])
+        if not _link_ok(step, module, channels) or any(step.loss_weights):
+            continue
+        chain, blob = _collect_chain(program, i, step.tops[0], channels, 1, observable)
+        if not chain:
+            continue
+        links = {s.type: program.runners[s.key] for _, s in [(i, step), *chain]}
+        key = f"{step.key}+folded"
+        runners[key] = FoldedAffine("BatchNorm", None, links)
+        replaced[i] = dataclasses.replace(
+            step, type="+".join([step.type] + [s.type for _, s in chain]), key=key, tops=(blob,)
+        )
+        removed.update(j for j, _ in chain)
+    new_steps = [replaced.get(i, s) for i, s in enumerate(steps) if i not in removed]
+    return program.rewritten("fold_batchnorm_into_scale", new_steps, runners, len(replaced))
+
+
 def fold_batchnorm_scale_into_producer(
     program: OptimizedProgram, observable: frozenset[str]
 ) -> OptimizedProgram:
@@ -66,24 +128,9 @@ def fold_batchnorm_scale_into_producer(
             continue
         if any(step.loss_weights):
             continue
-        channels = _channels(step, module)
-        chain: list[tuple[int, LayerStep]] = []
-        at, blob, order = i, step.tops[0], 0
-        while True:
-            readers = readers_of(steps, at, blob)
-            if len(readers) != 1:
-                break
-            nxt = steps[readers[0]]
-            link = program.runners[nxt.key]
-            if not isinstance(link, CaffeLayer) or not _link_ok(nxt, link, channels):
-                break
-            if LINKS.index(nxt.type) < order or any(nxt.loss_weights):
-                break
-            if nxt.tops[0] != blob and blob in observable:
-                break
-            chain.append((readers[0], nxt))
-            order = LINKS.index(nxt.type) + 1
-            at, blob = readers[0], nxt.tops[0]
+        chain, blob = _collect_chain(
+            program, i, step.tops[0], _channels(step, module), 0, observable
+        )
         if not chain:
             continue
         links = {s.type: program.runners[s.key] for _, s in chain}
@@ -127,9 +174,27 @@ class FoldedAffine:
             self._key = key
         return self._folded
 
+    def _affine(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Without a producer: per-channel (a, c) with y = x * a + c, in float64."""
+        assert self.bn is not None
+        m, v = self.bn.global_stats()
+        mean, var = m.detach().double(), v.detach().double()
+        a = torch.rsqrt(var + self.bn.eps)
+        c = -mean * a
+        if self.scale is not None:
+            gamma = self.scale.weight.detach().double()
+            a, c = a * gamma, c * gamma
+            if self.scale.param.bias_term:
+                c = c + self.scale.bias.detach().double()
+        if self.bias is not None:
+            c = c + self.bias.bias.detach().double()
+        return a.to(m.dtype), c.to(m.dtype)
+
     def _fold(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The chain as one BatchNorm (mean, var, eps, gamma, beta) fused by torch's helpers,
         in float64, then cast back to the producer's dtype."""
+        if self.producer is None:
+            return self._affine()
         p = self.producer
         w = p.weight.detach()
         dtype = w.dtype
@@ -159,6 +224,9 @@ class FoldedAffine:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w, b = self.folded_weights()
         p = self.producer
+        if p is None:  # BatchNorm (+ Scale/Bias) alone: one fused multiply-add over axis 1
+            view = (1, -1) + (1,) * (x.dim() - 2)
+            return torch.addcmul(b.reshape(view), x, w.reshape(view))
         if self.producer_type == "InnerProduct":
             return F.linear(x.reshape(x.shape[0], p.k), w, b)
         g = p.geom
