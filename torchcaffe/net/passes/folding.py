@@ -95,7 +95,7 @@ def fold_batchnorm_into_scale(
     replaced: dict[int, LayerStep] = {}
     runners: dict[str, FoldedAffine] = {}
     for i, step in enumerate(steps):
-        module = program.runners[step.key]
+        module: Any = program.runners[step.key]
         if i in removed or step.type != "BatchNorm" or not isinstance(module, CaffeLayer):
             continue
         channels = int(module.mean.shape[0])
