@@ -95,10 +95,11 @@ def fold_batchnorm_into_scale(
     replaced: dict[int, LayerStep] = {}
     runners: dict[str, FoldedAffine] = {}
     for i, step in enumerate(steps):
-        module: Any = program.runners[step.key]
+        module = program.runners[step.key]
         if i in removed or step.type != "BatchNorm" or not isinstance(module, CaffeLayer):
             continue
-        channels = int(module.mean.shape[0])
+        stats: Any = module.mean
+        channels = int(stats.shape[0])
         if not _link_ok(step, module, channels) or any(step.loss_weights):
             continue
         chain, blob = _collect_chain(program, i, step.tops[0], channels, 1, observable)
