@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 
@@ -61,3 +62,18 @@ def set_random_seed(seed: int) -> None:
     torch.manual_seed(seed)
     np.random.seed(seed % (2**32))
     random.seed(seed)
+
+
+# Label-range checks read every label on the host (a device sync per loss layer), so they are
+# opt-in: debug a data set with ``set_label_range_checks(True)`` or ``TORCHCAFFE_CHECK_LABELS=1``.
+_check_labels = os.environ.get("TORCHCAFFE_CHECK_LABELS", "") not in ("", "0")
+
+
+def set_label_range_checks(enabled: bool) -> None:
+    """Turn on (or off) the label-range checks of the loss and accuracy layers (all threads)."""
+    global _check_labels
+    _check_labels = bool(enabled)
+
+
+def label_range_checks() -> bool:
+    return _check_labels

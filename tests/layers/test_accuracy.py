@@ -8,6 +8,7 @@ import torch
 
 from tests.helpers.cases import LayerCase
 from tests.helpers.harness import make_layer
+from torchcaffe import runtime
 from torchcaffe.errors import DataError, LayerParamError
 
 
@@ -132,6 +133,7 @@ def test_error_label_count():
         make_layer("accuracy_param { axis: 2 }", [(2, 3, 4), (2, 4)], type="Accuracy")
 
 
-def test_error_label_out_of_range():
+def test_error_label_out_of_range(monkeypatch):
+    monkeypatch.setattr(runtime, "_check_labels", True)  # opt-in: it syncs with the device
     with pytest.raises(DataError, match=r"layer 'layer' \(Accuracy\).*label"):
         _run("", np.zeros((2, 3)), np.array([0.0, 3.0]))

@@ -10,6 +10,7 @@ import torch
 from tests.helpers.cases import LayerCase
 from tests.helpers.gradcheck import check_layer_gradient
 from tests.helpers.harness import make_layer
+from torchcaffe import runtime
 from torchcaffe.errors import DataError, LayerParamError
 
 FLT_MIN = float(np.finfo(np.float32).tiny)
@@ -164,7 +165,8 @@ def test_second_top_is_probability_without_gradient():
 
 
 @pytest.mark.parametrize("bad", [3.0, -1.0])
-def test_error_label_out_of_range(bad):
+def test_error_label_out_of_range(bad, monkeypatch):
+    monkeypatch.setattr(runtime, "_check_labels", True)  # opt-in: it syncs with the device
     x = np.zeros((2, 3))
     with pytest.raises(DataError, match=r"layer 'layer' \(SoftmaxWithLoss\).*label"):
         _run("", x, np.array([0.0, bad]))
@@ -196,3 +198,18 @@ def test_gradient(case):
     layer, bottoms = case.build()
     # top 0 only: Caffe (and this layer) give the probability top no gradient
     check_layer_gradient(layer, bottoms, bottom_indices=[0], top_index=(0, 0), max_points=60)
+
+
+def test_label_range_check_is_opt_in():
+    from torchcaffe.ops._loss_normalization import check_labels
+
+    layer, _ = make_layer("", [(2, 3), (2,)], type="SoftmaxWithLoss")
+    labels = torch.tensor([[0], [3]])
+    assert not runtime.label_range_checks()  # default: no host sync in forward
+    check_labels(layer, labels, None, 3)
+    runtime.set_label_range_checks(True)
+    try:
+        with pytest.raises(DataError, match="label value out of range"):
+            check_labels(layer, labels, None, 3)
+    finally:
+        runtime.set_label_range_checks(False)

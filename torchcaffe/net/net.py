@@ -19,6 +19,7 @@ from ..errors import BlobWiringError, LayerParamError, TorchCaffeError, UnknownN
 from ..ops.base import CaffeLayer, Shape
 from ..proto import caffe_pb2
 from .builder import build_net, set_requires_grad
+from .passes import OptimizedProgram, optimize_for_inference
 from .program import LayerStep, ParamInfo
 from .state import make_state
 
@@ -64,6 +65,12 @@ class TorchNet(nn.Module):
         self._known_input_shapes = {n: self.blob_shapes[n] for n in self.input_names}
         set_requires_grad(built.modules, self.steps)
         self.train(self.phase == caffe_pb2.TRAIN)
+        # Inference passes (net/passes) run when no autograd is recorded; off: Caffe's literal
+        # layer-by-layer program always. Programs are cached per observable set and mode.
+        self.optimize = True
+        self._programs: dict[tuple[frozenset[str], bool], OptimizedProgram] = {}
+        self._observe_outputs = frozenset(self.output_names)
+        self._observe_all = frozenset(self.blob_names)
 
     # -- identity --------------------------------------------------------------------------
     @property
@@ -185,10 +192,44 @@ class TorchNet(nn.Module):
         out = self.layers[step.key](*bottoms)
         return out if isinstance(out, tuple) else (out,)
 
+    def optimized_program(self, observable: Iterable[str] | None = None) -> OptimizedProgram:
+        """The inference program (every pass applied) for a run whose caller reads the blobs
+        ``observable`` afterwards (default: the net's outputs); see ``net/passes``."""
+        seen = self._observe_outputs if observable is None else frozenset(observable)
+        key = (seen, self.training)
+        program = self._programs.get(key)
+        if program is None:
+            program = optimize_for_inference(self.steps, self.layers, seen)
+            self._programs[key] = program
+        return program
+
+    def _program_for(self, observable: frozenset[str]) -> OptimizedProgram | None:
+        if self.optimize and not torch.is_grad_enabled():
+            return self.optimized_program(observable)
+        return None
+
     def run(
-        self, blobs: dict[str, torch.Tensor], start: int = 0, end: int | None = None
+        self,
+        blobs: dict[str, torch.Tensor],
+        start: int = 0,
+        end: int | None = None,
+        program: OptimizedProgram | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Run steps ``start..end`` (inclusive) over ``blobs`` in place; returns ``blobs``."""
+        """Run steps ``start..end`` (inclusive) over ``blobs`` in place; returns ``blobs``.
+
+        With ``program`` (an inference program, whole net only) its steps and runners run.
+        """
+        if program is not None:
+            runners = program.runners
+            for step in program.steps:
+                if step.is_input:
+                    continue
+                out = runners[step.key](*[blobs[b] for b in step.bottoms])
+                if isinstance(out, tuple):
+                    blobs.update(zip(step.tops, out))
+                else:
+                    blobs[step.tops[0]] = out
+            return blobs
         end = len(self.steps) - 1 if end is None else end
         for step in self.steps[start : end + 1]:
             if step.is_input:
@@ -202,14 +243,16 @@ class TorchNet(nn.Module):
 
     def forward(self, *args: torch.Tensor, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         """``net(data=x)`` -> {output blob name: tensor} (Caffe's net outputs, sorted by name)."""
-        blobs = self.run(self.bind_inputs(args, inputs))
+        program = self._program_for(self._observe_outputs)
+        blobs = self.run(self.bind_inputs(args, inputs), program=program)
         return {name: blobs[name] for name in self.output_names}
 
     def forward_all_blobs(
         self, *args: torch.Tensor, **inputs: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         """Like ``forward`` but returns every blob (in-place blobs hold their last value)."""
-        return self.run(self.bind_inputs(args, inputs))
+        program = self._program_for(self._observe_all)
+        return self.run(self.bind_inputs(args, inputs), program=program)
 
     def extra_repr(self) -> str:
         return (

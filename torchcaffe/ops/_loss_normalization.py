@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from google.protobuf import text_format
 
+from .. import runtime
 from ..errors import DataError, LayerParamError
 from ..proto import caffe_pb2
 from .base import CaffeLayer, Exactly, Shape
@@ -109,8 +110,11 @@ def ignore_label(param) -> int | None:
 def check_labels(
     layer: CaffeLayer, labels: torch.Tensor, valid: torch.Tensor | None, num_labels: int
 ) -> None:
-    """Raise DataError for a counted label outside [0, num_labels) (Caffe only DCHECKs)."""
-    if labels.is_meta:
+    """Raise DataError for a counted label outside [0, num_labels) (Caffe only DCHECKs).
+
+    Opt-in (``torchcaffe.runtime.set_label_range_checks``): the check syncs with the device.
+    """
+    if labels.is_meta or not runtime.label_range_checks():
         return
     bad = (labels < 0) | (labels >= num_labels)
     if valid is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 
 from ..registry import register_layer
 from .base import CaffeLayer, Shape
@@ -103,26 +104,43 @@ class BatchNormLayer(CaffeLayer):
         return self._normalize(x)
 
     def _normalize(self, x: torch.Tensor) -> torch.Tensor:
-        """(x - mean) / sqrt(var + eps) by global or batch statistics (the latter update them)."""
-        self._check_bottom(x.shape)
+        """(x - mean) / sqrt(var + eps) on torch's fused batch-norm kernel.
+
+        Shapes were checked once by ``output_shapes`` (the net's ``infer_shapes``).
+        """
+        if self.uses_global_stats:
+            mean, var = self.global_stats()
+            return F.batch_norm(x, mean.to(x.dtype), var.to(x.dtype), eps=self.eps)
+        m = x.numel() // x.shape[1]
+        if m <= 1:  # torch's unbiased variance divides by m - 1; Caffe's factor is then 1
+            return self._normalize_single(x)
+        # momentum 1 makes the kernel store the batch mean and unbiased variance (m / (m - 1)
+        # times the biased one) in these buffers: exactly Caffe's update terms.
+        batch_mean = torch.zeros(x.shape[1], dtype=x.dtype, device=x.device)
+        batch_var = torch.zeros_like(batch_mean)
+        y = F.batch_norm(x, batch_mean, batch_var, training=True, momentum=1.0, eps=self.eps)
+        self._update_stats(batch_mean, batch_var)
+        return y
+
+    def global_stats(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stored statistics times 1 / scale_factor (0 when it is 0), as Caffe reads them."""
+        stored = self.scale_factor[0]
+        factor = torch.where(stored == 0, torch.zeros_like(stored), 1 / stored)
+        return self.mean * factor, self.variance * factor
+
+    def _normalize_single(self, x: torch.Tensor) -> torch.Tensor:
+        """Batch statistics over one value per channel (variance 0, Caffe's correction 1)."""
         dims = [0] + list(range(2, x.dim()))
         view = (1, -1) + (1,) * (x.dim() - 2)
-        if self.uses_global_stats:
-            stored = self.scale_factor[0]
-            factor = torch.where(stored == 0, torch.zeros_like(stored), 1 / stored)
-            mean, var = self.mean * factor, self.variance * factor
-            centered = x - mean.reshape(view)
-        else:
-            mean = x.mean(dim=dims)
-            centered = x - mean.reshape(view)
-            var = (centered * centered).mean(dim=dims)
-            self._update_stats(mean.detach(), var.detach(), x.numel() // x.shape[1])
+        mean = x.mean(dim=dims)
+        centered = x - mean.reshape(view)
+        var = (centered * centered).mean(dim=dims)
+        self._update_stats(mean.detach(), var.detach())
         return centered / torch.sqrt(var + self.eps).reshape(view)
 
     @torch.no_grad()
-    def _update_stats(self, mean: torch.Tensor, var: torch.Tensor, m: int) -> None:
+    def _update_stats(self, mean: torch.Tensor, unbiased_var: torch.Tensor) -> None:
         maf = self.moving_average_fraction
-        correction = m / (m - 1) if m > 1 else 1.0
         self.scale_factor.mul_(maf).add_(1)
         self.mean.mul_(maf).add_(mean.to(self.mean.dtype))
-        self.variance.mul_(maf).add_(var.to(self.variance.dtype) * correction)
+        self.variance.mul_(maf).add_(unbiased_var.to(self.variance.dtype))

@@ -43,6 +43,7 @@ class BiasLayer(CaffeLayer):
         return [tuple(int(d) for d in bottom_shapes[0])]
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        # Shapes were checked once by output_shapes (the net's infer_shapes).
         b = self.bias if bias is None else bias
-        axis = operand_axis(self, x.shape, b.shape, self.param.axis, "bias", "bias_param")
+        axis = self.param.axis % x.dim() if b.dim() else 0
         return x + broadcastable(b, axis, x.dim())

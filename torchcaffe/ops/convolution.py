@@ -87,27 +87,36 @@ class ConvolutionBase(CaffeLayer, metaclass=abc.ABCMeta):
             )
         return out
 
+    def output_shapes(self, bottom_shapes):
+        """Caffe's Reshape checks, once per input shape (``forward`` repeats none of them)."""
+        axis = self.geom.channel_axis
+        shape0 = tuple(int(d) for d in bottom_shapes[0])
+        tops = []
+        for shape in bottom_shapes:
+            shape = tuple(int(d) for d in shape)
+            if len(shape) != axis + 1 + self.geom.num_spatial or shape[axis] != self.channels:
+                raise self.error(
+                    "bottom incompatible with the convolution set up",
+                    expected=f"{axis + 1 + self.geom.num_spatial} axes with "
+                    f"{self.channels} channels at axis {axis}",
+                    got=shape,
+                )
+            if shape != shape0:
+                raise self.error("all bottoms must have the same shape", expected=shape0, got=shape)
+            tops.append((*shape[:axis], self.num_output, *self.top_spatial(shape[axis + 1 :])))
+        return tops
+
     def forward(self, *bottoms: torch.Tensor):
-        tops = tuple(self._one(x, bottoms[0].shape) for x in bottoms)
+        tops = tuple(self._one(x) for x in bottoms)
         return tops if len(tops) > 1 else tops[0]
 
-    def _one(self, x: torch.Tensor, shape0) -> torch.Tensor:
+    def _one(self, x: torch.Tensor) -> torch.Tensor:
         axis = self.geom.channel_axis
-        if x.dim() != axis + 1 + self.geom.num_spatial or x.shape[axis] != self.channels:
-            raise self.error(
-                "bottom incompatible with the convolution set up",
-                expected=f"{axis + 1 + self.geom.num_spatial} axes with "
-                f"{self.channels} channels at axis {axis}",
-                got=tuple(x.shape),
-            )
-        if x.shape != shape0:
-            raise self.error(
-                "all bottoms must have the same shape", expected=tuple(shape0), got=tuple(x.shape)
-            )
+        if axis == 1 and x.dim() == 2 + self.geom.num_spatial:
+            return self.compute(x, tuple(x.shape[2:]))
         lead, spatial = x.shape[:axis], tuple(x.shape[axis + 1 :])
-        out = self.top_spatial(spatial)
         y = self.compute(x.reshape(math.prod(lead), self.channels, *spatial), spatial)
-        return y.reshape(*lead, self.num_output, *out)
+        return y.reshape(*lead, self.num_output, *y.shape[2:])
 
     @abc.abstractmethod
     def compute(self, x: torch.Tensor, spatial: tuple[int, ...]) -> torch.Tensor:

@@ -39,17 +39,20 @@ class InnerProductLayer(CaffeLayer):
         if p.bias_term:
             self.add_blob("bias", (p.num_output,), filler=p.bias_filler)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        k = math.prod(x.shape[self.axis :])
-        if k != self.k:
+    def output_shapes(self, bottom_shapes):
+        """Caffe's Reshape check, once per input shape (``forward`` repeats none of it)."""
+        shape = tuple(int(d) for d in bottom_shapes[0])
+        k = math.prod(shape[self.axis :])
+        if len(shape) <= self.axis or k != self.k:
             raise self.error(
                 "input size incompatible with inner product parameters",
                 expected=f"{self.k} values from axis {self.axis} on",
                 got=k,
             )
+        return [(*shape[: self.axis], self.param.num_output)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(*x.shape[: self.axis], self.k)
         weight = self.weight.t() if self.transpose else self.weight
-        y = flat.matmul(weight.t())
-        if self.param.bias_term:
-            y = y + self.bias
-        return y
+        bias = self.bias if self.param.bias_term else None
+        return torch.nn.functional.linear(flat, weight, bias)

@@ -66,12 +66,12 @@ class ScaleLayer(CaffeLayer):
         return [tuple(int(d) for d in x_shape)]
 
     def forward(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        # Shapes were checked once by output_shapes (the net's infer_shapes).
         s = self.weight if scale is None else scale
-        axis = operand_axis(self, x.shape, s.shape, self.param.axis, "scale", "scale_param")
-        y = x * broadcastable(s, axis, x.dim())
-        if self.param.bias_term:
-            axis = operand_axis(
-                self, x.shape, self.bias.shape, self.param.axis, "bias", "scale_param"
-            )
-            y = y + broadcastable(self.bias, axis, x.dim())
-        return y
+        axis = self.param.axis % x.dim() if s.dim() else 0
+        s = broadcastable(s, axis, x.dim())
+        if not self.param.bias_term:
+            return x * s
+        b = self.bias
+        b = broadcastable(b, self.param.axis % x.dim() if b.dim() else 0, x.dim())
+        return torch.addcmul(b, x, s)  # Scale + its Bias in one fused op

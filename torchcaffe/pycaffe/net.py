@@ -209,8 +209,10 @@ class Net:
 
     # -- forward / backward -----------------------------------------------------------------
     def _forward(self, start: int, end: int) -> float:
-        device = self._ensure_device()
         steps = self._net.steps
+        if not any(steps[i].need_backward for i in range(start, end + 1)):
+            return self._forward_inference(start, end)
+        device = self._ensure_device()
         for i in range(start, end + 1):
             self._records.pop(i, None)
         loss = 0.0
@@ -239,6 +241,52 @@ class Net:
             if step.need_backward:
                 self._records[i] = _Record(bottoms, tops)
         return loss
+
+    def _forward_inference(self, start: int, end: int) -> float:
+        """Forward when no layer in ``start..end`` needs backward: no autograd, no clones.
+
+        A whole-net run takes the inference program (net/passes) with every blob observable,
+        so only in-place chains fold (their one blob ends with the value Caffe leaves there).
+        Each top is copied once into its Blob, whose numpy views stay valid.
+        """
+        device = self._ensure_device()
+        net = self._net
+        for i in range(start, end + 1):
+            self._records.pop(i, None)
+        # no_grad, not inference_mode: a Blob reshaped here must stay writable by later
+        # autograd-recording forwards (inference tensors refuse in-place updates outside).
+        with torch.no_grad():
+            if start == 0 and end == len(net.steps) - 1 and net.optimize:
+                program = net.optimized_program(self.blobs)
+                values = {n: self.blobs[n].data_at(device) for n in net.input_names}
+                produced = net.run(values, program=program)
+                for name in self.blobs:
+                    if name in produced and name not in net.input_names:
+                        self._store_top(name, produced[name], device)
+            else:
+                for step in net.steps[start : end + 1]:
+                    if step.is_input:
+                        continue
+                    bottoms = [self.blobs[b].data_at(device) for b in step.bottoms]
+                    for name, t in zip(step.tops, net.run_step(step, bottoms)):
+                        self._store_top(name, t, device)
+            loss = 0.0
+            for i in range(start, end + 1):
+                for name, w in zip(net.steps[i].tops, net.steps[i].loss_weights):
+                    if w:
+                        loss += w * float(self.blobs[name].data_at(device).sum())
+        return loss
+
+    def _store_top(self, name: str, t: torch.Tensor, device: torch.device) -> None:
+        """Copy a computed top into its Blob (reshaping it, and its loss diff, when needed)."""
+        blob = self.blobs[name]
+        if blob.shape != tuple(t.shape):
+            blob.reshape(tuple(t.shape))
+            if self._blob_loss_weights[name]:
+                blob.diff[...] = self._blob_loss_weights[name]
+        dest = blob.data_at(device, mutable=True)
+        if dest.data_ptr() != t.data_ptr() or dest.stride() != t.stride():
+            dest.copy_(t)
 
     def _backward(self, start: int, end: int) -> None:
         device = self._ensure_device()

@@ -1,0 +1,244 @@
+"""Inference passes (torchcaffe/net/passes): each fires where it should and keeps the outputs.
+
+Folded vs unfolded outputs are compared within the golden tolerance (rtol 1e-4, atol 1e-5).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from google.protobuf import text_format
+
+import torchcaffe
+import torchcaffe as caffe
+from torchcaffe.net.passes import INFERENCE_PASSES
+from torchcaffe.proto import caffe_pb2
+
+FOLD, INPLACE = "fold_batchnorm_scale_into_producer", "inplace_relu"
+AFFINE = "fold_batchnorm_into_scale"
+RTOL, ATOL = 1e-4, 1e-5
+
+CONV_BN_SCALE_RELU = """
+name: "t"
+input: "data" input_shape { dim: 2 dim: 3 dim: 7 dim: 6 }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "c"
+  convolution_param { num_output: 4 kernel_size: 3 pad: 1 bias_term: false } }
+layer { name: "bn" type: "BatchNorm" bottom: "c" top: "c" }
+layer { name: "sc" type: "Scale" bottom: "c" top: "c" scale_param { bias_term: true } }
+layer { name: "relu" type: "ReLU" bottom: "c" top: "c" }
+layer { name: "ip" type: "InnerProduct" bottom: "c" top: "f" inner_product_param { num_output: 5 } }
+layer { name: "bn2" type: "BatchNorm" bottom: "f" top: "g" }
+layer { name: "b2" type: "Bias" bottom: "g" top: "h" }
+layer { name: "de" type: "Deconvolution" bottom: "c" top: "d"
+  convolution_param { num_output: 2 kernel_size: 2 stride: 2 } }
+layer { name: "sd" type: "Scale" bottom: "d" top: "d" }
+layer { name: "relu2" type: "ReLU" bottom: "d" top: "d" relu_param { negative_slope: 0.1 } }
+"""
+
+
+def _randomize(net: torchcaffe.TorchNet, seed: int = 0) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in net.layers.values():
+            for t in module.param_blobs():
+                t.copy_(torch.rand(t.shape, generator=gen) * 1.5 + 0.25)
+                if t.dim() > 1:
+                    t.sub_(1.0)
+
+
+def _net(text: str = CONV_BN_SCALE_RELU, phase: str = "test") -> torchcaffe.TorchNet:
+    net = torchcaffe.load(text_format.Parse(text, caffe_pb2.NetParameter()), phase=phase)
+    _randomize(net)
+    return net
+
+
+def _unoptimized(net, **inputs):
+    net.optimize = False
+    try:
+        with torch.no_grad():
+            return net.forward_all_blobs(**inputs)
+    finally:
+        net.optimize = True
+
+
+def _assert_close(got, want):
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=RTOL, atol=ATOL)
+
+
+def test_passes_are_listed_in_order():
+    assert [p.__name__ for p in INFERENCE_PASSES] == [FOLD, AFFINE, INPLACE]
+
+
+def test_fold_fires_on_conv_ip_and_deconv_chains():
+    net = _net()
+    program = net.optimized_program()  # observe the outputs (d, h) only
+    assert program.report == {FOLD: 3, AFFINE: 0, INPLACE: 2}
+    types = [s.type for s in program.steps]
+    assert "Convolution+BatchNorm+Scale" in types
+    assert "InnerProduct+BatchNorm+Bias" in types
+    assert "Deconvolution+Scale" in types
+    assert types.count("ReLU+inplace") == 2
+    assert len(program.steps) == len(net.steps) - 5
+
+
+def test_folded_outputs_equal_unfolded():
+    net = _net()
+    x = torch.randn(2, 3, 7, 6)
+    want = _unoptimized(net, data=x)
+    with torch.inference_mode():
+        got = net(data=x)
+    for name in ("d", "h"):
+        _assert_close(got[name], want[name])
+
+
+def test_observable_intermediate_blocks_a_non_inplace_fold():
+    net = _net()
+    program = net.optimized_program(["h", "d", "f"])  # f is read: bn2 cannot fold into ip
+    assert program.report[FOLD] == 2
+    assert program.report[AFFINE] == 1  # bn2 + b2 become one multiply-add instead
+    assert "BatchNorm+Bias" in [s.type for s in program.steps]
+    everything = net.optimized_program(net.blob_names)  # the in-place chains still fold
+    assert everything.report[FOLD] == 2
+    assert everything.report[AFFINE] == 0  # g is observable
+    x = torch.randn(2, 3, 7, 6)
+    want = _unoptimized(net, data=x)
+    with torch.no_grad():
+        partial = net.run({"data": x}, program=program)
+    for name in ("h", "d", "f"):
+        _assert_close(partial[name], want[name])
+    with torch.no_grad():
+        got = net.forward_all_blobs(data=x)
+    assert set(got) == set(want)
+    for name in want:
+        _assert_close(got[name], want[name])
+
+
+def test_fold_skipped_when_another_layer_reads_the_intermediate():
+    text = (
+        CONV_BN_SCALE_RELU
+        + """
+layer { name: "sig" type: "Sigmoid" bottom: "f" top: "p" }
+"""
+    )
+    net = _net(text)  # splits are inserted: f feeds bn2 and sig through Split views
+    assert net.optimized_program().report[FOLD] == 2
+
+
+def test_no_fold_with_batch_statistics_or_autograd():
+    net = _net(phase="train")
+    assert net.optimized_program().report[FOLD] == 1  # only the Deconvolution + Scale
+    net.eval()
+    assert net.optimized_program().report[FOLD] == 3
+    x = torch.randn(2, 3, 7, 6, requires_grad=True)
+    out = net(data=x)["d"]  # grad enabled: the literal program, autograd works
+    out.sum().backward()
+    assert x.grad is not None
+
+
+def test_inplace_relu_skips_split_views_and_inputs():
+    text = """
+input: "data" input_shape { dim: 2 dim: 3 }
+layer { name: "r0" type: "ReLU" bottom: "data" top: "data" }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "a"
+  inner_product_param { num_output: 4 } }
+layer { name: "r1" type: "ReLU" bottom: "a" top: "a" }
+layer { name: "s1" type: "Sigmoid" bottom: "a" top: "s" }
+layer { name: "t1" type: "TanH" bottom: "a" top: "t" }
+"""
+    net = _net(text)
+    program = net.optimized_program()
+    assert program.report[INPLACE] == 1  # r1 only: r0 would overwrite the caller's tensor
+    x = torch.randn(2, 3)
+    keep = x.clone()
+    want = _unoptimized(net, data=x)
+    with torch.no_grad():
+        got = net(data=x)
+    assert torch.equal(x, keep)
+    for name in ("s", "t"):
+        _assert_close(got[name], want[name])
+
+
+def test_fold_follows_param_changes_and_dtype():
+    net = _net()
+    x = torch.randn(2, 3, 7, 6)
+    with torch.no_grad():
+        net(data=x)
+        net.layer("bn").variance.mul_(3.0)  # a weights load / optimizer step writes in place
+        net.layer("sc").bias.add_(0.5)
+        got = net(data=x)
+    want = _unoptimized(net, data=x)
+    _assert_close(got["d"], want["d"])
+    net.double()
+    with torch.no_grad():
+        got = net(data=x.double())
+    assert got["d"].dtype == torch.float64
+    _assert_close(got["d"].float(), want["d"])
+
+
+def test_save_weights_after_fold_writes_the_original_blobs(tmp_path):
+    net = _net()
+    with torch.inference_mode():
+        net(data=torch.randn(2, 3, 7, 6))
+    path = tmp_path / "w.caffemodel"
+    torchcaffe.save_weights(net, path)
+    saved = caffe_pb2.NetParameter.FromString(path.read_bytes())
+    layers = {lp.name: lp for lp in saved.layer}
+    for name in ("conv", "bn", "sc"):
+        for blob, tensor in zip(layers[name].blobs, net.layer(name).param_blobs()):
+            np.testing.assert_array_equal(np.array(blob.data), tensor.detach().numpy().ravel())
+
+
+def test_caffe_face_folds_inplace_chains_and_keeps_every_blob(tmp_path):
+    proto = tmp_path / "net.prototxt"
+    proto.write_text(CONV_BN_SCALE_RELU)
+    net = caffe.Net(str(proto), caffe.TEST)
+    _randomize(net.module)
+    assert net.module.optimized_program(net.blobs).report[FOLD] == 2
+    x = np.random.default_rng(0).standard_normal((2, 3, 7, 6)).astype(np.float32)
+    net.blobs["data"].data[...] = x
+    net.forward()
+    got = {k: b.data.copy() for k, b in net.blobs.items()}
+    want = _unoptimized(net.module, data=torch.from_numpy(x))
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value.numpy(), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("optimize", [True, False])
+def test_caffe_face_partial_forward_matches(tmp_path, optimize):
+    proto = tmp_path / "net.prototxt"
+    proto.write_text(CONV_BN_SCALE_RELU)
+    net = caffe.Net(str(proto), caffe.TEST)
+    _randomize(net.module)
+    net.module.optimize = optimize
+    x = np.random.default_rng(1).standard_normal((2, 3, 7, 6)).astype(np.float32)
+    net.blobs["data"].data[...] = x
+    net.forward(end="relu")
+    after_relu = list(net.layer_dict)[list(net.layer_dict).index("relu") + 1]  # the Split
+    net.forward(start=after_relu)
+    want = _unoptimized(net.module, data=torch.from_numpy(x))
+    for name in ("c", "h", "d"):
+        np.testing.assert_allclose(net.blobs[name].data, want[name].numpy(), rtol=RTOL, atol=ATOL)
+
+
+def test_caffe_face_folds_batchnorm_into_scale_when_the_conv_output_is_a_blob(tmp_path):
+    """MobileNetV2's pattern: conv -> c, BatchNorm c -> b, Scale b -> b (in place)."""
+    proto = tmp_path / "net.prototxt"
+    proto.write_text("""
+input: "data" input_shape { dim: 2 dim: 3 dim: 5 dim: 4 }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "c"
+  convolution_param { num_output: 4 kernel_size: 1 } }
+layer { name: "bn" type: "BatchNorm" bottom: "c" top: "b" }
+layer { name: "sc" type: "Scale" bottom: "b" top: "b" scale_param { bias_term: true } }
+layer { name: "relu" type: "ReLU" bottom: "b" top: "b" }
+""")
+    net = caffe.Net(str(proto), caffe.TEST)
+    _randomize(net.module)
+    report = net.module.optimized_program(net.blobs).report
+    assert report == {FOLD: 0, AFFINE: 1, INPLACE: 1}
+    x = np.random.default_rng(2).standard_normal((2, 3, 5, 4)).astype(np.float32)
+    net.blobs["data"].data[...] = x
+    net.forward()
+    want = _unoptimized(net.module, data=torch.from_numpy(x))
+    for name in ("c", "b"):
+        np.testing.assert_allclose(net.blobs[name].data, want[name].numpy(), rtol=RTOL, atol=ATOL)

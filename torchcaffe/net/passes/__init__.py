@@ -1,0 +1,39 @@
+"""Inference passes over the LayerStep program, applied in ONE place (``optimize_for_inference``).
+
+Each pass is a pure function ``(program, observable) -> program``: it returns new steps and
+new runners and leaves the net's modules and params untouched (a fold is a derived view of
+the caffemodel's blobs; see ``folding.FoldedAffine``). ``observable`` names the blobs the
+caller will read after the run: a pass never removes or changes the final value of one of
+them. Passes run only for inference (no autograd); ``TorchNet`` picks the program per call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from torch import nn
+
+from ..program import LayerStep
+from .folding import fold_batchnorm_into_scale, fold_batchnorm_scale_into_producer
+from .inplace import inplace_relu
+from .program import OptimizedProgram
+
+# The inference pipeline, in order: folds into producers first, then what they left (their
+# output is observable) into one multiply-add; in-place ReLU last, so a ReLU after a folded
+# chain sees a fresh producer.
+INFERENCE_PASSES = (fold_batchnorm_scale_into_producer, fold_batchnorm_into_scale, inplace_relu)
+
+
+def optimize_for_inference(
+    steps: list[LayerStep],
+    modules: Mapping[str, nn.Module] | nn.ModuleDict,
+    observable: frozenset[str],
+) -> OptimizedProgram:
+    """Run every inference pass over ``steps``; the report counts what each pass did."""
+    program = OptimizedProgram.unoptimized(steps, modules)
+    for apply_pass in INFERENCE_PASSES:
+        program = apply_pass(program, observable)
+    return program
+
+
+__all__ = ["INFERENCE_PASSES", "OptimizedProgram", "optimize_for_inference"]

@@ -1,0 +1,242 @@
+"""fold_batchnorm_scale_into_producer: BatchNorm (global stats) + Scale + Bias into the
+Convolution, Deconvolution or InnerProduct before them.
+
+Legality is decided as OpenCV dnn's fuseLayers does: the producer's value is read by exactly
+one layer (the next link), and a link that is not in place only extends the chain when its
+bottom blob is not observable (Caffe's usual ``conv -> bn -> scale`` in place keeps one name,
+whose final value the folded step computes). The folded weights are a derived view, computed
+with ``torch.nn.utils.fusion`` and cached on the source tensors' versions, storage, device and
+dtype, so loading weights, an optimizer step, ``.to()`` or ``.double()`` make them follow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.nn.utils.fusion import fuse_conv_bn_weights, fuse_linear_bn_weights
+
+from ...ops.base import CaffeLayer
+from ..program import LayerStep
+from .program import OptimizedProgram, readers_of
+
+PASS_NAME = "fold_batchnorm_scale_into_producer"
+PRODUCERS = ("Convolution", "Deconvolution", "InnerProduct")
+LINKS = ("BatchNorm", "Scale", "Bias")  # the order a chain may take (each at most once)
+
+
+def _producer_ok(step: LayerStep, module: Any) -> bool:
+    if step.type not in PRODUCERS or len(step.bottoms) != 1 or len(step.tops) != 1:
+        return False
+    if step.type == "InnerProduct":
+        return bool(module.axis == 1)
+    geom = module.geom
+    if geom.channel_axis != 1 or not 1 <= geom.num_spatial <= 3:
+        return False
+    return step.type == "Convolution" or bool(module.group == 1)
+
+
+def _link_ok(step: LayerStep, module: Any, channels: int) -> bool:
+    if step.type not in LINKS or len(step.bottoms) != 1 or len(step.tops) != 1:
+        return False
+    if step.type == "BatchNorm":
+        return bool(module.uses_global_stats) and tuple(module.mean.shape) == (channels,)
+    if step.type == "Scale" and not module.has_scale_blob:
+        return False
+    operand = module.weight if step.type == "Scale" else module.bias
+    return bool(module.param.axis == 1) and tuple(operand.shape) == (channels,)
+
+
+def _channels(step: LayerStep, module: Any) -> int:
+    return int(module.param.num_output)
+
+
+def _collect_chain(
+    program: OptimizedProgram,
+    at: int,
+    blob: str,
+    channels: int,
+    order: int,
+    observable: frozenset[str],
+) -> tuple[list[tuple[int, LayerStep]], str]:
+    """The legal BatchNorm/Scale/Bias links after step ``at`` (which wrote ``blob``)."""
+    steps = program.steps
+    chain: list[tuple[int, LayerStep]] = []
+    while True:
+        readers = readers_of(steps, at, blob)
+        if len(readers) != 1:
+            break
+        nxt = steps[readers[0]]
+        link = program.runners[nxt.key]
+        if not isinstance(link, CaffeLayer) or not _link_ok(nxt, link, channels):
+            break
+        if LINKS.index(nxt.type) < order or any(nxt.loss_weights):
+            break
+        if nxt.tops[0] != blob and blob in observable:
+            break
+        chain.append((readers[0], nxt))
+        order = LINKS.index(nxt.type) + 1
+        at, blob = readers[0], nxt.tops[0]
+    return chain, blob
+
+
+def fold_batchnorm_into_scale(
+    program: OptimizedProgram, observable: frozenset[str]
+) -> OptimizedProgram:
+    """A BatchNorm (global stats) and the Scale/Bias after it become one multiply-add.
+
+    For chains the producer fold left (its output is observable, as in MobileNetV2's
+    ``conv1 -> conv1/bn -> conv1/scale`` seen through the Caffe face).
+    """
+    steps = program.steps
+    removed: set[int] = set()
+    replaced: dict[int, LayerStep] = {}
+    runners: dict[str, FoldedAffine] = {}
+    for i, step in enumerate(steps):
+        module = program.runners[step.key]
+        if i in removed or step.type != "BatchNorm" or not isinstance(module, CaffeLayer):
+            continue
+        stats: Any = module.mean
+        channels = int(stats.shape[0])
+        if not _link_ok(step, module, channels) or any(step.loss_weights):
+            continue
+        chain, blob = _collect_chain(program, i, step.tops[0], channels, 1, observable)
+        if not chain:
+            continue
+        links = {s.type: program.runners[s.key] for _, s in [(i, step), *chain]}
+        key = f"{step.key}+folded"
+        runners[key] = FoldedAffine("BatchNorm", None, links)
+        replaced[i] = dataclasses.replace(
+            step, type="+".join([step.type] + [s.type for _, s in chain]), key=key, tops=(blob,)
+        )
+        removed.update(j for j, _ in chain)
+    new_steps = [replaced.get(i, s) for i, s in enumerate(steps) if i not in removed]
+    return program.rewritten("fold_batchnorm_into_scale", new_steps, runners, len(replaced))
+
+
+def fold_batchnorm_scale_into_producer(
+    program: OptimizedProgram, observable: frozenset[str]
+) -> OptimizedProgram:
+    steps = program.steps
+    removed: set[int] = set()
+    replaced: dict[int, LayerStep] = {}
+    runners: dict[str, FoldedAffine] = {}
+    for i, step in enumerate(steps):
+        module = program.runners[step.key]
+        if i in removed or not isinstance(module, CaffeLayer) or not _producer_ok(step, module):
+            continue
+        if any(step.loss_weights):
+            continue
+        chain, blob = _collect_chain(
+            program, i, step.tops[0], _channels(step, module), 0, observable
+        )
+        if not chain:
+            continue
+        links = {s.type: program.runners[s.key] for _, s in chain}
+        key = f"{step.key}+folded"
+        runners[key] = FoldedAffine(step.type, module, links)
+        replaced[i] = dataclasses.replace(
+            step,
+            type="+".join([step.type] + [s.type for _, s in chain]),
+            key=key,
+            tops=(blob,),
+        )
+        removed.update(j for j, _ in chain)
+    new_steps = [replaced.get(i, s) for i, s in enumerate(steps) if i not in removed]
+    return program.rewritten(PASS_NAME, new_steps, runners, len(replaced))
+
+
+class FoldedAffine:
+    """Runs a producer with BatchNorm/Scale/Bias folded into its weights (inference only)."""
+
+    def __init__(self, producer_type: str, producer: Any, links: dict[str, Any]) -> None:
+        self.producer_type = producer_type
+        self.producer = producer
+        self.bn = links.get("BatchNorm")
+        self.scale = links.get("Scale")
+        self.bias = links.get("Bias")
+        self._key: tuple[Any, ...] | None = None
+        self._folded: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def sources(self) -> list[torch.Tensor]:
+        """Every tensor the folded weights derive from (the caffemodel's blobs)."""
+        mods = [self.producer, self.bn, self.scale, self.bias]
+        return [t for m in mods if m is not None for t in m.param_blobs()]
+
+    def folded_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if torch.compiler.is_compiling():
+            return self._fold()
+        key = tuple((t._version, t.data_ptr(), t.dtype, t.device) for t in self.sources())
+        if key != self._key or self._folded is None:
+            with torch.inference_mode(False), torch.no_grad():
+                self._folded = self._fold()
+            self._key = key
+        return self._folded
+
+    def _affine(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Without a producer: per-channel (a, c) with y = x * a + c, in float64."""
+        assert self.bn is not None
+        m, v = self.bn.global_stats()
+        mean, var = m.detach().double(), v.detach().double()
+        a = torch.rsqrt(var + self.bn.eps)
+        c = -mean * a
+        if self.scale is not None:
+            gamma = self.scale.weight.detach().double()
+            a, c = a * gamma, c * gamma
+            if self.scale.param.bias_term:
+                c = c + self.scale.bias.detach().double()
+        if self.bias is not None:
+            c = c + self.bias.bias.detach().double()
+        return a.to(m.dtype), c.to(m.dtype)
+
+    def _fold(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chain as one BatchNorm (mean, var, eps, gamma, beta) fused by torch's helpers,
+        in float64, then cast back to the producer's dtype."""
+        if self.producer is None:
+            return self._affine()
+        p = self.producer
+        w = p.weight.detach()
+        dtype = w.dtype
+        w64 = w.double()
+        if self.producer_type == "InnerProduct" and p.transpose:
+            w64 = w64.t()
+        c = w64.shape[1] if self.producer_type == "Deconvolution" else w64.shape[0]
+        b = p.bias.detach().double() if p.param.bias_term else w64.new_zeros(c)
+        mean, var, eps = w64.new_zeros(c), w64.new_ones(c), 0.0
+        if self.bn is not None:
+            m, v = self.bn.global_stats()
+            mean, var, eps = m.detach().double(), v.detach().double(), self.bn.eps
+        gamma, beta = w64.new_ones(c), w64.new_zeros(c)
+        if self.scale is not None:
+            gamma = self.scale.weight.detach().double()
+            if self.scale.param.bias_term:
+                beta = self.scale.bias.detach().double()
+        if self.bias is not None:
+            beta = beta + self.bias.bias.detach().double()
+        if self.producer_type == "InnerProduct":
+            fw, fb = fuse_linear_bn_weights(w64, b, mean, var, eps, gamma, beta)
+        else:
+            transpose = self.producer_type == "Deconvolution"
+            fw, fb = fuse_conv_bn_weights(w64, b, mean, var, eps, gamma, beta, transpose)
+        return fw.detach().to(dtype), fb.detach().to(dtype)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        w, b = self.folded_weights()
+        p = self.producer
+        if p is None:  # BatchNorm (+ Scale/Bias) alone: one fused multiply-add over axis 1
+            view = (1, -1) + (1,) * (x.dim() - 2)
+            return torch.addcmul(b.reshape(view), x, w.reshape(view))
+        if self.producer_type == "InnerProduct":
+            return F.linear(x.reshape(x.shape[0], p.k), w, b)
+        g = p.geom
+        n = g.num_spatial
+        if self.producer_type == "Deconvolution":
+            deconv = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[n - 1]
+            return deconv(x, w, b, g.stride, g.pad, 0, 1, g.dilation)
+        extra = g.extra_pad(tuple(x.shape[2:]))
+        if any(extra):
+            x = F.pad(x, [v for e in reversed(extra) for v in (0, e)])
+        conv = (F.conv1d, F.conv2d, F.conv3d)[n - 1]
+        return conv(x, w, b, g.stride, g.pad, g.dilation, p.group)

@@ -1,0 +1,53 @@
+"""inplace_relu: a ReLU that the prototxt writes in place runs as ``relu_`` (inference only).
+
+Legal when the value it overwrites is a fresh tensor no one else holds: its producer computes
+a new tensor (not a view such as Split's tops or a user's input) and this ReLU is its only
+reader, so no other blob aliases the storage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .program import OptimizedProgram, producer_of, readers_of
+
+PASS_NAME = "inplace_relu"
+# Types whose forward returns a newly computed tensor (never a view of a bottom).
+FRESH_PRODUCERS = frozenset(
+    {"Convolution", "Deconvolution", "InnerProduct", "BatchNorm", "Scale", "Bias", "Eltwise"}
+)
+
+
+class InplaceReLU:
+    """Caffe's ReLU (negative_slope) overwriting its bottom."""
+
+    def __init__(self, module: Any) -> None:
+        self.negative_slope = module.param.negative_slope
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.negative_slope:
+            return F.leaky_relu_(x, self.negative_slope)
+        return torch.relu_(x)
+
+
+def inplace_relu(program: OptimizedProgram, observable: frozenset[str]) -> OptimizedProgram:
+    steps = program.steps
+    new_steps, runners, count = list(steps), {}, 0
+    for i, step in enumerate(steps):
+        if step.type != "ReLU" or step.bottoms != step.tops or len(step.bottoms) != 1:
+            continue
+        blob = step.bottoms[0]
+        j = producer_of(steps, i, blob)
+        if j is None or steps[j].type.split("+")[0] not in FRESH_PRODUCERS:
+            continue
+        if readers_of(steps, j, blob) != [i]:
+            continue
+        key = f"{step.key}+inplace"
+        runners[key] = InplaceReLU(program.runners[step.key])
+        new_steps[i] = dataclasses.replace(step, key=key, type="ReLU+inplace")
+        count += 1
+    return program.rewritten(PASS_NAME, new_steps, runners, count)
