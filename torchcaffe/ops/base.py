@@ -19,6 +19,7 @@ from torch import nn
 
 from ..errors import LayerParamError, TorchCaffeError
 from ..proto import caffe_pb2
+from ._fill_skip import will_be_loaded
 from .fillers import check_filler, fill_
 
 Shape = tuple[int, ...]
@@ -155,15 +156,24 @@ class CaffeLayer(nn.Module):
     ) -> torch.Tensor:
         """Create the next param blob (Caffe order) as a Parameter, or a buffer if not learnable.
 
-        ``filler`` is a FillerParameter; ``value`` fills a constant instead.
+        ``filler`` is a FillerParameter; ``value`` fills a constant instead. Inside
+        ``skipping_fillers`` a blob that the weights being loaded hold is left unfilled.
         """
-        tensor = torch.zeros(tuple(int(d) for d in shape), dtype=torch.float32)
+        shape = tuple(int(d) for d in shape)
+        loaded = will_be_loaded(self.name, len(self._blob_names))
+        if loaded or filler is not None or value is not None:
+            tensor = torch.empty(shape, dtype=torch.float32)  # every value is written next
+        else:
+            tensor = torch.zeros(shape, dtype=torch.float32)
         if filler is not None:
             try:
                 check_filler(filler)
-                fill_(tensor, filler)
+                if not loaded:
+                    fill_(tensor, filler)
             except TorchCaffeError as err:
                 raise err.located(layer=self.name, layer_type=self.caffe_type) from None
+        elif loaded:
+            pass
         elif value is not None:
             tensor.fill_(value)
         if learnable:
