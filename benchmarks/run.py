@@ -199,6 +199,11 @@ def bench_opencv(args, rows: list[Row]) -> None:
         import cv2
     except ImportError:
         raise SystemExit("the opencv section needs OpenCV: pip install torchcaffe[bench]") from None
+    if not hasattr(cv2.dnn, "readNetFromCaffe"):
+        raise SystemExit(
+            f"OpenCV {cv2.__version__} has no Caffe importer (OpenCV 5 dropped it): "
+            "pip install torchcaffe[bench] (opencv-python-headless>=4.8,<5)"
+        )
     cv2.setNumThreads(torch.get_num_threads())
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.nets:
@@ -400,14 +405,28 @@ def main(argv: list[str] | None = None) -> None:
         "build": bench_build,
         "memory": bench_memory,
     }
+    failed: list[str] = []
     for section in sections:
         start = time.perf_counter()
-        run[section](args, rows)
+        try:
+            run[section](args, rows)
+        except (Exception, SystemExit) as err:  # report it, keep the other sections' rows
+            failed.append(f"{section}: {type(err).__name__}: {err}")
+            print(f"[{section} FAILED: {err}]", file=sys.stderr, flush=True)
         print(f"[{section}: {time.perf_counter() - start:.0f} s]", file=sys.stderr, flush=True)
+        write_results(args, argv, rows, failed)
+    print(table(rows))
+    if failed:
+        raise SystemExit("failed sections:\n  " + "\n  ".join(failed))
+
+
+def write_results(args, argv: list[str] | None, rows: list[Row], failed: list[str]) -> None:
+    """(Re)write the results file: after every section, so a late failure loses nothing."""
     command = "python benchmarks/run.py " + " ".join(argv if argv is not None else sys.argv[1:])
     quick = " (quick mode: a smoke run, not the table of record)" if args.quick else ""
     text = table(rows)
-    print(text)
+    if failed:
+        text += "\n\nFailed sections:\n" + "\n".join(f"- {f}" for f in failed)
     args.out.write_text(
         "# Benchmark results\n\n"
         f"Machine: {machine()}.\n\n"
