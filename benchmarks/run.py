@@ -73,12 +73,16 @@ class Row:
         ]
 
 
+def _num(v: float) -> str:
+    return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.3g}"
+
+
 def _fmt(values: list[float], unit: str) -> str:
     scale = {"ms": 1e3, "s": 1.0, "MiB": 1 / 2**20}[unit]
-    med = statistics.median(values) * scale
+    med = _num(statistics.median(values) * scale)
     if len(values) == 1:
-        return f"{med:.3g} {unit}"
-    return f"{med:.3g} {unit} [{min(values) * scale:.3g}-{max(values) * scale:.3g}]"
+        return f"{med} {unit}"
+    return f"{med} {unit} [{_num(min(values) * scale)}-{_num(max(values) * scale)}]"
 
 
 def timings(fn: Callable[[], object], repeat: int, warmup: int = 2) -> list[float]:

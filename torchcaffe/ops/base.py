@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from google.protobuf import text_format
 from torch import nn
@@ -161,14 +162,20 @@ class CaffeLayer(nn.Module):
         """
         shape = tuple(int(d) for d in shape)
         loaded = will_be_loaded(self.name, len(self._blob_names))
-        if loaded or filler is not None or value is not None:
-            tensor = torch.empty(shape, dtype=torch.float32)  # every value is written next
+        zero = all(shape) and (  # an empty blob goes to fill_, which reports it
+            (filler is None and not value)
+            or (filler is not None and filler.type == "constant" and filler.value == 0)
+        )
+        if loaded:
+            tensor = torch.empty(shape, dtype=torch.float32)  # the weights are copied next
+        elif zero:  # numpy's zeros come from calloc: pages stay untouched until written
+            tensor = torch.from_numpy(np.zeros(shape, dtype=np.float32))
         else:
-            tensor = torch.zeros(shape, dtype=torch.float32)
+            tensor = torch.empty(shape, dtype=torch.float32)  # the filler writes every value
         if filler is not None:
             try:
                 check_filler(filler)
-                if not loaded:
+                if not loaded and not zero:
                     fill_(tensor, filler)
             except TorchCaffeError as err:
                 raise err.located(layer=self.name, layer_type=self.caffe_type) from None
