@@ -5,9 +5,17 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping, Sequence
 
-from .formats.caffemodel import copy_trained_layers, read_weights, save_caffemodel, save_hdf5
+from .formats.caffemodel import (
+    LayerRecord,
+    copy_trained_layers,
+    is_hdf5,
+    read_weights,
+    save_caffemodel,
+    save_hdf5,
+)
 from .formats.prototxt import read_net, source_name
 from .net.net import TorchNet
+from .ops._fill_skip import plan_from_records, skipping_fillers
 from .proto import caffe_pb2
 from .trust import allow_python_layers as _allow_python
 
@@ -42,13 +50,34 @@ def load(
     else:
         net_param = read_net(prototxt)
         path = source_name(prototxt)  # inline text is named "<prototxt text>", not quoted
-    with _allow_python(allow_python_layers):
+    records, plan = None, None
+    if caffemodel is not None:  # scan first: fillers of the blobs it holds need not run
+        weights_path = os.fspath(caffemodel)
+        records, plan = _scan_weights(weights_path)
+    with _allow_python(allow_python_layers), skipping_fillers(plan):
         net = TorchNet(
             net_param, phase, level=level, stages=list(stages), path=path, input_shapes=input_shapes
         )
     if caffemodel is not None:
-        load_weights(net, caffemodel, strict=strict)
+        stream = (
+            iter(records)
+            if records is not None
+            else read_weights(weights_path, names=set(net.layer_names))
+        )
+        copy_trained_layers(net, stream, weights_path, strict=strict)
     return net
+
+
+def _scan_weights(path: str) -> tuple[list[LayerRecord] | None, dict[str, frozenset[int]]]:
+    """(records to copy from, or None to read again; the fill plan) of a weights file.
+
+    A binary caffemodel's records are views into its memory map, so they are kept for the copy
+    (one walk over the file); an HDF5 file's records hold copies, so only the plan is kept and
+    the file is streamed again while copying (peak memory stays one layer above the net)."""
+    if is_hdf5(path):
+        return None, _hdf5_plan(path)
+    records = list(read_weights(path))
+    return records, plan_from_records(records)
 
 
 def load_weights(net: TorchNet, caffemodel: PathLike, *, strict: bool = False) -> list[str]:
@@ -71,3 +100,23 @@ def save_weights(
     if hdf5 is None:
         hdf5 = path.endswith((".h5", ".hdf5"))
     (save_hdf5 if hdf5 else save_caffemodel)(net, path, write_diff=write_diff)
+
+
+def _hdf5_plan(path: str) -> dict[str, frozenset[int]]:
+    """The blob indices an HDF5 caffemodel holds per layer (data/<layer>/<i>), no data read."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            data = f.get("data")
+            if data is None:
+                return {}  # the copy reports the missing group
+            if not isinstance(data, h5py.Group):
+                return {}
+            return {  # a malformed entry is left to the copy, which names it
+                name: frozenset(int(k) for k in g if k.isdigit())
+                for name, g in data.items()
+                if isinstance(g, h5py.Group)
+            }
+    except OSError:
+        return {}  # the copy reports the unreadable file

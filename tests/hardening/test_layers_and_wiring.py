@@ -190,3 +190,15 @@ def test_any_layer_naming_one_top_twice_is_refused():
     )
     with pytest.raises(BlobWiringError, match=r"layer 's'.*top blob 'x'.*multiple sources"):
         load(text)
+
+
+@pytest.mark.parametrize("num_output, kernel", [(3, 1_000_000), (2_147_483_647, 2)])
+def test_param_blob_over_the_limits_is_refused_before_allocation(num_output, kernel):
+    # weights of num_output x 3 x kernel x kernel: far past INT_MAX elements, refused by name
+    conv = (
+        'layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" '
+        f"convolution_param {{ num_output: {num_output} kernel_size: {kernel} }} }}"
+    )
+    with pytest.raises(LayerParamError, match="param blob 'weight'.*max_blob_elements") as info:
+        load(data((1, 3, 4, 5)) + conv)
+    assert info.value.layer == "conv"

@@ -77,9 +77,10 @@ def test_error(snippet, shapes, field):
 
 
 def test_error_on_new_bottom_shapes():
+    # checked when the net reshapes (output_shapes), not inside forward
     layer, _ = make_layer("", [(2, 3, 4), (2, 1, 4)], type="Concat", name="c1")
     with pytest.raises(LayerParamError, match=r"layer 'c1' \(Concat\).*shape"):
-        layer(torch.zeros(2, 3, 4), torch.zeros(3, 1, 4))
+        layer.output_shapes([(2, 3, 4), (3, 1, 4)])
 
 
 def test_error_needs_a_bottom():

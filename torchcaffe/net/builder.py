@@ -267,7 +267,7 @@ class _Builder:
             top_shapes = module.output_shapes(bottom_shapes)
         except TorchCaffeError as err:
             raise self.fail(err, lp) from None
-        except (RuntimeError, ValueError, IndexError) as err:
+        except (RuntimeError, ValueError, IndexError, MemoryError) as err:
             raise self.fail(
                 LayerParamError(
                     f"cannot set up the layer for bottom shapes {bottom_shapes}: {err}"

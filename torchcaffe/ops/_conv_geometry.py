@@ -20,9 +20,14 @@ from .base import CaffeLayer, canonical_axis
 
 
 def c_div(a: int, b: int) -> int:
-    """C integer division (truncates toward zero), as Caffe's output-size formulas use."""
-    q = abs(a) // abs(b)
-    return q if (a >= 0) == (b > 0) else -q
+    """C integer division (truncates toward zero), as Caffe's output-size formulas use.
+
+    Written without branching on the sign of ``a`` so that a symbolic size (a SymInt under
+    ``torch.compile(dynamic=True)`` or ``torch.export``) stays symbolic: the positive part
+    floors down and the negative part floors toward zero."""
+    if b < 0:
+        return -c_div(a, -b)
+    return torch.sym_max(a, 0) // b - torch.sym_max(-a, 0) // b
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from google.protobuf import text_format
 from torch import nn
 
+from .. import limits
 from ..errors import LayerParamError, TorchCaffeError
 from ..proto import caffe_pb2
+from ._fill_skip import will_be_loaded
 from .fillers import check_filler, fill_
 
 Shape = tuple[int, ...]
@@ -156,15 +159,36 @@ class CaffeLayer(nn.Module):
     ) -> torch.Tensor:
         """Create the next param blob (Caffe order) as a Parameter, or a buffer if not learnable.
 
-        ``filler`` is a FillerParameter; ``value`` fills a constant instead.
+        ``filler`` is a FillerParameter; ``value`` fills a constant instead. Inside
+        ``skipping_fillers`` a blob that the weights being loaded hold is left unfilled.
         """
-        tensor = torch.zeros(tuple(int(d) for d in shape), dtype=torch.float32)
+        shape = tuple(int(d) for d in shape)
+        problem = limits.shape_problem(shape)
+        if problem:  # before any allocation: the shape comes from an untrusted file
+            raise self.error(
+                f"param blob '{name}' would have shape {list(shape)}: {problem}",
+                hint="see docs/limits.md to raise a limit for a net you trust",
+            )
+        loaded = will_be_loaded(self.name, len(self._blob_names))
+        zero = all(shape) and (  # an empty blob goes to fill_, which reports it
+            (filler is None and not value)
+            or (filler is not None and filler.type == "constant" and filler.value == 0)
+        )
+        if loaded:
+            tensor = torch.empty(shape, dtype=torch.float32)  # the weights are copied next
+        elif zero:  # numpy's zeros come from calloc: pages stay untouched until written
+            tensor = torch.from_numpy(np.zeros(shape, dtype=np.float32))
+        else:
+            tensor = torch.empty(shape, dtype=torch.float32)  # the filler writes every value
         if filler is not None:
             try:
                 check_filler(filler)
-                fill_(tensor, filler)
+                if not loaded and not zero:
+                    fill_(tensor, filler)
             except TorchCaffeError as err:
                 raise err.located(layer=self.name, layer_type=self.caffe_type) from None
+        elif loaded:
+            pass
         elif value is not None:
             tensor.fill_(value)
         if learnable:

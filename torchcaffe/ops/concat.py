@@ -33,19 +33,22 @@ class ConcatLayer(CaffeLayer):
                 expected="one of axis / concat_dim",
                 got=f"axis {p.axis} and concat_dim {p.concat_dim}",
             )
+        # read once: forward must not touch the proto (torch.compile cannot trace it)
+        self.concat_dim: int | None = p.concat_dim if p.HasField("concat_dim") else None
+        self.axis = int(p.axis)
         self.output_shapes(self.bottom_shapes)
 
     def concat_axis(self, num_axes: int) -> int:
-        p = self.param
-        if p.HasField("concat_dim"):
-            if p.concat_dim >= num_axes:
+        """The checked axis for bottoms of ``num_axes`` axes (set-up and reshape time)."""
+        if self.concat_dim is not None:
+            if self.concat_dim >= num_axes:
                 raise self.error(
                     "concat_dim out of range",
                     expected=f"0 <= concat_dim < {num_axes}",
-                    got=p.concat_dim,
+                    got=self.concat_dim,
                 )
-            return p.concat_dim
-        return canonical_axis(self, p.axis, num_axes)
+            return self.concat_dim
+        return canonical_axis(self, self.axis, num_axes)
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         first = tuple(int(d) for d in bottom_shapes[0])
@@ -69,7 +72,9 @@ class ConcatLayer(CaffeLayer):
         return [tuple(top)]
 
     def forward(self, *bottoms: torch.Tensor) -> torch.Tensor:
-        self.output_shapes([tuple(b.shape) for b in bottoms])
+        # shapes were checked by output_shapes (set-up, and Net.infer_shapes per input shape)
         if len(bottoms) == 1:
             return bottoms[0].view_as(bottoms[0])
-        return torch.cat(bottoms, dim=self.concat_axis(bottoms[0].dim()))
+        if self.concat_dim is not None:
+            return torch.cat(bottoms, dim=self.concat_dim)
+        return torch.cat(bottoms, dim=self.axis)

@@ -47,29 +47,36 @@ class InterpLayer(CaffeLayer):
                 got=f"use_blob_size: {str(p.use_blob_size).lower()} with "
                 f"{len(bottom_shapes)} bottom(s)",
             )
+        # read once: forward must not touch the proto (torch.compile cannot trace HasField)
+        self.pad_beg, self.pad_end = int(p.pad_beg), int(p.pad_end)
+        self.use_blob_size = bool(p.use_blob_size)
+        self.shrink_factor = int(p.shrink_factor) if p.HasField("shrink_factor") else None
+        self.zoom_factor = int(p.zoom_factor) if p.HasField("zoom_factor") else None
+        has_hw = p.HasField("height") and p.HasField("width")
+        self.height_width = (int(p.height), int(p.width)) if has_hw else None
         self.output_shapes(self.bottom_shapes)
 
     def _sizes(self, in_hw: Sequence[int], ref_hw: Sequence[int] | None):
         """-> (H_eff, W_eff), (H_out, W_out) as the fork's Reshape computes them."""
-        p = self.param
-        eff = tuple(int(n) + p.pad_beg + p.pad_end for n in in_hw)
-        shrink, zoom = p.HasField("shrink_factor"), p.HasField("zoom_factor")
-        if p.use_blob_size:
-            assert ref_hw is not None  # __init__ checked: use_blob_size comes with bottom 1
+        eff = tuple(int(n) + self.pad_beg + self.pad_end for n in in_hw)
+        shrink, zoom = self.shrink_factor is not None, self.zoom_factor is not None
+        if self.use_blob_size:
+            assert ref_hw is not None  # two bottoms, checked at set-up
             out = tuple(int(n) for n in ref_hw)
         elif shrink and not zoom:
             out = self._shrink(eff)
         elif zoom and not shrink:
             out = self._zoom(eff)
-        elif p.HasField("height") and p.HasField("width"):
-            out = (p.height, p.width)
+        elif self.height_width is not None:
+            out = self.height_width
         elif shrink and zoom:
             out = self._zoom(self._shrink(eff))
         else:
             raise self.error(
                 "the output size is not specified",
                 expected="zoom_factor, shrink_factor, or height and width",
-                got=text_format.MessageToString(p, as_one_line=True) or "no interp_param fields",
+                got=text_format.MessageToString(self.param, as_one_line=True)
+                or "no interp_param fields",
             )
         if min(eff) < 1:
             raise self.error(
@@ -82,18 +89,16 @@ class InterpLayer(CaffeLayer):
         return eff, out
 
     def _shrink(self, hw):
-        if self.param.shrink_factor < 1:
-            raise self.error(
-                "shrink_factor must be positive", expected=">= 1", got=self.param.shrink_factor
-            )
-        return tuple((n - 1) // self.param.shrink_factor + 1 for n in hw)
+        factor = int(self.shrink_factor or 0)
+        if factor < 1:
+            raise self.error("shrink_factor must be positive", expected=">= 1", got=factor)
+        return tuple((n - 1) // factor + 1 for n in hw)
 
     def _zoom(self, hw):
-        if self.param.zoom_factor < 1:
-            raise self.error(
-                "zoom_factor must be positive", expected=">= 1", got=self.param.zoom_factor
-            )
-        return tuple(n + (n - 1) * (self.param.zoom_factor - 1) for n in hw)
+        factor = int(self.zoom_factor or 0)
+        if factor < 1:
+            raise self.error("zoom_factor must be positive", expected=">= 1", got=factor)
+        return tuple(n + (n - 1) * (factor - 1) for n in hw)
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         shape = tuple(int(d) for d in bottom_shapes[0])
@@ -115,7 +120,7 @@ class InterpLayer(CaffeLayer):
 
     def forward(self, x: torch.Tensor, ref: torch.Tensor | None = None) -> torch.Tensor:
         eff, out = self._sizes(x.shape[2:], None if ref is None else ref.shape[2:])
-        begin = -self.param.pad_beg
+        begin = -self.pad_beg
         x = x[:, :, begin : begin + eff[0], begin : begin + eff[1]]
         if eff == out:  # the fork's special case: just copy
             return x.clone()

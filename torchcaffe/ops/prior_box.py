@@ -46,6 +46,7 @@ class PriorBoxLayer(CaffeLayer):
         self.variance = self._variance(p)
         self.img_hw = self._pair(p, "img_size", "img_h", "img_w", 0)
         self.step_hw = self._pair(p, "step", "step_h", "step_w", 0.0)
+        self.offset, self.clip = float(p.offset), bool(p.clip)  # forward never reads the proto
         self.output_shapes(self.bottom_shapes)
 
     # -- LayerSetUp ------------------------------------------------------------------------
@@ -154,14 +155,17 @@ class PriorBoxLayer(CaffeLayer):
         self, layer_hw: tuple[int, int], img_hw: tuple[int, int], device: torch.device
     ) -> torch.Tensor:
         """(H, W, num_priors, 4) float64 boxes: float32 centers, double divisions."""
-        f32 = torch.float32
-        steps = self.step_hw
-        if not all(steps):
-            steps = tuple(_f32(i / n) for i, n in zip(img_hw, layer_hw))  # float division
-        offset = torch.tensor(self.param.offset, dtype=f32, device=device)
+        f32, f64 = torch.float32, torch.float64
+        if all(self.step_hw):
+            steps = [torch.tensor(s, dtype=f32, device=device) for s in self.step_hw]
+        else:  # double division rounded to float, in tensors (traceable by torch.compile)
+            steps = [
+                (torch.tensor(i, dtype=f64, device=device) / n).to(f32)
+                for i, n in zip(img_hw, layer_hw)
+            ]
+        offset = torch.tensor(self.offset, dtype=f32, device=device)
         cy, cx = (
-            (torch.arange(n, dtype=f32, device=device) + offset)
-            * torch.tensor(step, dtype=f32, device=device)
+            (torch.arange(n, dtype=f32, device=device) + offset) * step
             for n, step in zip(layer_hw, steps)
         )
         cx, cy = cx.double()[None, :, None], cy.double()[:, None, None]
@@ -179,7 +183,7 @@ class PriorBoxLayer(CaffeLayer):
         layer_hw = self._height_width(tuple(feat.shape), 0)
         img_hw = self.img_hw if all(self.img_hw) else self._height_width(tuple(image.shape), 1)
         boxes = self._boxes(layer_hw, img_hw, feat.device).to(feat.dtype).reshape(-1)
-        if self.param.clip:
+        if self.clip:
             boxes = boxes.clamp(0.0, 1.0)
         var = torch.tensor(self.variance, dtype=feat.dtype, device=feat.device)
         var = var.repeat(boxes.numel() // len(self.variance))

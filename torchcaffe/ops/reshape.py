@@ -52,19 +52,24 @@ class ReshapeLayer(CaffeLayer):
                 "num_axes must be >= 0, or -1 for all", expected=">= -1", got=p.num_axes
             )
         self.inferred_axis = inferred[0] if inferred else -1
+        self.axis, self.num_axes = int(p.axis), int(p.num_axes)  # forward never reads the proto
         self.output_shapes(self.bottom_shapes)
+
+    def _range(self, ndim: int) -> tuple[int, int]:
+        """[start, end): the bottom axes the new dims replace."""
+        start = self.axis if self.axis >= 0 else ndim + self.axis + 1
+        return start, ndim if self.num_axes == -1 else start + self.num_axes
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         shape = tuple(int(d) for d in bottom_shapes[0])
-        p, ndim = self.param, len(shape)
-        start = p.axis if p.axis >= 0 else ndim + p.axis + 1
+        ndim = len(shape)
+        start, end = self._range(ndim)
         if not 0 <= start <= ndim:
             raise self.error(
                 f"axis out of range for a {ndim}-D bottom",
                 expected=f"{-ndim - 1} <= axis <= {ndim}",
-                got=p.axis,
+                got=self.axis,
             )
-        end = ndim if p.num_axes == -1 else start + p.num_axes
         if end > ndim:
             raise self.error(
                 "axis + num_axes is out of range", expected=f"axis + num_axes <= {ndim}", got=end
@@ -99,4 +104,8 @@ class ReshapeLayer(CaffeLayer):
         return [tuple(top)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.reshape(self.output_shapes([tuple(x.shape)])[0])
+        # checked by output_shapes; here 0 copies a dim and torch infers the -1 (symbolic
+        # sizes stay symbolic under torch.compile / torch.export)
+        start, end = self._range(x.dim())
+        new = [x.shape[start + i] if d == 0 else d for i, d in enumerate(self.dims)]
+        return x.reshape(*x.shape[:start], *new, *x.shape[end:])

@@ -34,22 +34,24 @@ class SliceLayer(CaffeLayer):
                 expected="one of axis / slice_dim",
                 got=f"axis {p.axis} and slice_dim {p.slice_dim}",
             )
-        self.slice_point = list(p.slice_point)
+        # read once: forward must not touch the proto (torch.compile cannot trace it)
+        self.slice_point = [int(v) for v in p.slice_point]
+        self.slice_dim: int | None = p.slice_dim if p.HasField("slice_dim") else None
+        self.axis = int(p.axis)
         self.output_shapes(self.bottom_shapes)
 
     def plan(self, shape: Shape) -> tuple[int, list[int]]:
-        """(axis, size of each top along it) for a bottom of this shape."""
-        p = self.param
-        if p.HasField("slice_dim"):
-            if p.slice_dim >= len(shape):
+        """(axis, size of each top along it) for a bottom of this shape, with Caffe's checks."""
+        if self.slice_dim is not None:
+            if self.slice_dim >= len(shape):
                 raise self.error(
                     "slice_dim out of range",
                     expected=f"0 <= slice_dim < {len(shape)}",
-                    got=p.slice_dim,
+                    got=self.slice_dim,
                 )
-            axis = p.slice_dim
+            axis = self.slice_dim
         else:
-            axis = canonical_axis(self, p.axis, len(shape))
+            axis = canonical_axis(self, self.axis, len(shape))
         size, n = shape[axis], self.num_tops
         if not self.slice_point:
             if size % n:
@@ -95,7 +97,10 @@ class SliceLayer(CaffeLayer):
         return [shape[:axis] + (s,) + shape[axis + 1 :] for s in sizes]
 
     def forward(self, x: torch.Tensor):
-        axis, sizes = self.plan(tuple(x.shape))
-        if len(sizes) == 1:
+        # the plan was checked by output_shapes (set-up, and Net.infer_shapes per input shape)
+        if self.num_tops == 1:
             return x.view_as(x)
-        return tuple(torch.split(x, sizes, dim=axis))
+        axis = self.axis if self.slice_dim is None else self.slice_dim
+        if self.slice_point:
+            return tuple(torch.tensor_split(x, self.slice_point, dim=axis))
+        return tuple(torch.tensor_split(x, self.num_tops, dim=axis))

@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.nn.utils.fusion import fuse_conv_bn_weights, fuse_linear_bn_weights
 
 from ...ops.base import CaffeLayer
 from ..program import LayerStep
@@ -148,6 +147,27 @@ def fold_batchnorm_scale_into_producer(
     return program.rewritten(PASS_NAME, new_steps, runners, len(replaced))
 
 
+def _fuse_affine(
+    w: torch.Tensor,
+    b: torch.Tensor,
+    mean: torch.Tensor,
+    var: torch.Tensor,
+    eps: float,
+    gamma: torch.Tensor,
+    beta: torch.Tensor,
+    out_axis: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weights and bias of producer-then-BatchNorm-then-affine as one producer.
+
+    The formula of ``torch.nn.utils.fusion.fuse_conv_bn_weights``, written out because that
+    helper wraps its results in ``nn.Parameter``, which dynamo cannot trace: the fold must also
+    run inside ``torch.compile`` (where freezing turns it into constants)."""
+    scale = gamma * torch.rsqrt(var + eps)
+    view = [1] * w.dim()
+    view[out_axis] = -1
+    return w * scale.reshape(view), (b - mean) * scale + beta
+
+
 class FoldedAffine:
     """Runs a producer with BatchNorm/Scale/Bias folded into its weights (inference only)."""
 
@@ -215,12 +235,9 @@ class FoldedAffine:
                 beta = self.scale.bias.detach().double()
         if self.bias is not None:
             beta = beta + self.bias.bias.detach().double()
-        if self.producer_type == "InnerProduct":
-            fw, fb = fuse_linear_bn_weights(w64, b, mean, var, eps, gamma, beta)
-        else:
-            transpose = self.producer_type == "Deconvolution"
-            fw, fb = fuse_conv_bn_weights(w64, b, mean, var, eps, gamma, beta, transpose)
-        return fw.detach().to(dtype), fb.detach().to(dtype)
+        out_axis = 1 if self.producer_type == "Deconvolution" else 0
+        fw, fb = _fuse_affine(w64, b, mean, var, eps, gamma, beta, out_axis)
+        return fw.to(dtype), fb.to(dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w, b = self.folded_weights()

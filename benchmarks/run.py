@@ -1,0 +1,446 @@
+"""The one benchmark command: every comparison of issue 14 in one process, one table of ratios.
+
+    python benchmarks/run.py [--quick] [--only handwritten,opencv,load,build,memory]
+                             [--nets CaffeNet,GoogLeNet,ResNet-50,MobileNetV2] [--no-compile]
+    python -m benchmarks ...   (the same)
+
+Every row compares torchcaffe with a named baseline timed in the same run, in the same
+process, with the same torch threads: medians over ``--repeat`` calls after warm-up, the
+range (min-max) in brackets. The ratio is always "how much better torchcaffe is": baseline
+time / torchcaffe time for speed, baseline bytes / torchcaffe bytes for memory; 1.00x is
+parity, above 1 is better. Sections:
+  handwritten  compiled net vs the same architecture written by hand in torch
+               (benchmarks/handwritten.py) with the same weights: inference at batch 1 and 8,
+               forward+backward at batch 8, eager and under torch.compile
+  opencv       inference vs OpenCV dnn's Caffe importer on the same prototxt and weights
+  load         caffemodel load (>= 500 MB, VGG16-shaped) vs a raw read, peak RSS vs weights
+  build        build time of ResNet-50 and ResNet-152 (no weights), and ResNet-152 with its
+               241 MB caffemodel vs a raw read of that file
+  memory       activation memory (bytes saved for backward) of forward+backward vs hand-written
+It writes benchmarks/results.md (``--out``) naming the machine. ``--quick`` runs a small
+subset with few repeats to show the runner works; its figures are not the table of record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torchcaffe  # noqa: E402
+from benchmarks import bench_caffemodel_load as load_bench  # noqa: E402
+from benchmarks.handwritten import NETS, copy_weights  # noqa: E402
+from benchmarks.resnet_proto import resnet_prototxt  # noqa: E402
+
+MODELS = (REPO / ".." / "shared" / "models").resolve()
+SECTIONS = ("handwritten", "opencv", "load", "build", "memory")
+
+
+@dataclass
+class Row:
+    section: str
+    what: str
+    ours: list[float]  # seconds (or bytes for memory rows)
+    baseline_name: str
+    baseline: list[float]
+    unit: str = "ms"
+
+    @property
+    def ratio(self) -> float:
+        return statistics.median(self.baseline) / statistics.median(self.ours)
+
+    def cells(self) -> list[str]:
+        return [
+            self.section,
+            self.what,
+            _fmt(self.ours, self.unit),
+            self.baseline_name,
+            _fmt(self.baseline, self.unit),
+            f"{self.ratio:.2f}x",
+        ]
+
+
+def _num(v: float) -> str:
+    return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.3g}"
+
+
+def _fmt(values: list[float], unit: str) -> str:
+    scale = {"ms": 1e3, "s": 1.0, "MiB": 1 / 2**20}[unit]
+    med = _num(statistics.median(values) * scale)
+    if len(values) == 1:
+        return f"{med} {unit}"
+    return f"{med} {unit} [{_num(min(values) * scale)}-{_num(max(values) * scale)}]"
+
+
+def timings(fn: Callable[[], object], repeat: int, warmup: int = 2) -> list[float]:
+    """Seconds per call of ``fn``, ``repeat`` samples after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def interleaved(a: Callable, b: Callable, repeat: int, warmup: int = 2) -> tuple[list, list]:
+    """Time ``a`` and ``b`` alternately, so that machine noise hits both alike."""
+    for _ in range(warmup):
+        a()
+        b()
+    ta, tb = [], []
+    for _ in range(repeat):
+        ta += timings(a, 1, 0)
+        tb += timings(b, 1, 0)
+    return ta, tb
+
+
+# -- the nets with random weights ---------------------------------------------------------
+def random_weights_(net: torchcaffe.TorchNet, seed: int = 0) -> None:
+    """Weights a trained net could hold (deploy prototxts ship without fillers)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for step in net.steps:
+            blobs = net.layers[step.key].param_blobs()
+            if step.type == "BatchNorm":
+                mean, var, factor = blobs
+                mean.copy_(torch.randn(mean.shape, generator=gen) * 0.1)
+                var.copy_(torch.rand(var.shape, generator=gen) + 0.5)
+                factor.fill_(1.0)
+                continue
+            for blob in blobs:
+                fan_in = max(1, blob[0].numel()) if blob.dim() > 1 else 1
+                std = (2.0 / fan_in) ** 0.5 if blob.dim() > 1 else 0.05
+                blob.copy_(torch.randn(blob.shape, generator=gen) * std)
+            if step.type == "Scale":
+                blobs[0].copy_(torch.rand(blobs[0].shape, generator=gen) + 0.5)
+
+
+def prepare(name: str) -> tuple[torchcaffe.TorchNet, torch.nn.Module, str, int, Path]:
+    rel, cls, out, size = NETS[name]
+    net = torchcaffe.load(MODELS / rel, phase="test").eval()
+    random_weights_(net)
+    hand = copy_weights(cls(), net).eval()
+    x = torch.randn(2, 3, size, size)
+    with torch.inference_mode():
+        a = net(data=x)[out].reshape(2, -1)
+        b = hand(x).reshape(2, -1)
+    gap = (a - b).abs().max().item()
+    if gap > 1e-4:
+        raise SystemExit(f"{name}: hand-written model disagrees with the compiled net ({gap:.2e})")
+    return net, hand, out, size, MODELS / rel
+
+
+def bench_handwritten(args, rows: list[Row]) -> None:
+    for name in args.nets:
+        net, hand, out, size, _ = prepare(name)
+        modes = [("eager", net, hand)]
+        if not args.no_compile:
+            torch._dynamo.reset()
+            modes.append(("compiled", torch.compile(net), torch.compile(hand)))
+        for mode, ours, base in modes:
+            for batch in args.batches:
+                x = torch.randn(batch, 3, size, size)
+
+                def run_ours(m=ours, x=x):
+                    with torch.inference_mode():
+                        m(data=x)
+
+                def run_base(m=base, x=x):
+                    with torch.inference_mode():
+                        m(x)
+
+                t_ours, t_base = interleaved(run_ours, run_base, args.repeat)
+                rows.append(
+                    Row(
+                        "handwritten",
+                        f"{name} {mode} inference b{batch}",
+                        t_ours,
+                        "hand-written torch",
+                        t_base,
+                    )
+                )
+            batch = args.train_batch
+            x = torch.randn(batch, 3, size, size)
+            w = torch.randn(batch, 1000)
+
+            def step_ours(m=ours, x=x, w=w, net=net, out=out):
+                net.zero_grad(set_to_none=True)
+                (m(data=x)[out].reshape(len(x), -1) * w).sum().backward()
+
+            def step_base(m=base, x=x, w=w, hand=hand):
+                hand.zero_grad(set_to_none=True)
+                (m(x).reshape(len(x), -1) * w).sum().backward()
+
+            t_ours, t_base = interleaved(step_ours, step_base, args.repeat)
+            rows.append(
+                Row(
+                    "handwritten",
+                    f"{name} {mode} fwd+bwd b{batch}",
+                    t_ours,
+                    "hand-written torch",
+                    t_base,
+                )
+            )
+
+
+def bench_opencv(args, rows: list[Row]) -> None:
+    try:
+        import cv2
+    except ImportError:
+        raise SystemExit("the opencv section needs OpenCV: pip install torchcaffe[bench]") from None
+    if not hasattr(cv2.dnn, "readNetFromCaffe"):
+        raise SystemExit(
+            f"OpenCV {cv2.__version__} has no Caffe importer (OpenCV 5 dropped it): "
+            "pip install torchcaffe[bench] (opencv-python-headless>=4.8,<5)"
+        )
+    cv2.setNumThreads(torch.get_num_threads())
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.nets:
+            net, _, out, size, proto = prepare(name)
+            weights = Path(tmp) / f"{name}.caffemodel"
+            torchcaffe.save_weights(net, weights)
+            cvnet = cv2.dnn.readNetFromCaffe(str(proto), str(weights))
+            cvnet.setPreferableBackend(cv2.dnn.DNN_BACKEND_OPENCV)
+            for batch in args.batches:
+                x = torch.randn(batch, 3, size, size)
+                blob = x.numpy()
+
+                def run_cv(blob=blob, cvnet=cvnet, out=out):
+                    cvnet.setInput(blob)
+                    return cvnet.forward(out)
+
+                def run_ours(x=x, net=net, out=out):
+                    with torch.inference_mode():
+                        return net(data=x)[out]
+
+                gap = abs(run_cv().reshape(batch, -1) - run_ours().reshape(batch, -1).numpy())
+                if gap.max() > 1e-3:
+                    raise SystemExit(f"{name}: OpenCV disagrees ({gap.max():.2e})")
+                t_ours, t_cv = interleaved(run_ours, run_cv, args.repeat)
+                rows.append(
+                    Row(
+                        "opencv",
+                        f"{name} inference b{batch}",
+                        t_ours,
+                        f"OpenCV {cv2.__version__} dnn",
+                        t_cv,
+                    )
+                )
+
+
+def bench_load(args, rows: list[Row]) -> None:
+    scale = 0.1 if args.quick else 1.0
+    with tempfile.TemporaryDirectory() as tmp:
+        prototxt = os.path.join(tmp, "vgg16.prototxt")
+        Path(prototxt).write_text(load_bench.vgg16_prototxt(scale))
+        model = os.path.join(tmp, "vgg16.caffemodel")
+        net = torchcaffe.load(prototxt)
+        torchcaffe.save_weights(net, model)
+        weights = sum(p.numel() * 4 for p in net.parameters())
+        del net
+        size_mb = os.path.getsize(model) / 2**20
+        raw, ours = [], []
+        for _ in range(max(1, args.repeat // 3)):
+            raw.append(load_bench.run_child("raw", prototxt, model))
+            ours.append(load_bench.run_child("torchcaffe", prototxt, model))
+        what = f"caffemodel load, {size_mb:.0f} MB (VGG16)"
+        rows.append(
+            Row(
+                "load",
+                what,
+                [r["seconds"] for r in ours],
+                "raw read",
+                [r["seconds"] for r in raw],
+                unit="s",
+            )
+        )
+        rows.append(
+            Row(
+                "load",
+                "peak extra RSS of that load",
+                [r["peak_extra_mb"] * 2**20 for r in ours],
+                "weights size",
+                [float(weights)],
+                unit="MiB",
+            )
+        )
+
+
+def bench_build(args, rows: list[Row]) -> None:
+    repeat = max(3, args.repeat // 2)
+    r50 = MODELS / "resnet50_kaiminghe/ResNet-50-deploy.prototxt"
+    with tempfile.TemporaryDirectory() as tmp:
+        r152 = Path(tmp) / "resnet152.prototxt"
+        r152.write_text(resnet_prototxt(152))
+        t50 = timings(lambda: torchcaffe.load(r50), repeat, 1)
+        t152 = timings(lambda: torchcaffe.load(r152), repeat, 1)
+        rows.append(Row("build", "ResNet-50 build, no weights", t50, "target 0.2 s", [0.2], "s"))
+        rows.append(Row("build", "ResNet-152 build, no weights", t152, "target 0.2 s", [0.2], "s"))
+        if args.quick:
+            return
+        net = torchcaffe.load(r152)
+        random_weights_(net)
+        weights = Path(tmp) / "resnet152.caffemodel"
+        torchcaffe.save_weights(net, weights)
+        del net
+
+        def raw():
+            with open(weights, "rb") as f:
+                f.read()
+
+        t_raw = timings(raw, repeat, 1)
+        t_load = timings(lambda: torchcaffe.load(r152, weights), repeat, 1)
+        mb = weights.stat().st_size / 2**20
+        rows.append(
+            Row(
+                "build",
+                f"ResNet-152 load(proto, {mb:.0f} MB weights)",
+                t_load,
+                "raw read x2 (target)",
+                [2 * t for t in t_raw],
+                "s",
+            )
+        )
+
+
+def saved_bytes(fn: Callable[[], None]) -> float:
+    """Bytes of distinct storages autograd saves for backward while ``fn`` runs forward."""
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return float(sum(seen.values()))
+
+
+def bench_memory(args, rows: list[Row]) -> None:
+    for name in args.nets:
+        net, hand, out, size, _ = prepare(name)
+        batch = args.train_batch
+        x = torch.randn(batch, 3, size, size)
+        ours = saved_bytes(lambda n=net, x=x, o=out: n(data=x)[o].sum().backward())
+        base = saved_bytes(lambda h=hand, x=x: h(x).sum().backward())
+        rows.append(
+            Row(
+                "memory",
+                f"{name} fwd+bwd b{batch} saved activations",
+                [ours],
+                "hand-written torch",
+                [base],
+                unit="MiB",
+            )
+        )
+
+
+def machine() -> str:
+    cpu = platform.processor() or "unknown CPU"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    parts = [
+        f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} "
+        f"({torch.get_num_threads()} threads), Python {platform.python_version()}, "
+        f"{platform.system()} {platform.release()}"
+    ]
+    with contextlib.suppress(ImportError):
+        import cv2
+
+        parts.append(f"OpenCV {cv2.__version__}")
+    return "; ".join(parts)
+
+
+def table(rows: list[Row]) -> str:
+    head = ["section", "benchmark", "torchcaffe", "baseline", "baseline value", "ratio"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r.cells()) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small subset, few repeats")
+    parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
+    parser.add_argument("--nets", default=None, help=f"comma-separated, of {', '.join(NETS)}")
+    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile rows")
+    parser.add_argument("--repeat", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results.md")
+    args = parser.parse_args(argv)
+    sections = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown:
+        parser.error(f"unknown section(s) {unknown}; choose from {', '.join(SECTIONS)}")
+    default_nets = ["CaffeNet"] if args.quick else list(NETS)
+    args.nets = [n.strip() for n in args.nets.split(",")] if args.nets else default_nets
+    bad = [n for n in args.nets if n not in NETS]
+    if bad:
+        parser.error(f"unknown net(s) {bad}; choose from {', '.join(NETS)}")
+    args.repeat = args.repeat or (3 if args.quick else 15)
+    args.batches = (1,) if args.quick else (1, 8)
+    args.train_batch = 2 if args.quick else 8
+    if not MODELS.is_dir():
+        raise SystemExit(f"the benchmarks read prototxts from {MODELS}, which is absent")
+    torch.manual_seed(0)
+    rows: list[Row] = []
+    run = {
+        "handwritten": bench_handwritten,
+        "opencv": bench_opencv,
+        "load": bench_load,
+        "build": bench_build,
+        "memory": bench_memory,
+    }
+    failed: list[str] = []
+    for section in sections:
+        start = time.perf_counter()
+        try:
+            run[section](args, rows)
+        except (Exception, SystemExit) as err:  # report it, keep the other sections' rows
+            failed.append(f"{section}: {type(err).__name__}: {err}")
+            print(f"[{section} FAILED: {err}]", file=sys.stderr, flush=True)
+        print(f"[{section}: {time.perf_counter() - start:.0f} s]", file=sys.stderr, flush=True)
+        write_results(args, argv, rows, failed)
+    print(table(rows))
+    if failed:
+        raise SystemExit("failed sections:\n  " + "\n  ".join(failed))
+
+
+def write_results(args, argv: list[str] | None, rows: list[Row], failed: list[str]) -> None:
+    """(Re)write the results file: after every section, so a late failure loses nothing."""
+    command = "python benchmarks/run.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    quick = " (quick mode: a smoke run, not the table of record)" if args.quick else ""
+    text = table(rows)
+    if failed:
+        text += "\n\nFailed sections:\n" + "\n".join(f"- {f}" for f in failed)
+    args.out.write_text(
+        "# Benchmark results\n\n"
+        f"Machine: {machine()}.\n\n"
+        f"Command: `{command.strip()}`{quick}.\n\n"
+        "Medians after warm-up, range in brackets, torchcaffe and the baseline alternated in one "
+        "process with the same threads. Ratio = baseline / torchcaffe (time or bytes): above "
+        "1.00x torchcaffe is better. Build rows compare with the issue's target instead of a "
+        "baseline run.\n\n" + text + "\n"
+    )
+
+
+if __name__ == "__main__":
+    main()

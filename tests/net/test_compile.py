@@ -1,0 +1,119 @@
+"""Compiled nets as torch graphs: no graph breaks, dynamic shapes, torch.export.
+
+The default run checks a representative set of deploy nets (Concat-heavy GoogLeNet and
+SqueezeNet, ResNet-50, MobileNetV2, and the SSD-style UltraFace head with Permute/Reshape/
+Concat); TORCHCAFFE_COMPILE_ALL=1 checks every deploy net in ../shared/models. No timings.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import torchcaffe
+from torchcaffe.net.export import export_net
+from torchcaffe.proto import caffe_pb2
+
+from ..test_real_models import DEPLOY
+
+REPRESENTATIVE = [
+    "bvlc_googlenet/deploy.prototxt",
+    "resnet50_kaiminghe/ResNet-50-deploy.prototxt",
+    "mobilenet_v2/mobilenet_v2_deploy.prototxt",
+    "squeezenet_opencv/SqueezeNet_deploy.prototxt",
+    "ultraface_slim320/slim-320.prototxt",
+]
+# Layers whose output size depends on the data (NMS): torch.compile must break there.
+DATA_DEPENDENT = {
+    "mobilenet_ssd_voc/MobileNetSSD_deploy.prototxt": "DetectionOutput (NMS) output size",
+    "mobilenet_ssd_voc/deploy_with_bn.prototxt": "DetectionOutput (NMS) output size",
+    "faster_rcnn_resnet18/deploy_faster_voc_resnet18-priv-merge.prototxt": "Proposal (NMS)",
+}
+NETS = DEPLOY if os.environ.get("TORCHCAFFE_COMPILE_ALL") else REPRESENTATIVE
+
+
+def _params(rels):
+    out = []
+    for rel in rels:
+        why = DATA_DEPENDENT.get(rel)
+        marks = [pytest.mark.xfail(reason=f"data-dependent: {why}", strict=True)] if why else []
+        out.append(pytest.param(rel, marks=marks, id=rel.split("/")[0]))
+    return out
+
+
+@pytest.mark.parametrize("rel", _params(NETS))
+def test_deploy_net_compiles_without_graph_breaks(models_root, rel):
+    net = torchcaffe.load(models_root / rel, phase="test").eval()
+    inputs = {n: torch.randn(net.blob_shapes[n]) for n in net.input_names}
+    torch._dynamo.reset()
+    with torch.no_grad():
+        report = torch._dynamo.explain(net)(**inputs)
+    assert report.graph_break_count == 0, [str(b.reason)[:200] for b in report.break_reasons]
+    assert report.graph_count == 1
+
+
+# A small net over the layers whose shape arithmetic runs inside forward: padded and strided
+# convolution (C's division), ceil-mode pooling, Concat (negative axis), Slice, Reshape with
+# 0 and -1, InnerProduct and Softmax.
+SMALL = """
+name: "small"
+layer { name: "data" type: "Input" top: "data"
+  input_param { shape { dim: 2 dim: 3 dim: 13 dim: 11 } } }
+layer { name: "c1" type: "Convolution" bottom: "data" top: "c1"
+  convolution_param { num_output: 6 kernel_size: 3 stride: 2 pad: 1
+    weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "c2" type: "Convolution" bottom: "data" top: "c2"
+  convolution_param { num_output: 2 kernel_h: 1 kernel_w: 3 stride: 2 pad_w: 1
+    weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "cat" type: "Concat" bottom: "c1" bottom: "c2" top: "cat" }
+layer { name: "pool" type: "Pooling" bottom: "cat" top: "pool"
+  pooling_param { pool: MAX kernel_size: 3 stride: 2 } }
+layer { name: "sl" type: "Slice" bottom: "pool" top: "a" top: "b"
+  slice_param { axis: 1 slice_point: 4 } }
+layer { name: "sum" type: "Concat" bottom: "b" bottom: "a" top: "sum" concat_param { axis: -1 } }
+layer { name: "flat" type: "Reshape" bottom: "sum" top: "flat"
+  reshape_param { shape { dim: 0 dim: -1 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "flat" top: "ip"
+  inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "prob" type: "Softmax" bottom: "ip" top: "prob" }
+"""
+
+
+def _small_net() -> torchcaffe.TorchNet:
+    from google.protobuf import text_format
+
+    torch.manual_seed(0)
+    net = torchcaffe.load(text_format.Parse(SMALL, caffe_pb2.NetParameter()), phase="test")
+    return net.eval()
+
+
+def _close(got: dict, want: dict) -> None:
+    assert sorted(got) == sorted(want)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6)
+
+
+def test_dynamic_compile_matches_eager_at_two_batch_sizes():
+    net = _small_net()
+    compiled = torch.compile(net, dynamic=True)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        for batch in (2, 5):
+            x = torch.randn(batch, 3, 13, 11)
+            _close(compiled(data=x), net(data=x))
+
+
+def test_export_with_a_dynamic_batch_runs_at_two_batch_sizes():
+    net = _small_net()
+    program = export_net(net, {"data": torch.randn(2, 3, 13, 11)})
+    with torch.no_grad():
+        for batch in (1, 7):
+            x = torch.randn(batch, 3, 13, 11)
+            _close(program.module()(x), net(data=x))
+
+
+def test_export_needs_exactly_the_input_blobs():
+    with pytest.raises(torchcaffe.errors.BlobWiringError, match="input blobs"):
+        export_net(_small_net(), {"image": torch.randn(2, 3, 13, 11)})

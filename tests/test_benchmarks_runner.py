@@ -1,0 +1,39 @@
+"""benchmarks/run.py runs end to end in a tiny configuration and writes its table.
+
+No timing is asserted: the figures depend on the machine; only that every requested row is
+there, each hand-written baseline agreed with the compiled net (the runner stops otherwise),
+and the results file names the machine.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import run
+
+
+def test_runner_writes_one_table_naming_the_machine(models_root, tmp_path):
+    out = tmp_path / "results.md"
+    run.main(
+        ["--quick", "--only", "handwritten,memory", "--no-compile", "--repeat", "1"]
+        + ["--out", str(out)]
+    )
+    text = out.read_text()
+    assert "Machine: " in text and "torch " in text and "cores" in text
+    rows = [
+        line
+        for line in text.splitlines()
+        if line.startswith("| handwritten") or line.startswith("| memory")
+    ]
+    assert [r.split(" | ")[1] for r in rows] == [
+        "CaffeNet eager inference b1",
+        "CaffeNet eager fwd+bwd b2",
+        "CaffeNet fwd+bwd b2 saved activations",
+    ]
+    assert all(r.rstrip(" |").endswith("x") for r in rows)
+
+
+def test_runner_rejects_an_unknown_section(capsys):
+    with pytest.raises(SystemExit):
+        run.main(["--only", "speed"])
+    assert "unknown section" in capsys.readouterr().err
