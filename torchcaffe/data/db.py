@@ -16,6 +16,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import threading
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -111,24 +112,58 @@ class WrapCursor:
             return True
 
 
-class LMDBReader(DBReader):
-    def __init__(self, path: str) -> None:
-        import lmdb
+_LMDB_ENVS: dict[tuple[int, str], list[Any]] = {}  # (pid, realpath) -> [env, users]
+_LMDB_LOCK = threading.Lock()
 
-        self.path = path
-        if not os.path.exists(path):
-            raise DataError("LMDB database not found", path=path, expected="an LMDB directory")
-        try:
-            self.env = lmdb.open(
+
+def _lmdb_env(path: str) -> Any:
+    """One read-only environment per database and process (py-lmdb refuses a second open of
+    the same path; a forked worker must open its own)."""
+    import lmdb
+
+    key = (os.getpid(), os.path.realpath(path))
+    with _LMDB_LOCK:
+        entry = _LMDB_ENVS.get(key)
+        if entry is None:
+            env = lmdb.open(
                 path,
                 readonly=True,
                 lock=False,
                 subdir=os.path.isdir(path),
                 readahead=False,
                 meminit=False,
+                max_readers=1024,
             )
+            entry = _LMDB_ENVS[key] = [env, 0]
+        entry[1] += 1
+        return entry[0]
+
+
+def _lmdb_release(path: str) -> None:
+    key = (os.getpid(), os.path.realpath(path))
+    with _LMDB_LOCK:
+        entry = _LMDB_ENVS.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] <= 0:
+            entry[0].close()
+            del _LMDB_ENVS[key]
+
+
+class LMDBReader(DBReader):
+    def __init__(self, path: str) -> None:
+        import lmdb
+
+        self.path = path
+        self._open = False
+        if not os.path.exists(path):
+            raise DataError("LMDB database not found", path=path, expected="an LMDB directory")
+        try:
+            self.env = _lmdb_env(path)
         except lmdb.Error as err:
             raise DataError(f"cannot open LMDB database ({err})", path=path) from None
+        self._open = True
 
     def items(self, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         import lmdb
@@ -159,7 +194,12 @@ class LMDBReader(DBReader):
         return int(self.env.stat()["entries"])
 
     def close(self) -> None:
-        self.env.close()
+        if self._open:
+            self._open = False
+            _lmdb_release(self.path)
+
+    def __del__(self) -> None:
+        self.close()
 
 
 class LevelDBReader(DBReader):

@@ -92,6 +92,14 @@ def convert_imageset(
     if encode_type and not encoded:
         log.info("encode_type specified, assuming encoded=true.")
     resize_height, resize_width = max(0, resize_height), max(0, resize_width)
+    if check_size and (encoded or encode_type):
+        # Caffe compares data sizes against channels*height*width, which encoded datums
+        # leave at 0: its tool aborts at the second image. Say so before writing anything.
+        raise DataError(
+            "check_size cannot be combined with encoded images",
+            path=list_file,
+            hint="drop -check_size, or write raw datums (no -encoded / -encode_type)",
+        )
     count, data_size = 0, None
     with DBWriter(db_name, backend) as db:
         items: Iterable = enumerate(lines)

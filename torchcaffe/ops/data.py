@@ -109,7 +109,8 @@ class DataLayer(SourceLayer):
         except TorchCaffeError as err:
             raise self.error(
                 f"cannot open the {backend} database {p.source!r}: {err.what}",
-                hint=f"data_param.source is opened relative to the working directory {os.getcwd()}",
+                hint=err.hint
+                or f"data_param.source is opened relative to the working directory {os.getcwd()}",
                 cls=type(err),
             ) from None
         transformer = DataTransformer(layer_param.transform_param, self.phase, where=where)
