@@ -39,3 +39,17 @@ def test_train_transform_mirrors_some_and_crops_inside():
     for o in outs:
         assert any(np.array_equal(o, x) or np.array_equal(o, x[:, :, ::-1]) for x in windows)
     assert len({o.tobytes() for o in outs}) > 1
+
+
+def test_workers_fork_after_the_parent_read(tmp_path):
+    """py-lmdb refuses a second open of a file in one process; a forked worker must still
+    open its own environment when the parent already holds one."""
+    db = raw_lmdb(tmp_path / "db", ARRAYS, range(10))
+    ds = DatumDataset(db)
+    assert ds[0][1] == 0  # the parent opens the database now
+    ctx = torch.multiprocessing.get_context("fork")
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=5, num_workers=2, multiprocessing_context=ctx
+    )
+    labels = torch.cat([b[1] for b in loader]).tolist()
+    assert labels == list(range(10))

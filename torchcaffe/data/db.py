@@ -151,6 +151,20 @@ def _lmdb_release(path: str) -> None:
             del _LMDB_ENVS[key]
 
 
+def _forget_envs_in_child() -> None:
+    """After fork: the inherited environments belong to the parent. py-lmdb refuses to open a
+    file it believes open, so close the child's copies (read-only, lock-free: nothing of the
+    parent's is released) and let readers in the child open their own."""
+    for env, _ in _LMDB_ENVS.values():
+        with contextlib.suppress(Exception):
+            env.close()
+    _LMDB_ENVS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_envs_in_child)
+
+
 class LMDBReader(DBReader):
     def __init__(self, path: str) -> None:
         import lmdb
@@ -163,7 +177,7 @@ class LMDBReader(DBReader):
             self.env = _lmdb_env(path)
         except lmdb.Error as err:
             raise DataError(f"cannot open LMDB database ({err})", path=path) from None
-        self._open = True
+        self._open, self._pid = True, os.getpid()
 
     def items(self, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         import lmdb
@@ -196,7 +210,8 @@ class LMDBReader(DBReader):
     def close(self) -> None:
         if self._open:
             self._open = False
-            _lmdb_release(self.path)
+            if self._pid == os.getpid():  # a forked copy owns no reference
+                _lmdb_release(self.path)
 
     def __del__(self) -> None:
         self.close()

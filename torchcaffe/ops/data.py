@@ -125,3 +125,9 @@ class DataLayer(SourceLayer):
         self._top_shapes = [(int(p.batch_size), *shape)]
         if self.num_tops > 1:
             self._top_shapes.append((int(p.batch_size),))
+
+    def close(self) -> None:
+        """Stop prefetching and release the database (the layer reads no more after this)."""
+        super().close()
+        if isinstance(self.loader, DatumLoader):
+            self.loader.db.close()
