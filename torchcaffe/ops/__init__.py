@@ -31,6 +31,7 @@ from . import (  # noqa: F401
     flatten,
     fork_activations,
     hdf5_data,
+    hdf5_output,
     hinge_loss,
     im2col,
     image_data,
