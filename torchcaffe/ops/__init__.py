@@ -19,6 +19,7 @@ from . import (  # noqa: F401
     crop,
     data,
     deconvolution,
+    dense_image_data,
     depthwise_convolution,
     detection_evaluate,
     detection_output,
