@@ -34,6 +34,8 @@ NO_GOLDEN = {
     "Interp": "PSPNet/DeepLab fork, not in the reference build; numpy caffe_cpu_interp2 tests",
     "DenseImageData": "SegNet/ENet fork data layer, not in the reference build; OpenCV-based "
     "reference tests in test_dense_image_data.py",
+    "WindowData": "no reference case (golden README: Not covered); numpy port of its warp "
+    "in test_window_data.py",
     "HDF5Output": "no reference case (golden README: Not covered); h5py round-trip tests",
 }
 

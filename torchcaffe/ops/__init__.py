@@ -78,4 +78,5 @@ from . import (  # noqa: F401
     tile,
     unsqueeze,
     upsample,
+    window_data,
 )
