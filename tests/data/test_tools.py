@@ -144,3 +144,15 @@ def test_unreadable_images_are_skipped_as_caffe_does(tmp_path):
 def test_cli_errors_are_one_line(tmp_path, capsys):
     assert cli(["compute_image_mean", str(tmp_path / "nope")]) == 2
     assert "LMDB database not found" in capsys.readouterr().err
+
+
+def test_check_size_refuses_a_record_of_another_size(tmp_path):
+    image_folder(tmp_path, [(4, 4), (5, 4)])
+    with pytest.raises(DataError, match="incorrect data field size for 'img_1.png'"):
+        convert_imageset(
+            str(tmp_path / "images") + "/",
+            str(tmp_path / "list.txt"),
+            str(tmp_path / "db"),
+            check_size=True,
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images", "list.txt"]

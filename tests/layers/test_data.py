@@ -290,3 +290,24 @@ def test_read_relative_to_the_working_directory(tmp_path, monkeypatch):
     layer = data_layer("rel", 6, "")
     np.testing.assert_array_equal(layer()[0].numpy(), ARRAYS)
     assert os.getcwd() == str(tmp_path)
+
+
+def test_rand_skip_starts_inside_the_first_records(tmp_path):
+    db = raw_lmdb(tmp_path / "db", ARRAYS, LABELS)
+    starts = set()
+    for seed in range(12):
+        snippet = (
+            f'top: "data" top: "label" data_param {{ source: "{db}" batch_size: 1 '
+            f"rand_skip: 4 backend: LMDB }}"
+        )
+        layer, _ = make_layer(snippet, (), type="Data", n_tops=2, phase="TEST", seed=seed)
+        starts.add(int(layer()[1].item()))
+    assert starts <= {0, 1, 2, 3} and len(starts) > 1
+
+
+def test_records_of_another_shape_inside_a_batch(tmp_path):
+    arrays = [np.zeros((1, 2, 2), np.uint8), np.zeros((1, 3, 3), np.uint8)]
+    db = raw_lmdb(tmp_path / "db", arrays, [0, 1])
+    layer = data_layer(db, 2, "")
+    with pytest.raises(DataError, match="differs from the batch's first record"):
+        layer()

@@ -120,3 +120,10 @@ def test_new_height_without_new_width(tmp_path):
     image_folder(tmp_path, [(3, 3)])
     with pytest.raises(LayerParamError, match="new_height and new_width"):
         image_layer(tmp_path, 1, "new_height: 4")
+
+
+def test_shard_takes_every_world_size_th_line(tmp_path):
+    image_folder(tmp_path, [(3, 3)] * 6)
+    layer = image_layer(tmp_path, 3)
+    layer.set_shard(1, 3)
+    assert layer()[1].tolist() == [1, 4, 1]
