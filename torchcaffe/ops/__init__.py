@@ -5,6 +5,7 @@ An explicit list (no star imports), so a reader sees every layer module in one p
 
 from . import (  # noqa: F401
     accuracy,
+    annotated_data,
     argmax,
     axpy,
     batch_norm,
