@@ -311,3 +311,15 @@ def test_records_of_another_shape_inside_a_batch(tmp_path):
     layer = data_layer(db, 2, "")
     with pytest.raises(DataError, match="differs from the batch's first record"):
         layer()
+
+
+def test_deepcopy_reopens_the_source():
+    import copy
+
+    layer = data_layer(_DB, 4, "")
+    first = layer()[1].tolist()
+    layer()  # the prefetch thread is running now
+    clone = copy.deepcopy(layer)
+    assert clone()[1].tolist() == first
+    clone.close()
+    layer.close()

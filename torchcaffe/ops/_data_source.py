@@ -73,6 +73,21 @@ class SourceLayer(CaffeLayer):
             self._prefetcher.stop()
             self._prefetcher = None
 
+    # -- copies -----------------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """Threads, open databases and iterators do not copy or pickle: a copy (deepcopy,
+        torch.save) re-opens its source and reads from the first record again."""
+        state = self.__dict__.copy()
+        state["loader"], state["_prefetcher"], state["_feed_iter"] = None, None, None
+        state["_reopen"] = self.loader is not None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        reopen = state.pop("_reopen", False)
+        self.__dict__.update(state)
+        if reopen:
+            self.loader = type(self)(self.layer_param, self.bottom_shapes).loader
+
     # -- forward ----------------------------------------------------------------------------
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         return list(self._top_shapes)
