@@ -138,3 +138,11 @@ def test_errors(tmp_path):
     (tmp_path / "windows.txt").write_text("# 0 a.png 3 30 40 2 7 0.9 0 0 5 5 1 0.0 0 0 5\n")
     with pytest.raises(DataError, match="malformed"):
         window_layer(tmp_path)
+
+
+def test_shards_sample_their_own_windows(tmp_path):
+    window_folder(tmp_path)
+    a, b = window_layer(tmp_path, batch=8), window_layer(tmp_path, batch=8)
+    a.set_shard(0, 2)
+    b.set_shard(1, 2)
+    assert a.loader.rng.seed != b.loader.rng.seed

@@ -37,6 +37,9 @@ class DatumLoader(BatchLoader):
 
     def set_shard(self, rank: int, world_size: int) -> None:
         self.rank, self.world_size = rank, world_size
+        rng = self.transformer.rng
+        if rng is not None:  # ranks seeded alike would mirror/crop alike
+            self.transformer.rng = CaffeRNG(rng.seed + rank)
 
     def _skip(self) -> bool:
         # DataLayer::Skip: in TEST every rank reads everything (only rank 0 tests in Caffe).

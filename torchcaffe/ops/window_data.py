@@ -127,6 +127,10 @@ class WindowLoader(BatchLoader):
                     ) from None
         self.rng = CaffeRNG()
 
+    def set_shard(self, rank: int, world_size: int) -> None:
+        """Windows are sampled, not read in order: each rank draws its own stream."""
+        self.rng = CaffeRNG(self.rng.seed + rank)
+
     def image(self, index: int) -> np.ndarray:
         if self.cache is not None:
             return cv.decode(self.cache[index], cv.IMREAD_COLOR, source=self.images[index])
