@@ -96,7 +96,8 @@ class DataLayer(SourceLayer):
     restrictions = (
         "mirror / TRAIN crop draw from an mt19937 seeded from torch's RNG (set_random_seed), "
         "not from Caffe's global RNG: the same distribution, another stream; rand_skip skips "
-        "the first caffe_rng_rand() % rand_skip records with the same caveat"
+        "a random number of records below rand_skip at setup, as Caffe 1.0's DataReader did "
+        "(the final BVLC master ignores rand_skip in Data)"
     )
 
     def __init__(self, layer_param, bottom_shapes):
