@@ -1,18 +1,28 @@
-"""The README's main-job command keeps working (a short run of examples/quickstart.py)."""
+"""The README's main-job command keeps working (a short run of examples/digits/digits.py)."""
 
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "quickstart.py"
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "digits" / "digits.py"
 
 
-def test_quickstart_trains_saves_and_reloads(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("quickstart", EXAMPLE)
+def test_digits_builds_lmdbs_trains_finetunes_saves_and_reloads(tmp_path, capsys):
+    pytest.importorskip("sklearn", reason="the example's extra: pip install -e '.[examples]'")
+    spec = importlib.util.spec_from_file_location("digits_example", EXAMPLE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert module.main(["--iters", "3", "--out", str(tmp_path)]) == 0
-    assert (tmp_path / "lenet_quickstart.caffemodel").stat().st_size > 1_000_000
+    argv = ["--iters", "20", "--finetune-iters", "5", "--work", str(tmp_path)]
+    assert module.main(argv) == 0
+    for db in ("digits_train_lmdb", "digits_test_lmdb"):
+        assert (tmp_path / db / "data.mdb").is_file()
+    assert (tmp_path / "digits_mean.binaryproto").is_file()
     out = capsys.readouterr().out
-    assert "max |prob - torch module prob| = 0.00e+00" in out
+    assert "Processed 1437 files into digits_train_lmdb" in out
+    tuned = re.search(r"AdamW fine-tuning: .* test accuracy (\S+)", out).group(1)
+    reloaded = re.search(r"fresh caffe\.Net: test accuracy (\S+)", out).group(1)
+    assert tuned == reloaded

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import torchcaffe
-from torchcaffe.errors import UnknownLayerTypeError
+from torchcaffe.errors import DataError, UnknownLayerTypeError
 from torchcaffe.formats.prototxt import read_net
-from torchcaffe.net.feeds import feed_data_layers
+from torchcaffe.net.feeds import SOURCE_LAYER_TYPES, feed_data_layers
 
 TRAIN_VAL = """
 layer { name: "train_db" type: "Data" top: "data" top: "label" include { phase: TRAIN }
@@ -39,9 +39,26 @@ def test_fed_net_builds_in_both_phases_and_runs():
         assert tuple(out["ip"].shape) == (2, 3)
 
 
-def test_unfed_data_layer_error_says_how_to_feed():
-    with pytest.raises(UnknownLayerTypeError, match=r"layer 'train_db' \(Data\).*input_shapes"):
+def test_unfed_data_layer_reads_its_source():
+    with pytest.raises(DataError, match=r"layer 'train_db' \(Data\).*'train_lmdb'"):
         torchcaffe.load(read_net(TRAIN_VAL), phase="train")
+
+
+def test_unimplemented_source_layer_error_says_how_to_feed():
+    text = TRAIN_VAL.replace('"train_db" type: "Data"', '"train_db" type: "VideoData"')
+    with pytest.raises(
+        UnknownLayerTypeError, match=r"layer 'train_db' \(VideoData\).*input_shapes"
+    ):
+        torchcaffe.load(read_net(text), phase="train")
+
+
+@pytest.mark.parametrize("layer_type", sorted(SOURCE_LAYER_TYPES))
+def test_every_source_layer_type_can_be_fed(layer_type):
+    text = TRAIN_VAL.replace('"train_db" type: "Data"', f'"train_db" type: "{layer_type}"')
+    net = torchcaffe.load(
+        read_net(text), phase="train", input_shapes={"data": (2, 5), "label": (2,)}
+    )
+    assert net.input_names == ["data", "label"]
 
 
 def test_partial_shapes_leave_the_layer_alone():

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 
 from ..errors import TorchCaffeError
-from . import layers_table, run, train, upgrade
+from . import compute_image_mean, convert_imageset, layers_table, run, train, upgrade
 
 Action = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
 ACTIONS: dict[str, Action] = {
@@ -20,6 +20,8 @@ ACTIONS: dict[str, Action] = {
     "layers": (layers_table.add_arguments, layers_table.main),
     "upgrade": (upgrade.add_arguments, upgrade.main),
     "train": (train.add_arguments, train.main),
+    "convert_imageset": (convert_imageset.add_arguments, convert_imageset.main),
+    "compute_image_mean": (compute_image_mean.add_arguments, compute_image_mean.main),
 }
 
 

@@ -23,6 +23,8 @@ SOURCE_LAYER_TYPES = frozenset(
         "WindowData",
         "MemoryData",
         "VideoData",
+        "DummyData",
+        "DenseImageData",
     }
 )
 
@@ -55,6 +57,6 @@ def feed_hint(lp: caffe_pb2.LayerParameter) -> str | None:
         return None
     tops = ", ".join(f"'{t}': (N, ...)" for t in lp.top)
     return (
-        f"{lp.type} layers do not read databases in this version; feed tensors instead: "
+        f"{lp.type} is not implemented here; feed tensors instead: "
         f"torchcaffe.load(..., input_shapes={{{tops}}}) turns this layer into an Input"
     )

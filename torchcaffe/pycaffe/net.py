@@ -408,6 +408,20 @@ class Net:
                 )
             getattr(blob, field)[...] = array
 
+    def set_input_arrays(self, data: np.ndarray, labels: np.ndarray) -> None:
+        """pycaffe: feed the first layer, a MemoryData layer, with ``data`` and ``labels``
+        (a 1-D label array is reshaped to N x 1 x 1 x 1)."""
+        from ..ops.memory_data import MemoryDataLayer
+
+        first = self._net.module_of(self._net.steps[0]) if self._net.steps else None
+        if not isinstance(first, MemoryDataLayer):
+            raise BlobWiringError(
+                "set_input_arrays may only be called if the first layer is a MemoryData layer",
+                expected="MemoryData",
+                got=self._net.steps[0].type if self._net.steps else "no layers",
+            )
+        first.reset(data, labels)
+
     def forward_backward(self) -> float:
         """Caffe's Net::ForwardBackward: forward, then backward; returns the loss."""
         loss = self._forward(0, len(self._net.steps) - 1)

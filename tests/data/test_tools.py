@@ -1,0 +1,158 @@
+"""convert_imageset / compute_image_mean: the same records Caffe's tools wrote, atomic writes.
+
+The golden data cases hold the images, the list and the databases Caffe's own tools wrote from
+them (meta ``tool_commands``), so our tools must reproduce every key and Datum byte.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import torchcaffe
+from tests.helpers.datasets import image_folder
+from torchcaffe.cli.__main__ import main as cli
+from torchcaffe.data.db import open_db
+from torchcaffe.data.tools import compute_image_mean, convert_imageset
+from torchcaffe.errors import DataError
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "data"
+
+
+def _tool_cases(tool):
+    for meta_path in sorted(GOLDEN.glob("*/meta.json")):
+        for cmd in json.loads(meta_path.read_text()).get("tool_commands", []):
+            if cmd.startswith(tool):
+                yield pytest.param(meta_path.parent, cmd, id=meta_path.parent.name)
+
+
+@pytest.mark.parametrize("case,cmd", list(_tool_cases("convert_imageset")))
+def test_convert_imageset_writes_caffes_records(case, cmd, tmp_path, monkeypatch):
+    args = shlex.split(cmd)[1:]
+    *flags, root, listfile, db_name = args
+    backend = "leveldb" if "--backend=leveldb" in flags else "lmdb"
+    if backend == "leveldb":
+        pytest.importorskip("plyvel")
+    monkeypatch.chdir(case)
+    out = tmp_path / "db"
+    assert cli(["convert_imageset", *flags, root, listfile, str(out)]) == 0
+    with open_db(case / db_name, backend) as theirs, open_db(out, backend) as ours:
+        assert list(ours.items()) == list(theirs.items())
+
+
+@pytest.mark.parametrize("case,cmd", list(_tool_cases("compute_image_mean")))
+def test_compute_image_mean_writes_caffes_bytes(case, cmd, tmp_path):
+    _, db_name, mean_name = shlex.split(cmd)
+    out = tmp_path / "mean.binaryproto"
+    compute_image_mean(str(case / db_name), str(out))
+    assert out.read_bytes() == (case / mean_name).read_bytes()
+
+
+def test_db_reads_back_through_the_data_layer(tmp_path):
+    images, labels = image_folder(tmp_path, [(6, 9)] * 5)
+    convert_imageset(
+        str(tmp_path / "images") + "/", str(tmp_path / "list.txt"), str(tmp_path / "db")
+    )
+    net_path = tmp_path / "net.prototxt"
+    net_path.write_text(
+        f'layer {{ name: "d" type: "Data" top: "data" top: "label" '
+        f'data_param {{ source: "{tmp_path / "db"}" batch_size: 5 backend: LMDB }} }}'
+    )
+    net = torchcaffe.Net(str(net_path), torchcaffe.TEST)
+    net.forward()
+    want = np.stack([img.transpose(2, 0, 1) for img in images]).astype(np.float32)
+    np.testing.assert_array_equal(net.blobs["data"].data, want)
+    np.testing.assert_array_equal(net.blobs["label"].data, labels)
+
+
+def test_encoded_gray_and_resize(tmp_path):
+    image_folder(tmp_path, [(6, 9)] * 3)
+    convert_imageset(
+        str(tmp_path / "images") + "/",
+        str(tmp_path / "list.txt"),
+        str(tmp_path / "db"),
+        gray=True,
+        encode_type="png",
+        resize_height=4,
+        resize_width=5,
+    )
+    from torchcaffe.data.datum import datum_to_array, parse_datum
+
+    with open_db(tmp_path / "db") as db:
+        for key, value in db.items():
+            datum = parse_datum(value, source="db")
+            assert datum.encoded and key.startswith(b"0000000")
+            assert datum_to_array(datum).shape == (1, 4, 5)
+
+
+def test_interrupted_run_leaves_nothing(tmp_path):
+    image_folder(tmp_path, [(4, 4)] * 6)
+
+    def boom(items, total):
+        for i, item in enumerate(items):
+            if i == 3:
+                raise KeyboardInterrupt
+            yield item
+
+    with pytest.raises(KeyboardInterrupt):
+        convert_imageset(
+            str(tmp_path / "images") + "/",
+            str(tmp_path / "list.txt"),
+            str(tmp_path / "db"),
+            progress=boom,
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images", "list.txt"]
+
+
+def test_check_size_with_encoded_is_refused_up_front(tmp_path):
+    image_folder(tmp_path, [(4, 4)])
+    with pytest.raises(DataError, match="check_size cannot be combined"):
+        convert_imageset(
+            str(tmp_path / "images") + "/",
+            str(tmp_path / "list.txt"),
+            str(tmp_path / "db"),
+            encoded=True,
+            check_size=True,
+        )
+    assert not (tmp_path / "db").exists()
+
+
+def test_existing_target_is_refused(tmp_path):
+    image_folder(tmp_path, [(4, 4)])
+    (tmp_path / "db").mkdir()
+    with pytest.raises(DataError, match="already exists"):
+        convert_imageset(
+            str(tmp_path / "images") + "/", str(tmp_path / "list.txt"), str(tmp_path / "db")
+        )
+
+
+def test_unreadable_images_are_skipped_as_caffe_does(tmp_path):
+    image_folder(tmp_path, [(4, 4)] * 2)
+    (tmp_path / "list.txt").write_text("img_0.png 0\nmissing.png 1\nimg_1.png 2\n")
+    n = convert_imageset(
+        str(tmp_path / "images") + "/", str(tmp_path / "list.txt"), str(tmp_path / "db")
+    )
+    assert n == 2
+    with open_db(tmp_path / "db") as db:
+        assert db.keys() == [b"00000000_img_0.png", b"00000002_img_1.png"]
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    assert cli(["compute_image_mean", str(tmp_path / "nope")]) == 2
+    assert "LMDB database not found" in capsys.readouterr().err
+
+
+def test_check_size_refuses_a_record_of_another_size(tmp_path):
+    image_folder(tmp_path, [(4, 4), (5, 4)])
+    with pytest.raises(DataError, match="incorrect data field size for 'img_1.png'"):
+        convert_imageset(
+            str(tmp_path / "images") + "/",
+            str(tmp_path / "list.txt"),
+            str(tmp_path / "db"),
+            check_size=True,
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images", "list.txt"]

@@ -1,0 +1,51 @@
+"""Caffe's image list files: one ``name label`` per line, split at the LAST space."""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import DataError
+
+
+def read_list(path: str, *, what: str = "image list") -> list[tuple[str, int]]:
+    """(name, label) pairs, as image_data_layer.cpp / convert_imageset read them: the label
+    is ``atoi`` of what follows the last space (a line without one is all name, label 0)."""
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as f:
+            lines = f.read().splitlines()
+    except OSError as err:
+        raise DataError(
+            f"cannot open the {what} ({err.strerror})",
+            path=path,
+            hint=f"it is opened relative to the working directory {os.getcwd()}",
+        ) from None
+    out = []
+    for line in lines:
+        if not line:
+            continue
+        name, sep, label = line.rpartition(" ")
+        if not sep:
+            name, label = line, ""
+        out.append((name, _atoi(label)))
+    if not out:
+        raise DataError(f"the {what} is empty", path=path, expected="'name label' lines")
+    return out
+
+
+def _atoi(text: str) -> int:
+    """C's atoi: optional sign and leading digits; anything else gives 0."""
+    text = text.lstrip()
+    n = 0
+    for i, ch in enumerate(text):
+        if ch.isdigit() and ch.isascii():
+            continue
+        if i == 0 and ch in "+-":
+            continue
+        n = i
+        break
+    else:
+        n = len(text)
+    try:
+        return int(text[:n])
+    except ValueError:
+        return 0
