@@ -14,7 +14,7 @@ Caffe face (pycaffe names)::
 
 from __future__ import annotations
 
-from . import proto
+from . import io, proto
 from .api import load, load_weights, save_weights
 from .blob import Blob
 from .errors import (
@@ -65,6 +65,7 @@ __all__ = [
     "TRAIN",
     "TEST",
     "proto",
+    "io",
     "caffe_pb2",
     "layer_type_list",
     "register_layer",
