@@ -14,7 +14,7 @@ Caffe face (pycaffe names)::
 
 from __future__ import annotations
 
-from . import io, proto
+from . import io, layers, net_spec, params, proto
 from .api import load, load_weights, save_weights
 from .blob import Blob
 from .errors import (
@@ -31,6 +31,7 @@ from .errors import (
     WeightsError,
 )
 from .net.net import TorchNet
+from .net_spec import NetSpec, to_proto
 from .ops._python_substitutes import NativeSubstituteWarning
 from .ops.base import CaffeLayer
 from .proto import caffe_pb2
@@ -66,6 +67,11 @@ __all__ = [
     "TEST",
     "proto",
     "io",
+    "layers",
+    "params",
+    "net_spec",
+    "NetSpec",
+    "to_proto",
     "caffe_pb2",
     "layer_type_list",
     "register_layer",
