@@ -172,4 +172,4 @@ def test_params_enums():
     assert P.Pooling.MAX == caffe_pb2.PoolingParameter.MAX
     assert P.Eltwise.SUM == caffe_pb2.EltwiseParameter.SUM
     with pytest.raises(AttributeError):
-        P.NoSuchLayer.X
+        _ = P.NoSuchLayer.X
