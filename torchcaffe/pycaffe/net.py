@@ -23,6 +23,7 @@ from .. import runtime
 from ..blob import Blob
 from ..errors import BlobWiringError, LayerParamError
 from ..net.net import TorchNet
+from ..ops.python_layer import PythonLayer
 from ..proto import caffe_pb2
 from ..syncedmem import Head
 from . import netio
@@ -66,6 +67,7 @@ class Net:
             network_file, phase, level=level, stages=stages or (), **load_options
         )
         self._device = torch.device("cpu")
+        self._note_sources()
         self._make_blobs()
         self._bind_params()
         self._records: dict[int, _Record] = {}
@@ -74,6 +76,12 @@ class Net:
             self.copy_from(weights)
 
     # -- construction ---------------------------------------------------------------------
+    def _note_sources(self) -> None:
+        """Python layers name this prototxt in the notes on their errors."""
+        for module in self._net.layers.values():
+            if isinstance(module, PythonLayer):
+                module.source_path = self._net.path
+
     def _make_blobs(self) -> None:
         self.blobs: OrderedDict[str, Blob] = OrderedDict(
             (name, Blob(self._net.blob_shapes[name])) for name in self._net.blob_names
@@ -245,12 +253,14 @@ class Net:
         steps = self._net.steps
         for i in range(start, end - 1, -1):
             step = steps[i]
-            record = self._records.get(i)
-            if not step.need_backward or record is None:
+            if not step.need_backward or step.is_input:
                 continue
             module = self._net.layers[step.key]
             if not module.has_backward:
                 continue
+            record = self._records.get(i)
+            if record is None:  # no forward since the blobs were set: use their current data
+                record = self._replay(i, device)
             outs, grads = [], []
             for name, t in zip(step.tops, record.tops):
                 if t.requires_grad:
@@ -279,6 +289,21 @@ class Net:
             for p, g in zip(params, got[len(wanted) :]):
                 if g is not None:
                     self._param_blob_of[id(p)].diff_at(device, mutable=True).add_(g.view(p.shape))
+
+    def _replay(self, i: int, device: torch.device) -> _Record:
+        """Layer ``i``'s forward recomputed from its bottoms' current data, for a backward
+        with no forward record (Caffe's Backward reads the blobs as they are now). The top
+        blobs are left as they are."""
+        step = self._net.steps[i]
+        bottoms = []
+        for j, name in enumerate(step.bottoms):
+            t = self.blobs[name].data_at(device).clone()
+            if step.bottom_need_backward[j] and t.is_floating_point():
+                t.requires_grad_(True)
+            bottoms.append(t)
+        with torch.enable_grad():
+            tops = self._net.run_step(step, bottoms)
+        return _Record(bottoms, tops)
 
     def _layer_index(self, name: str) -> int:
         try:
