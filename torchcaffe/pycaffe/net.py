@@ -48,6 +48,24 @@ class LayerView:
         return f"<Layer {self.name!r} ({self.type})>"
 
 
+class BlobLossWeights(list):
+    """pycaffe's ``net._blob_loss_weights``: a list in blob order. Indexing by blob name
+    (and ``get``) also works, for code that reads it as a mapping."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        super().__init__([0.0] * len(names))
+        self._index = {name: i for i, name in enumerate(names)}
+
+    def __getitem__(self, key: Any) -> Any:
+        return super().__getitem__(self._index[key] if isinstance(key, str) else key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(self._index[key] if isinstance(key, str) else key, value)
+
+    def get(self, name: str, default: float | None = None) -> float | None:
+        return self[name] if name in self._index else default
+
+
 class Net:
     """``caffe.Net(network_file, phase)``, ``caffe.Net(network_file, weights, phase)``, or the
     keyword forms ``caffe.Net(network_file, phase=..., weights=..., level=..., stages=...)``."""
@@ -86,7 +104,7 @@ class Net:
         self.blobs: OrderedDict[str, Blob] = OrderedDict(
             (name, Blob(self._net.blob_shapes[name])) for name in self._net.blob_names
         )
-        self._blob_loss_weights = {name: 0.0 for name in self.blobs}
+        self._blob_loss_weights = BlobLossWeights(self.blobs)
         for step in self._net.steps:
             for top, w in zip(step.tops, step.loss_weights):
                 if w:
@@ -175,7 +193,7 @@ class Net:
 
     @property
     def blob_loss_weights(self) -> OrderedDict[str, float]:
-        return OrderedDict(self._blob_loss_weights)
+        return OrderedDict(zip(self._blob_names, self._blob_loss_weights))
 
     @property
     def top_names(self) -> OrderedDict[str, list[str]]:
