@@ -14,7 +14,7 @@ Caffe face (pycaffe names)::
 
 from __future__ import annotations
 
-from . import io, layers, net_spec, params, proto
+from . import draw, io, layers, net_spec, params, proto
 from .api import load, load_weights, save_weights
 from .blob import Blob
 from .errors import (
@@ -67,6 +67,7 @@ __all__ = [
     "TEST",
     "proto",
     "io",
+    "draw",
     "layers",
     "params",
     "net_spec",

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 
 from ..errors import TorchCaffeError
-from . import layers_table, run, train, upgrade
+from . import draw_net, layers_table, run, train, upgrade
 
 Action = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
 ACTIONS: dict[str, Action] = {
@@ -20,6 +20,7 @@ ACTIONS: dict[str, Action] = {
     "layers": (layers_table.add_arguments, layers_table.main),
     "upgrade": (upgrade.add_arguments, upgrade.main),
     "train": (train.add_arguments, train.main),
+    "draw_net": (draw_net.add_arguments, draw_net.main),
 }
 
 
