@@ -14,9 +14,12 @@ Caffe face (pycaffe names)::
 
 from __future__ import annotations
 
-from . import draw, io, layers, net_spec, params, proto
+from . import coord_map, draw, io, layers, net_spec, params, proto
 from .api import load, load_weights, save_weights
 from .blob import Blob
+from .caffe_alias import install_caffe_alias
+from .classifier import Classifier
+from .detector import Detector
 from .errors import (
     BlobWiringError,
     DataError,
@@ -67,11 +70,15 @@ __all__ = [
     "TEST",
     "proto",
     "io",
+    "coord_map",
     "draw",
     "layers",
     "params",
     "net_spec",
     "NetSpec",
+    "Classifier",
+    "Detector",
+    "install_caffe_alias",
     "to_proto",
     "caffe_pb2",
     "layer_type_list",

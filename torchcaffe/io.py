@@ -47,7 +47,9 @@ def load_image(filename: str, color: bool = True) -> np.ndarray:
     return img
 
 
-def resize_image(im: np.ndarray, new_dims: Sequence[int], interp_order: int = 1) -> np.ndarray:
+def resize_image(
+    im: np.ndarray, new_dims: Sequence[int] | np.ndarray, interp_order: int = 1
+) -> np.ndarray:
     """``im`` (H x W x K) resized to ``new_dims`` (height, width), float32.
 
     1- or 3-channel images are scaled to [0, 1], resized with scikit-image (anti-aliased when
@@ -76,7 +78,9 @@ def resize_image(im: np.ndarray, new_dims: Sequence[int], interp_order: int = 1)
     return np.asarray(resized_im).astype(np.float32)
 
 
-def oversample(images: Sequence[np.ndarray], crop_dims: Sequence[int]) -> np.ndarray:
+def oversample(
+    images: Sequence[np.ndarray] | np.ndarray, crop_dims: Sequence[int] | np.ndarray
+) -> np.ndarray:
     """Ten crops per image: four corners and the center, then their mirrors (N*10 x h x w x K)."""
     im_shape = np.array(images[0].shape)
     crop = np.array(crop_dims)
