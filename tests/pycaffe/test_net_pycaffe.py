@@ -109,3 +109,10 @@ def test_save_and_copy_from(net, tmp_path):
     for name in net.params:
         for a, b in zip(net.params[name], other.params[name]):
             np.testing.assert_array_equal(a.data, b.data)
+
+
+def test_layer_reshape_shapes_tops_from_bottoms(net):
+    net.blobs["data"].reshape(2, 2, 5, 6)
+    layer = net.layer_dict["conv"]
+    layer.reshape([net.blobs["data"]], [net.blobs["conv"]])
+    assert net.blobs["conv"].data.shape == (2, 11, 10, 11)  # (5 + 6 - 2) + 1, (6 + 6 - 2) + 1

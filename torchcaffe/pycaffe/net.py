@@ -23,6 +23,7 @@ from .. import runtime
 from ..blob import Blob
 from ..errors import BlobWiringError, LayerParamError
 from ..net.net import TorchNet
+from ..ops.base import CaffeLayer
 from ..ops.python_layer import PythonLayer
 from ..proto import caffe_pb2
 from ..syncedmem import Head
@@ -43,6 +44,22 @@ class LayerView:
         self.type = type_
         self.module = module
         self.blobs = blobs
+
+    def reshape(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:
+        """Layer::Reshape: shape the ``top`` blobs for ``bottom``'s current shapes."""
+        module = self.module
+        if not isinstance(module, CaffeLayer):
+            raise TypeError(f"layer '{self.name}' has no Caffe layer module to reshape")
+        shapes = module.output_shapes([tuple(b.shape) for b in bottom])
+        if len(shapes) != len(top):
+            raise BlobWiringError(
+                f"layer '{self.name}' ({self.type}): wrong number of top blobs",
+                expected=len(shapes),
+                got=len(top),
+            )
+        for blob, shape in zip(top, shapes):
+            if tuple(blob.shape) != tuple(shape):
+                blob.reshape(tuple(shape))
 
     def __repr__(self) -> str:
         return f"<Layer {self.name!r} ({self.type})>"
@@ -104,7 +121,7 @@ class Net:
         self.blobs: OrderedDict[str, Blob] = OrderedDict(
             (name, Blob(self._net.blob_shapes[name])) for name in self._net.blob_names
         )
-        self._blob_loss_weights = BlobLossWeights(self.blobs)
+        self._blob_loss_weights = BlobLossWeights(list(self.blobs))
         for step in self._net.steps:
             for top, w in zip(step.tops, step.loss_weights):
                 if w:
