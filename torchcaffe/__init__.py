@@ -14,9 +14,12 @@ Caffe face (pycaffe names)::
 
 from __future__ import annotations
 
-from . import limits, proto
+from . import coord_map, draw, io, layers, limits, net_spec, params, proto
 from .api import load, load_weights, save_weights
 from .blob import Blob
+from .caffe_alias import install_caffe_alias
+from .classifier import Classifier
+from .detector import Detector
 from .errors import (
     BlobWiringError,
     DataError,
@@ -32,6 +35,7 @@ from .errors import (
     WeightsError,
 )
 from .net.net import TorchNet
+from .net_spec import NetSpec, to_proto
 from .ops._python_substitutes import NativeSubstituteWarning
 from .ops.base import CaffeLayer
 from .proto import caffe_pb2
@@ -67,6 +71,17 @@ __all__ = [
     "TEST",
     "proto",
     "limits",
+    "io",
+    "coord_map",
+    "draw",
+    "layers",
+    "params",
+    "net_spec",
+    "NetSpec",
+    "Classifier",
+    "Detector",
+    "install_caffe_alias",
+    "to_proto",
     "caffe_pb2",
     "layer_type_list",
     "register_layer",

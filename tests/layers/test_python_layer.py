@@ -113,9 +113,12 @@ def test_missing_module_and_class_are_named():
         make('python_param { module: "tests.helpers.python_layers" layer: "Missing" }', [(2, 3)])
 
 
-def test_setup_failure_is_reported_at_the_layer():
-    with pytest.raises(LayerParamError, match=r"layer 'layer' \(Python\).*Need two inputs"):
+def test_setup_failure_keeps_its_type_and_is_noted_at_the_layer():
+    """pycaffe lets the layer's own exception through; a note says which layer raised it."""
+    with pytest.raises(Exception, match="Need two inputs") as info:
         make(LOSS, [(3, 4)])
+    assert not isinstance(info.value, LayerParamError)
+    assert any("layer 'layer' (Python" in note for note in info.value.__notes__)
 
 
 def test_missing_backward_is_a_clear_error():

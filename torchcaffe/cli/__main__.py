@@ -12,7 +12,15 @@ import sys
 from collections.abc import Callable
 
 from ..errors import TorchCaffeError
-from . import compute_image_mean, convert_imageset, layers_table, run, train, upgrade
+from . import (
+    compute_image_mean,
+    convert_imageset,
+    draw_net,
+    layers_table,
+    run,
+    train,
+    upgrade,
+)
 
 Action = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
 ACTIONS: dict[str, Action] = {
@@ -22,6 +30,7 @@ ACTIONS: dict[str, Action] = {
     "train": (train.add_arguments, train.main),
     "convert_imageset": (convert_imageset.add_arguments, convert_imageset.main),
     "compute_image_mean": (compute_image_mean.add_arguments, compute_image_mean.main),
+    "draw_net": (draw_net.add_arguments, draw_net.main),
 }
 
 

@@ -17,6 +17,7 @@ import torch
 from .. import limits
 from ..errors import BlobWiringError, LayerParamError, TorchCaffeError, UnsupportedError
 from ..ops.base import CaffeLayer, Shape
+from ..ops.python_layer import from_user_code, note_user_error
 from ..proto import caffe_pb2
 from ..registry import layer_class
 from .feeds import feed_data_layers, feed_hint
@@ -268,12 +269,18 @@ class _Builder:
         except TorchCaffeError as err:
             raise self.fail(err, lp) from None
         except (RuntimeError, ValueError, IndexError, MemoryError) as err:
+            if from_user_code(err):  # a Python layer's own error keeps its type (pycaffe)
+                raise note_user_error(err, f"in {self.path}") from None
             raise self.fail(
                 LayerParamError(
                     f"cannot set up the layer for bottom shapes {bottom_shapes}: {err}"
                 ),
                 lp,
             ) from err
+        except Exception as err:
+            if from_user_code(err):
+                raise note_user_error(err, f"in {self.path}") from None
+            raise
         check_top_shapes(lp, top_shapes, self.fail)
         if len(top_shapes) != len(lp.top):
             raise self.fail(

@@ -38,6 +38,29 @@ OPT_IN_HINT = (
 )
 
 
+# Set on exceptions raised by the user's layer code, which keep their own type.
+USER_CODE_ATTR = "_torchcaffe_python_layer"
+
+
+def note_user_error(err: BaseException, note: str) -> BaseException:
+    """Mark ``err`` as raised by a Python layer's code and add ``note`` to it (PEP 678 notes;
+    on Python 3.10, where nothing prints them, the note also goes into ``args[0]``)."""
+    setattr(err, USER_CODE_ATTR, True)
+    if hasattr(err, "add_note"):
+        err.add_note(note)
+    else:  # pragma: no cover - Python 3.10
+        notes = list(getattr(err, "__notes__", []))
+        err.__notes__ = notes + [note]  # type: ignore[attr-defined]
+        if err.args and isinstance(err.args[0], str):
+            err.args = (f"{err.args[0]} [{note}]",) + err.args[1:]
+    return err
+
+
+def from_user_code(err: BaseException) -> bool:
+    """Did a Python layer's own code raise ``err`` (see note_user_error)?"""
+    return bool(getattr(err, USER_CODE_ATTR, False))
+
+
 def import_layer_class(lp: caffe_pb2.LayerParameter) -> type:
     """The user's layer class named by ``python_param`` (module on sys.path, class name)."""
     module_name, class_name = lp.python_param.module, lp.python_param.layer
@@ -54,10 +77,29 @@ def import_layer_class(lp: caffe_pb2.LayerParameter) -> type:
             f"cannot import Python layer module {module_name!r}: {err}",
             hint="put the module's directory on PYTHONPATH (sys.path)",
         ) from err
+    except Exception as err:  # SyntaxError/TabError, or the module's own code failing
+        where = _module_file(module_name, err)
+        raise LayerParamError(
+            f"Python layer module {module_name!r} ({where}) failed to import: "
+            f"{type(err).__name__}: {err}",
+            hint="fix the module's source",
+        ) from err
     try:
         return getattr(module, class_name)
     except AttributeError:
         raise LayerParamError(f"module {module_name!r} has no layer class {class_name!r}") from None
+
+
+def _module_file(module_name: str, err: BaseException) -> str:
+    """The file of a module that failed to import: the SyntaxError's file, else its spec's."""
+    filename = getattr(err, "filename", None)
+    if isinstance(err, SyntaxError) and filename:
+        return str(filename)
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        spec = None
+    return str(spec.origin) if spec is not None and spec.origin else "file unknown"
 
 
 def native_substitute(
@@ -166,9 +208,20 @@ class PythonLayer(CaffeLayer):
             self.py.reshape(self._bottoms, self._tops)
         except TorchCaffeError:
             raise
-        except Exception as err:  # the user's code: report it at this layer
-            raise self.error(f"Python layer setup failed: {type(err).__name__}: {err}") from err
+        except Exception as err:  # the user's code: its own exception, located by a note
+            raise self._noted(err, "setup") from None
         self._adopt_blobs()
+
+    # The prototxt the layer came from, for error notes (set by the pycaffe Net).
+    source_path: str | None = None
+
+    def _noted(self, err: BaseException, stage: str) -> BaseException:
+        pp = self.layer_param.python_param
+        where = f"{self.source_path}: " if self.source_path else ""
+        return note_user_error(
+            err,
+            f"{where}layer '{self.name}' (Python, {pp.module}.{pp.layer}): raised in {stage}",
+        )
 
     def _adopt_blobs(self) -> None:
         """The class's ``self.blobs`` become parameters; the Blobs then view their memory."""
@@ -197,6 +250,10 @@ class PythonLayer(CaffeLayer):
             self.py.forward(self._bottoms, self._tops)
         except TorchCaffeError as err:
             raise err.located(layer=self.name, layer_type=self.caffe_type) from None
+        except Exception as err:
+            if not from_user_code(err):
+                raise self._noted(err, "forward") from None
+            raise
         device = bottoms[0].device if bottoms else torch.device("cpu")
         dtype = bottoms[0].dtype if bottoms else torch.float32
         return tuple(torch.from_numpy(t.data.copy()).to(device, dtype) for t in self._tops)
@@ -215,6 +272,10 @@ class PythonLayer(CaffeLayer):
             self.py.backward(self._tops, list(wanted), self._bottoms)
         except TorchCaffeError as err:
             raise err.located(layer=self.name, layer_type=self.caffe_type) from None
+        except Exception as err:
+            if not from_user_code(err):
+                raise self._noted(err, "backward") from None
+            raise
         bottom_diffs = [torch.from_numpy(b.diff.copy()) for b in self._bottoms]
         param_diffs = [
             torch.from_numpy(b.diff.copy()).to(p.dtype) for b, p in zip(blobs, self.param_blobs())
@@ -233,7 +294,12 @@ class PythonLayer(CaffeLayer):
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         bottoms = [Blob(s) for s in bottom_shapes]
         tops = [Blob() for _ in range(self.num_tops)]
-        self.py.reshape(bottoms, tops)
+        try:
+            self.py.reshape(bottoms, tops)
+        except TorchCaffeError:
+            raise
+        except Exception as err:
+            raise self._noted(err, "reshape") from None
         return [t.shape for t in tops]
 
     def extra_repr(self) -> str:

@@ -24,6 +24,8 @@ from ..api import load, load_weights, save_weights
 from ..blob import Blob
 from ..errors import BlobWiringError, LayerParamError, UsageError
 from ..net.net import TorchNet
+from ..ops.base import CaffeLayer
+from ..ops.python_layer import PythonLayer
 from ..proto import caffe_pb2
 from ..syncedmem import Head
 
@@ -43,8 +45,42 @@ class LayerView:
         self.module = module
         self.blobs = blobs
 
+    def reshape(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:
+        """Layer::Reshape: shape the ``top`` blobs for ``bottom``'s current shapes."""
+        module = self.module
+        if not isinstance(module, CaffeLayer):
+            raise TypeError(f"layer '{self.name}' has no Caffe layer module to reshape")
+        shapes = module.output_shapes([tuple(b.shape) for b in bottom])
+        if len(shapes) != len(top):
+            raise BlobWiringError(
+                f"layer '{self.name}' ({self.type}): wrong number of top blobs",
+                expected=len(shapes),
+                got=len(top),
+            )
+        for blob, shape in zip(top, shapes):
+            if tuple(blob.shape) != tuple(shape):
+                blob.reshape(tuple(shape))
+
     def __repr__(self) -> str:
         return f"<Layer {self.name!r} ({self.type})>"
+
+
+class BlobLossWeights(list):
+    """pycaffe's ``net._blob_loss_weights``: a list in blob order. Indexing by blob name
+    (and ``get``) also works, for code that reads it as a mapping."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        super().__init__([0.0] * len(names))
+        self._index = {name: i for i, name in enumerate(names)}
+
+    def __getitem__(self, key: Any) -> Any:
+        return super().__getitem__(self._index[key] if isinstance(key, str) else key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(self._index[key] if isinstance(key, str) else key, value)
+
+    def get(self, name: str, default: float | None = None) -> float | None:
+        return self[name] if name in self._index else default
 
 
 class Net:
@@ -66,6 +102,7 @@ class Net:
             network_file, None, phase, level=level, stages=stages or (), **load_options
         )
         self._device = torch.device("cpu")
+        self._note_sources()
         self._make_blobs()
         self._bind_params()
         self._records: dict[int, _Record] = {}
@@ -74,11 +111,17 @@ class Net:
             self.copy_from(weights)
 
     # -- construction ---------------------------------------------------------------------
+    def _note_sources(self) -> None:
+        """Python layers name this prototxt in the notes on their errors."""
+        for module in self._net.layers.values():
+            if isinstance(module, PythonLayer):
+                module.source_path = self._net.path
+
     def _make_blobs(self) -> None:
         self.blobs: OrderedDict[str, Blob] = OrderedDict(
             (name, Blob(self._net.blob_shapes[name])) for name in self._net.blob_names
         )
-        self._blob_loss_weights = {name: 0.0 for name in self.blobs}
+        self._blob_loss_weights = BlobLossWeights(list(self.blobs))
         for step in self._net.steps:
             for top, w in zip(step.tops, step.loss_weights):
                 if w:
@@ -167,7 +210,7 @@ class Net:
 
     @property
     def blob_loss_weights(self) -> OrderedDict[str, float]:
-        return OrderedDict(self._blob_loss_weights)
+        return OrderedDict(zip(self._blob_names, self._blob_loss_weights))
 
     @property
     def top_names(self) -> OrderedDict[str, list[str]]:
@@ -293,12 +336,14 @@ class Net:
         steps = self._net.steps
         for i in range(start, end - 1, -1):
             step = steps[i]
-            record = self._records.get(i)
-            if not step.need_backward or record is None:
+            if not step.need_backward or step.is_input:
                 continue
             module = self._net.module_of(step)
             if not module.has_backward:
                 continue
+            record = self._records.get(i)
+            if record is None:  # no forward since the blobs were set: use their current data
+                record = self._replay(i, device)
             outs, grads = [], []
             for name, t in zip(step.tops, record.tops):
                 if t.requires_grad:
@@ -327,6 +372,21 @@ class Net:
             for p, g in zip(params, got[len(wanted) :]):
                 if g is not None:
                     self._param_blob_of[id(p)].diff_at(device, mutable=True).add_(g.view(p.shape))
+
+    def _replay(self, i: int, device: torch.device) -> _Record:
+        """Layer ``i``'s forward recomputed from its bottoms' current data, for a backward
+        with no forward record (Caffe's Backward reads the blobs as they are now). The top
+        blobs are left as they are."""
+        step = self._net.steps[i]
+        bottoms = []
+        for j, name in enumerate(step.bottoms):
+            t = self.blobs[name].data_at(device).clone()
+            if step.bottom_need_backward[j] and t.is_floating_point():
+                t.requires_grad_(True)
+            bottoms.append(t)
+        with torch.enable_grad():
+            tops = self._net.run_step(step, bottoms)
+        return _Record(bottoms, tops)
 
     def _layer_index(self, name: str) -> int:
         try:
@@ -432,7 +492,7 @@ class Net:
         self, blobs: Sequence[str] | None = None, **kwargs: np.ndarray
     ) -> dict[str, np.ndarray]:
         """Run batches of ``kwargs`` inputs through the net; concatenate the outputs."""
-        return _forward_all(self, blobs, kwargs)
+        return forward_in_batches(self, blobs, kwargs)
 
     def clear_param_diffs(self) -> None:
         for blob in self._param_blob_of.values():
@@ -525,7 +585,7 @@ def _parse_net_args(args: tuple, weights: Any, phase: Any) -> tuple[Any, Any]:
     return weights, phase
 
 
-def _forward_all(
+def forward_in_batches(
     net: Net, blobs: Sequence[str] | None, kwargs: Mapping[str, Any]
 ) -> dict[str, np.ndarray]:
     """pycaffe's forward_all: split inputs into net-sized batches, pad the last one.

@@ -1,0 +1,79 @@
+"""caffe.Classifier / caffe.Detector on a tiny random-weight net and a synthetic image."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import torchcaffe as caffe
+
+pytest.importorskip("skimage")
+
+NET = """
+name: "tiny"
+layer { name: "data" type: "Input" top: "data"
+        input_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param { num_output: 4 kernel_size: 3
+                            weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "conv" top: "ip"
+        inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "prob" type: "Softmax" bottom: "ip" top: "prob" }
+"""
+
+
+@pytest.fixture
+def model(tmp_path):
+    proto = tmp_path / "deploy.prototxt"
+    proto.write_text(NET)
+    net = caffe.Net(str(proto), caffe.TEST)
+    weights = tmp_path / "w.caffemodel"
+    net.save(str(weights))
+    return str(proto), str(weights), net
+
+
+def _reference(net, transformer, crops):
+    batch = np.stack([transformer.preprocess("data", c) for c in crops])
+    outs = []
+    for i in range(0, len(batch), 2):
+        chunk = batch[i : i + 2]
+        net.blobs["data"].data[: len(chunk)] = chunk
+        net.forward()
+        outs.append(net.blobs["prob"].data[: len(chunk)].copy())
+    return np.concatenate(outs)
+
+
+def test_classifier_center_crop_and_oversample(model):
+    proto, weights, net = model
+    mean = np.array([0.1, 0.2, 0.3], np.float32)
+    clf = caffe.Classifier(
+        proto, weights, image_dims=(12, 12), mean=mean, raw_scale=2.0, channel_swap=(2, 1, 0)
+    )
+    rng = np.random.default_rng(0)
+    images = [rng.random((20, 16, 3)).astype(np.float32) for _ in range(3)]
+    resized = np.stack([caffe.io.resize_image(im, (12, 12)) for im in images])
+    center = _reference(net, clf.transformer, resized[:, 2:10, 2:10, :])
+    np.testing.assert_allclose(clf.predict(images, oversample=False), center, rtol=1e-4, atol=1e-6)
+    ten = _reference(net, clf.transformer, caffe.io.oversample(resized, (8, 8)))
+    want = ten.reshape(3, 10, -1).mean(1)
+    got = clf.predict(images)
+    assert got.shape == (3, 5)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_detector_windows_and_context_pad(model):
+    proto, weights, net = model
+    rng = np.random.default_rng(1)
+    image = rng.random((30, 40, 3)).astype(np.float32)
+    windows = [np.array([0, 0, 8, 8]), np.array([5, 10, 25, 30])]
+    det = caffe.Detector(proto, weights, mean=np.array([0.5, 0.5, 0.5]), raw_scale=1.0)
+    out = det.detect_windows([(image, windows)])
+    assert [d["window"] is w for d, w in zip(out, windows)] == [True, True]
+    crops = [caffe.io.resize_image(image[0:8, 0:8], (8, 8)), image[5:25, 10:30]]
+    want = _reference(net, det.transformer, crops)
+    np.testing.assert_allclose(np.stack([d["prediction"] for d in out]), want, rtol=1e-4)
+    padded = caffe.Detector(proto, weights, mean=np.array([0.5, 0.5, 0.5]), context_pad=2)
+    crop = padded.crop(image, np.array([0, 0, 8, 8]))
+    assert crop.shape == (8, 8, 3)
+    assert np.all(crop[0, 0] == 0.5)  # the context outside the image is the mean
+    assert len(padded.detect_windows([(image, windows)])) == 2

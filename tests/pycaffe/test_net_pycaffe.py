@@ -1,0 +1,118 @@
+"""caffe.Net as pycaffe's test_net.py exercises it, through ``import torchcaffe as caffe``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import torchcaffe as caffe
+
+NET = """
+name: "testnet" force_backward: true
+layer { name: "data" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 5 dim: 2 dim: 3 dim: 4 }
+                      shape { dim: 5 dim: 1 dim: 1 dim: 1 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param { num_output: 11 kernel_size: 2 pad: 3
+          weight_filler { type: "gaussian" std: 1 } bias_filler { type: "constant" value: 2 } }
+        param { decay_mult: 1 } param { decay_mult: 0 } }
+layer { name: "ip" type: "InnerProduct" bottom: "conv" top: "ip_blob"
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 2.5 }
+          bias_filler { type: "constant" value: -3 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip_blob" bottom: "label" top: "loss" }
+"""
+
+
+@pytest.fixture
+def net(tmp_path):
+    path = tmp_path / "net.prototxt"
+    path.write_text(NET)
+    n = caffe.Net(str(path), caffe.TRAIN)
+    n.blobs["data"].data[...] = np.random.default_rng(0).standard_normal((5, 2, 3, 4))
+    n.blobs["label"].data[...] = np.array([0, 1, 2, 1, 0]).reshape(5, 1, 1, 1)
+    return n
+
+
+def test_memory_and_forward_backward(net):
+    params = sum(map(list, net.params.values()), [])
+    blobs = net.blobs.values()
+    net.forward()
+    net.backward()
+    for p in params:
+        assert p.data.sum() + p.diff.sum() == p.data.sum() + p.diff.sum()
+    for b in blobs:
+        assert np.isfinite(b.data).all()
+
+
+def test_layer_dict_and_names(net):
+    assert list(net.layer_dict) == list(net._layer_names)
+    for i, name in enumerate(net._layer_names):
+        assert net.layer_dict[name].type == net.layers[i].type
+    assert net.top_names["ip"] == ["ip_blob"] and net.bottom_names["loss"] == ["ip_blob", "label"]
+    assert net.inputs == ["data", "label"] and net.outputs == ["loss"]
+
+
+def test_blob_loss_weights_is_a_list_in_blob_order(net):
+    weights = net._blob_loss_weights
+    assert isinstance(weights, list) and len(weights) == len(net.blobs)
+    assert weights[list(net.blobs).index("loss")] == 1.0
+    assert net.blob_loss_weights == dict(zip(net.blobs, weights))
+
+
+def test_forward_start_end(net):
+    conv_blob = net.blobs["conv"]
+    ip_blob = net.blobs["ip_blob"]
+    sample = np.random.default_rng(1).random(conv_blob.data.shape).astype(np.float32)
+    conv_blob.data[...] = sample
+    net.forward(start="ip", end="ip")
+    w, b = net.params["ip"][0].data, net.params["ip"][1].data
+    want = sample.reshape(5, -1) @ w.T + b
+    np.testing.assert_allclose(ip_blob.data, want, rtol=1e-4, atol=1e-4)
+
+
+def test_backward_start_end_without_forward(net):
+    """Caffe's backward reads the blobs as they are: no forward is needed before it."""
+    conv_blob, ip_blob = net.blobs["conv"], net.blobs["ip_blob"]
+    sample = np.random.default_rng(2).random(ip_blob.diff.shape).astype(np.float32)
+    ip_blob.diff[...] = sample
+    net.backward(start="ip", end="ip")
+    w = net.params["ip"][0].data
+    np.testing.assert_allclose(conv_blob.diff.reshape(5, -1), sample @ w, rtol=1e-4, atol=1e-4)
+
+
+def test_backward_without_forward_uses_current_bottom_data(net):
+    """The param diff of InnerProduct needs the bottom data: it comes from the blob now."""
+    net.clear_param_diffs()
+    conv = np.random.default_rng(3).random(net.blobs["conv"].data.shape).astype(np.float32)
+    net.blobs["conv"].data[...] = conv
+    top_diff = np.ones(net.blobs["ip_blob"].diff.shape, np.float32)
+    net.blobs["ip_blob"].diff[...] = top_diff
+    net.backward(start="ip", end="ip")
+    np.testing.assert_allclose(
+        net.params["ip"][0].diff, top_diff.T @ conv.reshape(5, -1), rtol=1e-4, atol=1e-4
+    )
+    assert np.abs(net.params["ip"][1].diff).sum() > 0
+
+
+def test_clear_param_diffs(net):
+    net.forward()
+    net.backward()
+    assert np.abs(net.params["conv"][0].diff).sum() > 0
+    net.clear_param_diffs()
+    assert all((p.diff == 0).all() for ps in net.params.values() for p in ps)
+
+
+def test_save_and_copy_from(net, tmp_path):
+    weights = str(tmp_path / "w.caffemodel")
+    net.save(weights)
+    other = caffe.Net(str(tmp_path / "net.prototxt"), weights, caffe.TRAIN)
+    for name in net.params:
+        for a, b in zip(net.params[name], other.params[name]):
+            np.testing.assert_array_equal(a.data, b.data)
+
+
+def test_layer_reshape_shapes_tops_from_bottoms(net):
+    net.blobs["data"].reshape(2, 2, 5, 6)
+    layer = net.layer_dict["conv"]
+    layer.reshape([net.blobs["data"]], [net.blobs["conv"]])
+    assert net.blobs["conv"].data.shape == (2, 11, 10, 11)  # (5 + 6 - 2) + 1, (6 + 6 - 2) + 1

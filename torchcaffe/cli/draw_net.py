@@ -1,0 +1,27 @@
+"""Draw a net's graph to an image file (PNG/SVG/PDF by extension), as Caffe's draw_net.py.
+
+torchcaffe draw_net NET.prototxt OUT.png [--rankdir LR] [--phase TRAIN|TEST|ALL]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .. import draw
+from ..formats.prototxt import read_net
+from ..proto import caffe_pb2
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("input_net_proto_file")
+    p.add_argument("output_image_file")
+    p.add_argument("--rankdir", default="LR", choices=["LR", "TB", "BT", "RL"])
+    p.add_argument("--phase", default="ALL", choices=["TRAIN", "TEST", "ALL"])
+
+
+def main(args: argparse.Namespace) -> int:
+    net = read_net(args.input_net_proto_file)
+    phase = None if args.phase == "ALL" else caffe_pb2.Phase.Value(args.phase)
+    draw.draw_net_to_file(net, args.output_image_file, args.rankdir, phase)
+    print(f"drew {args.input_net_proto_file} -> {args.output_image_file}")
+    return 0

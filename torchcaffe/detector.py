@@ -1,0 +1,127 @@
+"""pycaffe's ``caffe.Detector``: a TEST-phase Net that scores windows of images (R-CNN style).
+
+detect_windows crops each (ymin, xmin, ymax, xmax) window, optionally with ``context_pad``
+pixels of context warped in around it (the rest filled with the mean), preprocesses the crops
+with the Transformer and returns one ``{'window', 'prediction', 'filename'}`` per window.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from . import io as caffe_io
+from .classifier import _configure_transformer
+from .errors import UnsupportedError
+from .proto import caffe_pb2
+from .pycaffe.net import Net, forward_in_batches
+
+
+class Detector(Net):
+    """``Detector(model_file, pretrained_file, mean=None, input_scale=None, raw_scale=None,
+    channel_swap=None, context_pad=None)``, as pycaffe's."""
+
+    def __init__(
+        self,
+        model_file: str | os.PathLike,
+        pretrained_file: str | os.PathLike | None,
+        mean: np.ndarray | None = None,
+        input_scale: float | None = None,
+        raw_scale: float | None = None,
+        channel_swap: Sequence[int] | None = None,
+        context_pad: int | None = None,
+        **net_options: Any,
+    ) -> None:
+        super().__init__(model_file, weights=pretrained_file, phase=caffe_pb2.TEST, **net_options)
+        self.transformer = _configure_transformer(self, mean, input_scale, raw_scale, channel_swap)
+        self.configure_crop(context_pad)
+
+    def detect_windows(self, images_windows: Sequence[tuple[Any, Sequence[Any]]]) -> list[dict]:
+        """Scores for each window of each image: ``[(filename or H x W x K array, windows)]``."""
+        window_inputs = []
+        for image, windows in images_windows:
+            im = image if isinstance(image, np.ndarray) else caffe_io.load_image(image)
+            im = im.astype(np.float32)
+            for window in windows:
+                window_inputs.append(self.crop(im, np.asarray(window)))
+        in_ = self.inputs[0]
+        caffe_in = np.zeros(
+            (len(window_inputs), window_inputs[0].shape[2]) + self.blobs[in_].data.shape[2:],
+            dtype=np.float32,
+        )
+        for ix, window_in in enumerate(window_inputs):
+            caffe_in[ix] = self.transformer.preprocess(in_, window_in)
+        predictions = forward_in_batches(self, None, {in_: caffe_in})[self.outputs[0]]
+        detections = []
+        ix = 0
+        for image, windows in images_windows:
+            for window in windows:
+                detections.append(
+                    {"window": window, "prediction": predictions[ix], "filename": image}
+                )
+                ix += 1
+        return detections
+
+    def detect_selective_search(self, image_fnames: Sequence[str]) -> list[dict]:
+        raise UnsupportedError(
+            "detect_selective_search needs the selective_search_ijcv_with_python MATLAB "
+            "package, which torchcaffe does not bundle",
+            hint="compute windows yourself and call detect_windows",
+        )
+
+    def crop(self, im: np.ndarray, window: np.ndarray) -> np.ndarray:
+        """The window's pixels, or with context_pad the padded, warped context crop."""
+        w = np.asarray(window).astype(int)
+        crop = im[w[0] : w[2], w[1] : w[3]]
+        if not self.context_pad:
+            return crop
+        box = w.astype(float)
+        crop_size = int(self.blobs[self.inputs[0]].data.shape[3])  # assumes square input
+        scale = crop_size / (1.0 * crop_size - self.context_pad * 2)
+        half_h = (box[2] - box[0] + 1) / 2.0
+        half_w = (box[3] - box[1] + 1) / 2.0
+        center = (box[0] + half_h, box[1] + half_w)
+        scaled = scale * np.array((-half_h, -half_w, half_h, half_w))
+        box = np.round(np.tile(center, 2) + scaled)
+        scale_h = crop_size / (box[2] - box[0] + 1)
+        scale_w = crop_size / (box[3] - box[1] + 1)
+        pad_y = int(round(max(0, -box[0]) * scale_h))
+        pad_x = int(round(max(0, -box[1]) * scale_w))
+        im_h, im_w = im.shape[:2]
+        box = np.clip(box, 0.0, [im_h, im_w, im_h, im_w])
+        crop_h = int(round((box[2] - box[0] + 1) * scale_h))
+        crop_w = int(round((box[3] - box[1] + 1) * scale_w))
+        crop_h = min(crop_h, crop_size - pad_y)
+        crop_w = min(crop_w, crop_size - pad_x)
+        b = box.astype(int)
+        context = caffe_io.resize_image(im[b[0] : b[2], b[1] : b[3]], (crop_h, crop_w))
+        out = np.ones(self.crop_dims, dtype=np.float32) * self.crop_mean
+        out[pad_y : pad_y + crop_h, pad_x : pad_x + crop_w] = context
+        return out
+
+    def configure_crop(self, context_pad: int | None) -> None:
+        """Crop size from the input blob; with context padding, the mean to fill with."""
+        in_ = self.inputs[0]
+        tpose = self.transformer.transpose[in_]
+        inv_tpose = [tpose[t] for t in tpose]
+        self.crop_dims = np.array(self.blobs[in_].data.shape[1:])[inv_tpose]
+        self.context_pad = context_pad
+        if not context_pad:
+            return
+        channel_order = self.transformer.channel_swap.get(in_)
+        raw_scale = self.transformer.raw_scale.get(in_)
+        mean = self.transformer.mean.get(in_)
+        if mean is None:
+            self.crop_mean = np.zeros(self.crop_dims, dtype=np.float32)
+            return
+        crop_mean = np.broadcast_to(mean, self.blobs[in_].data.shape[1:]).transpose(inv_tpose)
+        crop_mean = crop_mean.astype(np.float32)
+        if channel_order is not None:
+            order = list(channel_order)
+            crop_mean = crop_mean[:, :, [order.index(i) for i in range(crop_mean.shape[2])]]
+        if raw_scale is not None:
+            crop_mean = crop_mean / raw_scale
+        self.crop_mean = crop_mean

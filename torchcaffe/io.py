@@ -1,0 +1,281 @@
+"""pycaffe's ``caffe.io``: image loading/resizing, BlobProto/Datum <-> numpy, ``Transformer``.
+
+Names, argument orders, exception types and numerics follow pycaffe so old scripts run
+unchanged. Image functions use scikit-image (and SciPy), as pycaffe does; they live in the
+``pycaffe`` extra (``pip install torchcaffe[pycaffe]``). ``resize_image`` is scikit-image's
+``resize(order=1, mode='constant')``, which low-pass filters before downsampling (0.19+).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .errors import UnsupportedError
+from .proto import caffe_pb2
+
+_EXTRA_HINT = "pip install torchcaffe[pycaffe]"
+
+
+def _skimage() -> Any:
+    try:
+        import skimage
+        import skimage.io
+        import skimage.transform
+    except ImportError as err:
+        raise UnsupportedError(
+            f"caffe.io image functions need scikit-image ({err}); install it with {_EXTRA_HINT}"
+        ) from err
+    return skimage
+
+
+# -- images -----------------------------------------------------------------------------------
+
+
+def load_image(filename: str, color: bool = True) -> np.ndarray:
+    """An image as float32 H x W x K in [0, 1] (K = 3 color RGB, 1 gray), as pycaffe reads it."""
+    skimage = _skimage()
+    img = skimage.img_as_float(skimage.io.imread(filename, as_gray=not color)).astype(np.float32)
+    if img.ndim == 2:
+        img = img[:, :, np.newaxis]
+        if color:
+            img = np.tile(img, (1, 1, 3))
+    elif img.shape[2] == 4:
+        img = img[:, :, :3]
+    return img
+
+
+def resize_image(
+    im: np.ndarray, new_dims: Sequence[int] | np.ndarray, interp_order: int = 1
+) -> np.ndarray:
+    """``im`` (H x W x K) resized to ``new_dims`` (height, width), float32.
+
+    1- or 3-channel images are scaled to [0, 1], resized with scikit-image (anti-aliased when
+    downsampling) and scaled back; a constant image stays constant. Other channel counts are
+    zoomed with ``scipy.ndimage.zoom``, as pycaffe does.
+    """
+    if im.shape[-1] == 1 or im.shape[-1] == 3:
+        skimage = _skimage()
+        im_min, im_max = im.min(), im.max()
+        if im_max > im_min:
+            im_std = (im - im_min) / (im_max - im_min)
+            resized_std = skimage.transform.resize(
+                im_std, tuple(new_dims), order=interp_order, mode="constant"
+            )
+            resized_im = resized_std * (im_max - im_min) + im_min
+        else:
+            ret = np.empty((new_dims[0], new_dims[1], im.shape[-1]), dtype=np.float32)
+            ret.fill(im_min)
+            return ret
+    else:
+        _skimage()  # scipy comes with scikit-image: one extra for both
+        from scipy.ndimage import zoom
+
+        scale = tuple(np.array(new_dims, dtype=float) / np.array(im.shape[:2]))
+        resized_im = zoom(im, scale + (1,), order=interp_order)
+    return np.asarray(resized_im).astype(np.float32)
+
+
+def oversample(
+    images: Sequence[np.ndarray] | np.ndarray, crop_dims: Sequence[int] | np.ndarray
+) -> np.ndarray:
+    """Ten crops per image: four corners and the center, then their mirrors (N*10 x h x w x K)."""
+    im_shape = np.array(images[0].shape)
+    crop = np.array(crop_dims)
+    im_center = im_shape[:2] / 2.0
+    corners = [
+        (i, j, i + crop[0], j + crop[1])
+        for i in (0, im_shape[0] - crop[0])
+        for j in (0, im_shape[1] - crop[1])
+    ]
+    center = np.tile(im_center, (1, 2))[0] + np.concatenate([-crop / 2.0, crop / 2.0])
+    crops_ix = np.tile(np.array(corners + [tuple(center)], dtype=int), (2, 1))
+    crops = np.empty((10 * len(images), crop[0], crop[1], im_shape[-1]), dtype=np.float32)
+    ix = 0
+    for im in images:
+        for y0, x0, y1, x1 in crops_ix:
+            crops[ix] = im[y0:y1, x0:x1, :]
+            ix += 1
+        crops[ix - 5 : ix] = crops[ix - 5 : ix, :, ::-1, :]  # the second five are mirrored
+    return crops
+
+
+# -- BlobProto / Datum --------------------------------------------------------------------------
+
+
+def blobproto_to_array(blob: caffe_pb2.BlobProto, return_diff: bool = False) -> np.ndarray:
+    """The blob's data (or diff) as float64, shaped by the legacy 4-D fields when any is set,
+    else by ``shape.dim`` (no dims: a 0-d scalar). A count/shape mismatch is numpy's ValueError.
+    """
+    data = np.array(blob.diff if return_diff else blob.data)
+    if any(blob.HasField(f) for f in ("num", "channels", "height", "width")):
+        return data.reshape(blob.num, blob.channels, blob.height, blob.width)
+    return data.reshape(tuple(blob.shape.dim))
+
+
+def array_to_blobproto(arr: np.ndarray, diff: np.ndarray | None = None) -> caffe_pb2.BlobProto:
+    """A BlobProto with ``shape`` and float ``data`` (and ``diff``) from N-d arrays."""
+    arr = np.asarray(arr)
+    blob = caffe_pb2.BlobProto()
+    blob.shape.dim.extend(int(d) for d in arr.shape)
+    blob.data.extend(arr.astype(np.float32).ravel().tolist())
+    if diff is not None:
+        blob.diff.extend(np.asarray(diff).astype(np.float32).ravel().tolist())
+    return blob
+
+
+def arraylist_to_blobprotovector_str(arraylist: Iterable[np.ndarray]) -> bytes:
+    """A serialized BlobProtoVector of the arrays."""
+    vec = caffe_pb2.BlobProtoVector()
+    vec.blobs.extend(array_to_blobproto(arr) for arr in arraylist)
+    return vec.SerializeToString()
+
+
+def blobprotovector_str_to_arraylist(s: bytes) -> list[np.ndarray]:
+    """The arrays of a serialized BlobProtoVector."""
+    vec = caffe_pb2.BlobProtoVector()
+    vec.ParseFromString(s)
+    return [blobproto_to_array(blob) for blob in vec.blobs]
+
+
+def array_to_datum(arr: np.ndarray, label: int | None = None) -> caffe_pb2.Datum:
+    """A Datum from a C x H x W array: uint8 goes to ``data`` bytes, anything else to
+    ``float_data``. Not 3-D raises ValueError, as pycaffe."""
+    if arr.ndim != 3:
+        raise ValueError("Incorrect array shape.")
+    datum = caffe_pb2.Datum()
+    datum.channels, datum.height, datum.width = (int(d) for d in arr.shape)
+    if arr.dtype == np.uint8:
+        datum.data = arr.tobytes()
+    else:
+        datum.float_data.extend(arr.astype(float).ravel().tolist())
+    if label is not None:
+        datum.label = label
+    return datum
+
+
+def datum_to_array(datum: caffe_pb2.Datum) -> np.ndarray:
+    """A Datum's C x H x W array: uint8 from ``data`` bytes, else float64 from ``float_data``.
+    The label is not part of it."""
+    shape = (datum.channels, datum.height, datum.width)
+    if len(datum.data):
+        return np.frombuffer(datum.data, dtype=np.uint8).reshape(shape)
+    return np.array(datum.float_data).astype(float).reshape(shape)
+
+
+# -- Transformer ------------------------------------------------------------------------------
+
+
+class Transformer:
+    """Turns H x W x K images into a net input (K x H x W, scaled, mean-subtracted) and back.
+
+    ``inputs`` maps input blob names to their shapes (N, K, H, W). preprocess applies, in
+    order: resize to the input's H x W, transpose, channel swap, raw scale, mean subtraction,
+    input scale; deprocess undoes them (without resizing). A name that is not an input raises
+    ``Exception``, as pycaffe; bad transpose/channel-swap lengths raise ``Exception`` and bad
+    mean shapes ``ValueError``.
+    """
+
+    def __init__(self, inputs: Mapping[str, Sequence[int]]) -> None:
+        self.inputs = inputs
+        self.transpose: dict[str, Sequence[int]] = {}
+        self.channel_swap: dict[str, Sequence[int]] = {}
+        self.raw_scale: dict[str, float] = {}
+        self.mean: dict[str, np.ndarray] = {}
+        self.input_scale: dict[str, float] = {}
+
+    def __check_input(self, in_: str) -> None:
+        if in_ not in self.inputs:
+            raise Exception(f"{in_} is not one of the net inputs: {self.inputs}")
+
+    def preprocess(self, in_: str, data: np.ndarray) -> np.ndarray:
+        """``data`` (H' x W' x K image) as input ``in_`` of the net, float32."""
+        self.__check_input(in_)
+        caffe_in = np.asarray(data).astype(np.float32, copy=False)
+        in_dims = tuple(self.inputs[in_][2:])
+        if caffe_in.shape[:2] != in_dims:
+            caffe_in = resize_image(caffe_in, in_dims)
+        transpose = self.transpose.get(in_)
+        if transpose is not None:
+            caffe_in = caffe_in.transpose(transpose)
+        channel_swap = self.channel_swap.get(in_)
+        if channel_swap is not None:
+            caffe_in = caffe_in[list(channel_swap), :, :]
+        raw_scale = self.raw_scale.get(in_)
+        if raw_scale is not None:
+            caffe_in = caffe_in * raw_scale
+        mean = self.mean.get(in_)
+        if mean is not None:
+            caffe_in = caffe_in - mean
+        input_scale = self.input_scale.get(in_)
+        if input_scale is not None:
+            caffe_in = caffe_in * input_scale
+        return caffe_in
+
+    def deprocess(self, in_: str, data: np.ndarray) -> np.ndarray:
+        """Undo preprocess (except resizing) on a net input: back to H x W x K."""
+        self.__check_input(in_)
+        decaf_in = np.array(data, copy=True).squeeze()
+        input_scale = self.input_scale.get(in_)
+        if input_scale is not None:
+            decaf_in = decaf_in / input_scale
+        mean = self.mean.get(in_)
+        if mean is not None:
+            decaf_in = decaf_in + mean
+        raw_scale = self.raw_scale.get(in_)
+        if raw_scale is not None:
+            decaf_in = decaf_in / raw_scale
+        channel_swap = self.channel_swap.get(in_)
+        if channel_swap is not None:
+            decaf_in = decaf_in[np.argsort(channel_swap), :, :]
+        transpose = self.transpose.get(in_)
+        if transpose is not None:
+            decaf_in = decaf_in.transpose(np.argsort(transpose))
+        return decaf_in
+
+    def set_transpose(self, in_: str, order: Sequence[int]) -> None:
+        """Axis order to apply, e.g. (2, 0, 1) for H x W x K -> K x H x W."""
+        self.__check_input(in_)
+        if len(order) != len(self.inputs[in_]) - 1:
+            raise Exception(
+                "Transpose order needs to have the same number of dimensions as the input."
+            )
+        self.transpose[in_] = order
+
+    def set_channel_swap(self, in_: str, order: Sequence[int]) -> None:
+        """Channel order to take, e.g. (2, 1, 0) for RGB -> BGR (after transpose)."""
+        self.__check_input(in_)
+        if len(order) != self.inputs[in_][1]:
+            raise Exception(
+                "Channel swap needs to have the same number of dimensions as the input channels."
+            )
+        self.channel_swap[in_] = order
+
+    def set_raw_scale(self, in_: str, scale: float) -> None:
+        """Multiply the raw input by ``scale`` (e.g. 255 for [0, 1] images), before the mean."""
+        self.__check_input(in_)
+        self.raw_scale[in_] = scale
+
+    def set_mean(self, in_: str, mean: np.ndarray) -> None:
+        """Subtract ``mean``: per channel (K,) or elementwise (K x H x W, or H x W for K = 1)."""
+        self.__check_input(in_)
+        ms = mean.shape
+        if mean.ndim == 1:
+            if ms[0] != self.inputs[in_][1]:
+                raise ValueError("Mean channels incompatible with input.")
+            mean = mean[:, np.newaxis, np.newaxis]
+        else:
+            if len(ms) == 2:
+                ms = (1,) + ms
+            if len(ms) != 3:
+                raise ValueError("Mean shape invalid")
+            if tuple(ms) != tuple(self.inputs[in_][1:]):
+                raise ValueError("Mean shape incompatible with input shape.")
+        self.mean[in_] = mean
+
+    def set_input_scale(self, in_: str, scale: float) -> None:
+        """Multiply the mean-subtracted input by ``scale`` (after raw scale and mean)."""
+        self.__check_input(in_)
+        self.input_scale[in_] = scale
