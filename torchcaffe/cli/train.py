@@ -70,6 +70,8 @@ def main(args: argparse.Namespace) -> int:
             "give -snapshot to resume training or -weights to finetune, not both",
             path=args.solver,
         )
+    if args.snapshot and not os.path.isfile(args.snapshot):
+        raise SolverError("solver state file not found", path=args.snapshot)
     param = read_solver(args.solver)
     param.train_state.level = args.level
     param.train_state.stage.extend(s for s in args.stage.split(",") if s)
@@ -89,19 +91,23 @@ def main(args: argparse.Namespace) -> int:
         param.ClearField("weights")
         param.weights.append(args.weights)
     root = group is None or group.rank == 0
-    _configure_logging(args.quiet or not root)
-    log.info("Use CPU." if gpu is None else f"Using GPUs {', '.join(map(str, gpus))}")
     cls = SOLVER_CLASSES.get(param.type, Solver)
-    solver = cls(param, path=args.solver, allow_python_layers=args.allow_python_layers, root=root)
-    if group is not None:
-        distributed.attach(solver, group)
     try:
-        with _signal_actions(solver, args.sigint_effect, args.sighup_effect):
-            with logging_redirect_tqdm(loggers=[log]):
-                if args.snapshot:
-                    log.info("Resuming from %s", args.snapshot)
-                log.info("Starting Optimization")
-                solver.solve(args.snapshot)
+        solver = cls(
+            param, path=args.solver, allow_python_layers=args.allow_python_layers, root=root
+        )
+        if group is not None:
+            distributed.attach(solver, group)
+        with (
+            _logging(args.quiet or not root),
+            _signal_actions(solver, args.sigint_effect, args.sighup_effect),
+            logging_redirect_tqdm(loggers=[log]),
+        ):
+            log.info("Use CPU." if gpu is None else f"Using GPUs {', '.join(map(str, gpus))}")
+            if args.snapshot:
+                log.info("Resuming from %s", args.snapshot)
+            log.info("Starting Optimization")
+            solver.solve(args.snapshot)
     finally:
         if group is not None:
             torch.distributed.destroy_process_group()
@@ -145,13 +151,22 @@ def _rank_main(rank: int, args: argparse.Namespace, world_size: int, port: int) 
     main(args)
 
 
-def _configure_logging(quiet: bool) -> None:
+@contextlib.contextmanager
+def _logging(quiet: bool) -> Iterator[None]:
+    """Solver log lines on stderr for the run (none if quiet or configured elsewhere)."""
     if quiet or log.handlers:
+        yield
         return
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    level = log.level
     log.addHandler(handler)
     log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
 
 
 @contextlib.contextmanager
