@@ -29,9 +29,11 @@ ACTIONS: dict[str, Action] = {
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The top-level parser and each action's own parser."""
-    parser = FlagParser(prog="torchcaffe", description=__doc__.splitlines()[0])
+    parser: argparse.ArgumentParser = FlagParser(
+        prog="torchcaffe", description=__doc__.splitlines()[0]
+    )
     sub = parser.add_subparsers(dest="action", required=True, parser_class=FlagParser)
-    actions = {}
+    actions: dict[str, argparse.ArgumentParser] = {}
     for name, (add_arguments, action_main) in ACTIONS.items():
         doc = sys.modules[action_main.__module__].__doc__ or ""
         actions[name] = sub.add_parser(name, help=doc.splitlines()[0], description=doc)

@@ -25,7 +25,7 @@ def gflags_argv(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[st
     known = {
         s.lstrip("-"): s for action in parser._actions for s in action.option_strings
     }  # argparse keeps no public list of option strings
-    out = []
+    out: list[str] = []
     for i, token in enumerate(argv):
         if token == "--":
             out.extend(argv[i:])
