@@ -1,6 +1,7 @@
 """Data-parallel training (Caffe's multi-GPU semantics over torch.distributed, gloo on CPU):
-two ranks with batch B train like one process with batch 2B, rank 0 alone snapshots, and each
-rank's HDF5Data reads its own interleaved shard."""
+two ranks with batch B train like one process with batch 2B, through the Caffe solver and
+through DistributedDataParallel over the compiled net; rank 0 alone snapshots, and each rank's
+HDF5Data reads its own interleaved shard."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from google.protobuf import text_format
+from torch.nn.parallel import DistributedDataParallel
 
+import torchcaffe
 import torchcaffe as caffe
 from torchcaffe.ops.hdf5_data import HDF5DataLayer
 from torchcaffe.proto import caffe_pb2
@@ -70,6 +73,23 @@ def reference(root: Path) -> tuple[dict[str, list[np.ndarray]], list[float]]:
     return params, losses
 
 
+def torch_face_loop(batch: int, ddp: bool = False) -> list[np.ndarray]:
+    """The torch face: a compiled net (wrapped in DistributedDataParallel when ``ddp``,
+    sharded by ``shard_data``) trained by torch.optim.SGD; returns the final params."""
+    torch.manual_seed(5)
+    net = torchcaffe.load(f"net{batch}.prototxt", phase="train")
+    model: torch.nn.Module = net
+    if ddp:
+        distributed.shard_data(net, dist.get_rank(), dist.get_world_size())
+        model = DistributedDataParallel(net)
+    opt = torch.optim.SGD(torchcaffe.param_groups(net, lr=0.1, weight_decay=0.01), momentum=0.9)
+    for _ in range(ITERS):
+        opt.zero_grad()
+        model()["loss"].backward()
+        opt.step()
+    return [p.detach().numpy().copy() for p in net.parameters()]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -91,7 +111,7 @@ def _rank(rank: int, root: str, port: int, results: dict) -> None:
         solver.snapshot = lambda: snapshots.append(original())  # type: ignore[method-assign]
         solver.solve()
         params = {k: [b.data.copy() for b in v] for k, v in solver.net.params.items()}
-        results[rank] = (params, losses, snapshots)
+        results[rank] = (params, losses, snapshots, torch_face_loop(4, ddp=True))
     finally:
         dist.destroy_process_group()
 
@@ -104,8 +124,11 @@ def test_two_gloo_ranks_match_one_process_with_twice_the_batch(tmp_path, monkeyp
         results = manager.dict()
         mp.spawn(_rank, args=(str(tmp_path), _free_port(), results), nprocs=2, join=True)
         results = dict(results)
+    want_torch_face = torch_face_loop(8)
     for rank in (0, 1):
-        params, _, _ = results[rank]
+        for got, want in zip(results[rank][3], want_torch_face):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        params = results[rank][0]
         for name, blobs in want_params.items():
             for got, want in zip(params[name], blobs):
                 np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
