@@ -4,8 +4,9 @@ Caffe keeps one list of learnable params (a shared param appears once, under its
 a rate and a decay multiplier each. Here params with equal multipliers form one group, so a
 torch user sees a handful of groups, while ``learnable_params`` keeps Caffe's order for the
 .solverstate history. ``param_groups`` is the public helper for any torch optimizer (rates and
-decays already multiplied); ``multiplier_groups`` feeds Caffe's own update rules. Blobs that are torch buffers (BatchNorm statistics) are solver-visible
-in Caffe with ``lr_mult: 0``; they stay out of the optimizer (no update either way).
+decays already multiplied); ``multiplier_groups`` feeds Caffe's own update rules. Blobs that
+are torch buffers (BatchNorm statistics) are solver-visible in Caffe with ``lr_mult: 0``; they
+stay out of the optimizer (no update either way).
 """
 
 from __future__ import annotations
