@@ -52,6 +52,7 @@ from .pycaffe.solver import (
 )
 from .registry import layer_type_list, register_layer
 from .runtime import set_device, set_mode_cpu, set_mode_gpu, set_random_seed
+from .solver.param_groups import param_groups
 
 TRAIN = caffe_pb2.TRAIN
 TEST = caffe_pb2.TEST
@@ -62,6 +63,7 @@ __all__ = [
     "load",
     "load_weights",
     "save_weights",
+    "param_groups",
     "Net",
     "Layer",
     "TorchNet",

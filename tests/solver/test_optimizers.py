@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from torchcaffe.errors import SolverError
-from torchcaffe.solver import OPTIMIZERS, make_optimizer, param_groups
+from torchcaffe.solver import OPTIMIZERS, make_optimizer, multiplier_groups
 from torchcaffe.solver.optimizers import CaffeSGD
 
 SHAPES = [(3, 4), (4,)]
@@ -228,7 +228,7 @@ def test_param_groups_follow_caffe_learnable_params(tmp_path):
         ("bn", 2),
         ("c2", 1),
     ]
-    groups = param_groups(net, lr=0.1)
+    groups = multiplier_groups(net, lr=0.1)  # Caffe's rules apply the multipliers themselves
     assert [(g["lr_mult"], g["decay_mult"], len(g["params"])) for g in groups] == [
         (1.0, 1.0, 1),
         (2.0, 0.0, 1),

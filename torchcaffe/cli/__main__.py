@@ -1,8 +1,7 @@
 """``torchcaffe <action> ...``: one small module per action, registered by name.
 
-Like the ``caffe`` tool's RegisterBrewFunction table: ``run`` (forward a net, report its
-outputs), ``layers`` (the supported-layers table), ``upgrade`` (upgrade_net_proto_text),
-``train`` (Caffe's solver loop).
+Like the ``caffe`` tool's RegisterBrewFunction table. Flags are gflags-style in every action:
+``-flag value``, ``--flag value``, ``-flag=value`` and ``--flag=value`` all work.
 """
 
 from __future__ import annotations
@@ -15,14 +14,19 @@ from ..errors import TorchCaffeError
 from . import (
     compute_image_mean,
     convert_imageset,
+    device_query,
     draw_net,
     layers_table,
     run,
+    test,
+    time_net,
     train,
     upgrade,
 )
+from .flags import FlagParser, gflags_argv
 
 Action = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
+# One line per action: name -> (add_arguments, main).
 ACTIONS: dict[str, Action] = {
     "run": (run.add_arguments, run.main),
     "layers": (layers_table.add_arguments, layers_table.main),
@@ -31,20 +35,52 @@ ACTIONS: dict[str, Action] = {
     "convert_imageset": (convert_imageset.add_arguments, convert_imageset.main),
     "compute_image_mean": (compute_image_mean.add_arguments, compute_image_mean.main),
     "draw_net": (draw_net.add_arguments, draw_net.main),
+    "test": (test.add_arguments, test.main),
+    "time": (time_net.add_arguments, time_net.main),
+    "device_query": (device_query.add_arguments, device_query.main),
 }
 
 
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The top-level parser and each action's own parser."""
+    parser: argparse.ArgumentParser = FlagParser(
+        prog="torchcaffe", description=__doc__.splitlines()[0]
+    )
+    sub = parser.add_subparsers(dest="action", required=True, parser_class=FlagParser)
+    actions: dict[str, argparse.ArgumentParser] = {}
+    for name, (add_arguments, action_main) in ACTIONS.items():
+        doc = sys.modules[action_main.__module__].__doc__ or ""
+        actions[name] = sub.add_parser(name, help=doc.splitlines()[0], description=doc)
+        actions[name].formatter_class = argparse.RawDescriptionHelpFormatter
+        add_arguments(actions[name])
+    return parser, actions
+
+
+def split_action(argv: list[str]) -> tuple[str | None, list[str]]:
+    """The action name (the first word naming one; gflags lets flags come first) and the rest."""
+    for i, token in enumerate(argv):
+        if token in ACTIONS:
+            return token, argv[:i] + argv[i + 1 :]
+    return None, argv
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="torchcaffe", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="action", required=True)
-    for name, (add_arguments, _) in ACTIONS.items():
-        module = sys.modules[ACTIONS[name][1].__module__]
-        add_arguments(sub.add_parser(name, help=(module.__doc__ or "").splitlines()[0]))
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, actions = build_parser()
+    action, rest = split_action(argv)
+    if action is None:
+        args = parser.parse_args(argv)  # prints help or "invalid choice" and exits
+    else:
+        args = actions[action].parse_args(gflags_argv(actions[action], rest))
+        args.action = action
     try:
         return ACTIONS[args.action][1](args)
     except TorchCaffeError as err:  # a user's file problem: one clear line, no traceback
         print(f"torchcaffe {args.action}: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a file that cannot be opened or written
+        name = f"{err.filename}: " if err.filename else ""
+        print(f"torchcaffe {args.action}: error: {name}{err.strerror or err}", file=sys.stderr)
         return 2
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from ..data.tools import compute_image_mean, default_progress
-from ._gflags import add_flag
+from .flags import add_flag
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from ..data.tools import convert_imageset, default_progress
-from ._gflags import add_flag
+from .flags import add_flag
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

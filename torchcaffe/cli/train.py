@@ -1,13 +1,22 @@
-"""Train a net with Caffe's solver semantics, as ``caffe train``.
+"""Train or finetune a net with Caffe's solver semantics, as ``caffe train``.
 
-    torchcaffe train --solver S.prototxt [--weights W.caffemodel[,W2]] [--snapshot S.solverstate]
-                     [--gpu ID] [--level N] [--stage A,B] [--allow-python-layers] [--quiet]
+    torchcaffe train -solver S.prototxt [-weights W.caffemodel[,W2] | -snapshot S.solverstate]
+                     [-gpu 0|0,1|all|-1] [-level N] [-stage A,B]
+                     [-sigint_effect stop|snapshot|none] [-sighup_effect snapshot|stop|none]
+                     [-allow_python_layers] [-quiet]
 
 File names inside the solver and its nets are relative to the working directory, as in Caffe.
-``--snapshot`` resumes (ignoring the solver's ``weights``), ``--weights`` finetunes; not both.
-Without ``--gpu``, ``solver_mode: GPU`` in the file selects the GPU (``device_id``); on a machine
-without CUDA that falls back to the CPU with a warning. Ctrl-C stops after the current
-iteration (and writes the final snapshot, as Caffe's sigint_effect=stop); SIGHUP snapshots.
+``-snapshot`` resumes (ignoring the solver's ``weights``), ``-weights`` finetunes; not both.
+Without ``-gpu``, ``solver_mode: GPU`` in the file selects the GPU ``device_id``; on a machine
+without CUDA that falls back to the CPU with a warning (an explicit ``-gpu`` is an error).
+``-iterations`` is accepted and, as in Caffe, ignored: training runs to the solver's max_iter.
+SIGINT and SIGHUP take effect between iterations (Caffe's defaults: stop, snapshot; ``stop``
+still writes the final snapshot when snapshot_after_train is set).
+
+Several processes: ``torchrun --nproc_per_node N -m torchcaffe train -solver S`` (gloo on the
+CPU, NCCL with ``-gpu``), or ``-gpu 0,1`` / ``-gpu all``, which starts one process per GPU.
+Each rank reads its own shard of the data; gradients are averaged as Caffe's multi-GPU solver
+does, so the effective batch is N times the net's; only rank 0 tests, logs and snapshots.
 """
 
 from __future__ import annotations
@@ -15,32 +24,40 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import signal
+import socket
 import sys
 from collections.abc import Iterator
 
 import torch
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from .. import runtime
 from ..errors import SolverError
 from ..formats.prototxt import read_solver
 from ..proto import caffe_pb2
 from ..pycaffe.solver import SOLVER_CLASSES
+from ..solver import distributed
 from ..solver.solver import NONE, SNAPSHOT, STOP, Solver
+from .devices import requested_gpus, use_device
 
 log = logging.getLogger("torchcaffe.solver")
+EFFECTS = (STOP, SNAPSHOT, NONE)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--solver", required=True, help="solver.prototxt")
     p.add_argument("--weights", help="caffemodel(s) to finetune from, comma-separated")
     p.add_argument("--snapshot", help=".solverstate (or .solverstate.h5) to resume from")
-    p.add_argument("--gpu", type=int, help="CUDA device id (default: the solver's solver_mode)")
+    p.add_argument("--gpu", default="", help="device ids, comma-separated, or 'all'")
+    p.add_argument("--iterations", type=int, default=50, help="ignored by train (Caffe's flag)")
     p.add_argument("--level", type=int, default=0, help="train net state level")
     p.add_argument("--stage", default="", help="train net state stages, comma-separated")
+    p.add_argument("--sigint_effect", choices=EFFECTS, default=STOP, help="on SIGINT")
+    p.add_argument("--sighup_effect", choices=EFFECTS, default=SNAPSHOT, help="on SIGHUP")
     p.add_argument(
         "--allow-python-layers",
+        "--allow_python_layers",
         action="store_true",
         help="run Python layers' code (only for models you trust)",
     )
@@ -50,64 +67,120 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.snapshot and args.weights:
         raise SolverError(
-            "give --snapshot to resume training or --weights to finetune, not both",
+            "give -snapshot to resume training or -weights to finetune, not both",
             path=args.solver,
         )
+    if args.snapshot and not os.path.isfile(args.snapshot):
+        raise SolverError("solver state file not found", path=args.snapshot)
     param = read_solver(args.solver)
     param.train_state.level = args.level
     param.train_state.stage.extend(s for s in args.stage.split(",") if s)
-    _select_device(param, args.gpu)
+    gpus = _gpus(param, args.gpu)
+    if len(gpus) > 1 and not distributed.launched_by_torchrun():
+        return _spawn(args, gpus)
+    group = None
+    if distributed.launched_by_torchrun():
+        group = distributed.init_from_env("nccl" if gpus else "gloo")
+    gpu = gpus[group.local_rank % len(gpus)] if gpus and group else (gpus[0] if gpus else None)
+    use_device(gpu)
+    if gpu is not None:
+        param.device_id = gpu
     if args.snapshot:
         param.ClearField("weights")
     elif args.weights:
         param.ClearField("weights")
         param.weights.append(args.weights)
-    _configure_logging(args.quiet)
+    root = group is None or group.rank == 0
     cls = SOLVER_CLASSES.get(param.type, Solver)
-    solver = cls(param, path=args.solver, allow_python_layers=args.allow_python_layers)
-    with _signal_actions(solver), logging_redirect_tqdm(loggers=[log]):
-        solver.solve(args.snapshot)
-    print(
-        f"trained {solver.net.name!r} to iteration {solver.iter}, loss {solver.smoothed_loss:.6g}"
-    )
+    try:
+        solver = cls(
+            param, path=args.solver, allow_python_layers=args.allow_python_layers, root=root
+        )
+        if group is not None:
+            distributed.attach(solver, group)
+        with (
+            _logging(args.quiet or not root),
+            _signal_actions(solver, args.sigint_effect, args.sighup_effect),
+            logging_redirect_tqdm(loggers=[log]),
+        ):
+            log.info("Use CPU." if gpu is None else f"Using GPUs {', '.join(map(str, gpus))}")
+            if args.snapshot:
+                log.info("Resuming from %s", args.snapshot)
+            log.info("Starting Optimization")
+            solver.solve(args.snapshot)
+    finally:
+        if group is not None:
+            torch.distributed.destroy_process_group()
+    if root:
+        print(
+            f"trained {solver.net.name!r} to iteration {solver.iter}, "
+            f"loss {solver.smoothed_loss:.6g}"
+        )
     return 0
 
 
-def _select_device(param: caffe_pb2.SolverParameter, gpu: int | None) -> None:
-    if gpu is None and param.solver_mode == caffe_pb2.SolverParameter.GPU:
+def _gpus(param: caffe_pb2.SolverParameter, flag: str) -> list[int]:
+    """Caffe's rule: ``-gpu`` wins; else ``solver_mode: GPU`` means ``[device_id]``."""
+    if flag.strip() == "" and param.solver_mode == caffe_pb2.SolverParameter.GPU:
         if not torch.cuda.is_available():
             log.warning("solver_mode: GPU but CUDA is not available; training on the CPU")
-            runtime.set_mode_cpu()
-            return
-        gpu = param.device_id
-    if gpu is None:
-        runtime.set_mode_cpu()
-        return
-    runtime.set_device(gpu)
-    runtime.set_mode_gpu()
-    param.device_id = gpu
+            return []
+        return [param.device_id]
+    return requested_gpus(flag)
 
 
-def _configure_logging(quiet: bool) -> None:
-    if quiet or log.handlers:
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
+def _spawn(args: argparse.Namespace, gpus: list[int]) -> int:
+    """``-gpu 0,1``: one process per GPU on this host, NCCL between them."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_rank_main, args=(args, len(gpus), port), nprocs=len(gpus), join=True)
+    return 0
+
+
+def _rank_main(rank: int, args: argparse.Namespace, world_size: int, port: int) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+    )
+    main(args)
 
 
 @contextlib.contextmanager
-def _signal_actions(solver: Solver) -> Iterator[None]:
-    """SIGINT -> stop, SIGHUP -> snapshot, read by the loop between iterations."""
+def _logging(quiet: bool) -> Iterator[None]:
+    """Solver log lines on stderr for the run (none if quiet or configured elsewhere)."""
+    if quiet or log.handlers:
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+
+
+@contextlib.contextmanager
+def _signal_actions(solver: Solver, sigint_effect: str, sighup_effect: str) -> Iterator[None]:
+    """Caffe's SignalHandler: SIGINT/SIGHUP set a request the loop reads between iterations
+    (an effect of ``none`` swallows the signal, as Caffe does)."""
     pending: list[str] = []
 
     def request() -> str:
         return pending.pop(0) if pending else NONE
 
-    handlers = {signal.SIGINT: STOP}
+    handlers = {signal.SIGINT: sigint_effect}
     if hasattr(signal, "SIGHUP"):
-        handlers[signal.SIGHUP] = SNAPSHOT
+        handlers[signal.SIGHUP] = sighup_effect
     previous = {}
     try:
         for sig, action in handlers.items():

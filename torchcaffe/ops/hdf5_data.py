@@ -34,8 +34,7 @@ class HDF5DataLayer(CaffeLayer):
     _like: torch.Tensor  # buffer: carries .to(device) / .double() to the tops
     restrictions = (
         "shuffle draws from torch's RNG (seeded by set_random_seed), not "
-        "std::random_shuffle: same rows per epoch, another order; multi-GPU row "
-        "skipping (solver_count > 1) is not reproduced"
+        "std::random_shuffle: same rows per epoch, another order"
     )
 
     def __init__(self, layer_param, bottom_shapes):
@@ -61,6 +60,8 @@ class HDF5DataLayer(CaffeLayer):
         self._file = 0
         self._load(self.files[self._file_order[0]])
         self._row = 0
+        self._offset = 0  # rows passed so far, for Caffe's multi-solver Skip()
+        self._rank, self._world_size = 0, 1
         self._top_shapes = [(self.batch_size,) + tuple(d.shape[1:]) for d in self._data]
         # Carries .to(device) / .double() to the tops; not state, so not in state_dict.
         self.register_buffer("_like", torch.zeros(0), persistent=False)
@@ -178,6 +179,30 @@ class HDF5DataLayer(CaffeLayer):
         if self.shuffle:
             self._order = self._permutation(self._rows)
 
+    # -- sharding (Caffe's Skip() with solver_count > 1) ------------------------------------
+    def set_shard(self, rank: int, world_size: int) -> None:
+        """Read only rows ``rank, rank + W, rank + 2W, ...`` of the stream (the TRAIN phase of
+        a W-process run; Caffe's TEST phase runs on rank 0 alone and reads everything)."""
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise self.error("bad shard", expected="0 <= rank < world_size", got=(rank, world_size))
+        self._rank, self._world_size = int(rank), int(world_size)
+
+    def _take(self, need: int) -> tuple[torch.Tensor, int]:
+        """Up to ``need`` of this shard's row indices from the current file; advances."""
+        left = self._rows - self._row
+        first = (self._rank - self._offset) % self._world_size
+        if first >= left:
+            passed, picked = left, torch.zeros(0, dtype=torch.long)
+        else:
+            take = min(need, (left - first + self._world_size - 1) // self._world_size)
+            stop = first + self._world_size * (take - 1) + 1
+            positions = torch.arange(first, stop, self._world_size)
+            picked = self._order[self._row + positions]
+            passed = left if take * self._world_size >= left - first else stop
+        self._row += passed
+        self._offset += passed
+        return picked, passed
+
     # -- the contract -------------------------------------------------------------------------
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         return list(self._top_shapes)
@@ -186,12 +211,17 @@ class HDF5DataLayer(CaffeLayer):
         chunks: list[list[torch.Tensor]] = [[] for _ in self.top_names]
         need = self.batch_size
         while need:
-            take = min(need, self._rows - self._row)
-            rows = self._order[self._row : self._row + take]
+            if self._world_size == 1:
+                take = min(need, self._rows - self._row)
+                rows = self._order[self._row : self._row + take]
+                self._row += take
+                self._offset += take
+            else:
+                rows, _ = self._take(need)
+                take = len(rows)
             for out, data in zip(chunks, self._data):
                 out.append(data[rows])
             need -= take
-            self._row += take
             if self._row == self._rows:
                 self._next_file()
         like = self._like

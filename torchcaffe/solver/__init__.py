@@ -28,7 +28,7 @@ from .optimizers import (
     CaffeRMSProp,
     CaffeSGD,
 )
-from .param_groups import Learnable, learnable_params, param_groups
+from .param_groups import Learnable, learnable_params, multiplier_groups, param_groups
 from .solver import Callback, Solver
 from .state import SolverSnapshot, read_solverstate, write_solverstate, write_solverstate_hdf5
 
@@ -59,6 +59,7 @@ __all__ = [
     "load_solver_param",
     "make_lr_policy",
     "make_optimizer",
+    "multiplier_groups",
     "param_groups",
     "read_solverstate",
     "write_solverstate",

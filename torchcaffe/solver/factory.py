@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from ..proto import caffe_pb2
 from .lr_policy import LR_POLICIES, CaffeLRPolicy, policy_arguments
 from .optimizers import OPTIMIZERS, REGULARIZATION_TYPES, CaffeOptimizer
-from .param_groups import Learnable, param_groups
+from .param_groups import Learnable, multiplier_groups
 
 if TYPE_CHECKING:
     from ..net.net import TorchNet
@@ -41,7 +41,7 @@ def make_optimizer(
     solver_type = solver_type or param.type
     cls = OPTIMIZERS[solver_type]
     rule = {name: getattr(param, name) for name in RULE_FIELDS[solver_type]}
-    groups = param_groups(net) or [{"params": [], "lr_mult": 1.0, "decay_mult": 1.0}]
+    groups = multiplier_groups(net) or [{"params": [], "lr_mult": 1.0, "decay_mult": 1.0}]
     regularization = param.regularization_type
     if regularization not in REGULARIZATION_TYPES:  # unused without weight decay, as in Caffe
         regularization = "L2"

@@ -3,8 +3,10 @@
 Caffe keeps one list of learnable params (a shared param appears once, under its owner) with
 a rate and a decay multiplier each. Here params with equal multipliers form one group, so a
 torch user sees a handful of groups, while ``learnable_params`` keeps Caffe's order for the
-.solverstate history. Blobs that are torch buffers (BatchNorm statistics) are solver-visible
-in Caffe with ``lr_mult: 0``; they stay out of the optimizer (no update either way).
+.solverstate history. ``param_groups`` is the public helper for any torch optimizer (rates and
+decays already multiplied); ``multiplier_groups`` feeds Caffe's own update rules. Blobs that
+are torch buffers (BatchNorm statistics) are solver-visible in Caffe with ``lr_mult: 0``; they
+stay out of the optimizer (no update either way).
 """
 
 from __future__ import annotations
@@ -46,10 +48,16 @@ def learnable_params(net: TorchNet) -> list[Learnable]:
     return out
 
 
-def param_groups(net: TorchNet | list[Learnable], **group_options: Any) -> list[dict[str, Any]]:
-    """Param groups, one per distinct (lr_mult, decay_mult), in order of first appearance.
+def multiplier_groups(
+    net: TorchNet | list[Learnable], **group_options: Any
+) -> list[dict[str, Any]]:
+    """Groups for Caffe's own update rules (``CaffeOptimizer``): one per distinct
+    (lr_mult, decay_mult), in order of first appearance, carrying the multipliers as
+    ``lr_mult`` / ``decay_mult`` keys (the rule applies them in Caffe's float32 arithmetic).
 
-    ``group_options`` (e.g. ``lr=0.01``) are copied into every group.
+    Every Parameter is kept, ``lr_mult: 0`` included: Caffe still runs the rule on it (its
+    history can change, e.g. AdaGrad's with weight decay) and a .solverstate stores that
+    history. ``group_options`` (e.g. ``lr=0.01``) are copied into every group.
     """
     entries = net if isinstance(net, list) else learnable_params(net)
     groups: dict[tuple[float, float], dict[str, Any]] = {}
@@ -66,3 +74,40 @@ def param_groups(net: TorchNet | list[Learnable], **group_options: Any) -> list[
             }
         groups[key]["params"].append(entry.tensor)
     return list(groups.values())
+
+
+def param_groups(
+    net: TorchNet | list[Learnable],
+    lr: float,
+    weight_decay: float = 0.0,
+    **options: Any,
+) -> list[dict[str, Any]]:
+    """Param groups for any torch optimizer, with Caffe's ParamSpec multipliers applied.
+
+    Each group holds the params sharing one (lr_mult, decay_mult) and gets
+    ``lr = lr * lr_mult`` and ``weight_decay = weight_decay * decay_mult``, so e.g.
+    ``torch.optim.AdamW(param_groups(net, lr=1e-4, weight_decay=0.01))`` trains a bias with
+    ``lr_mult: 2`` at twice the rate and never decays one with ``decay_mult: 0``. Torch LR
+    schedulers scale every group's ``lr`` by the same factor, so the ratios hold throughout.
+
+    Params with ``lr_mult: 0`` are left out (frozen): Caffe never moves them, and a torch
+    optimizer would otherwise keep state for them. BatchNorm statistics (buffers) are never
+    optimizer params. Each group also records ``multipliers = (lr_mult, decay_mult)`` for
+    reading; it is not a key torch or Caffe's update rules act on. ``options`` (e.g.
+    ``betas``) are copied into every group.
+    """
+    groups = []
+    for group in multiplier_groups(net):
+        lr_mult, decay_mult = group["lr_mult"], group["decay_mult"]
+        if lr_mult == 0:
+            continue
+        groups.append(
+            {
+                "params": group["params"],
+                "lr": lr * lr_mult,
+                "weight_decay": weight_decay * decay_mult,
+                "multipliers": (lr_mult, decay_mult),
+                **options,
+            }
+        )
+    return groups

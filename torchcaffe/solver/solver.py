@@ -64,6 +64,8 @@ class Solver:
     file's ``type``); ``None`` takes it from the file, as ``caffe.get_solver``.
     ``progress``: a tqdm bar over long ``step``/``solve`` calls (None: only on a terminal).
     ``path`` names the file a given SolverParameter came from, for error messages.
+    ``root``: Caffe's root solver; in a multi-process run only the root (rank 0) tests,
+    snapshots and displays, as Caffe's ``Caffe::root_solver()`` checks.
     """
 
     solver_type: ClassVar[str | None] = None
@@ -75,12 +77,14 @@ class Solver:
         allow_python_layers: bool = False,
         progress: bool | None = None,
         path: PathLike | None = None,
+        root: bool = True,
     ) -> None:
         param, path_read = load_solver_param(solver)
         path = path_read if path is None else os.fspath(path)  # path: names an edited param
         self.type = self.solver_type or param.type
         check_solver_param(param, path, self.type)
         self.param, self.path, self.progress = param, path, progress
+        self.root = root
         self._iter = 0
         if param.random_seed >= 0:
             runtime.set_random_seed(param.random_seed)
@@ -96,6 +100,8 @@ class Solver:
         self.test_scores: list[OrderedDict[str, np.ndarray]] = []
         self.requested_early_exit = False
         self.action_request: Callable[[], str] | None = None
+        # Multi-process runs: turns this rank's request into the one every rank acts on.
+        self.sync_request: Callable[[str], str] | None = None
         self._callbacks: list[Callback] = []
 
     # -- pycaffe attributes ---------------------------------------------------------------
@@ -139,16 +145,17 @@ class Solver:
             while self._iter < stop_iter:
                 self.net.clear_param_diffs()
                 if (
-                    p.test_interval
+                    self.root
+                    and p.test_interval
                     and self._iter % p.test_interval == 0
                     and (self._iter > 0 or p.test_initialization)
                 ):
                     self.test_all()
-                    if self.requested_early_exit:
+                    if self.requested_early_exit and self.sync_request is None:
                         break
                 for cb in self._callbacks:
                     cb.on_start()
-                display = bool(p.display) and self._iter % p.display == 0
+                display = self.root and bool(p.display) and self._iter % p.display == 0
                 loss = sum(self.net.forward_backward() for _ in range(p.iter_size))
                 loss /= p.iter_size
                 self._update_smoothed_loss(loss, start_iter)
@@ -162,7 +169,10 @@ class Solver:
                 bar.update(1)
                 bar.set_postfix(loss=f"{self.smoothed_loss:.4g}", refresh=False)
                 request = self._requested()
-                if (p.snapshot and self._iter % p.snapshot == 0) or request == SNAPSHOT:
+                if self.sync_request is not None:  # every rank stops at the same iteration
+                    request = self.sync_request(STOP if self.requested_early_exit else request)
+                scheduled = p.snapshot and self._iter % p.snapshot == 0
+                if self.root and (scheduled or request == SNAPSHOT):
                     self.snapshot()
                 if request == STOP:
                     self.requested_early_exit = True
@@ -171,7 +181,7 @@ class Solver:
     def apply_update(self) -> None:
         """Caffe's ApplyUpdate: clip, normalize, regularize, update, then ``iter += 1``."""
         p = self.param
-        if p.display and self._iter % p.display == 0:
+        if self.root and p.display and self._iter % p.display == 0:
             log.info("Iteration %d, lr = %g", self._iter, self.lr)
         self.net._ensure_device()  # host-side edits of diffs reach the module's tensors
         self.optimizer.step()
@@ -190,6 +200,8 @@ class Solver:
             self.restore(resume_file)
         start_iter = self._iter
         self.step(p.max_iter - self._iter)
+        if not self.root:  # Caffe's workers only Step; the root finishes the run
+            return
         if p.snapshot_after_train and (not p.snapshot or self._iter % p.snapshot != 0):
             self.snapshot()
         if self.requested_early_exit:
@@ -250,7 +262,7 @@ class Solver:
 
     def _check_snapshot_prefix(self) -> None:
         """Caffe's CheckSnapshotWritePermissions: fail now, not after hours of training."""
-        if not self.param.snapshot:
+        if not self.param.snapshot or not self.root:
             return
         probe = self._filename(".tempfile")
         try:

@@ -1,0 +1,139 @@
+"""One Caffe solver step vs a plain torch training step on the same net (LeNet, CaffeNet).
+
+    python benchmarks/bench_solver_step.py [--nets lenet,caffenet] [--repeat 10]
+                                           [--lenet-batch 64] [--caffenet-batch 16] [--threads N]
+
+Caffe side: ``caffe.SGDSolver`` (momentum 0.9, weight decay 5e-4, the nets' own lr_mult and
+decay_mult) running ``step(1)``: Caffe's layer-by-layer forward/backward over blobs plus its
+update rule. Baseline, in the same run: the compiled torch net (``torchcaffe.load``) with
+``torch.optim.SGD`` (same momentum, ``torchcaffe.param_groups`` for the multipliers):
+``zero_grad``, forward, ``total_loss(...).backward()``, ``step``. Both get the same random
+batch through Input layers that replace the nets' data layers (they read no database here).
+Prints medians and ranges (ms) and the ratio torch/solver: 1.00x means the solver costs
+nothing over the plain loop; the target is >= 0.95x. The machine is noisy: read +-15%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torchcaffe  # noqa: E402
+import torchcaffe as caffe  # noqa: E402
+from torchcaffe.formats.prototxt import read_net  # noqa: E402
+from torchcaffe.proto import caffe_pb2  # noqa: E402
+
+MODELS = Path("/work/shared/models")
+NETS = {  # train_val prototxt, data shape after the transform, classes
+    "lenet": (MODELS / "lenet_mnist" / "lenet_train_test.prototxt", (1, 28, 28), 10),
+    "caffenet": (MODELS / "bvlc_reference_caffenet" / "train_val.prototxt", (3, 227, 227), 1000),
+}
+DATA_TYPES = {"Data", "ImageData", "HDF5Data", "MemoryData", "WindowData", "DummyData"}
+
+
+def train_net_with_inputs(path: Path, batch: int, shape: tuple[int, ...]) -> caffe_pb2.NetParameter:
+    """The TRAIN net with its data layers replaced by one Input of data + label."""
+    net = read_net(str(path))
+    out = caffe_pb2.NetParameter(name=net.name)
+    out.state.phase = caffe_pb2.TRAIN
+    replaced = False
+    for layer in net.layer:
+        if any(rule.phase == caffe_pb2.TEST for rule in layer.include):
+            continue
+        if layer.type in DATA_TYPES:
+            if not replaced:
+                inp = out.layer.add(name=layer.name, type="Input", top=list(layer.top))
+                inp.input_param.shape.add(dim=[batch, *shape])
+                inp.input_param.shape.add(dim=[batch])
+                replaced = True
+            continue
+        out.layer.add().CopyFrom(layer)
+    return out
+
+
+def solver_param(net: caffe_pb2.NetParameter) -> caffe_pb2.SolverParameter:
+    param = caffe_pb2.SolverParameter(
+        type="SGD", base_lr=0.01, momentum=0.9, weight_decay=5e-4, lr_policy="fixed"
+    )
+    param.max_iter, param.display, param.snapshot, param.random_seed = 10**9, 0, 0, 1
+    param.snapshot_after_train = False
+    param.net_param.CopyFrom(net)
+    return param
+
+
+def timed(step, repeat: int) -> list[float]:
+    step()
+    step()  # warm-up: allocations, first-call paths
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def bench(name: str, batch: int, repeat: int) -> float:
+    path, shape, classes = NETS[name]
+    net_param = train_net_with_inputs(path, batch, shape)
+    gen = np.random.default_rng(0)
+    x = gen.standard_normal((batch, *shape)).astype(np.float32)
+    y = gen.integers(0, classes, batch).astype(np.float32)
+
+    solver = caffe.SGDSolver(solver_param(net_param), progress=False)
+
+    def solver_step() -> None:
+        solver.net.blobs["data"].data[...] = x
+        solver.net.blobs["label"].data[...] = y
+        solver.step(1)
+
+    torch.manual_seed(1)
+    tnet = torchcaffe.load(net_param, phase="train")
+    opt = torch.optim.SGD(torchcaffe.param_groups(tnet, lr=0.01, weight_decay=5e-4), momentum=0.9)
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+
+    def torch_step() -> None:
+        opt.zero_grad()
+        tnet.total_loss(tnet.forward_all_blobs(data=xt, label=yt)).backward()
+        opt.step()
+
+    # Interleave the two so drifts in machine load hit both alike.
+    caffe_times: list[float] = []
+    torch_times: list[float] = []
+    for _ in range(2):
+        caffe_times += timed(solver_step, repeat // 2 or 1)
+        torch_times += timed(torch_step, repeat // 2 or 1)
+    c, t = statistics.median(caffe_times), statistics.median(torch_times)
+    print(
+        f"{name:9s} batch {batch:4d}  solver step {c:9.2f} ms [{min(caffe_times):.2f}, "
+        f"{max(caffe_times):.2f}]  torch loop {t:9.2f} ms [{min(torch_times):.2f}, "
+        f"{max(torch_times):.2f}]  ratio torch/solver {t / c:.2f}x"
+    )
+    return t / c
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nets", default="lenet,caffenet")
+    p.add_argument("--repeat", type=int, default=10)
+    p.add_argument("--lenet-batch", type=int, default=64)
+    p.add_argument("--caffenet-batch", type=int, default=16)
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU")
+    for name in args.nets.split(","):
+        bench(name, getattr(args, f"{name}_batch"), args.repeat)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""The caffe tool's command line: gflags spellings, train/test/time/device_query, signal
+effects, and errors as one line."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import torchcaffe as caffe
+from torchcaffe.cli.__main__ import build_parser, main
+from torchcaffe.cli.flags import gflags_argv, gpu_ids
+from torchcaffe.cli.train import _signal_actions
+from torchcaffe.errors import DeviceError
+
+CASE = Path(__file__).resolve().parents[1] / "golden" / "solvers" / "sgd_momentum_step"
+
+
+@pytest.fixture
+def case(tmp_path, monkeypatch):
+    work = tmp_path / "case"
+    shutil.copytree(CASE, work)
+    monkeypatch.chdir(work)
+    return work
+
+
+def train_parser() -> argparse.ArgumentParser:
+    return build_parser()[1]["train"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["-solver", "s", "-weights", "w", "-sigint_effect", "none"],
+        ["--solver", "s", "--weights", "w", "--sigint_effect", "none"],
+        ["-solver=s", "-weights=w", "-sigint_effect=none"],
+        ["--solver=s", "--weights=w", "--sigint-effect=none"],
+    ],
+)
+def test_every_gflags_spelling_parses_alike(argv):
+    p = train_parser()
+    args = p.parse_args(gflags_argv(p, argv))
+    assert (args.solver, args.weights, args.sigint_effect) == ("s", "w", "none")
+
+
+def test_gflags_leaves_values_and_unknown_flags_alone():
+    p = train_parser()
+    assert gflags_argv(p, ["-gpu", "-1", "-stage=a,b", "-solverx", "x", "-h"]) == [
+        "--gpu",
+        "-1",
+        "--stage=a,b",
+        "-solverx",
+        "x",
+        "-h",
+    ]
+
+
+def test_gpu_ids_follow_caffe():
+    assert gpu_ids("", 2) == [] and gpu_ids(None, 2) == [] and gpu_ids("-1", 2) == []
+    assert gpu_ids("all", 3) == [0, 1, 2] and gpu_ids("0,2", 3) == [0, 2]
+    with pytest.raises(DeviceError):
+        gpu_ids("x", 2)
+
+
+def test_single_dash_train_writes_the_same_caffemodel_as_double_dash(case):
+    """The golden finetuning run, with its final snapshot written, under each spelling."""
+    text = (case / "solver.prototxt").read_text()
+    (case / "solver.prototxt").write_text(
+        text.replace("snapshot_after_train: false", "snapshot_after_train: true")
+    )
+    final = case / "final_iter_15.caffemodel"
+    runs = [
+        ["-solver", "solver.prototxt", "-weights", "weights.caffemodel"],
+        ["--solver", "solver.prototxt", "--weights", "weights.caffemodel"],
+        ["-solver=solver.prototxt", "--weights=weights.caffemodel", "-quiet"],
+    ]
+    written = []
+    for argv in runs:
+        assert main(["train", *argv]) == 0
+        written.append(final.read_bytes())
+        final.unlink()
+    assert written[0] == written[1] == written[2]
+    net = caffe.Net("train.prototxt", caffe.TRAIN)
+    (case / "out.caffemodel").write_bytes(written[0])
+    net.copy_from("out.caffemodel")
+    with np.load(case / "arrays.npz") as golden:  # and it is the golden result
+        np.testing.assert_allclose(
+            net.params["ip1"][0].data, golden["param/ip1/0"], rtol=1e-4, atol=1e-5
+        )
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["train", "-solver", "solver.prototxt", "-bogus", "1"], "unrecognized arguments: -bogus"),
+        (["train", "-solver", "missing.prototxt"], "missing.prototxt"),
+        (["train", "-solver", "solver.prototxt", "-snapshot", "gone.solverstate"], "gone"),
+        (["train", "-solver", "solver.prototxt", "-sigint_effect", "x"], "invalid choice"),
+        (["train"], "required: --solver"),
+        (["test", "-model", "train.prototxt", "-weights", "nope.caffemodel"], "nope.caffemodel"),
+        (["time", "-model", "nope.prototxt"], "nope.prototxt"),
+        (["train", "-solver", "solver.prototxt", "-gpu", "0"], "CUDA is not available"),
+        (
+            ["test", "-model", "train.prototxt", "-weights", "weights.caffemodel", "-gpu", "all"],
+            "CUDA",
+        ),
+    ],
+)
+def test_bad_flags_and_files_are_one_line(case, capsys, monkeypatch, argv, needle):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse's own errors
+        code = exit_.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err and "Traceback" not in err
+    assert err.startswith(f"torchcaffe {argv[0]}: error: ")
+
+
+def test_python_dash_m_runs_the_same_tool(case):
+    done = subprocess.run(
+        [sys.executable, "-m", "torchcaffe", "train", "-solver", "solver.prototxt", "-nope"],
+        capture_output=True,
+        text=True,
+        cwd=case,
+    )
+    assert done.returncode == 2
+    assert done.stderr == "torchcaffe train: error: unrecognized arguments: -nope\n"
+
+
+def test_test_prints_batches_and_means_as_caffe(case, capsys):
+    """Scores checked against numpy: softmax loss of the two-layer net on each 4-row batch."""
+    assert main(["test", "-model", "train.prototxt", "-weights", "weights.caffemodel"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    net = caffe.Net("train.prototxt", "weights.caffemodel", caffe.TEST)
+    (w1, b1), (w2, b2) = ([b.data for b in net.params[n]] for n in ("ip1", "ip2"))
+    with h5py.File("data.h5") as f:
+        data, labels = f["data"][()], f["label"][()].astype(int)
+    losses = []
+    for i in range(50):
+        rows = [(4 * i + r) % len(data) for r in range(4)]
+        h = np.maximum(data[rows].reshape(4, -1) @ w1.T + b1, 0) @ w2.T + b2
+        h = h - h.max(1, keepdims=True)
+        logp = h - np.log(np.exp(h).sum(1, keepdims=True))
+        losses.append(-logp[np.arange(4), labels[rows]].mean())
+    batches = [line for line in lines if line.startswith("Batch ")]
+    assert len(batches) == 50
+    for i, line in enumerate(batches):
+        head, value = line.rsplit(" = ", 1)
+        assert head == f"Batch {i}, loss"
+        assert float(value) == pytest.approx(losses[i], rel=1e-5)
+    mean = float(np.mean(losses))
+    loss_line = next(line for line in lines if line.startswith("Loss: "))
+    assert float(loss_line.split()[1]) == pytest.approx(mean, rel=1e-5)
+    final = lines[-1]
+    assert final.startswith("loss = ") and final.endswith(" loss)") and "(* 1 = " in final
+    assert float(final.split()[2]) == pytest.approx(mean, rel=1e-5)
+
+
+def test_time_prints_a_per_layer_table_and_totals(case, capsys):
+    assert main(["time", "-model", "train.prototxt", "-iterations", "2"]) == 0
+    out = capsys.readouterr().out
+    for layer in ("data", "ip1", "relu1", "ip2", "loss"):
+        assert f"{layer:>10}\tforward: " in out and f"{layer:>10}\tbackward: " in out
+    for total in ("Average Forward pass: ", "Average Backward pass: ", "Total Time: "):
+        assert total in out
+    assert "Average Forward-Backward: " in out
+    assert out.count("forward-backward time: ") == 2
+
+
+def test_device_query_without_cuda_is_an_error(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["device_query"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP on this platform")
+@pytest.mark.parametrize(
+    "sigint,sighup,raised,stops_at,snapshots",
+    [
+        ("stop", "snapshot", signal.SIGINT, 3, False),
+        ("none", "snapshot", signal.SIGINT, 15, False),
+        ("stop", "snapshot", signal.SIGHUP, 15, True),
+        ("stop", "stop", signal.SIGHUP, 3, False),
+    ],
+)
+def test_signal_effects(case, sigint, sighup, raised, stops_at, snapshots):
+    """A signal at iteration 2 takes effect after that iteration (Caffe's SignalHandler)."""
+    solver = caffe.get_solver("solver.prototxt")
+    solver.add_callback(lambda: solver.iter == 2 and signal.raise_signal(raised))
+    with _signal_actions(solver, sigint, sighup):
+        solver.step(15)
+    assert solver.iter == stops_at
+    assert (case / "final_iter_3.caffemodel").exists() == snapshots

@@ -1,0 +1,182 @@
+"""Data-parallel training (Caffe's multi-GPU semantics over torch.distributed, gloo on CPU):
+two ranks with batch B train like one process with batch 2B, through the Caffe solver and
+through DistributedDataParallel over the compiled net; rank 0 alone snapshots, and each rank's
+HDF5Data reads its own interleaved shard."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from google.protobuf import text_format
+from torch.nn.parallel import DistributedDataParallel
+
+import torchcaffe
+import torchcaffe as caffe
+from torchcaffe.ops.hdf5_data import HDF5DataLayer
+from torchcaffe.proto import caffe_pb2
+from torchcaffe.solver import distributed
+
+pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="torch without gloo")
+
+NET = """
+name: "tiny"
+layer { name: "data" type: "HDF5Data" top: "data" top: "label"
+        hdf5_data_param { source: "list.txt" batch_size: BATCH } }
+layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "ip1"
+        param { lr_mult: 1 decay_mult: 1 } param { lr_mult: 2 decay_mult: 0 }
+        inner_product_param { num_output: 4 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "relu" type: "ReLU" bottom: "ip1" top: "ip1" }
+layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2"
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }
+"""
+SOLVER = (
+    'net: "net{b}.prototxt" type: "SGD" base_lr: 0.1 momentum: 0.9 weight_decay: 0.01 '
+    'lr_policy: "fixed" max_iter: {n} random_seed: 3 snapshot: 2 snapshot_prefix: "s{b}" '
+    "snapshot_after_train: true"
+)
+ITERS = 5
+
+
+def write_setup(root: Path) -> None:
+    """24 rows (not a multiple of the 8-row global batch: the stream wraps mid-batch)."""
+    rng = np.random.default_rng(0)
+    with h5py.File(root / "data.h5", "w") as f:
+        f.create_dataset("data", data=rng.standard_normal((12, 5)).astype(np.float32))
+        f.create_dataset("label", data=rng.integers(0, 3, 12).astype(np.float32))
+    with h5py.File(root / "more.h5", "w") as f:
+        f.create_dataset("data", data=rng.standard_normal((11, 5)).astype(np.float32))
+        f.create_dataset("label", data=rng.integers(0, 3, 11).astype(np.float32))
+    (root / "list.txt").write_text("data.h5\nmore.h5\n")
+    for b in (4, 8):
+        (root / f"net{b}.prototxt").write_text(NET.replace("BATCH", str(b)))
+        (root / f"solver{b}.prototxt").write_text(SOLVER.format(b=b, n=ITERS))
+
+
+def reference(root: Path) -> tuple[dict[str, list[np.ndarray]], list[float]]:
+    """One process, batch 8: final params and each iteration's loss."""
+    solver = caffe.get_solver(str(root / "solver8.prototxt"))
+    losses: list[float] = []
+    solver.add_callback(None, lambda: losses.append(float(solver.net.blobs["loss"].data)))
+    solver.step(ITERS)
+    params = {k: [b.data.copy() for b in v] for k, v in solver.net.params.items()}
+    return params, losses
+
+
+def torch_face_loop(batch: int, ddp: bool = False) -> list[np.ndarray]:
+    """The torch face: a compiled net (wrapped in DistributedDataParallel when ``ddp``,
+    sharded by ``shard_data``) trained by torch.optim.SGD; returns the final params."""
+    torch.manual_seed(5)
+    net = torchcaffe.load(f"net{batch}.prototxt", phase="train")
+    model: torch.nn.Module = net
+    if ddp:
+        distributed.shard_data(net, dist.get_rank(), dist.get_world_size())
+        model = DistributedDataParallel(net)
+    opt = torch.optim.SGD(torchcaffe.param_groups(net, lr=0.1, weight_decay=0.01), momentum=0.9)
+    for _ in range(ITERS):
+        opt.zero_grad()
+        model()["loss"].backward()
+        opt.step()
+    return [p.detach().numpy().copy() for p in net.parameters()]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank: int, root: str, port: int, results: dict) -> None:
+    """One gloo rank: batch 4, records its losses and whether it wrote snapshots."""
+    os.chdir(root)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        group = distributed.ProcessGroup(rank, 2, rank)
+        solver = caffe.get_solver("solver4.prototxt", root=rank == 0)
+        distributed.attach(solver, group)
+        losses: list[float] = []
+        solver.add_callback(None, lambda: losses.append(float(solver.net.blobs["loss"].data)))
+        snapshots: list[str] = []
+        original = solver.snapshot
+        solver.snapshot = lambda: snapshots.append(original())  # type: ignore[method-assign]
+        solver.solve()
+        params = {k: [b.data.copy() for b in v] for k, v in solver.net.params.items()}
+        results[rank] = (params, losses, snapshots, torch_face_loop(4, ddp=True))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_gloo_ranks_match_one_process_with_twice_the_batch(tmp_path, monkeypatch):
+    write_setup(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    want_params, want_losses = reference(tmp_path)
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_rank, args=(str(tmp_path), _free_port(), results), nprocs=2, join=True)
+        results = dict(results)
+    want_torch_face = torch_face_loop(8)
+    for rank in (0, 1):
+        for got, want in zip(results[rank][3], want_torch_face):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        params = results[rank][0]
+        for name, blobs in want_params.items():
+            for got, want in zip(params[name], blobs):
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # Each rank's loss is its half-batch mean; their average is the full batch's loss.
+    mean = (np.array(results[0][1]) + np.array(results[1][1])) / 2
+    np.testing.assert_allclose(mean, want_losses, rtol=1e-5)
+    assert results[0][2] == [
+        "s4_iter_2.solverstate",
+        "s4_iter_4.solverstate",
+        "s4_iter_5.solverstate",
+    ]
+    assert results[1][2] == []  # only the root solver snapshots
+
+
+def test_torchrun_cli_trains_like_one_process_with_twice_the_batch(tmp_path, monkeypatch):
+    write_setup(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc_per_node", "2", "-m", "torchcaffe", "train", "-solver"]
+    command += ["solver4.prototxt", "-quiet"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("trained 'tiny' to iteration 5") == 1  # rank 0 reports
+    want, _ = reference(tmp_path)
+    got = caffe.Net("net4.prototxt", "s4_iter_5.caffemodel", caffe.TEST)
+    for name, blobs in want.items():
+        for blob, value in zip(got.params[name], blobs):
+            np.testing.assert_allclose(blob.data, value, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_hdf5_shards_interleave_the_single_stream(tmp_path, monkeypatch, world_size):
+    """Rank r reads records r, r+W, r+2W, ... of the stream one process reads (Caffe's
+    Skip()), across file boundaries and wrap-around."""
+    write_setup(tmp_path)
+    monkeypatch.chdir(tmp_path)
+
+    def layer(batch: int) -> HDF5DataLayer:
+        text = (
+            'name: "d" type: "HDF5Data" top: "data" top: "label" '
+            f'hdf5_data_param {{ source: "list.txt" batch_size: {batch} }}'
+        )
+        return HDF5DataLayer(text_format.Parse(text, caffe_pb2.LayerParameter()), [])
+
+    whole = layer(3 * world_size)
+    stream = torch.cat([whole.forward()[0] for _ in range(9)])
+    for rank in range(world_size):
+        shard = layer(3)
+        shard.set_shard(rank, world_size)
+        got = torch.cat([shard.forward()[0] for _ in range(9)])
+        torch.testing.assert_close(got, stream[rank::world_size], rtol=0, atol=0)

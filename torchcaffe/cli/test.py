@@ -1,0 +1,72 @@
+"""Score a trained model, as ``caffe test``: per-batch outputs, then their means.
+
+    torchcaffe test -model NET.prototxt -weights W.caffemodel [-iterations 50] [-gpu ID]
+                    [-level N] [-stage A,B] [-allow_python_layers]
+
+The net is built in the TEST phase and run ``-iterations`` times (its data layers advance each
+time). Prints Caffe's lines: ``Batch i, name = value`` for every element of every output, then
+``Loss: mean loss`` and ``name = mean`` (with ``(* weight = weighted loss)`` for loss outputs).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from ..errors import SolverError
+from ..proto import caffe_pb2
+from ..pycaffe.net import Net
+from .devices import requested_gpus, use_device
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="net prototxt")
+    p.add_argument("--weights", required=True, help="caffemodel(s) to score, comma-separated")
+    p.add_argument("--iterations", type=int, default=50, help="batches to run")
+    p.add_argument("--gpu", default="", help="device id (the first of a list is used)")
+    p.add_argument("--level", type=int, default=0, help="net state level")
+    p.add_argument("--stage", default="", help="net state stages, comma-separated")
+    p.add_argument(
+        "--allow-python-layers",
+        "--allow_python_layers",
+        action="store_true",
+        help="run Python layers' code (only for models you trust)",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.iterations < 1:
+        raise SolverError("-iterations must be positive", expected=">= 1", got=args.iterations)
+    gpus = requested_gpus(args.gpu)
+    use_device(gpus[0] if gpus else None)
+    print("Use CPU." if not gpus else f"Use GPU with device ID {gpus[0]}")
+    stages = [s for s in args.stage.split(",") if s]
+    net = Net(
+        args.model,
+        phase=caffe_pb2.TEST,
+        level=args.level,
+        stages=stages,
+        allow_python_layers=args.allow_python_layers,
+    )
+    for name in args.weights.split(","):
+        net.copy_from(name.strip())
+    print(f"Running for {args.iterations} iterations.")
+    weights = net.blob_loss_weights
+    sums: dict[str, np.ndarray] = {}
+    loss = 0.0
+    for i in range(args.iterations):
+        net.forward()
+        loss += sum(w * float(net.blobs[n].data.sum()) for n, w in weights.items() if w)
+        for name in net.outputs:
+            scores = net.blobs[name].data.astype(np.float32).ravel()
+            for score in scores:
+                print(f"Batch {i}, {name} = {score:g}")
+            sums[name] = sums[name] + scores if name in sums else scores.copy()
+    print(f"Loss: {loss / args.iterations:g}")
+    for name, total in sums.items():
+        w = weights.get(name, 0.0)
+        for score in total / np.float32(args.iterations):
+            extra = f" (* {w:g} = {w * score:g} loss)" if w else ""
+            print(f"{name} = {score:g}{extra}")
+    return 0

@@ -1,0 +1,116 @@
+"""Benchmark a model's execution time layer by layer, as ``caffe time``.
+
+    torchcaffe time -model NET.prototxt [-iterations 50] [-phase TRAIN|TEST] [-gpu ID]
+                    [-level N] [-stage A,B] [-allow_python_layers]
+
+One untimed forward and backward first (allocations, warm-up), then ``-iterations`` rounds of
+every layer's forward in order and every layer's backward in reverse, each layer timed on its
+own (with a device synchronise on a GPU, as Caffe's CUDA timers). Prints Caffe's report: each
+iteration's forward-backward time, the average forward and backward time per layer, the
+average forward pass, backward pass, forward-backward and the total. Input blobs are left as
+Caffe leaves them (zeros): the net is assumed to take no real input.
+
+Caffe's tool calls every layer's Backward even in a net without a loss (a deploy net), so its
+parameter gradients are timed; here a net without a loss is built with ``force_backward`` so
+that backward runs (it then also computes bottom gradients, which Caffe skips there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from ..errors import LayerParamError
+from ..formats.prototxt import read_net
+from ..proto import caffe_pb2
+from ..pycaffe.net import Net
+from .devices import requested_gpus, use_device
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="net prototxt")
+    p.add_argument("--iterations", type=int, default=50, help="timed iterations")
+    p.add_argument("--phase", default="TRAIN", choices=["TRAIN", "TEST"], help="net phase")
+    p.add_argument("--gpu", default="", help="device id (the first of a list is used)")
+    p.add_argument("--level", type=int, default=0, help="net state level")
+    p.add_argument("--stage", default="", help="net state stages, comma-separated")
+    p.add_argument(
+        "--allow-python-layers",
+        "--allow_python_layers",
+        action="store_true",
+        help="run Python layers' code (only for models you trust)",
+    )
+
+
+class _Clock:
+    """Wall time in ms, synchronising the device first where kernels run asynchronously."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() * 1e3
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.iterations < 1:
+        raise LayerParamError("-iterations must be positive", expected=">= 1", got=args.iterations)
+    gpus = requested_gpus(args.gpu)
+    use_device(gpus[0] if gpus else None)
+    print("Use CPU." if not gpus else f"Use GPU with device ID {gpus[0]}")
+    net_param = read_net(args.model)
+    options = dict(
+        phase=caffe_pb2.Phase.Value(args.phase),
+        level=args.level,
+        stages=[s for s in args.stage.split(",") if s],
+        allow_python_layers=args.allow_python_layers,
+    )
+    net = Net(net_param, **options)
+    if not any(net.blob_loss_weights.values()) and not net_param.force_backward:
+        print("The net has no loss: timing backward with force_backward: true.")
+        net_param.force_backward = True
+        net = Net(net_param, **options)
+    last = len(net.layers) - 1
+    print("Performing Forward")
+    print(f"Initial loss: {net._forward(0, last):g}")
+    print("Performing Backward")
+    net._backward(last, 0)
+    clock = _Clock(net._ensure_device())
+    names = list(net._layer_names)
+    forward = [0.0] * len(names)
+    backward = [0.0] * len(names)
+    forward_total = backward_total = 0.0
+    print("*** Benchmark begins ***")
+    print(f"Testing for {args.iterations} iterations.")
+    start = clock.now()
+    for j in range(args.iterations):
+        iter_start = clock.now()
+        for i in range(len(names)):
+            t = clock.now()
+            net._forward(i, i)
+            forward[i] += clock.now() - t
+        backward_start = clock.now()
+        forward_total += backward_start - iter_start
+        for i in range(last, -1, -1):
+            t = clock.now()
+            net._backward(i, i)
+            backward[i] += clock.now() - t
+        end = clock.now()
+        backward_total += end - backward_start
+        print(f"Iteration: {j + 1} forward-backward time: {end - iter_start:g} ms.")
+    total = clock.now() - start
+    n = args.iterations
+    print("Average time per layer: ")
+    for name, f, b in zip(names, forward, backward):
+        print(f"{name:>10}\tforward: {f / n:g} ms.")
+        print(f"{name:>10}\tbackward: {b / n:g} ms.")
+    print(f"Average Forward pass: {forward_total / n:g} ms.")
+    print(f"Average Backward pass: {backward_total / n:g} ms.")
+    print(f"Average Forward-Backward: {total / n:g} ms.")
+    print(f"Total Time: {total:g} ms.")
+    print("*** Benchmark ends ***")
+    return 0

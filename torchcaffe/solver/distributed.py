@@ -1,0 +1,138 @@
+"""Data-parallel training over ``torch.distributed`` with Caffe's multi-GPU semantics.
+
+Caffe's P2PSync/NCCL solver runs one solver per device: rank 0's weights are broadcast at the
+start, every rank runs its own forward/backward on its own records, and before each update the
+gradients are summed over ranks and scaled by ``1/world_size`` (parallel.cpp). The effective
+batch is ``world_size * batch_size``; with Caffe's batch-normalised losses the averaged
+gradient is the gradient of that larger batch. Only the root solver (rank 0) tests, displays
+and snapshots. Data layers read records ``rank, rank + W, rank + 2W, ...`` (Caffe's Skip()):
+every module of the train net that defines ``set_shard(rank, world_size)`` gets it called.
+
+The Caffe-face solver computes gradients layer by layer (``torch.autograd.grad`` per layer),
+so DistributedDataParallel's autograd hooks never fire on it; ``attach`` therefore performs
+DDP's two collectives itself: the initial parameter broadcast and one flattened all-reduce of
+the gradients per iteration (the bucketed all-reduce DDP does, at Caffe's callback point).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from ..errors import DeviceError
+
+if TYPE_CHECKING:
+    from .solver import Solver
+
+ACTIONS = ("none", "stop", "snapshot")
+
+
+@dataclass(frozen=True)
+class ProcessGroup:
+    """Where this process stands in a torch.distributed run."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+
+
+def launched_by_torchrun() -> bool:
+    """Whether the environment describes a multi-process run (torchrun's variables)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def init_from_env(backend: str) -> ProcessGroup:
+    """Join the process group the environment describes (torchrun's RANK, WORLD_SIZE, ...)."""
+    if backend == "nccl" and not dist.is_nccl_available():
+        raise DeviceError("multi-GPU training needs NCCL, which this torch build lacks")
+    if not dist.is_initialized():
+        dist.init_process_group(backend)
+    return ProcessGroup(
+        dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0"))
+    )
+
+
+def shard_data(module: torch.nn.Module, rank: int, world_size: int) -> int:
+    """Call ``set_shard(rank, world_size)`` on every submodule that has it; returns how many."""
+    count = 0
+    for sub in module.modules():
+        set_shard = getattr(sub, "set_shard", None)
+        if callable(set_shard):
+            set_shard(rank, world_size)
+            count += 1
+    return count
+
+
+def _learned(solver: Solver) -> list[torch.Tensor]:
+    return [e.tensor for e in solver._learnables]
+
+
+def _grads(solver: Solver) -> list[torch.Tensor]:
+    grads = []
+    for entry in solver._learnables:
+        grad = entry.tensor.grad if entry.optimized else None
+        if grad is not None:
+            grads.append(grad)
+    return grads
+
+
+def broadcast_params(solver: Solver, src: int = 0) -> None:
+    """Make every rank start from ``src``'s weights (Caffe's NCCL::Broadcast)."""
+    solver.net._ensure_device()
+    tensors = [t.data for t in _learned(solver)]
+    if not tensors:
+        return
+    flat = _flatten_dense_tensors(tensors)
+    dist.broadcast(flat, src)
+    for t, synced in zip(tensors, _unflatten_dense_tensors(flat, tensors)):
+        t.copy_(synced)
+    solver.net._params_written_on_device()
+
+
+def average_gradients(solver: Solver) -> None:
+    """Sum every param gradient over ranks and scale by ``1/world_size`` (parallel.cpp)."""
+    solver.net._ensure_device()  # host-side diff edits reach the module's grads
+    grads = _grads(solver)
+    if not grads:
+        return
+    world = dist.get_world_size()
+    for dtype in dict.fromkeys(g.dtype for g in grads):
+        group = [g for g in grads if g.dtype == dtype]
+        flat = _flatten_dense_tensors(group)
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        flat.mul_(1.0 / world)
+        for g, synced in zip(group, _unflatten_dense_tensors(flat, group)):
+            g.copy_(synced)
+    solver.net._params_written_on_device(diff=True)
+
+
+def rank0_request(solver: Solver) -> Callable[[str], str]:
+    """Rank 0's action request (its signals), broadcast so every rank stops together."""
+    device = solver.net._ensure_device()
+    backend_device = device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+    def sync(request: str) -> str:
+        code = torch.zeros(1, dtype=torch.int64, device=backend_device)
+        if dist.get_rank() == 0:
+            code[0] = ACTIONS.index(request)
+        dist.broadcast(code, 0)
+        return ACTIONS[int(code[0])]
+
+    return sync
+
+
+def attach(solver: Solver, group: ProcessGroup) -> None:
+    """Make ``solver`` one rank of a data-parallel run (see the module docstring)."""
+    from .solver import Callback
+
+    solver.root = group.rank == 0
+    shard_data(solver.net.module, group.rank, group.world_size)
+    broadcast_params(solver)
+    solver.add_callback(Callback(on_gradients_ready=lambda: average_gradients(solver)))
+    solver.sync_request = rank0_request(solver)
