@@ -21,6 +21,7 @@ from .base import CaffeLayer, canonical_axis
 
 def c_div(a: int, b: int) -> int:
     """C integer division (truncates toward zero), as Caffe's output-size formulas use."""
+    a, b = int(a), int(b)  # sizes may be traced 0-d tensors (torch.jit / ONNX export)
     q = abs(a) // abs(b)
     return q if (a >= 0) == (b > 0) else -q
 
