@@ -17,10 +17,12 @@ from __future__ import annotations
 from . import proto
 from .api import load, load_weights, save_weights
 from .blob import Blob
+from .converters.torch_to_caffe import export
 from .errors import (
     BlobWiringError,
     DataError,
     DeviceError,
+    ExportError,
     LayerParamError,
     PrototxtError,
     SolverError,
@@ -56,6 +58,8 @@ __version__ = "0.1.0"
 __all__ = [
     "load",
     "load_weights",
+    "export",
+    "ExportError",
     "save_weights",
     "Net",
     "Layer",

@@ -139,3 +139,7 @@ class DeviceError(TorchCaffeError):
 
 class TrustError(TorchCaffeError):
     """Code from a model directory (Python layers) that the user has not opted in to run."""
+
+
+class ExportError(TorchCaffeError):
+    """A model that cannot be written in the target format (an op Caffe has no layer for)."""
