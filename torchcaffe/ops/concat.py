@@ -69,7 +69,8 @@ class ConcatLayer(CaffeLayer):
         return [tuple(top)]
 
     def forward(self, *bottoms: torch.Tensor) -> torch.Tensor:
-        self.output_shapes([tuple(b.shape) for b in bottoms])
+        if not torch.compiler.is_compiling():  # int() of symbolic sizes would fix the batch
+            self.output_shapes([tuple(b.shape) for b in bottoms])
         if len(bottoms) == 1:
             return bottoms[0].view_as(bottoms[0])
         return torch.cat(bottoms, dim=self.concat_axis(bottoms[0].dim()))

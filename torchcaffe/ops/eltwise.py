@@ -62,7 +62,8 @@ class EltwiseLayer(CaffeLayer):
         return [first]
 
     def forward(self, *bottoms: torch.Tensor) -> torch.Tensor:
-        self.output_shapes([tuple(b.shape) for b in bottoms])
+        if not torch.compiler.is_compiling():  # int() of symbolic sizes would fix the batch
+            self.output_shapes([tuple(b.shape) for b in bottoms])
         if self.operation == EltwiseOp.PROD:
             if not self.stable_prod_grad:
                 return caffe_unstable_prod(*bottoms)
