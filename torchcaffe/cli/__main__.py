@@ -12,7 +12,14 @@ import sys
 from collections.abc import Callable
 
 from ..errors import TorchCaffeError
-from . import layers_table, run, train, upgrade
+from . import (
+    layers_table,
+    run,
+    train,
+    upgrade,
+    upgrade_net_proto_binary,
+    upgrade_net_proto_text,
+)
 
 Action = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
 ACTIONS: dict[str, Action] = {
@@ -20,6 +27,11 @@ ACTIONS: dict[str, Action] = {
     "layers": (layers_table.add_arguments, layers_table.main),
     "upgrade": (upgrade.add_arguments, upgrade.main),
     "train": (train.add_arguments, train.main),
+    "upgrade_net_proto_text": (upgrade_net_proto_text.add_arguments, upgrade_net_proto_text.main),
+    "upgrade_net_proto_binary": (
+        upgrade_net_proto_binary.add_arguments,
+        upgrade_net_proto_binary.main,
+    ),
 }
 
 
