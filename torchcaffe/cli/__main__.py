@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from ..errors import TorchCaffeError
 from . import (
+    convert,
     layers_table,
     run,
     train,
@@ -27,6 +28,7 @@ ACTIONS: dict[str, Action] = {
     "layers": (layers_table.add_arguments, layers_table.main),
     "upgrade": (upgrade.add_arguments, upgrade.main),
     "train": (train.add_arguments, train.main),
+    "convert": (convert.add_arguments, convert.main),
     "upgrade_net_proto_text": (upgrade_net_proto_text.add_arguments, upgrade_net_proto_text.main),
     "upgrade_net_proto_binary": (
         upgrade_net_proto_binary.add_arguments,
