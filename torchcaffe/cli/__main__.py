@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from ..errors import TorchCaffeError
 from . import (
+    compare,
     convert,
     layers_table,
     run,
@@ -29,6 +30,7 @@ ACTIONS: dict[str, Action] = {
     "upgrade": (upgrade.add_arguments, upgrade.main),
     "train": (train.add_arguments, train.main),
     "convert": (convert.add_arguments, convert.main),
+    "compare": (compare.add_arguments, compare.main),
     "upgrade_net_proto_text": (upgrade_net_proto_text.add_arguments, upgrade_net_proto_text.main),
     "upgrade_net_proto_binary": (
         upgrade_net_proto_binary.add_arguments,
