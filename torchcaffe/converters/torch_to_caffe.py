@@ -329,6 +329,8 @@ class _Exporter:
             return self._binary(node, args, kwargs, "div")
         if fn in (torch.cat, torch.concat):
             return self._cat(node, args, kwargs)
+        if fn is torch.mean:
+            return self._mean(node, args, kwargs)
         if fn in (torch.reshape,):
             return self._reshape(node, args[0])
         if fn is F.dropout or fn is F.dropout2d:
@@ -338,6 +340,8 @@ class _Exporter:
     def _method(self, node: fx.Node, name: str, args: list, kwargs: dict) -> None:
         if name in ("view", "reshape"):
             return self._reshape(node, args[0])
+        if name == "mean":
+            return self._mean(node, args, kwargs)
         if name in ("contiguous", "clone", "detach"):
             return self.alias(node, self.blob(args[0], node))
         if name in ("add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_"):
@@ -355,6 +359,8 @@ class _Exporter:
         if kwargs.get("alpha", 1) != 1:
             raise self.unsupported(node, f"{_describe(node)} with alpha")
         if self.is_tensor(a) and self.is_tensor(b):
+            if op in ("mul", "add") and self._channel_broadcast(node, a, b, op):
+                return None
             if self.shape(a) != self.shape(b):
                 raise self.unsupported(
                     node,
@@ -383,6 +389,41 @@ class _Exporter:
         else:
             p.scale = 1.0 / float(b)
         return None
+
+    def _channel_broadcast(self, node: fx.Node, a: Any, b: Any, op: str) -> bool:
+        """(N, C, H, W) times/plus (N, C, 1, 1), as in squeeze-excitation: Flatten the small
+        one to (N, C), then Scale/Bias with two bottoms (axis 0) applies it per channel."""
+        sa, sb = self.shape(a), self.shape(b)
+        if len(sa) != 4 or len(sb) != 4:
+            return False
+        if sb[:2] != sa[:2] or sb[2:] != (1, 1):
+            if sa[:2] == sb[:2] and sa[2:] == (1, 1) and sb[2:] != (1, 1):
+                a, b, sa, sb = b, a, sb, sa
+            else:
+                return False
+        if sa == sb:
+            return False
+        flat = self.layer(node, "Flatten", [self.blob(b, node)], suffix="/flatten", last=False)
+        lp = self.layer(node, "Scale" if op == "mul" else "Bias", [self.blob(a, node), flat.top[0]])
+        (lp.scale_param if op == "mul" else lp.bias_param).axis = 0
+        return True
+
+    def _mean(self, node: fx.Node, args: list, kwargs: dict) -> None:
+        """mean over both spatial axes of (N, C, H, W): global average pooling."""
+        src = args[0]
+        dims = args[1] if len(args) > 1 else kwargs.get("dim")
+        keep = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+        shape = self.shape(src)
+        dims = [dims] if isinstance(dims, int) else list(dims or [])
+        if len(shape) != 4 or sorted(d % 4 for d in dims) != [2, 3]:
+            raise self.unsupported(node, f"{_describe(node)} over dims {dims} of {shape}")
+        lp = self.layer(
+            node, "Pooling", [self.blob(src, node)], suffix="" if keep else "/pool", last=keep
+        )
+        lp.pooling_param.pool = PP.AVE
+        lp.pooling_param.global_pooling = True
+        if not keep:
+            self.layer(node, "Flatten", [lp.top[0]])
 
     def _cat(self, node: fx.Node, args: list, kwargs: dict) -> None:
         tensors = args[0]
