@@ -90,22 +90,24 @@ def test_dynamo_exporter_runs_in_onnxruntime(tmp_path, models_root, name):
     _check(net, path, blobs)
 
 
-def test_plain_torch_onnx_export_of_a_torchnet(tmp_path, models_root):
-    """What a user writes without the helper: the wrapper only orders inputs and outputs."""
-    from torchcaffe.converters.onnx import PositionalNet
-
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_plain_torch_onnx_export_of_a_torchnet(tmp_path, models_root, dynamo):
+    """What a user writes without the helper: torch.onnx.export on the TorchNet itself."""
+    if dynamo:
+        pytest.importorskip("onnxscript")
     net, _ = _load(models_root, "lenet")
     path = tmp_path / "lenet.onnx"
-    torch.onnx.export(
-        PositionalNet(net),
-        (torch.rand(2, 1, 28, 28),),
-        str(path),
-        dynamo=False,
-        input_names=["data"],
-        output_names=["prob"],
-        dynamic_axes={"data": {0: "n"}, "prob": {0: "n"}},
-    )
-    _check(net, path, ["prob"], batch=5)
+    if dynamo:  # forward(*args, **inputs): the positional inputs are "args"
+        kw = {"dynamic_shapes": {"args": ({0: torch.export.Dim("n")},)}}
+    else:
+        kw = {"input_names": ["data"], "dynamic_axes": {"data": {0: "n"}}}
+    torch.onnx.export(net, (torch.rand(2, 1, 28, 28),), str(path), dynamo=dynamo, **kw)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = torch.rand(5, 1, 28, 28)
+    (got,) = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})
+    with torch.no_grad():
+        want = net(data=x)["prob"].numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
 def test_unknown_output_blob_is_an_error(tmp_path, models_root):

@@ -36,7 +36,7 @@ Shape = tuple[int, ...]
 
 def export(
     module: nn.Module,
-    example_input: torch.Tensor | Sequence[torch.Tensor],
+    example_input: torch.Tensor | Sequence[torch.Tensor] | None,
     prototxt_path: PathLike,
     caffemodel_path: PathLike,
     *,
@@ -47,7 +47,7 @@ def export(
     """Write ``module`` as a Caffe deploy net (prototxt) and its weights (caffemodel).
 
     ``example_input`` fixes the Input layer's shape (and pooling rounding, which depends on
-    it). ``strict_bvlc`` keeps to layers BVLC Caffe has (fork layers become errors, nearest
+    it; ignored for a TorchNet). ``strict_bvlc`` keeps to layers BVLC Caffe has (fork layers become errors, nearest
     upsampling a fixed Deconvolution). With ``check`` the compiled Caffe net is run on the
     example and must agree with the module. Returns that compiled net (a TorchNet).
     """
@@ -55,6 +55,8 @@ def export(
         write_text(module.net_param, prototxt_path)
         save_caffemodel(module, caffemodel_path)
         return module
+    if example_input is None:
+        raise ExportError("an example input is needed to trace a torch module", got=None)
     inputs = (example_input,) if isinstance(example_input, torch.Tensor) else tuple(example_input)
     was_training = module.training
     module.eval()
@@ -110,13 +112,11 @@ def _compile(net_param: caffe_pb2.NetParameter, blobs: dict[str, list[torch.Tens
 
 @torch.no_grad()
 def _check(module: nn.Module, net: TorchNet, inputs: tuple, graph: _Graph) -> None:
-    want = module(*inputs)
-    want_list = _flat_tensors(want)
-    got = net(**dict(zip(net.input_names, inputs)))
+    want_list = [t.detach().cpu().float() for t in _flat_tensors(module(*inputs))]
+    feed = {n: x.detach().cpu().float() for n, x in zip(net.input_names, inputs)}  # net: CPU
+    got = net.forward_all_blobs(**feed)
     for blob, ref in zip(graph.output_blobs, want_list):
-        out = got.get(blob)
-        if out is None:
-            out = net.forward_all_blobs(**dict(zip(net.input_names, inputs)))[blob]
+        out = got[blob]
         scale = max(1.0, float(ref.abs().max())) if ref.numel() else 1.0
         diff = float((out - ref).abs().max()) if ref.numel() else 0.0
         if out.shape != ref.shape or diff > 1e-4 * scale:
