@@ -47,9 +47,10 @@ def export(
     """Write ``module`` as a Caffe deploy net (prototxt) and its weights (caffemodel).
 
     ``example_input`` fixes the Input layer's shape (and pooling rounding, which depends on
-    it; ignored for a TorchNet). ``strict_bvlc`` keeps to layers BVLC Caffe has (fork layers become errors, nearest
-    upsampling a fixed Deconvolution). With ``check`` the compiled Caffe net is run on the
-    example and must agree with the module. Returns that compiled net (a TorchNet).
+    it; ignored for a TorchNet). ``strict_bvlc`` keeps to layers BVLC Caffe has (fork layers
+    become errors, nearest upsampling a fixed Deconvolution). With ``check`` the compiled
+    Caffe net is run on the example and must agree with the module. Returns that compiled
+    net (a TorchNet).
     """
     if isinstance(module, TorchNet):
         write_text(module.net_param, prototxt_path)
