@@ -265,3 +265,32 @@ def test_torchnet_exports_back_without_loss(tmp_path, models_root):
     assert read_net(proto) == net.net_param
     for a, b in zip(net.state_dict().values(), again.state_dict().values()):
         assert torch.equal(a, b)
+
+
+OPENCV_LACKS = {"Clip", "PixelShuffle", "BilinearInterpolate", "Bias"}  # OpenCV 4.x importer
+
+
+@pytest.mark.parametrize(
+    "module, shape", OPS, ids=[f"{i}-{type(m).__name__}" for i, (m, _) in enumerate(OPS)]
+)
+def test_op_loads_in_opencv(tmp_path, module, shape):
+    cv2 = pytest.importorskip("cv2")
+    if not hasattr(cv2.dnn, "readNetFromCaffe"):
+        pytest.skip(f"OpenCV {cv2.__version__} has no Caffe importer (removed in 5.x)")
+    torch.manual_seed(1)
+    module.eval()
+    x = torch.randn(shape)
+    proto, weights = _export(tmp_path, module, x)
+    layers = read_net(proto).layer
+    types = {lp.type for lp in layers}
+    if types & OPENCV_LACKS:
+        pytest.skip(f"OpenCV has no {sorted(types & OPENCV_LACKS)} layer")
+    if any(lp.type == "Deconvolution" and lp.convolution_param.dilation for lp in layers):
+        pytest.skip("OpenCV 4.x gives a dilated Deconvolution the wrong output size")
+    cv = cv2.dnn.readNetFromCaffe(str(proto), str(weights))
+    cv.setPreferableBackend(cv2.dnn.DNN_BACKEND_OPENCV)
+    cv.setInput(x.numpy())
+    got = cv.forward(torchcaffe.load(proto).output_names[0])
+    with torch.no_grad():
+        want = module(x).numpy()
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-5)

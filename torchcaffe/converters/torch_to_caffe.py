@@ -622,11 +622,11 @@ def _leaky_relu(ex: _Exporter, node: fx.Node, m: nn.LeakyReLU, bottom: str) -> N
 
 
 def _prelu(ex: _Exporter, node: fx.Node, m: nn.PReLU, bottom: str) -> None:
-    shared = m.num_parameters == 1
-    weight = m.weight.reshape(()) if shared else m.weight
-    lp = ex.layer(node, "PReLU", [bottom], blobs=[weight])
-    if shared:
-        lp.prelu_param.channel_shared = True
+    # One shared slope is written per channel: the same function, and OpenCV cannot read
+    # the 0-axis blob of Caffe's channel_shared form.
+    channels = ex.shape(node.args[0])[1] if len(ex.shape(node.args[0])) > 1 else 1
+    weight = m.weight.expand(channels) if m.num_parameters == 1 else m.weight
+    ex.layer(node, "PReLU", [bottom], blobs=[weight])
 
 
 def _elu(ex: _Exporter, node: fx.Node, m: nn.ELU, bottom: str) -> None:
@@ -769,16 +769,15 @@ def _upsample(ex: _Exporter, node: fx.Node, m: nn.Upsample, bottom: str) -> None
         if oh % ih or ow % iw or oh // ih != ow // iw:
             raise ex.unsupported(node, f"nearest upsampling from {(ih, iw)} to {(oh, ow)}")
         scale = oh // ih
-        if ex.strict:  # BVLC: a fixed depthwise Deconvolution of ones is nearest upsampling
-            channels = src[1]
-            weight = torch.ones(channels, 1, scale, scale)
-            lp = ex.layer(node, "Deconvolution", [bottom], blobs=[weight])
-            cp = lp.convolution_param
-            cp.num_output, cp.group, cp.bias_term = channels, channels, False
-            cp.kernel_size.append(scale)
-            cp.stride.append(scale)
-            return
-        ex.layer(node, "Upsample", [bottom]).upsample_param.scale = scale
+        # A depthwise Deconvolution of ones (kernel = stride = scale) is nearest upsampling,
+        # exactly: BVLC, and read by OpenCV, which has no fork Upsample layer.
+        channels = src[1]
+        weight = torch.ones(channels, 1, scale, scale)
+        lp = ex.layer(node, "Deconvolution", [bottom], blobs=[weight])
+        cp = lp.convolution_param
+        cp.num_output, cp.group, cp.bias_term = channels, channels, False
+        cp.kernel_size.append(scale)
+        cp.stride.append(scale)
         return
     if m.mode == "bilinear":
         if m.align_corners:
