@@ -150,6 +150,8 @@ OPS = [
     (nn.MaxPool2d(2), (2, 3, 7, 9)),
     (nn.MaxPool2d(3, 2, ceil_mode=True), (2, 3, 8, 9)),
     (nn.AvgPool2d(3, 2, 1), (2, 3, 14, 13)),
+    (nn.AvgPool2d(3, 2, 1, ceil_mode=True), (2, 3, 6, 7)),  # last window clipped at H + pad
+    (nn.MaxPool2d(3, 2, 1, ceil_mode=True), (2, 3, 6, 7)),
     (nn.AvgPool2d(2, ceil_mode=True, count_include_pad=False), (2, 3, 7, 9)),
     (nn.AdaptiveAvgPool2d(1), (2, 3, 5, 7)),
     (nn.AdaptiveAvgPool2d((2, 3)), (2, 3, 4, 9)),
@@ -294,3 +296,37 @@ def test_op_loads_in_opencv(tmp_path, module, shape):
     with torch.no_grad():
         want = module(x).numpy()
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-5)
+
+
+class TwoInTwoOut(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x, y):
+        z = self.conv(x) + y
+        return z, torch.sigmoid(z)
+
+
+def test_several_inputs_and_outputs(tmp_path):
+    model = TwoInTwoOut().eval()
+    x, y = torch.randn(2, 3, 5, 6), torch.randn(2, 4, 5, 6)
+    proto, weights = tmp_path / "n.prototxt", tmp_path / "n.caffemodel"
+    torchcaffe.export(model, (x, y), proto, weights, input_names=["image", "bias"])
+    net = torchcaffe.load(proto, weights)
+    assert net.input_names == ["image", "bias"]
+    with torch.no_grad():
+        out = net(image=x, bias=y)
+        z, s = model(x, y)
+    torch.testing.assert_close(out["sigmoid"], s)
+    torch.testing.assert_close(net.forward_all_blobs(image=x, bias=y)["add"], z)
+
+
+class DataDependent(nn.Module):
+    def forward(self, x):
+        return x if x.sum() > 0 else -x
+
+
+def test_untraceable_module_is_an_export_error(tmp_path):
+    with pytest.raises(ExportError, match="torch.fx cannot trace DataDependent"):
+        _export(tmp_path, DataDependent(), torch.randn(1, 2))
