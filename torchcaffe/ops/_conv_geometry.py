@@ -21,7 +21,8 @@ from .base import CaffeLayer, canonical_axis
 
 def c_div(a: int, b: int) -> int:
     """C integer division (truncates toward zero), as Caffe's output-size formulas use."""
-    a, b = int(a), int(b)  # sizes may be traced 0-d tensors (torch.jit / ONNX export)
+    if isinstance(a, torch.Tensor):  # jit tracing (legacy ONNX export) gives sizes as 0-d
+        a = int(a)  # tensors; `(a >= 0) == (b > 0)` on one is aten::eq(Tensor, bool)
     q = abs(a) // abs(b)
     return q if (a >= 0) == (b > 0) else -q
 
