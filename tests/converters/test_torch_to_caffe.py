@@ -315,11 +315,12 @@ def test_several_inputs_and_outputs(tmp_path):
     torchcaffe.export(model, (x, y), proto, weights, input_names=["image", "bias"])
     net = torchcaffe.load(proto, weights)
     assert net.input_names == ["image", "bias"]
+    assert sorted(net.output_names) == ["add/output", "sigmoid"]  # add is also read by sigmoid
     with torch.no_grad():
         out = net(image=x, bias=y)
         z, s = model(x, y)
     torch.testing.assert_close(out["sigmoid"], s)
-    torch.testing.assert_close(net.forward_all_blobs(image=x, bias=y)["add"], z)
+    torch.testing.assert_close(out["add/output"], z)
 
 
 class DataDependent(nn.Module):
@@ -330,3 +331,15 @@ class DataDependent(nn.Module):
 def test_untraceable_module_is_an_export_error(tmp_path):
     with pytest.raises(ExportError, match="torch.fx cannot trace DataDependent"):
         _export(tmp_path, DataDependent(), torch.randn(1, 2))
+
+
+def test_a_wrong_mapping_is_caught_by_the_check(tmp_path, monkeypatch):
+    """The exporter runs the compiled Caffe net on the example and refuses to write on a
+    mismatch (here a deliberately wrong mapping: Sigmoid written as TanH)."""
+    from torchcaffe.converters import torch_layers
+
+    wrong = [(nn.Sigmoid, torch_layers._neuron("TanH"))]
+    monkeypatch.setattr(torch_layers, "_MODULE_HANDLERS", wrong)
+    with pytest.raises(ExportError, match="disagrees with the module on output blob 'sigmoid'"):
+        _export(tmp_path, nn.Sigmoid(), torch.randn(2, 3))
+    assert not list(tmp_path.iterdir())

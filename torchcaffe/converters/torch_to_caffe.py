@@ -189,7 +189,21 @@ class _Exporter:
             )
         for node in gm.graph.nodes:
             self._node(node)
+        self._expose_outputs()
         return self.net, self.blobs, self.graph
+
+    def _expose_outputs(self) -> None:
+        """Caffe's net outputs are the blobs no layer consumes: a module output that a later
+        layer also reads (or an input returned as is) gets a Split copy, ``<blob>/output``."""
+        consumed = {b for lp in self.net.layer for b in lp.bottom}
+        inputs = {lp.top[0] for lp in self.net.layer if lp.type == "Input"}
+        for i, blob in enumerate(self.graph.output_blobs):
+            if blob in consumed or blob in inputs:
+                name = self.unique(f"{blob}/output")
+                lp = self.net.layer.add(name=name, type="Split")
+                lp.bottom.append(blob)
+                lp.top.append(name)
+                self.graph.output_blobs[i] = name
 
     def _node(self, node: fx.Node) -> None:
         if node.op == "placeholder":
