@@ -160,6 +160,7 @@ OPS = [
     (nn.Softmax(dim=-1), (2, 3, 4)),
     (nn.Flatten(1, 2), (2, 3, 4, 5)),
     (nn.Upsample(scale_factor=2, mode="nearest"), (2, 3, 4, 5)),
+    (nn.Upsample(scale_factor=(3, 1), mode="nearest"), (2, 3, 4, 5)),
     (nn.Upsample(scale_factor=2, mode="bilinear", align_corners=True), (2, 3, 4, 5)),
     (nn.Upsample(size=(7, 9), mode="bilinear", align_corners=False), (2, 3, 4, 5)),
     (nn.PixelShuffle(2), (2, 8, 3, 4)),

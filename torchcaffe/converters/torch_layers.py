@@ -345,18 +345,20 @@ def _upsample(ex: _Exporter, node: fx.Node, m: nn.Upsample, bottom: str) -> None
         raise ex.unsupported(node, f"{type(m).__name__} on a {len(src)}-D input")
     (ih, iw), (oh, ow) = src[2:], out[2:]
     if m.mode == "nearest":
-        if oh % ih or ow % iw or oh // ih != ow // iw:
-            raise ex.unsupported(node, f"nearest upsampling from {(ih, iw)} to {(oh, ow)}")
-        scale = oh // ih
+        if oh % ih or ow % iw:
+            raise ex.unsupported(
+                node, f"nearest upsampling from {(ih, iw)} to {(oh, ow)} (not a whole factor)"
+            )
+        scale = (oh // ih, ow // iw)
         # A depthwise Deconvolution of ones (kernel = stride = scale) is nearest upsampling,
         # exactly: BVLC, and read by OpenCV, which has no fork Upsample layer.
         channels = src[1]
-        weight = torch.ones(channels, 1, scale, scale)
+        weight = torch.ones(channels, 1, *scale)
         lp = ex.layer(node, "Deconvolution", [bottom], blobs=[weight])
         cp = lp.convolution_param
         cp.num_output, cp.group, cp.bias_term = channels, channels, False
-        cp.kernel_size.append(scale)
-        cp.stride.append(scale)
+        set_hw(cp, "kernel", scale, None)
+        set_hw(cp, "stride", scale, 1)
         return
     if m.mode == "bilinear":
         if m.align_corners:
