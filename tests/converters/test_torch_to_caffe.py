@@ -344,3 +344,8 @@ def test_a_wrong_mapping_is_caught_by_the_check(tmp_path, monkeypatch):
     with pytest.raises(ExportError, match="disagrees with the module on output blob 'sigmoid'"):
         _export(tmp_path, nn.Sigmoid(), torch.randn(2, 3))
     assert not list(tmp_path.iterdir())
+
+
+def test_example_input_that_does_not_fit_is_an_export_error(tmp_path):
+    with pytest.raises(ExportError, match=r"on the example input failed.*\(2, 7\)"):
+        _export(tmp_path, nn.Linear(5, 3), torch.randn(2, 7))

@@ -177,8 +177,16 @@ class _Exporter:
                 f"torch.fx cannot trace {type(self.module).__name__}: {err}",
                 hint="data-dependent control flow must be removed or wrapped in a leaf module",
             ) from None
-        with torch.no_grad():
-            ShapeProp(gm).propagate(*self.inputs)
+        try:
+            with torch.no_grad():
+                ShapeProp(gm).propagate(*self.inputs)
+        except Exception as err:  # the module's own error, e.g. an input of the wrong shape
+            shapes = [tuple(x.shape) for x in self.inputs if isinstance(x, torch.Tensor)]
+            raise ExportError(
+                f"running {type(self.module).__name__} on the example input failed: "
+                f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
+                got=f"example input shapes {shapes}",
+            ) from None
         self.modules = dict(gm.named_modules())
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         if self.input_names is not None and len(self.input_names) != len(placeholders):
