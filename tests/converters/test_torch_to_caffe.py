@@ -349,3 +349,31 @@ def test_a_wrong_mapping_is_caught_by_the_check(tmp_path, monkeypatch):
 def test_example_input_that_does_not_fit_is_an_export_error(tmp_path):
     with pytest.raises(ExportError, match=r"on the example input failed.*\(2, 7\)"):
         _export(tmp_path, nn.Linear(5, 3), torch.randn(2, 7))
+
+
+class SharedConv(nn.Module):
+    """One conv called twice: Caffe shares its params by ParamSpec name."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(torch.relu(self.conv(x)))
+
+
+def test_module_called_twice_shares_params(tmp_path):
+    from torchcaffe.converters import caffemodel_to_state_dict
+
+    torch.manual_seed(0)
+    model = SharedConv().eval()
+    x = torch.randn(2, 4, 5, 6)
+    proto, weights = _export(tmp_path, model, x)
+    layers = {lp.name: lp for lp in read_net(proto).layer}
+    assert [p.name for p in layers["conv"].param] == ["conv/0", "conv/1"]
+    assert [p.name for p in layers["conv_1"].param] == ["conv/0", "conv/1"]
+    torch.testing.assert_close(_reload(proto, weights, x), model(x))
+    caffemodel_to_state_dict(proto, weights, tmp_path / "r.pt", readable=True)
+    fresh = SharedConv()
+    fresh.load_state_dict(torch.load(tmp_path / "r.pt", weights_only=True), strict=True)
+    assert torch.equal(fresh.conv.weight, model.conv.weight)

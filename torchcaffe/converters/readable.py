@@ -35,15 +35,29 @@ def _folded_scales(net: TorchNet) -> dict[str, str]:
     return {s: b for s, b in folded.items() if folded_bns.count(b) == 1}
 
 
+def _unshared(module: torch.nn.Module, seen: set[int]) -> tuple[list[str], list[torch.Tensor]]:
+    """The layer's blob names and blobs, leaving out those an earlier layer already owns."""
+    names: list[str] = []
+    blobs: list[torch.Tensor] = []
+    for name in getattr(module, "_blob_names", []):
+        blob = getattr(module, name)
+        if id(blob) not in seen:
+            seen.add(id(blob))
+            names.append(name)
+            blobs.append(blob)
+    return names, blobs
+
+
 @torch.no_grad()
 def readable_state_dict(net: TorchNet) -> dict[str, torch.Tensor]:
     """The net's params under readable keys (fresh CPU tensors, no shared storage)."""
     folded = _folded_scales(net)
     state: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()  # params shared by name appear once, under their first layer
     for step in net.steps:
         module = net.layer(step.name)
-        names = list(getattr(module, "_blob_names", []))
-        blobs = [b.detach().to("cpu").clone() for b in module.param_blobs()]
+        names, blobs = _unshared(module, seen)
+        blobs = [b.detach().to("cpu").clone() for b in blobs]
         if step.type in BN_TYPES and names[:3] == ["mean", "variance", "scale_factor"]:
             mean, var, factor = blobs[:3]
             f = float(factor.reshape(-1)[0]) if factor.numel() else 1.0
@@ -84,10 +98,10 @@ def load_readable_state_dict(
         return state[key]
 
     assignments: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+    seen: set[int] = set()
     for step in net.steps:
         module = net.layer(step.name)
-        names = list(getattr(module, "_blob_names", []))
-        blobs = module.param_blobs()
+        names, blobs = _unshared(module, seen)
         if step.type in BN_TYPES and names[:3] == ["mean", "variance", "scale_factor"]:
             mean, var = take(f"{step.name}.running_mean"), take(f"{step.name}.running_var")
             if f"{step.name}.num_batches_tracked" in state:

@@ -162,6 +162,7 @@ class _Exporter:
         self.blobs: dict[str, list[torch.Tensor]] = {}
         self.top: dict[fx.Node, str] = {}
         self.used: set[str] = set()
+        self.owner: dict[int, tuple[caffe_pb2.LayerParameter, int]] = {}  # id(Parameter)
         self.graph = _Graph()
 
     # -- driver
@@ -291,9 +292,27 @@ class _Exporter:
         lp.top.append(name)
         if blobs:
             self.blobs[name] = [b.detach().cpu() for b in blobs]
+            self._share(lp, blobs)
         if last:
             self.top[node] = name
         return lp
+
+    def _share(self, lp: caffe_pb2.LayerParameter, blobs: Sequence[torch.Tensor]) -> None:
+        """A Parameter already written by an earlier layer (a module called twice) is shared
+        as Caffe shares params: the same ParamSpec name on both layers."""
+        for i, blob in enumerate(blobs):
+            if not isinstance(blob, nn.Parameter):
+                continue
+            first = self.owner.get(id(blob))
+            if first is None:
+                self.owner[id(blob)] = (lp, i)
+                continue
+            owner, j = first
+            spec = f"{owner.name}/{j}"
+            for layer, k in ((owner, j), (lp, i)):
+                while len(layer.param) <= k:
+                    layer.param.add()
+                layer.param[k].name = spec
 
     def alias(self, node: fx.Node, blob: str) -> None:
         self.top[node] = blob
