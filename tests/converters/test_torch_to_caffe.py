@@ -85,7 +85,7 @@ class Add(nn.Module):
 class Arith(nn.Module):
     def forward(self, x):
         y = torch.relu(x) * torch.sigmoid(x)
-        return torch.cat([y + 1.0, y - x, x / 4.0, 2 * x], dim=1)
+        return torch.cat([y + 1.0, y - x, x / 4.0, 2 * x, 3 - x, -y], dim=1)
 
 
 class Views(nn.Module):

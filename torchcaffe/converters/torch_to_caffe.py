@@ -347,6 +347,8 @@ class _Exporter:
             return self._binary(node, args, kwargs, "mul")
         if fn in (operator.truediv, torch.div):
             return self._binary(node, args, kwargs, "div")
+        if fn in (operator.neg, torch.neg):
+            return self._binary(node, [args[0], -1.0], {}, "mul")
         if fn in (torch.cat, torch.concat):
             return self._cat(node, args, kwargs)
         if fn is torch.mean:
@@ -394,10 +396,15 @@ class _Exporter:
             elif op == "sub":
                 lp.eltwise_param.coeff.extend([1.0, -1.0])
             return None
-        if self.is_tensor(b) and op in ("add", "mul"):
+        if self.is_tensor(b) and isinstance(a, (int, float)) and op in ("add", "mul", "sub"):
+            if op == "sub":  # c - x = -1 * x + c
+                lp = self.layer(node, "Power", [self.blob(b, node)])
+                lp.power_param.scale, lp.power_param.shift = -1.0, float(a)
+                return None
             a, b = b, a  # scalar op tensor, commutative
         if not self.is_tensor(a) or not isinstance(b, (int, float)):
-            raise self.unsupported(node, f"{_describe(node)} on {type(b).__name__}")
+            what = "a number and a tensor" if self.is_tensor(b) else type(b).__name__
+            raise self.unsupported(node, f"{_describe(node)} on {what}")
         lp = self.layer(node, "Power", [self.blob(a, node)])
         p = lp.power_param
         if op == "add":
