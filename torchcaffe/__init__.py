@@ -19,11 +19,13 @@ from .api import load, load_weights, save_weights
 from .blob import Blob
 from .caffe_alias import install_caffe_alias
 from .classifier import Classifier
+from .converters.torch_to_caffe import export
 from .detector import Detector
 from .errors import (
     BlobWiringError,
     DataError,
     DeviceError,
+    ExportError,
     LayerParamError,
     PartialWeightsWarning,
     PrototxtError,
@@ -62,6 +64,8 @@ __version__ = "0.1.0"
 __all__ = [
     "load",
     "load_weights",
+    "export",
+    "ExportError",
     "save_weights",
     "param_groups",
     "Net",

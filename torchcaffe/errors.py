@@ -167,3 +167,7 @@ class PartialWeightsWarning(UserWarning):
     Caffe copies such a file silently (fine-tuning relies on it); torchcaffe names the layers.
     ``strict=True`` on the loaders makes this a ``WeightsError`` instead.
     """
+
+
+class ExportError(TorchCaffeError):
+    """A model that cannot be written in the target format (an op Caffe has no layer for)."""

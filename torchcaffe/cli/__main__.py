@@ -12,7 +12,9 @@ from collections.abc import Callable
 
 from ..errors import TorchCaffeError
 from . import (
+    compare,
     compute_image_mean,
+    convert,
     convert_imageset,
     device_query,
     draw_net,
@@ -22,6 +24,8 @@ from . import (
     time_net,
     train,
     upgrade,
+    upgrade_net_proto_binary,
+    upgrade_net_proto_text,
 )
 from .flags import FlagParser, gflags_argv
 
@@ -38,6 +42,13 @@ ACTIONS: dict[str, Action] = {
     "test": (test.add_arguments, test.main),
     "time": (time_net.add_arguments, time_net.main),
     "device_query": (device_query.add_arguments, device_query.main),
+    "convert": (convert.add_arguments, convert.main),
+    "compare": (compare.add_arguments, compare.main),
+    "upgrade_net_proto_text": (upgrade_net_proto_text.add_arguments, upgrade_net_proto_text.main),
+    "upgrade_net_proto_binary": (
+        upgrade_net_proto_binary.add_arguments,
+        upgrade_net_proto_binary.main,
+    ),
 }
 
 

@@ -24,7 +24,10 @@ def c_div(a: int, b: int) -> int:
 
     Written without branching on the sign of ``a`` so that a symbolic size (a SymInt under
     ``torch.compile(dynamic=True)`` or ``torch.export``) stays symbolic: the positive part
-    floors down and the negative part floors toward zero."""
+    floors down and the negative part floors toward zero. Under jit tracing (the legacy ONNX
+    exporter) sizes arrive as 0-d tensors and are read as ints."""
+    if isinstance(a, torch.Tensor):
+        a = int(a)
     if b < 0:
         return -c_div(a, -b)
     return torch.sym_max(a, 0) // b - torch.sym_max(-a, 0) // b

@@ -1,0 +1,73 @@
+"""upgrade_net_proto_text / upgrade_net_proto_binary (Caffe's tools) and `upgrade`, which
+keeps the form of its input (a binary caffemodel no longer comes out as text)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torchcaffe
+from torchcaffe.cli.__main__ import main
+from torchcaffe.formats.prototxt import read_net_binary, read_net_text
+
+V1_MODELS = [
+    ("lenet_mnist", "lenet.prototxt", "lenet_iter_10000.caffemodel"),
+    ("cifar10_quick", "cifar10_quick.prototxt", "cifar10_quick_iter_5000.caffemodel"),
+]
+
+
+@pytest.mark.parametrize("folder, proto, weights", V1_MODELS)
+def test_upgrade_net_proto_binary_writes_v2_with_same_weights(
+    tmp_path, models_root, folder, proto, weights
+):
+    src = models_root / folder / weights
+    assert read_net_binary(src).layers, "the shared model should be a V1 binary"
+    out = tmp_path / "v2.caffemodel"
+    assert main(["upgrade_net_proto_binary", str(src), str(out)]) == 0
+    upgraded = read_net_binary(out)
+    assert len(upgraded.layer) and not len(upgraded.layers)
+    assert all(lp.type and not lp.type.isupper() for lp in upgraded.layer)  # V2 type strings
+    net_proto = models_root / folder / proto
+    want = torchcaffe.load(net_proto, src).state_dict()
+    got = torchcaffe.load(net_proto, out).state_dict()
+    assert want.keys() == got.keys()
+    for key in want:
+        assert torch.equal(want[key], got[key]), key
+
+
+def test_upgrade_keeps_binary_binary(tmp_path, models_root):
+    src = models_root / "lenet_mnist" / "lenet_iter_10000.caffemodel"
+    out = tmp_path / "out.bin"  # no telling extension: the form follows the input
+    assert main(["upgrade", str(src), str(out)]) == 0
+    assert len(read_net_binary(out).layer) == len(read_net_binary(src).layers)
+    assert out.stat().st_size < 1.1 * src.stat().st_size
+
+
+def test_upgrade_net_proto_text(tmp_path, models_root, capsys):
+    src = models_root / "lenet_v0" / "lenet.prototxt"
+    out = tmp_path / "v2.prototxt"
+    assert main(["upgrade_net_proto_text", str(src), str(out)]) == 0
+    net = read_net_text(out)
+    types = [lp.type for lp in net.layer]
+    assert {"Convolution", "Pooling", "InnerProduct", "ReLU"} <= set(types), types
+    assert not len(net.layers)
+    capsys.readouterr()
+    again = tmp_path / "again.prototxt"
+    assert main(["upgrade_net_proto_text", str(out), str(again)]) == 0
+    assert "already in latest proto format" in capsys.readouterr().err
+    assert read_net_text(again) == net
+
+
+@pytest.mark.parametrize(
+    "tool, src",
+    [
+        ("upgrade_net_proto_text", "lenet_mnist/lenet_iter_10000.caffemodel"),
+        ("upgrade_net_proto_binary", "lenet_mnist/lenet.prototxt"),
+    ],
+)
+def test_wrong_form_is_refused_and_nothing_written(tmp_path, models_root, capsys, tool, src):
+    out = tmp_path / "out"
+    assert main([tool, str(models_root / src), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "not " in err and "use `torchcaffe upgrade_net_proto_" in err
+    assert not out.exists() and not list(tmp_path.iterdir())

@@ -1,0 +1,128 @@
+"""torch.onnx export of compiled Caffe nets, run in onnxruntime with a different batch size
+than the one traced (dynamic batch). The TorchScript exporter runs on all three models; the
+dynamo exporter (slower) on LeNet, and on the large two with TORCHCAFFE_SLOW=1."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import torchcaffe
+from torchcaffe.converters.onnx import export_onnx
+from torchcaffe.errors import ExportError
+
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx")
+
+# model dir, prototxt, caffemodel (None: random weights), blobs to check
+MODELS = {
+    "lenet": ("lenet_mnist", "lenet.prototxt", "lenet_iter_10000.caffemodel", ["ip2", "prob"]),
+    "googlenet": ("bvlc_googlenet", "deploy.prototxt", None, ["loss3/classifier", "prob"]),
+    "resnet50": ("resnet50_kaiminghe", "ResNet-50-deploy.prototxt", None, ["fc1000", "prob"]),
+}
+
+
+@torch.no_grad()
+def randomize(net: torchcaffe.TorchNet, seed: int = 0) -> None:
+    """He-scaled random weights (the deploy files carry no fillers), sane BN statistics."""
+    g = torch.Generator().manual_seed(seed)
+    for step in net.steps:
+        blobs = net.layers[step.key].param_blobs()
+        if step.type == "BatchNorm":
+            mean, var, factor = blobs
+            mean.copy_(torch.randn(mean.shape, generator=g) * 0.1)
+            var.copy_(torch.rand(var.shape, generator=g) + 0.5)
+            factor.fill_(1.0)
+            continue
+        for blob in blobs:
+            fan_in = math.prod(blob.shape[1:]) if blob.dim() > 1 else 10
+            blob.copy_(torch.randn(blob.shape, generator=g) * math.sqrt(2.0 / fan_in))
+
+
+def _load(models_root, name):
+    folder, proto, weights, blobs = MODELS[name]
+    root = models_root / folder
+    net = torchcaffe.load(root / proto, None if weights is None else root / weights)
+    if weights is None:
+        randomize(net)
+    return net, blobs
+
+
+def _check(net, path, blobs, batch=3):
+    shape = (batch, *net.blob_shapes[net.input_names[0]][1:])
+    x = torch.rand(shape, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    with torch.no_grad():
+        want = net.forward_all_blobs(**{net.input_names[0]: x})
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [i.name for i in sess.get_inputs()] == net.input_names
+    got = sess.run(blobs, {net.input_names[0]: x.numpy()})
+    for name, value in zip(blobs, got):
+        ref = want[name].numpy()
+        assert value.shape == ref.shape, name
+        scale = max(1.0, float(np.abs(ref).max()))
+        np.testing.assert_allclose(value, ref, rtol=1e-4, atol=1e-5 * scale, err_msg=name)
+
+
+@pytest.mark.parametrize("name", ["lenet", "googlenet", "resnet50"])
+def test_torchscript_exporter_runs_in_onnxruntime(tmp_path, models_root, name):
+    net, blobs = _load(models_root, name)
+    path = tmp_path / f"{name}.onnx"
+    export_onnx(net, path, dynamo=False, outputs=blobs)
+    _check(net, path, blobs)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "lenet",
+        pytest.param("googlenet", marks=pytest.mark.slow),
+        pytest.param("resnet50", marks=pytest.mark.slow),
+    ],
+)
+def test_dynamo_exporter_runs_in_onnxruntime(tmp_path, models_root, name):
+    pytest.importorskip("onnxscript")
+    net, blobs = _load(models_root, name)
+    path = tmp_path / f"{name}.onnx"
+    export_onnx(net, path, dynamo=True, outputs=blobs)
+    _check(net, path, blobs)
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_plain_torch_onnx_export_of_a_torchnet(tmp_path, models_root, dynamo):
+    """What a user writes without the helper: torch.onnx.export on the TorchNet itself."""
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    net, _ = _load(models_root, "lenet")
+    path = tmp_path / "lenet.onnx"
+    if dynamo:  # forward(*args, **inputs): the positional inputs are "args"
+        kw = {"dynamic_shapes": {"args": ({0: torch.export.Dim("n")},)}}
+    else:
+        kw = {"input_names": ["data"], "dynamic_axes": {"data": {0: "n"}}}
+    torch.onnx.export(net, (torch.rand(2, 1, 28, 28),), str(path), dynamo=dynamo, **kw)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = torch.rand(5, 1, 28, 28)
+    (got,) = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})
+    with torch.no_grad():
+        want = net(data=x)["prob"].numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_unknown_output_blob_is_an_error(tmp_path, models_root):
+    net, _ = _load(models_root, "lenet")
+    with pytest.raises(ExportError, match="unknown output blob"):
+        export_onnx(net, tmp_path / "x.onnx", dynamo=False, outputs=["nope"])
+    assert not (tmp_path / "x.onnx").exists()
+
+
+def test_train_phase_net_is_refused(tmp_path, models_root):
+    root = models_root / "lenet_mnist"
+    net = torchcaffe.load(
+        root / "lenet_train_test.prototxt",
+        phase="train",
+        input_shapes={"data": (2, 1, 28, 28), "label": (2,)},
+    )
+    with pytest.raises(ExportError, match="TEST-phase"):
+        export_onnx(net, tmp_path / "x.onnx", dynamo=False)

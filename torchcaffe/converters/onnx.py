@@ -1,0 +1,124 @@
+"""A compiled Caffe net (TorchNet) -> ONNX with torch.onnx, either exporter, dynamic batch.
+
+The net's forward takes named blobs and returns a dict; ONNX wants positional inputs and a
+tuple of outputs, so a thin wrapper fixes the order (Caffe's input order, the net's output
+order) and the ONNX graph's input/output names are the Caffe blob names.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import nn
+
+from ..errors import ExportError, UnsupportedError
+from ..net.net import TorchNet
+from ..proto import caffe_pb2
+
+PathLike = str | os.PathLike
+
+
+class PositionalNet(nn.Module):
+    """``net`` with positional inputs (``net.input_names`` order) and a tuple of outputs."""
+
+    def __init__(self, net: TorchNet, outputs: Sequence[str] | None = None) -> None:
+        super().__init__()
+        self.net = net
+        self.outputs = list(outputs or net.output_names)
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        blobs = self.net.run(dict(zip(self.net.input_names, inputs)))
+        return tuple(blobs[name] for name in self.outputs)
+
+
+def export_onnx(
+    net: TorchNet,
+    path: PathLike,
+    *,
+    dynamo: bool = True,
+    dynamic_batch: bool = True,
+    opset_version: int | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    outputs: Sequence[str] | None = None,
+) -> None:
+    """Write ``net`` (in TEST phase, eval mode) as an ONNX model at ``path``.
+
+    ``dynamo`` picks torch's torch.export-based exporter (needs onnxscript) over the legacy
+    TorchScript one. ``dynamic_batch`` makes axis 0 of every input and output symbolic.
+    ``input_shapes`` overrides the example shapes (default: the net's declared input shapes).
+    ``outputs`` names the blobs to export as graph outputs (default: the net's outputs).
+    """
+    _require("onnx", "onnx")
+    if dynamo:
+        _require("onnxscript", "onnx")
+    if net.phase != caffe_pb2.TEST:
+        raise ExportError(
+            "only TEST-phase nets export to ONNX (data layers and losses have no ONNX form)",
+            path=net.path,
+            hint="load the net with phase='test'",
+        )
+    shapes = {n: tuple(net.blob_shapes[n]) for n in net.input_names}
+    shapes.update({n: tuple(s) for n, s in (input_shapes or {}).items()})
+    if dynamic_batch:  # torch.export fixes sizes 0 and 1: trace with a batch of at least 2
+        shapes = {n: (max(2, s[0]), *s[1:]) if s else s for n, s in shapes.items()}
+    device = _device_of(net)  # example on the net's device; the ONNX graph carries none
+    example = tuple(torch.rand(shapes[n], device=device) * 2 - 1 for n in net.input_names)
+    unknown = [b for b in outputs or () if b not in net.blob_shapes]
+    if unknown:
+        raise ExportError(
+            f"unknown output blob(s) {unknown}", path=net.path, expected=f"blobs of {net.name}"
+        )
+    wrapper = PositionalNet(net, outputs).eval()
+    was_training = net.training
+    net.eval()
+    kw: dict = dict(
+        input_names=list(net.input_names),
+        output_names=list(wrapper.outputs),
+        dynamo=dynamo,
+    )
+    if opset_version is not None:
+        kw["opset_version"] = opset_version
+    if dynamic_batch:
+        if dynamo:
+            batch = torch.export.Dim("batch")
+            kw["dynamic_shapes"] = {"inputs": tuple({0: batch} for _ in net.input_names)}
+        else:
+            kw["dynamic_axes"] = {n: {0: "batch"} for n in [*net.input_names, *wrapper.outputs]}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", (DeprecationWarning, torch.jit.TracerWarning))
+            if not dynamo:
+                kw["f"] = os.fspath(path)
+            result = torch.onnx.export(wrapper, example, **kw)
+        if dynamo:
+            assert result is not None
+            result.save(os.fspath(path))
+    except ExportError:
+        raise
+    except Exception as err:  # torch.onnx raises many kinds; one clear line, the cause kept
+        raise ExportError(
+            f"torch.onnx.export ({'dynamo' if dynamo else 'TorchScript'} exporter) failed: "
+            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
+            path=net.path,
+            hint="try the other exporter (dynamo=True/False), or dynamic_batch=False",
+        ) from err
+    finally:
+        net.train(was_training)
+
+
+def _device_of(net: TorchNet) -> torch.device:
+    tensors = [*net.parameters(), *net.buffers()]
+    return tensors[0].device if tensors else torch.device("cpu")
+
+
+def _require(module: str, extra: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise UnsupportedError(
+            f"ONNX export needs the '{module}' package",
+            hint=f"pip install torchcaffe[{extra}]",
+        )
