@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from torchcaffe.data.db import DBReader
+from torchcaffe.ops._data_source import BatchLoader
 from torchcaffe.ops.convolution import ConvolutionBase
 from torchcaffe.ops.recurrent import RecurrentLayer
 from torchcaffe.solver.lr_policy import CaffeLRPolicy
@@ -18,6 +20,8 @@ from torchcaffe.solver.optimizers import CaffeOptimizer
         (RecurrentLayer, {"add_params", "unroll"}),
         (CaffeLRPolicy, {"factor"}),
         (CaffeOptimizer, {"_update"}),
+        (BatchLoader, {"next_batch"}),
+        (DBReader, {"items", "get", "__len__", "close"}),
     ],
 )
 def test_hooks_are_abstract(base, hooks):

@@ -5,6 +5,9 @@ spatial layer has one (Convolution/Pooling/Im2col shrink by the stride and shift
 Deconvolution the reverse, Crop shifts by its offset, element-wise layers pass through);
 ``coord_map_from_to`` composes them along the graph between two tops and ``crop`` makes the
 Crop layer that aligns one top to another (as FCN's surgery does).
+
+The exceptions keep pycaffe's names (``UndefinedMapException``, ``AxisMismatchException``)
+and are importable from here as in pycaffe.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import AxisMismatchException, CoordMapError, UndefinedMapException
 from .net_spec import Function, Top
 from .net_spec import layers as L
 
@@ -40,14 +44,6 @@ PASS_THROUGH_LAYERS = [
 ]
 
 CoordMap = tuple[Any, Any, Any]
-
-
-class UndefinedMapException(Exception):
-    """The layer has no coordinate mapping (it is not spatial)."""
-
-
-class AxisMismatchException(Exception):
-    """Two composed maps start at different axes."""
 
 
 def conv_params(fn: Function) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
@@ -86,7 +82,7 @@ def coord_map(fn: Function) -> CoordMap:
     if fn.type_name == "Crop":
         axis, offset = crop_params(fn)
         return axis - 1, 1, -offset  # -1: the last non-coordinate axis
-    raise UndefinedMapException
+    raise UndefinedMapException(f"layer type {fn.type_name} has no coordinate map")
 
 
 def compose(base_map: CoordMap, next_map: CoordMap) -> CoordMap:
@@ -98,7 +94,9 @@ def compose(base_map: CoordMap, next_map: CoordMap) -> CoordMap:
     elif ax2 is None or ax1 == ax2:
         ax = ax1
     else:
-        raise AxisMismatchException
+        raise AxisMismatchException(
+            "the maps start at different axes", expected=f"axis {ax1}", got=f"axis {ax2}"
+        )
     return ax, a1 * a2, a1 * b2 + b1
 
 
@@ -140,7 +138,9 @@ def coord_map_from_to(top_from: Top, top_to: Top) -> CoordMap:
                 frontier.add(bottom)
         except UndefinedMapException:
             continue
-    raise RuntimeError("Could not compute map between tops; are they connected by spatial layers?")
+    raise CoordMapError(
+        "cannot compute a map between the tops: no chain of spatial layers connects them"
+    )
 
 
 def crop(top_from: Top, top_to: Top) -> Top:

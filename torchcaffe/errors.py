@@ -129,6 +129,24 @@ class UsageError(TorchCaffeError, TypeError):
     """A Python call with the wrong arguments (e.g. ``caffe.Net`` without a phase)."""
 
 
+class ArrayShapeError(TorchCaffeError, ValueError):
+    """An array passed to a pycaffe ``caffe.io`` function with the wrong shape (a ValueError,
+    as pycaffe raises)."""
+
+
+class UndefinedMapException(TorchCaffeError):
+    """``caffe.coord_map``: the layer has no coordinate mapping (it is not spatial)."""
+
+
+class AxisMismatchException(TorchCaffeError):
+    """``caffe.coord_map``: two composed maps start at different axes."""
+
+
+class CoordMapError(TorchCaffeError, RuntimeError):
+    """``caffe.coord_map.crop``: no chain of spatial layers joins the two tops (a RuntimeError,
+    as pycaffe raises)."""
+
+
 class WireError(TorchCaffeError):
     """Bytes that are not a well-formed protobuf message (the streaming weights reader)."""
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import UnsupportedError
+from .errors import ArrayShapeError, UnsupportedError
 from .proto import caffe_pb2
 
 _EXTRA_HINT = "pip install torchcaffe[pycaffe]"
@@ -142,9 +142,9 @@ def blobprotovector_str_to_arraylist(s: bytes) -> list[np.ndarray]:
 
 def array_to_datum(arr: np.ndarray, label: int | None = None) -> caffe_pb2.Datum:
     """A Datum from a C x H x W array: uint8 goes to ``data`` bytes, anything else to
-    ``float_data``. Not 3-D raises ValueError, as pycaffe."""
+    ``float_data``. Not 3-D raises ArrayShapeError (a ValueError, as pycaffe's)."""
     if arr.ndim != 3:
-        raise ValueError("Incorrect array shape.")
+        raise ArrayShapeError("Incorrect array shape.")
     datum = caffe_pb2.Datum()
     datum.channels, datum.height, datum.width = (int(d) for d in arr.shape)
     if arr.dtype == np.uint8:
@@ -264,15 +264,15 @@ class Transformer:
         ms = mean.shape
         if mean.ndim == 1:
             if ms[0] != self.inputs[in_][1]:
-                raise ValueError("Mean channels incompatible with input.")
+                raise ArrayShapeError("Mean channels incompatible with input.")
             mean = mean[:, np.newaxis, np.newaxis]
         else:
             if len(ms) == 2:
                 ms = (1,) + ms
             if len(ms) != 3:
-                raise ValueError("Mean shape invalid")
+                raise ArrayShapeError("Mean shape invalid")
             if tuple(ms) != tuple(self.inputs[in_][1:]):
-                raise ValueError("Mean shape incompatible with input shape.")
+                raise ArrayShapeError("Mean shape incompatible with input shape.")
         self.mean[in_] = mean
 
     def set_input_scale(self, in_: str, scale: float) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from typing import Any
 
+from .errors import UsageError
 from .proto import caffe_pb2
 
 # Layer types whose parameter message is named after another type (Caffe's LayerParameter).
@@ -85,7 +86,7 @@ class Function:
         self.type_name = type_name
         for index, inp in enumerate(inputs):
             if not isinstance(inp, Top):
-                raise TypeError(f"{type_name} input {index} is not a Top (type is {type(inp)})")
+                raise UsageError(f"{type_name} input {index} is not a Top (type is {type(inp)})")
         self.inputs = inputs
         self.params = dict(params)
         self.ntop = int(self.params.pop("ntop", 1))

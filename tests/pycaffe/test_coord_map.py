@@ -109,7 +109,7 @@ def test_crop_of_crop():
 def test_catch_unconnected():
     n = coord_net_spec()
     n.ip = L.InnerProduct(n.deconv, num_output=10)
-    with pytest.raises(RuntimeError, match="Could not compute map"):
+    with pytest.raises(RuntimeError, match="no chain of spatial layers"):
         coord_map_from_to(n.ip, n.data)
 
 

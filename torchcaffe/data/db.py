@@ -12,6 +12,7 @@ transactions of 1000, as Caffe's tools commit them.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import os
 import shutil
@@ -49,25 +50,29 @@ def _plyvel() -> Any:
     return plyvel
 
 
-class DBReader:
+class DBReader(abc.ABC):
     """A read-only database: ``len``, ``items()`` in key order, and a wrapping cursor."""
 
     path: str
 
+    @abc.abstractmethod
     def items(self, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
-        raise NotImplementedError
+        """(key, value) pairs in key order, from ``start`` (or the first key)."""
 
+    @abc.abstractmethod
     def get(self, key: bytes) -> bytes:
-        raise NotImplementedError
+        """The value stored at ``key``."""
 
     def keys(self) -> list[bytes]:
         return [k for k, _ in self.items()]
 
+    @abc.abstractmethod
     def __len__(self) -> int:
-        raise NotImplementedError
+        """The number of records."""
 
+    @abc.abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        """Release the environment / handle."""
 
     def cursor(self) -> WrapCursor:
         return WrapCursor(self)

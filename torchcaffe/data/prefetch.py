@@ -12,6 +12,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import DataError
+
 
 class _Failed:
     def __init__(self, error: BaseException) -> None:
@@ -50,7 +52,9 @@ class Prefetcher:
                 break
             except queue.Empty:
                 if not self._thread.is_alive() and self._queue.empty():
-                    raise RuntimeError("the prefetch thread stopped") from None
+                    raise DataError(
+                        "the prefetch thread stopped without a batch or an error"
+                    ) from None
         if isinstance(item, _Failed):
             self.stop()
             raise item.error

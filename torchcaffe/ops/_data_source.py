@@ -8,6 +8,7 @@ first forward, so ``set_shard`` can still reposition the reader), or, after
 
 from __future__ import annotations
 
+import abc
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -20,11 +21,12 @@ from ..errors import DataError
 from .base import CaffeLayer, Exactly, Shape
 
 
-class BatchLoader:
+class BatchLoader(abc.ABC):
     """Produces batches; lives in the prefetch thread once prefetching starts."""
 
+    @abc.abstractmethod
     def next_batch(self) -> list[np.ndarray]:
-        raise NotImplementedError
+        """The next batch, one array per top."""
 
     def set_shard(self, rank: int, world_size: int) -> None:
         raise DataError("this data source cannot be sharded")

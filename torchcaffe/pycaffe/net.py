@@ -49,7 +49,7 @@ class LayerView:
         """Layer::Reshape: shape the ``top`` blobs for ``bottom``'s current shapes."""
         module = self.module
         if not isinstance(module, CaffeLayer):
-            raise TypeError(f"layer '{self.name}' has no Caffe layer module to reshape")
+            raise UsageError(f"layer '{self.name}' has no Caffe layer module to reshape")
         shapes = module.output_shapes([tuple(b.shape) for b in bottom])
         if len(shapes) != len(top):
             raise BlobWiringError(
