@@ -7,18 +7,24 @@ import os
 from ..errors import DataError
 
 
-def read_list(path: str, *, what: str = "image list") -> list[tuple[str, int]]:
-    """(name, label) pairs, as image_data_layer.cpp / convert_imageset read them: the label
-    is ``atoi`` of what follows the last space (a line without one is all name, label 0)."""
+def read_text(path: str, what: str) -> str:
+    """A list or window file's text, as Caffe opens it: relative to the working directory
+    (which the error names), bytes that are not UTF-8 kept as they are."""
     try:
         with open(path, encoding="utf-8", errors="surrogateescape") as f:
-            lines = f.read().splitlines()
+            return f.read()
     except OSError as err:
         raise DataError(
             f"cannot open the {what} ({err.strerror})",
             path=path,
             hint=f"it is opened relative to the working directory {os.getcwd()}",
         ) from None
+
+
+def read_list(path: str, *, what: str = "image list") -> list[tuple[str, int]]:
+    """(name, label) pairs, as image_data_layer.cpp / convert_imageset read them: the label
+    is ``atoi`` of what follows the last space (a line without one is all name, label 0)."""
+    lines = read_text(path, what).splitlines()
     out = []
     for line in lines:
         if not line:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from ..data import cv
+from ..data.listfile import read_text
 from ..data.rng import CaffeRNG
 from ..data.transformer import DataTransformer
 from ..errors import DataError, TorchCaffeError
@@ -17,15 +16,7 @@ from .base import Exactly
 
 def read_pairs(source: str) -> list[tuple[str, str]]:
     """SegNet reads the list with ``infile >> image >> label``: whitespace-separated pairs."""
-    try:
-        with open(source, encoding="utf-8", errors="surrogateescape") as f:
-            tokens = f.read().split()
-    except OSError as err:
-        raise DataError(
-            f"cannot open the image/label list ({err.strerror})",
-            path=source,
-            hint=f"it is opened relative to the working directory {os.getcwd()}",
-        ) from None
+    tokens = read_text(source, "image/label list").split()
     pairs = list(zip(tokens[0::2], tokens[1::2]))
     if not pairs:
         raise DataError(

@@ -4,11 +4,11 @@ WindowDataLayer)."""
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
 from ..data import cv
+from ..data.listfile import read_text
 from ..data.rng import CaffeRNG
 from ..errors import DataError, TorchCaffeError
 from ..formats.binaryproto import read_mean_file
@@ -27,15 +27,7 @@ def _round(x: np.float32) -> int:
 def read_window_file(source: str, root: str, fg: float, bg: float):
     """-> (image paths, fg windows, bg windows); a window is (image, label, overlap, x1, y1,
     x2, y2). ``# index path channels height width count`` then ``count`` window lines."""
-    try:
-        with open(source, encoding="utf-8", errors="surrogateescape") as f:
-            tokens = f.read().split()
-    except OSError as err:
-        raise DataError(
-            f"cannot open the window file ({err.strerror})",
-            path=source,
-            hint=f"it is opened relative to the working directory {os.getcwd()}",
-        ) from None
+    tokens = read_text(source, "window file").split()
     if len(tokens) < 2:
         raise DataError("the window file is empty", path=source)
     images: list[str] = []
