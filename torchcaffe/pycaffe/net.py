@@ -28,6 +28,7 @@ from ..ops.base import CaffeLayer
 from ..ops.python_layer import PythonLayer
 from ..proto import caffe_pb2
 from ..syncedmem import Head
+from .backward_reads import reads_bottom_data
 
 
 @dataclass
@@ -107,6 +108,8 @@ class Net:
         self._bind_params()
         self._records: dict[int, _Record] = {}
         self._overwritten = self._find_overwritten_bottoms()
+        # blob name -> its data when the last recording forward ended (see _note_forward_data)
+        self._forward_data: dict[str, torch.Tensor] = {}
         if weights is not None:
             self.copy_from(weights)
 
@@ -283,7 +286,42 @@ class Net:
                     loss += w * float(t.detach().sum())
             if step.need_backward:
                 self._records[i] = _Record(bottoms, tops)
+        self._note_forward_data(start, end, device)
         return loss
+
+    def _note_forward_data(self, start: int, end: int, device: torch.device) -> None:
+        """Remember what the forward left in each bottom that a recorded layer's Caffe Backward
+        reads, so backward can tell a script's edits from it. The last writer's top tensor
+        (kept alive by its record) serves without a copy; other blobs are cloned."""
+        steps = self._net.steps
+        last_top: dict[str, torch.Tensor] = {}
+        for i in range(start, end + 1):
+            record = self._records.get(i)
+            for k, name in enumerate(steps[i].tops):
+                if record is not None:
+                    last_top[name] = record.tops[k].detach()
+                else:
+                    last_top.pop(name, None)
+        for i in range(start, end + 1):
+            if i not in self._records or not reads_bottom_data(steps[i]):
+                continue
+            for name in steps[i].bottoms:
+                if name not in last_top:
+                    last_top[name] = self.blobs[name].data_at(device).clone()
+                self._forward_data[name] = last_top[name]
+
+    def _bottoms_edited(self, i: int, device: torch.device, seen: dict[str, bool]) -> bool:
+        """Has a script written any of layer ``i``'s bottoms since the forward recorded it?"""
+        for name in self._net.steps[i].bottoms:
+            if name not in seen:
+                before = self._forward_data.get(name)
+                now = self.blobs[name].data_at(device)
+                seen[name] = before is None or not (
+                    before.shape == now.shape and torch.equal(now, before.to(now.dtype))
+                )
+            if seen[name]:
+                return True
+        return False
 
     def _forward_inference(self, start: int, end: int) -> float:
         """Forward when no layer in ``start..end`` needs backward: no autograd, no clones.
@@ -334,6 +372,7 @@ class Net:
     def _backward(self, start: int, end: int) -> None:
         device = self._ensure_device()
         steps = self._net.steps
+        edited: dict[str, bool] = {}
         for i in range(start, end - 1, -1):
             step = steps[i]
             if not step.need_backward or step.is_input:
@@ -342,7 +381,9 @@ class Net:
             if not module.has_backward:
                 continue
             record = self._records.get(i)
-            if record is None:  # no forward since the blobs were set: use their current data
+            if record is None or (
+                reads_bottom_data(step) and self._bottoms_edited(i, device, edited)
+            ):  # no forward since, or a script wrote a bottom this layer's Backward reads
                 record = self._replay(i, device)
             outs, grads = [], []
             for name, t in zip(step.tops, record.tops):
