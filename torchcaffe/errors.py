@@ -129,6 +129,11 @@ class UsageError(TorchCaffeError, TypeError):
     """A Python call with the wrong arguments (e.g. ``caffe.Net`` without a phase)."""
 
 
+class ConfigError(TorchCaffeError, ValueError):
+    """A setting with a bad value: a ``TORCHCAFFE_*`` environment variable or a
+    ``torchcaffe.limits`` value. A ValueError too, as these were before they had a class."""
+
+
 class WireError(TorchCaffeError):
     """Bytes that are not a well-formed protobuf message (the streaming weights reader)."""
 
