@@ -6,8 +6,9 @@ bounds of ``engine.bounded``/``engine.memory_cap``; a success must equal the ref
 (protobuf's own parser, or h5py for HDF5) and, for binary weights and states, a reference
 refusal and ours must agree. HDF5 files are also damaged byte by byte in place (bit flips,
 zeroed and overwritten runs, truncation); refusals of weights and states must name the file,
-and a refused weights load must leave every param as it was. 2,000 cases per format in CI; ``TORCHCAFFE_FUZZ=long`` runs
-50,000. Cases are seeded: ``engine.rng_for(format, case)`` rebuilds any one of them.
+and a refused weights load must leave every param as it was. 2,000 cases per format in CI;
+``TORCHCAFFE_FUZZ=long`` runs 50,000. Cases are seeded: ``engine.rng_for(format, case)``
+rebuilds any one of them.
 """
 
 from __future__ import annotations

@@ -143,3 +143,32 @@ def test_edits_after_a_partial_forward_are_seen(net):
     net.backward(start="ip2", end="ip")
     dip = net.blobs["ip"].diff.astype(np.float64)  # after relu2, which shares the blob
     close(net.params["ip"][0].diff, dip.T @ p1.reshape(2, -1))
+
+
+FAN_OUT = """
+name: "fan" force_backward: true
+input: "x" input_shape { dim: 2 dim: 3 }
+layer { name: "a" type: "ReLU" bottom: "x" top: "a" }
+layer { name: "b" type: "ReLU" bottom: "x" top: "b" }
+"""
+
+
+def test_consumers_recorded_by_different_forwards_each_see_the_edit(tmp_path):
+    path = tmp_path / "fan.prototxt"
+    path.write_text(FAN_OUT)
+    net = caffe.Net(str(path), caffe.TRAIN)
+    net.blobs["x"].data[...] = [[1, -1, 2], [-2, 3, -3]]
+    net.forward()
+    x = -net.blobs["x"].data.copy()
+    net.blobs["x"].data[...] = x
+    net.forward(start="b")  # b is recorded with the edited x, a still with the first one
+    net.blobs["a"].diff[...] = 1
+    net.blobs["b"].diff[...] = 1
+    # x feeds a and b through a Split, whose tops share x's data in Caffe
+    (into_a,), (into_b,) = net.bottom_names["a"], net.bottom_names["b"]
+    net.backward(start="b", end="b")
+    close(net.blobs[into_b].diff, (x > 0) * 1.0)
+    net.backward(start="a", end="a")  # Caffe's ReLU reads x as it is now
+    close(net.blobs[into_a].diff, (x > 0) * 1.0)
+    net.backward()
+    close(net.blobs["x"].diff, (x > 0) * 2.0)

@@ -35,6 +35,8 @@ from .backward_reads import reads_bottom_data
 class _Record:
     bottoms: list[torch.Tensor]
     tops: tuple[torch.Tensor, ...]
+    # the bottom blobs' data when the forward ended, for layers whose Caffe Backward reads it
+    seen: list[torch.Tensor] | None = None
 
 
 class LayerView:
@@ -108,8 +110,7 @@ class Net:
         self._bind_params()
         self._records: dict[int, _Record] = {}
         self._overwritten = self._find_overwritten_bottoms()
-        # blob name -> its data when the last recording forward ended (see _note_forward_data)
-        self._forward_data: dict[str, torch.Tensor] = {}
+        self._data_source = self._find_split_sources()
         if weights is not None:
             self.copy_from(weights)
 
@@ -172,6 +173,22 @@ class Net:
             later_tops = {t for s in steps[i:] for t in s.tops}
             out.append([b in later_tops for b in step.bottoms])
         return out
+
+    def _find_split_sources(self) -> dict[str, str]:
+        """Split top -> the blob whose data it is. Caffe's SplitLayer shares its bottom's data
+        with every top, so Backward reading a split top reads the bottom blob as it is now."""
+        writers: dict[str, int] = {}
+        for step in self._net.steps:
+            for t in step.tops:
+                writers[t] = writers.get(t, 0) + 1
+        source: dict[str, str] = {}
+        for step in self._net.steps:
+            if step.type == "Split" and len(step.bottoms) == 1:
+                root = source.get(step.bottoms[0], step.bottoms[0])
+                for t in step.tops:
+                    if writers[t] == 1 and t != step.bottoms[0]:
+                        source[t] = root
+        return source
 
     # -- pycaffe attributes -----------------------------------------------------------------
     @property
@@ -294,32 +311,52 @@ class Net:
         reads, so backward can tell a script's edits from it. The last writer's top tensor
         (kept alive by its record) serves without a copy; other blobs are cloned."""
         steps = self._net.steps
-        last_top: dict[str, torch.Tensor] = {}
+        last_top: dict[str, tuple[torch.Tensor, _Record]] = {}
         for i in range(start, end + 1):
             record = self._records.get(i)
             for k, name in enumerate(steps[i].tops):
-                if record is not None:
-                    last_top[name] = record.tops[k].detach()
-                else:
+                if record is None:
                     last_top.pop(name, None)
+                else:
+                    last_top[name] = (record.tops[k].detach(), record)
+        kept: dict[str, torch.Tensor] = {}
         for i in range(start, end + 1):
-            if i not in self._records or not reads_bottom_data(steps[i]):
+            record = self._records.get(i)
+            if record is None or not reads_bottom_data(steps[i]):
                 continue
             for name in steps[i].bottoms:
+                if name in kept:
+                    continue
                 if name not in last_top:
-                    last_top[name] = self.blobs[name].data_at(device).clone()
-                self._forward_data[name] = last_top[name]
+                    kept[name] = self.blobs[name].data_at(device).clone()
+                    continue
+                t, writer = last_top[name]
+                # a top that is a view of its bottom (Split, Reshape) would move with edits
+                # to that blob: keep a copy
+                ptr = t.untyped_storage().data_ptr()
+                if any(b.untyped_storage().data_ptr() == ptr for b in writer.bottoms):
+                    t = t.clone()
+                kept[name] = t
+            record.seen = [kept[name] for name in steps[i].bottoms]
 
-    def _bottoms_edited(self, i: int, device: torch.device, seen: dict[str, bool]) -> bool:
-        """Has a script written any of layer ``i``'s bottoms since the forward recorded it?"""
-        for name in self._net.steps[i].bottoms:
-            if name not in seen:
-                before = self._forward_data.get(name)
+    def _bottoms_edited(
+        self, i: int, device: torch.device, cache: dict[tuple[str, int], bool]
+    ) -> bool:
+        """Do layer ``i``'s bottoms (a split top: the blob it shares data with, as in Caffe)
+        hold other data than its forward read? (``cache``: one comparison per blob and
+        forward-time value in a backward pass.)"""
+        seen = self._records[i].seen
+        if seen is None:
+            return True
+        for bottom, before in zip(self._net.steps[i].bottoms, seen):
+            name = self._data_source.get(bottom, bottom)
+            key = (name, id(before))
+            if key not in cache:
                 now = self.blobs[name].data_at(device)
-                seen[name] = before is None or not (
+                cache[key] = not (
                     before.shape == now.shape and torch.equal(now, before.to(now.dtype))
                 )
-            if seen[name]:
+            if cache[key]:
                 return True
         return False
 
@@ -372,7 +409,7 @@ class Net:
     def _backward(self, start: int, end: int) -> None:
         device = self._ensure_device()
         steps = self._net.steps
-        edited: dict[str, bool] = {}
+        edited: dict[tuple[str, int], bool] = {}
         for i in range(start, end - 1, -1):
             step = steps[i]
             if not step.need_backward or step.is_input:
@@ -421,7 +458,7 @@ class Net:
         step = self._net.steps[i]
         bottoms = []
         for j, name in enumerate(step.bottoms):
-            t = self.blobs[name].data_at(device).clone()
+            t = self.blobs[self._data_source.get(name, name)].data_at(device).clone()
             if step.bottom_need_backward[j] and t.is_floating_point():
                 t.requires_grad_(True)
             bottoms.append(t)
