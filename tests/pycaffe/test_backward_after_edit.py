@@ -172,3 +172,12 @@ def test_consumers_recorded_by_different_forwards_each_see_the_edit(tmp_path):
     close(net.blobs[into_a].diff, (x > 0) * 1.0)
     net.backward()
     close(net.blobs["x"].diff, (x > 0) * 2.0)
+
+
+def test_forward_backward_neither_snapshots_nor_compares(net, monkeypatch):
+    # the solver's training step: nothing can edit between its forward and backward
+    calls = []
+    monkeypatch.setattr(net, "_note_forward_data", lambda *a: calls.append("note"))
+    monkeypatch.setattr(net, "_bottoms_edited", lambda *a: calls.append("check") or True)
+    net.forward_backward()
+    assert calls == []

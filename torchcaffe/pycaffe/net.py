@@ -303,13 +303,14 @@ class Net:
                     loss += w * float(t.detach().sum())
             if step.need_backward:
                 self._records[i] = _Record(bottoms, tops)
-        self._note_forward_data(start, end, device)
         return loss
 
-    def _note_forward_data(self, start: int, end: int, device: torch.device) -> None:
-        """Remember what the forward left in each bottom that a recorded layer's Caffe Backward
-        reads, so backward can tell a script's edits from it. The last writer's top tensor
-        (kept alive by its record) serves without a copy; other blobs are cloned."""
+    def _note_forward_data(self, start: int, end: int) -> None:
+        """After a public ``forward()``: remember what each bottom a recorded layer's Caffe
+        Backward reads held, so a later ``backward()`` can tell a script's edits from it. The
+        last writer's top tensor (kept alive by its record) serves without a copy; other blobs
+        are cloned. (``forward_backward`` skips this: nothing can edit in between.)"""
+        device = self._device
         steps = self._net.steps
         last_top: dict[str, tuple[torch.Tensor, _Record]] = {}
         for i in range(start, end + 1):
@@ -406,7 +407,7 @@ class Net:
         if dest.data_ptr() != t.data_ptr() or dest.stride() != t.stride():
             dest.copy_(t)
 
-    def _backward(self, start: int, end: int) -> None:
+    def _backward(self, start: int, end: int, check_edits: bool = True) -> None:
         device = self._ensure_device()
         steps = self._net.steps
         edited: dict[tuple[str, int], bool] = {}
@@ -419,7 +420,7 @@ class Net:
                 continue
             record = self._records.get(i)
             if record is None or (
-                reads_bottom_data(step) and self._bottoms_edited(i, device, edited)
+                check_edits and reads_bottom_data(step) and self._bottoms_edited(i, device, edited)
             ):  # no forward since, or a script wrote a bottom this layer's Backward reads
                 record = self._replay(i, device)
             outs, grads = [], []
@@ -494,6 +495,7 @@ class Net:
         if kwargs:
             self._assign_batch(kwargs, self.inputs, "data", "input blob", "net inputs")
         self._forward(start_ind, end_ind)
+        self._note_forward_data(start_ind, end_ind)
         return {name: self.blobs[name].data for name in outputs}
 
     def backward(
@@ -563,7 +565,7 @@ class Net:
     def forward_backward(self) -> float:
         """Caffe's Net::ForwardBackward: forward, then backward; returns the loss."""
         loss = self._forward(0, len(self._net.steps) - 1)
-        self._backward(len(self._net.steps) - 1, 0)
+        self._backward(len(self._net.steps) - 1, 0, check_edits=False)
         return loss
 
     def forward_all(
