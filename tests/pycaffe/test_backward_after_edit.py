@@ -181,3 +181,31 @@ def test_forward_backward_neither_snapshots_nor_compares(net, monkeypatch):
     monkeypatch.setattr(net, "_bottoms_edited", lambda *a: calls.append("check") or True)
     net.forward_backward()
     assert calls == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU mode needs CUDA")
+def test_gpu_reads_and_edits_between_forward_and_backward(tmp_path):
+    # On a device, a host-side edit must not be synced into the buffers the forward's graph
+    # saved (that bumps their autograd version, and backward would refuse): same diffs as CPU.
+    path = tmp_path / "net.prototxt"
+    path.write_text(NET)
+    results = []
+    for mode in (caffe.set_mode_cpu, caffe.set_mode_gpu):
+        mode()
+        try:
+            net = caffe.Net(str(path), caffe.TRAIN)
+            rng = np.random.default_rng(7)
+            net.blobs["data"].data[...] = rng.standard_normal(net.blobs["data"].shape)
+            for name in net.params:  # the same weights in both runs
+                for j, p in enumerate(net.params[name]):
+                    p.data[...] = np.random.default_rng(j).standard_normal(p.shape)
+            net.forward()
+            net.blobs["ip2"].diff[...] = 1.0
+            _ = net.blobs["s1"].data  # a read: the host side becomes the newest
+            edit(net, "conv1", 11)  # feeds ReLU (recomputed) and nothing else
+            net.backward()
+            results.append({n: net.blobs[n].diff.copy() for n in net.blobs})
+        finally:
+            caffe.set_mode_cpu()
+    for name in results[0]:
+        close(results[1][name], results[0][name])

@@ -353,7 +353,7 @@ class Net:
             name = self._data_source.get(bottom, bottom)
             key = (name, id(before))
             if key not in cache:
-                now = self.blobs[name].data_at(device)
+                now = self._current_data(name, device)
                 cache[key] = not (
                     before.shape == now.shape and torch.equal(now, before.to(now.dtype))
                 )
@@ -459,13 +459,22 @@ class Net:
         step = self._net.steps[i]
         bottoms = []
         for j, name in enumerate(step.bottoms):
-            t = self.blobs[self._data_source.get(name, name)].data_at(device).clone()
+            t = self._current_data(self._data_source.get(name, name), device).clone()
             if step.bottom_need_backward[j] and t.is_floating_point():
                 t.requires_grad_(True)
             bottoms.append(t)
         with torch.enable_grad():
             tops = self._net.run_step(step, bottoms)
         return _Record(bottoms, tops)
+
+    def _current_data(self, name: str, device: torch.device) -> torch.Tensor:
+        """Blob ``name``'s data now, on ``device``. A newer host side is copied out rather than
+        synced into the device buffer in place: that would bump the autograd version of the
+        tensors the forward's graph saved from it, and other layers' backward would refuse."""
+        blob = self.blobs[name]
+        if device.type != "cpu" and blob.data_memory.head is Head.HEAD_AT_CPU:
+            return blob.cpu_data().to(device)
+        return blob.data_at(device)
 
     def _layer_index(self, name: str) -> int:
         try:
