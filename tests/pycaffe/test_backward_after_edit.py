@@ -110,6 +110,40 @@ def test_sigmoid_keeps_reading_its_top_as_caffe_does(net):
     close(net.blobs["r1"].diff, net.blobs["s1"].diff * s1 * (1 - s1))
 
 
+def test_sigmoid_reads_an_edited_top_as_caffe_does(net):
+    s1 = edit(net, "s1", 12) * 0.5  # any values: Caffe's Backward just reads them
+    net.blobs["s1"].data[...] = s1
+    s1 = net.blobs["s1"].data.astype(np.float64)
+    net.backward()
+    close(net.blobs["r1"].diff, net.blobs["s1"].diff * s1 * (1 - s1))
+
+
+TANH = """
+name: "tanh" force_backward: true
+input: "x" input_shape { dim: 2 dim: 3 }
+layer { name: "t" type: "TanH" bottom: "x" top: "y" }
+layer { name: "t2" type: "TanH" bottom: "y" top: "y" }
+"""
+
+
+def test_tanh_in_place_and_not_read_the_top_blob_now(tmp_path):
+    path = tmp_path / "tanh.prototxt"
+    path.write_text(TANH)
+    net = caffe.Net(str(path), caffe.TRAIN)
+    net.blobs["x"].data[...] = [[0.5, -1, 2], [-2, 0.1, 3]]
+    net.forward()
+    y = np.tanh(np.tanh(net.blobs["x"].data.astype(np.float64)))
+    close(net.blobs["y"].data, y)
+    net.blobs["y"].diff[...] = 1.0
+    net.backward()
+    # Caffe: t2 (in place) and t both read blob y, which holds t2's output
+    close(net.blobs["x"].diff, (1 - y * y) * (1 - y * y))
+    y2 = edit(net, "y", 13)
+    net.blobs["y"].diff[...] = 1.0
+    net.backward()
+    close(net.blobs["x"].diff, (1 - y2 * y2) * (1 - y2 * y2))
+
+
 def test_max_pooling_routes_by_the_forward_argmax_as_caffe_does(net):
     before = net.blobs["s1"].data.astype(np.float64)
     edit(net, "s1", 8)  # Caffe's MAX pooling Backward uses the mask its forward stored

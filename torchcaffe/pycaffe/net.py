@@ -28,7 +28,7 @@ from ..ops.base import CaffeLayer
 from ..ops.python_layer import PythonLayer
 from ..proto import caffe_pb2
 from ..syncedmem import Head
-from .backward_reads import reads_bottom_data
+from .backward_reads import TOP_DATA_BACKWARD, reads_bottom_data
 
 
 @dataclass
@@ -419,6 +419,10 @@ class Net:
             if not module.has_backward:
                 continue
             record = self._records.get(i)
+            rule = TOP_DATA_BACKWARD.get(step.type) if check_edits else None
+            if record is not None and rule is not None:
+                self._backward_from_top(i, rule, device)
+                continue
             if record is None or (
                 check_edits and reads_bottom_data(step) and self._bottoms_edited(i, device, edited)
             ):  # no forward since, or a script wrote a bottom this layer's Backward reads
@@ -466,6 +470,15 @@ class Net:
         with torch.enable_grad():
             tops = self._net.run_step(step, bottoms)
         return _Record(bottoms, tops)
+
+    def _backward_from_top(self, i: int, rule: Any, device: torch.device) -> None:
+        """Caffe's Backward for a layer that reads only its top: from the top blob now."""
+        step = self._net.steps[i]
+        if not step.bottom_need_backward[0]:
+            return
+        top = self._current_data(step.tops[0], device)
+        grad = rule(top, self.blobs[step.tops[0]].diff_at(device))
+        self.blobs[step.bottoms[0]].diff_at(device, mutable=True).copy_(grad.view(top.shape))
 
     def _current_data(self, name: str, device: torch.device) -> torch.Tensor:
         """Blob ``name``'s data now, on ``device``. A newer host side is copied out rather than
