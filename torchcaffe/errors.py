@@ -147,6 +147,11 @@ class CoordMapError(TorchCaffeError, RuntimeError):
     as pycaffe raises)."""
 
 
+class ConfigError(TorchCaffeError, ValueError):
+    """A setting with a bad value: a ``TORCHCAFFE_*`` environment variable or a
+    ``torchcaffe.limits`` value. A ValueError too, as these were before they had a class."""
+
+
 class WireError(TorchCaffeError):
     """Bytes that are not a well-formed protobuf message (the streaming weights reader)."""
 

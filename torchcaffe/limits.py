@@ -22,6 +22,8 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from .errors import ConfigError, UsageError
+
 INT_MAX = 2**31 - 1
 ENV_PREFIX = "TORCHCAFFE_"
 
@@ -40,7 +42,11 @@ class Limits:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"limit {f.name} must be a positive integer; got {value!r}")
+                raise ConfigError(
+                    f"limit {f.name} must be a positive integer",
+                    expected="an int >= 1",
+                    got=f"{value!r} ({type(value).__name__})",
+                )
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(Limits))
@@ -57,10 +63,21 @@ def _from_env() -> Limits:
         raw = os.environ.get(var, "").strip()
         if not raw:
             continue
+        problem = None
         try:
             values[name] = int(raw.replace("_", ""), 0)
         except ValueError:
-            raise ValueError(f"{var}={raw!r} is not an integer") from None
+            problem = "is not an integer"
+        else:
+            if values[name] < 1:
+                problem = "is not positive"
+        if problem:
+            raise ConfigError(
+                f"environment variable {var}={raw!r} {problem}",
+                expected=f"a positive integer limit for {name} (decimal, 0x hex, _ separators)",
+                got=repr(raw),
+                hint=f"unset {var} for the default {getattr(Limits, name)}; see docs/limits.md",
+            )
     return Limits(**values)
 
 
@@ -102,7 +119,7 @@ def override(**values: int) -> Iterator[Limits]:
 def _replace(base: Limits, values: dict[str, int]) -> Limits:
     unknown = sorted(k for k in values if k not in _FIELDS)
     if unknown:
-        raise TypeError(f"unknown limit(s) {unknown}; known: {list(_FIELDS)}")
+        raise UsageError("unknown limit(s)", expected=list(_FIELDS), got=unknown)
     return dataclasses.replace(base, **values)
 
 

@@ -138,10 +138,31 @@ def splice_other(rng, data, corpus):
     return data[:k] + part + data[k:] if rng.random() < 0.5 else part
 
 
+def zero_range(rng, data, corpus):
+    """A run of zero bytes over the data (a sparse or half-written file)."""
+    if not data:
+        return data
+    i = rng.randrange(len(data))
+    j = min(len(data), i + rng.choice((1, 2, 4, 8, 16, 64, 512, 4096)))
+    return data[:i] + bytes(j - i) + data[j:]
+
+
+def mutate_file_bytes(rng: random.Random, data: bytes) -> tuple[bytes, str]:
+    """Byte-level damage that keeps offsets in place, for formats addressed by file offset
+    (HDF5): bit flips, overwritten and zeroed bytes, truncation; one to three of them."""
+    ops = []
+    for _ in range(rng.choice((1, 1, 1, 2, 3))):
+        op = rng.choice(_FILE_OPS)
+        data = op(rng, data, [])
+        ops.append(op.__name__)
+    return data, "+".join(ops)
+
+
 _BYTE_OPS = [
     truncate, flip_bits, set_bytes, insert_random, delete_range, duplicate_range,
     huge_length_field, huge_varint_field, splice_other,
 ]  # fmt: skip
+_FILE_OPS = [flip_bits, flip_bits, set_bytes, zero_range, truncate]
 
 
 # -- running cases ----------------------------------------------------------------------------
@@ -220,14 +241,27 @@ def run_case(
     load: Callable[[], object],
     check: Callable[[object], None],
     reference_loads: Callable[[], bool] | None = None,
+    names: str | None = None,
+    after_refusal: Callable[[], None] | None = None,
 ) -> None:
     """One case: ``load`` must return (then ``check`` its result) or raise a TorchCaffeError;
-    a refusal where ``reference_loads()`` says the reference reads the bytes fine is bad too."""
+    a refusal where ``reference_loads()`` says the reference reads the bytes fine is bad too,
+    and so is one whose message does not contain ``names`` (the file's path) when given, or
+    after which ``after_refusal()`` raises (e.g. a param changed: loads are all or nothing)."""
     try:
         with bounded():
             result = load()
             check(result)
     except TorchCaffeError as err:
+        if names is not None and names not in str(err):
+            tally.bad.append(f"{tally.fmt} case {index} ({how}): refusal without the file: {err}")
+            return
+        if after_refusal is not None:
+            try:
+                after_refusal()
+            except Exception as bad:  # noqa: BLE001
+                tally.bad.append(f"{tally.fmt} case {index} ({how}): after refusal: {bad}")
+                return
         if reference_loads is not None and reference_loads():
             tally.bad.append(
                 f"{tally.fmt} case {index} ({how}): refused what the reference loads: {err}"[:400]

@@ -4,8 +4,11 @@ caffemodel (binary and HDF5), solverstate (binary and HDF5), binaryproto and Dat
 Every case must end in success or a ``TorchCaffeError`` subclass, within the time and memory
 bounds of ``engine.bounded``/``engine.memory_cap``; a success must equal the reference decoder
 (protobuf's own parser, or h5py for HDF5) and, for binary weights and states, a reference
-refusal and ours must agree. 2,000 cases per format in CI; ``TORCHCAFFE_FUZZ=long`` runs
-50,000. Cases are seeded: ``engine.rng_for(format, case)`` rebuilds any one of them.
+refusal and ours must agree. HDF5 files are also damaged byte by byte in place (bit flips,
+zeroed and overwritten runs, truncation); refusals of weights and states must name the file,
+and a refused weights load must leave every param as it was. 2,000 cases per format in CI;
+``TORCHCAFFE_FUZZ=long`` runs 50,000. Cases are seeded: ``engine.rng_for(format, case)``
+rebuilds any one of them.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from .engine import (
     case_count,
     memory_cap,
     mutate_bytes,
+    mutate_file_bytes,
     report,
     rng_for,
     run_case,
@@ -198,7 +202,14 @@ def test_fuzz_caffemodel_binary(tmp_path):
                 _check_params(target, copies)
 
             run_case(
-                tally, i, how, lambda: torchcaffe.load_weights(target.net, path), check, accepts
+                tally,
+                i,
+                how,
+                lambda: torchcaffe.load_weights(target.net, path),
+                check,
+                accepts,
+                names=str(path),
+                after_refusal=lambda: _check_params(target, {}),
             )
     report(tally)
 
@@ -263,18 +274,24 @@ def test_fuzz_caffemodel_hdf5(tmp_path):
     torchcaffe.save_weights(target.net, seed_path)
     seed = seed_path.read_bytes()
     tally = Tally("caffemodel HDF5")
-    path = tmp_path / "m.caffemodel.h5"
     with memory_cap():
         for i in range(N):
             rng = rng_for("caffemodel HDF5", i)
-            if rng.random() < 0.75:
-                how = _random_h5_weights(rng, path, target)
-            else:  # truncation only: HDF5's C library is not itself hardened against bit flips
-                path.write_bytes(seed[: rng.randrange(len(seed))])
-                how = "truncated"
+            # one file name per case: HDF5 keeps a file it still has open by inode, and a
+            # rewritten path must not meet an earlier case's cached metadata
+            path = tmp_path / f"m{i}.caffemodel.h5"
+            how = _h5_case(rng, path, seed, lambda r, p: _random_h5_weights(r, p, target))
             target.reset()
 
-            def check(_):
+            def check(_, path=path):
+                if path.read_bytes()[:8] != b"\x89HDF\r\n\x1a\n":  # no signature: Caffe's
+                    # H5Fis_hdf5 says no and it reads the bytes as a binary model
+                    try:
+                        copies = reference.caffemodel_params(path.read_bytes(), target.shapes)
+                    except reference.Reject as err:
+                        raise Mismatch(f"loaded what the reference refuses ({err})") from None
+                    _check_params(target, copies)
+                    return
                 with h5py.File(path, "r") as f:
                     copies = {}
                     for name in target.names:
@@ -284,8 +301,34 @@ def test_fuzz_caffemodel_hdf5(tmp_path):
                                 copies[(name, j)] = group[str(j)][()]
                 _check_params(target, copies)
 
-            run_case(tally, i, how, lambda: torchcaffe.load_weights(target.net, path), check)
+            run_case(
+                tally,
+                i,
+                how,
+                lambda path=path: torchcaffe.load_weights(target.net, path),
+                check,
+                names=str(path),
+                after_refusal=lambda: _check_params(target, {}),  # all or nothing
+            )
+            path.unlink()
     report(tally)
+
+
+def _h5_case(rng, path, seed: bytes, structure) -> str:
+    """Write one HDF5 case: a file of random structure (``structure(rng, path)``), a damaged
+    copy of the well-formed ``seed`` (bit flips, zeroed or overwritten bytes, truncation),
+    or a random structure damaged the same way."""
+    roll = rng.random()
+    if roll < 0.6:
+        return structure(rng, path)
+    if roll < 0.9:
+        data, how = mutate_file_bytes(rng, seed)
+    else:
+        how = structure(rng, path) + "+"
+        data, more = mutate_file_bytes(rng, path.read_bytes())
+        how += more
+    path.write_bytes(data)
+    return how
 
 
 # -- solver states ----------------------------------------------------------------------------
@@ -348,6 +391,7 @@ def test_fuzz_solverstate_binary(tmp_path):
                 lambda: read_solverstate(path, expected_shapes=SHAPES),
                 check,
                 accepts,
+                names=str(path),
             )
     report(tally)
 
@@ -410,26 +454,30 @@ def test_fuzz_solverstate_hdf5(tmp_path):
     )
     seed = seed_path.read_bytes()
     tally = Tally("solverstate HDF5")
-    path = tmp_path / "s.solverstate.h5"
     with memory_cap():
         for i in range(N):
             rng = rng_for("solverstate HDF5", i)
-            if rng.random() < 0.8:
-                how = _random_h5_state(rng, path)
-            else:
-                path.write_bytes(seed[: rng.randrange(len(seed))])
-                how = "truncated"
+            path = tmp_path / f"s{i}.solverstate.h5"  # one name per case (see caffemodel)
+            how = _h5_case(rng, path, seed, _random_h5_state)
 
-            def check(snap):
+            def check(snap, path=path):
                 with h5py.File(path, "r") as f:
                     _equal(snap.iter, int(f["iter"][()]), "iter")
                     _equal(snap.current_step, int(f["current_step"][()]), "current_step")
                     for j, h in enumerate(snap.history):
                         want = np.asarray(f["history"][str(j)][()], np.float32)
-                        if not np.array_equal(h, want) or h.shape != SHAPES[j]:
+                        if not np.array_equal(h, want, equal_nan=True) or h.shape != SHAPES[j]:
                             raise Mismatch(f"history {j} differs")
 
-            run_case(tally, i, how, lambda: read_solverstate(path, expected_shapes=SHAPES), check)
+            run_case(
+                tally,
+                i,
+                how,
+                lambda path=path: read_solverstate(path, expected_shapes=SHAPES),
+                check,
+                names=str(path),
+            )
+            path.unlink()
     report(tally)
 
 

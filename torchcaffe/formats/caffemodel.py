@@ -325,6 +325,10 @@ def read_hdf5_weights(
                     continue
                 group = _h5_get(data, name, path)
                 where = f"/data/{name}"
+                if group is None:  # listed, but h5py cannot open it
+                    raise WeightsError(
+                        f"HDF5 entry {where} is listed but cannot be opened", path=path
+                    )
                 if not isinstance(group, h5py.Group):
                     raise WeightsError(
                         f"HDF5 entry {where} is not a group",
@@ -366,6 +370,8 @@ def _h5_keys(group, where: str, path: str) -> list[str]:
 def _h5_blob(ds, where: str, path: str) -> BlobRecord:
     import h5py
 
+    if ds is None:  # listed, but h5py cannot open it: a damaged or dangling link
+        raise WeightsError(f"HDF5 entry {where} is listed but cannot be opened", path=path)
     if not isinstance(ds, h5py.Dataset):
         raise WeightsError(
             f"HDF5 entry {where} is not a dataset",

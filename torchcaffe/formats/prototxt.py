@@ -82,7 +82,31 @@ def parse_text_proto(text: str | bytes, message_type: type[M], path: PathLike | 
         raise PrototxtError(
             f"cannot parse as {message_type.DESCRIPTOR.name}: {e}", path=name
         ) from None
+    except SystemError as e:
+        # protobuf's upb looks enum values up as UTF-8: one holding a stray non-UTF-8 byte
+        # (kept by surrogateescape) surfaces as a SystemError caused by a UnicodeEncodeError
+        if not isinstance(e.__cause__, UnicodeError) and not isinstance(
+            e.__context__, UnicodeError
+        ):
+            raise
+        line, column = _first_non_utf8(text)
+        raise PrototxtError(
+            f"cannot parse as {message_type.DESCRIPTOR.name}: an enum value "
+            "holds bytes that are not UTF-8",
+            path=name,
+            line=line,
+            column=column,
+        ) from None
     return msg
+
+
+def _first_non_utf8(text: str) -> tuple[int | None, int | None]:
+    """1-based line and column of the first byte surrogateescape kept, or (None, None)."""
+    for lineno, line in enumerate(text.splitlines(), 1):
+        for col, ch in enumerate(line, 1):
+            if "\udc80" <= ch <= "\udcff":
+                return lineno, col
+    return None, None
 
 
 def parse_binary_proto(data: bytes, message_type: type[M], path: PathLike | None = None) -> M:

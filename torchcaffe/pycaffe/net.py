@@ -28,12 +28,15 @@ from ..ops.base import CaffeLayer
 from ..ops.python_layer import PythonLayer
 from ..proto import caffe_pb2
 from ..syncedmem import Head
+from .backward_reads import TOP_DATA_BACKWARD, reads_bottom_data
 
 
 @dataclass
 class _Record:
     bottoms: list[torch.Tensor]
     tops: tuple[torch.Tensor, ...]
+    # the bottom blobs' data when the forward ended, for layers whose Caffe Backward reads it
+    seen: list[torch.Tensor] | None = None
 
 
 class LayerView:
@@ -107,6 +110,7 @@ class Net:
         self._bind_params()
         self._records: dict[int, _Record] = {}
         self._overwritten = self._find_overwritten_bottoms()
+        self._data_source = self._find_split_sources()
         if weights is not None:
             self.copy_from(weights)
 
@@ -169,6 +173,22 @@ class Net:
             later_tops = {t for s in steps[i:] for t in s.tops}
             out.append([b in later_tops for b in step.bottoms])
         return out
+
+    def _find_split_sources(self) -> dict[str, str]:
+        """Split top -> the blob whose data it is. Caffe's SplitLayer shares its bottom's data
+        with every top, so Backward reading a split top reads the bottom blob as it is now."""
+        writers: dict[str, int] = {}
+        for step in self._net.steps:
+            for t in step.tops:
+                writers[t] = writers.get(t, 0) + 1
+        source: dict[str, str] = {}
+        for step in self._net.steps:
+            if step.type == "Split" and len(step.bottoms) == 1:
+                root = source.get(step.bottoms[0], step.bottoms[0])
+                for t in step.tops:
+                    if writers[t] == 1 and t != step.bottoms[0]:
+                        source[t] = root
+        return source
 
     # -- pycaffe attributes -----------------------------------------------------------------
     @property
@@ -285,6 +305,62 @@ class Net:
                 self._records[i] = _Record(bottoms, tops)
         return loss
 
+    def _note_forward_data(self, start: int, end: int) -> None:
+        """After a public ``forward()``: remember what each bottom a recorded layer's Caffe
+        Backward reads held, so a later ``backward()`` can tell a script's edits from it. The
+        last writer's top tensor (kept alive by its record) serves without a copy; other blobs
+        are cloned. (``forward_backward`` skips this: nothing can edit in between.)"""
+        device = self._device
+        steps = self._net.steps
+        last_top: dict[str, tuple[torch.Tensor, _Record]] = {}
+        for i in range(start, end + 1):
+            record = self._records.get(i)
+            for k, name in enumerate(steps[i].tops):
+                if record is None:
+                    last_top.pop(name, None)
+                else:
+                    last_top[name] = (record.tops[k].detach(), record)
+        kept: dict[str, torch.Tensor] = {}
+        for i in range(start, end + 1):
+            record = self._records.get(i)
+            if record is None or not reads_bottom_data(steps[i]):
+                continue
+            for name in steps[i].bottoms:
+                if name in kept:
+                    continue
+                if name not in last_top:
+                    kept[name] = self.blobs[name].data_at(device).clone()
+                    continue
+                t, writer = last_top[name]
+                # a top that is a view of its bottom (Split, Reshape) would move with edits
+                # to that blob: keep a copy
+                ptr = t.untyped_storage().data_ptr()
+                if any(b.untyped_storage().data_ptr() == ptr for b in writer.bottoms):
+                    t = t.clone()
+                kept[name] = t
+            record.seen = [kept[name] for name in steps[i].bottoms]
+
+    def _bottoms_edited(
+        self, i: int, device: torch.device, cache: dict[tuple[str, int], bool]
+    ) -> bool:
+        """Do layer ``i``'s bottoms (a split top: the blob it shares data with, as in Caffe)
+        hold other data than its forward read? (``cache``: one comparison per blob and
+        forward-time value in a backward pass.)"""
+        seen = self._records[i].seen
+        if seen is None:
+            return True
+        for bottom, before in zip(self._net.steps[i].bottoms, seen):
+            name = self._data_source.get(bottom, bottom)
+            key = (name, id(before))
+            if key not in cache:
+                now = self._current_data(name, device)
+                cache[key] = not (
+                    before.shape == now.shape and torch.equal(now, before.to(now.dtype))
+                )
+            if cache[key]:
+                return True
+        return False
+
     def _forward_inference(self, start: int, end: int) -> float:
         """Forward when no layer in ``start..end`` needs backward: no autograd, no clones.
 
@@ -331,9 +407,10 @@ class Net:
         if dest.data_ptr() != t.data_ptr() or dest.stride() != t.stride():
             dest.copy_(t)
 
-    def _backward(self, start: int, end: int) -> None:
+    def _backward(self, start: int, end: int, check_edits: bool = True) -> None:
         device = self._ensure_device()
         steps = self._net.steps
+        edited: dict[tuple[str, int], bool] = {}
         for i in range(start, end - 1, -1):
             step = steps[i]
             if not step.need_backward or step.is_input:
@@ -342,7 +419,13 @@ class Net:
             if not module.has_backward:
                 continue
             record = self._records.get(i)
-            if record is None:  # no forward since the blobs were set: use their current data
+            rule = TOP_DATA_BACKWARD.get(step.type) if check_edits else None
+            if record is not None and rule is not None:
+                self._backward_from_top(i, rule, device)
+                continue
+            if record is None or (
+                check_edits and reads_bottom_data(step) and self._bottoms_edited(i, device, edited)
+            ):  # no forward since, or a script wrote a bottom this layer's Backward reads
                 record = self._replay(i, device)
             outs, grads = [], []
             for name, t in zip(step.tops, record.tops):
@@ -380,13 +463,31 @@ class Net:
         step = self._net.steps[i]
         bottoms = []
         for j, name in enumerate(step.bottoms):
-            t = self.blobs[name].data_at(device).clone()
+            t = self._current_data(self._data_source.get(name, name), device).clone()
             if step.bottom_need_backward[j] and t.is_floating_point():
                 t.requires_grad_(True)
             bottoms.append(t)
         with torch.enable_grad():
             tops = self._net.run_step(step, bottoms)
         return _Record(bottoms, tops)
+
+    def _backward_from_top(self, i: int, rule: Any, device: torch.device) -> None:
+        """Caffe's Backward for a layer that reads only its top: from the top blob now."""
+        step = self._net.steps[i]
+        if not step.bottom_need_backward[0]:
+            return
+        top = self._current_data(step.tops[0], device)
+        grad = rule(top, self.blobs[step.tops[0]].diff_at(device))
+        self.blobs[step.bottoms[0]].diff_at(device, mutable=True).copy_(grad.view(top.shape))
+
+    def _current_data(self, name: str, device: torch.device) -> torch.Tensor:
+        """Blob ``name``'s data now, on ``device``. A newer host side is copied out rather than
+        synced into the device buffer in place: that would bump the autograd version of the
+        tensors the forward's graph saved from it, and other layers' backward would refuse."""
+        blob = self.blobs[name]
+        if device.type != "cpu" and blob.data_memory.head is Head.HEAD_AT_CPU:
+            return blob.cpu_data().to(device)
+        return blob.data_at(device)
 
     def _layer_index(self, name: str) -> int:
         try:
@@ -416,6 +517,7 @@ class Net:
         if kwargs:
             self._assign_batch(kwargs, self.inputs, "data", "input blob", "net inputs")
         self._forward(start_ind, end_ind)
+        self._note_forward_data(start_ind, end_ind)
         return {name: self.blobs[name].data for name in outputs}
 
     def backward(
@@ -485,7 +587,7 @@ class Net:
     def forward_backward(self) -> float:
         """Caffe's Net::ForwardBackward: forward, then backward; returns the loss."""
         loss = self._forward(0, len(self._net.steps) - 1)
-        self._backward(len(self._net.steps) - 1, 0)
+        self._backward(len(self._net.steps) - 1, 0, check_edits=False)
         return loss
 
     def forward_all(

@@ -156,8 +156,13 @@ def _read_hdf5(name: str, expected: Sequence[Sequence[int]] | None) -> SolverSna
                 )
             history = []
             for i in range(len(keys)):
-                ds = group[str(i)]
                 where = f"/history/{i}"
+                try:
+                    ds = group[str(i)]
+                except (KeyError, OSError, ValueError, RuntimeError) as err:  # a damaged link
+                    raise SolverError(
+                        f"HDF5 entry {where} is listed but cannot be opened ({err})", path=name
+                    ) from None
                 if not isinstance(ds, h5py.Dataset):
                     raise SolverError(f"HDF5 entry {where} is not a dataset", path=name)
                 problem = hdf5_dataset_problem(ds)

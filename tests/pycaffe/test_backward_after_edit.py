@@ -1,0 +1,245 @@
+"""Blobs written between forward() and backward(): Caffe's Backward reads the live blobs.
+
+Layers whose Caffe Backward_cpu reads bottom data (InnerProduct, Convolution, ReLU, ...) must
+use what the script wrote; layers that read top data or a forward-time buffer (Sigmoid,
+Pooling MAX) must keep what the forward left. References are computed here from the edited
+arrays in float64 with torch/numpy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchcaffe as caffe
+
+NET = """
+name: "edits"
+force_backward: true
+input: "data" input_shape { dim: 2 dim: 3 dim: 6 dim: 6 }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "gaussian" std: 0.5 }
+                      bias_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "r1" }
+layer { name: "sig" type: "Sigmoid" bottom: "r1" top: "s1" }
+layer { name: "pool" type: "Pooling" bottom: "s1" top: "p1"
+  pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "ip" type: "InnerProduct" bottom: "p1" top: "ip"
+  inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "relu2" type: "ReLU" bottom: "ip" top: "ip" }
+layer { name: "ip2" type: "InnerProduct" bottom: "ip" top: "ip2"
+  inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.5 } } }
+"""
+
+
+@pytest.fixture
+def net(tmp_path):
+    path = tmp_path / "net.prototxt"
+    path.write_text(NET)
+    net = caffe.Net(str(path), caffe.TRAIN)
+    rng = np.random.default_rng(7)
+    net.blobs["data"].data[...] = rng.standard_normal(net.blobs["data"].shape)
+    net.forward()
+    net.blobs["ip2"].diff[...] = rng.standard_normal(net.blobs["ip2"].shape)
+    return net
+
+
+def f64(a):
+    return torch.from_numpy(np.asarray(a, dtype=np.float64))
+
+
+def edit(net, name, seed):
+    value = np.random.default_rng(seed).standard_normal(net.blobs[name].shape)
+    net.blobs[name].data[...] = value
+    return net.blobs[name].data.astype(np.float64)  # what the blob holds (float32)
+
+
+def close(got, want):
+    np.testing.assert_allclose(got, np.asarray(want), rtol=1e-4, atol=1e-5)
+
+
+def test_relu_reads_the_edited_bottom(net):
+    conv1 = edit(net, "conv1", 1)
+    net.backward()
+    close(net.blobs["conv1"].diff, net.blobs["r1"].diff * (conv1 > 0))
+
+
+def test_inner_product_reads_the_edited_bottom_and_weights(net):
+    p1 = edit(net, "p1", 2)
+    w = np.random.default_rng(3).standard_normal(net.params["ip"][0].shape)
+    net.params["ip"][0].data[...] = w
+    w = net.params["ip"][0].data.astype(np.float64)
+    net.clear_param_diffs()
+    net.backward()
+    dtop = net.blobs["ip"].diff.astype(np.float64)
+    flat = p1.reshape(len(p1), -1)
+    close(net.params["ip"][0].diff, dtop.T @ flat)
+    close(net.blobs["p1"].diff, (dtop @ w).reshape(p1.shape))
+
+
+def test_in_place_relu_then_inner_product_read_the_edited_blob(net):
+    ip = edit(net, "ip", 4)  # the blob relu2 works in place on
+    net.clear_param_diffs()
+    net.backward()
+    dtop = net.blobs["ip2"].diff.astype(np.float64)
+    w2 = net.params["ip2"][0].data.astype(np.float64)
+    close(net.params["ip2"][0].diff, dtop.T @ ip)
+    # relu2's Backward reads the blob it shares with its bottom: the edited values
+    p1 = net.blobs["p1"].data.astype(np.float64).reshape(2, -1)
+    close(net.params["ip"][0].diff, ((dtop @ w2) * (ip > 0)).T @ p1)
+
+
+def test_convolution_reads_the_edited_input(net):
+    data = edit(net, "data", 5)
+    net.clear_param_diffs()
+    net.backward()
+    x = f64(data).requires_grad_(True)
+    w = f64(net.params["conv1"][0].data).requires_grad_(True)
+    out = F.conv2d(x, w, f64(net.params["conv1"][1].data))
+    gx, gw = torch.autograd.grad(out, (x, w), f64(net.blobs["conv1"].diff))
+    close(net.params["conv1"][0].diff, gw)
+    close(net.blobs["data"].diff, gx)
+
+
+def test_sigmoid_keeps_reading_its_top_as_caffe_does(net):
+    s1 = net.blobs["s1"].data.astype(np.float64)
+    edit(net, "r1", 6)  # Caffe's Sigmoid Backward reads top data, not the bottom
+    net.backward()
+    close(net.blobs["r1"].diff, net.blobs["s1"].diff * s1 * (1 - s1))
+
+
+def test_sigmoid_reads_an_edited_top_as_caffe_does(net):
+    s1 = edit(net, "s1", 12) * 0.5  # any values: Caffe's Backward just reads them
+    net.blobs["s1"].data[...] = s1
+    s1 = net.blobs["s1"].data.astype(np.float64)
+    net.backward()
+    close(net.blobs["r1"].diff, net.blobs["s1"].diff * s1 * (1 - s1))
+
+
+TANH = """
+name: "tanh" force_backward: true
+input: "x" input_shape { dim: 2 dim: 3 }
+layer { name: "t" type: "TanH" bottom: "x" top: "y" }
+layer { name: "t2" type: "TanH" bottom: "y" top: "y" }
+"""
+
+
+def test_tanh_in_place_and_not_read_the_top_blob_now(tmp_path):
+    path = tmp_path / "tanh.prototxt"
+    path.write_text(TANH)
+    net = caffe.Net(str(path), caffe.TRAIN)
+    net.blobs["x"].data[...] = [[0.5, -1, 2], [-2, 0.1, 3]]
+    net.forward()
+    y = np.tanh(np.tanh(net.blobs["x"].data.astype(np.float64)))
+    close(net.blobs["y"].data, y)
+    net.blobs["y"].diff[...] = 1.0
+    net.backward()
+    # Caffe: t2 (in place) and t both read blob y, which holds t2's output
+    close(net.blobs["x"].diff, (1 - y * y) * (1 - y * y))
+    y2 = edit(net, "y", 13)
+    net.blobs["y"].diff[...] = 1.0
+    net.backward()
+    close(net.blobs["x"].diff, (1 - y2 * y2) * (1 - y2 * y2))
+
+
+def test_max_pooling_routes_by_the_forward_argmax_as_caffe_does(net):
+    before = net.blobs["s1"].data.astype(np.float64)
+    edit(net, "s1", 8)  # Caffe's MAX pooling Backward uses the mask its forward stored
+    net.backward()
+    x = f64(before).requires_grad_(True)
+    out = F.max_pool2d(x, 2, 2)
+    (gx,) = torch.autograd.grad(out, x, f64(net.blobs["p1"].diff))
+    close(net.blobs["s1"].diff, gx)
+
+
+def test_unedited_blobs_keep_the_forward_record(net, monkeypatch):
+    replayed = []
+    replay = net._replay
+    monkeypatch.setattr(net, "_replay", lambda i, d: replayed.append(i) or replay(i, d))
+    net.backward()
+    first = {n: net.blobs[n].diff.copy() for n in net.blobs}
+    _ = net.blobs["conv1"].data  # reading is not writing
+    net.backward()
+    assert replayed == []
+    for name, diff in first.items():
+        np.testing.assert_array_equal(net.blobs[name].diff, diff)
+    edit(net, "p1", 10)
+    net.backward()
+    assert replayed == [net._layer_names.index("ip")]
+
+
+def test_edits_after_a_partial_forward_are_seen(net):
+    net.forward(start="ip")
+    p1 = edit(net, "p1", 9)
+    net.clear_param_diffs()
+    net.backward(start="ip2", end="ip")
+    dip = net.blobs["ip"].diff.astype(np.float64)  # after relu2, which shares the blob
+    close(net.params["ip"][0].diff, dip.T @ p1.reshape(2, -1))
+
+
+FAN_OUT = """
+name: "fan" force_backward: true
+input: "x" input_shape { dim: 2 dim: 3 }
+layer { name: "a" type: "ReLU" bottom: "x" top: "a" }
+layer { name: "b" type: "ReLU" bottom: "x" top: "b" }
+"""
+
+
+def test_consumers_recorded_by_different_forwards_each_see_the_edit(tmp_path):
+    path = tmp_path / "fan.prototxt"
+    path.write_text(FAN_OUT)
+    net = caffe.Net(str(path), caffe.TRAIN)
+    net.blobs["x"].data[...] = [[1, -1, 2], [-2, 3, -3]]
+    net.forward()
+    x = -net.blobs["x"].data.copy()
+    net.blobs["x"].data[...] = x
+    net.forward(start="b")  # b is recorded with the edited x, a still with the first one
+    net.blobs["a"].diff[...] = 1
+    net.blobs["b"].diff[...] = 1
+    # x feeds a and b through a Split, whose tops share x's data in Caffe
+    (into_a,), (into_b,) = net.bottom_names["a"], net.bottom_names["b"]
+    net.backward(start="b", end="b")
+    close(net.blobs[into_b].diff, (x > 0) * 1.0)
+    net.backward(start="a", end="a")  # Caffe's ReLU reads x as it is now
+    close(net.blobs[into_a].diff, (x > 0) * 1.0)
+    net.backward()
+    close(net.blobs["x"].diff, (x > 0) * 2.0)
+
+
+def test_forward_backward_neither_snapshots_nor_compares(net, monkeypatch):
+    # the solver's training step: nothing can edit between its forward and backward
+    calls = []
+    monkeypatch.setattr(net, "_note_forward_data", lambda *a: calls.append("note"))
+    monkeypatch.setattr(net, "_bottoms_edited", lambda *a: calls.append("check") or True)
+    net.forward_backward()
+    assert calls == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU mode needs CUDA")
+def test_gpu_reads_and_edits_between_forward_and_backward(tmp_path):
+    # On a device, a host-side edit must not be synced into the buffers the forward's graph
+    # saved (that bumps their autograd version, and backward would refuse): same diffs as CPU.
+    path = tmp_path / "net.prototxt"
+    path.write_text(NET)
+    results = []
+    for mode in (caffe.set_mode_cpu, caffe.set_mode_gpu):
+        mode()
+        try:
+            net = caffe.Net(str(path), caffe.TRAIN)
+            rng = np.random.default_rng(7)
+            net.blobs["data"].data[...] = rng.standard_normal(net.blobs["data"].shape)
+            for name in net.params:  # the same weights in both runs
+                for j, p in enumerate(net.params[name]):
+                    p.data[...] = np.random.default_rng(j).standard_normal(p.shape)
+            net.forward()
+            net.blobs["ip2"].diff[...] = 1.0
+            _ = net.blobs["s1"].data  # a read: the host side becomes the newest
+            edit(net, "conv1", 11)  # feeds ReLU (recomputed) and nothing else
+            net.backward()
+            results.append({n: net.blobs[n].diff.copy() for n in net.blobs})
+        finally:
+            caffe.set_mode_cpu()
+    for name in results[0]:
+        close(results[1][name], results[0][name])

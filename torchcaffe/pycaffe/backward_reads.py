@@ -1,0 +1,73 @@
+"""Which layers' Caffe Backward reads their bottom blobs' data as it is at backward time.
+
+Caffe's Net::Backward hands each layer the live blobs, so data a pycaffe script writes
+between ``forward()`` and ``backward()`` changes the diffs of layers whose Backward_cpu reads
+``bottom[i]->cpu_data()``: InnerProduct and Convolution (the weight diff), ReLU, AbsVal, BNLL,
+Log and Clip (the local slope), PReLU and Scale (both). Other layers read what their forward
+left behind, and an edit to a bottom leaves their diffs as the forward made them: Sigmoid,
+TanH, Exp and Softmax read top data (Sigmoid and TanH: see TOP_DATA_BACKWARD); Pooling MAX
+and Eltwise MAX a forward-time argmax; Dropout its mask; LRN, BatchNorm, MVN and the losses
+with an internal buffer (SoftmaxWithLoss, EuclideanLoss, SigmoidCrossEntropyLoss,
+ContrastiveLoss) their buffers. Python layers see the blobs their own forward was given.
+Layers whose diffs do not depend on data (Split, Concat, Reshape, Eltwise SUM, Pooling AVE...)
+give the same answer either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ..net.program import LayerStep
+
+READS_BOTTOM_DATA = frozenset(
+    {
+        "InnerProduct",
+        "Convolution",
+        "Deconvolution",
+        "DepthwiseConvolution",
+        "ConvolutionDepthwise",
+        "ReLU",
+        "PReLU",
+        "AbsVal",
+        "BNLL",
+        "Log",
+        "Clip",
+        "Scale",
+        "Reduction",
+        "InfogainLoss",
+        "MultinomialLogisticLoss",
+    }
+)
+
+# In place, these read a copy of the bottom their forward kept (PReLU's bottom_memory_,
+# Scale's temp_), not the blob.
+COPY_BOTTOM_IN_PLACE = frozenset({"PReLU", "Scale"})
+
+
+def reads_bottom_data(step: LayerStep) -> bool:
+    """True when Caffe's Backward for ``step`` reads its bottoms' current data."""
+    if step.type not in READS_BOTTOM_DATA:
+        return False
+    in_place = any(b in step.tops for b in step.bottoms)
+    return not (in_place and step.type in COPY_BOTTOM_IN_PLACE)
+
+
+def _sigmoid_backward(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    # Caffe: top_diff * sigmoid_x * (1. - sigmoid_x); the double literal makes it double math
+    y64 = y.double()
+    return (dy.double() * y64 * (1.0 - y64)).to(dy.dtype)
+
+
+def _tanh_backward(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    # Caffe: top_diff * (1 - tanhx * tanhx), in the blob's type
+    return dy * (1 - y * y)
+
+
+# Layers whose Caffe Backward reads only top data and top diff: after a forward the face
+# computes their bottom diff from the top blob as it is now (a script may have written it).
+TOP_DATA_BACKWARD: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "Sigmoid": _sigmoid_backward,
+    "TanH": _tanh_backward,
+}
