@@ -198,7 +198,10 @@ class InvertedResidual(nn.Module):
 
 
 class MobileNetV2(nn.Module):
-    SETTINGS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1))
+    # (expand, channels, blocks, first stride). The shared Caffe model (mobilenet_v2_deploy)
+    # downsamples at the first 96-channel block, not at the first 64-channel block as the
+    # paper's table (and torchvision) do: its 64-channel blocks run at 28 x 28.
+    SETTINGS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 1), (6, 96, 3, 2))
     SETTINGS += ((6, 160, 3, 2), (6, 320, 1, 1))
 
     def __init__(self) -> None:

@@ -130,12 +130,39 @@ def random_weights_(net: torchcaffe.TorchNet, seed: int = 0) -> None:
                 blobs[0].copy_(torch.rand(blobs[0].shape, generator=gen) + 0.5)
 
 
+def calibrate_batchnorm_(net: torchcaffe.TorchNet, x: torch.Tensor) -> None:
+    """Set every BatchNorm's global statistics to those of its input on ``x``, layer by layer
+    in Caffe order, as training would have left them. Without it, random weights let deep
+    residual nets (MobileNetV2) grow activations to ~1e5, where the softmax saturates and
+    float rounding alone flips the arg max, so no two engines could be compared."""
+
+    def take_stats(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+        mean, var, factor = module.param_blobs()
+        dims = [d for d in range(inputs[0].dim()) if d != 1]
+        mean.copy_(inputs[0].mean(dim=dims))
+        var.copy_(inputs[0].var(dim=dims))
+        factor.fill_(1.0)
+
+    handles = [
+        net.layers[step.key].register_forward_pre_hook(take_stats)
+        for step in net.steps
+        if step.type == "BatchNorm"
+    ]
+    try:
+        with torch.no_grad():
+            net.run(net.bind_inputs((), {"data": x}))
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def prepare(name: str) -> tuple[torchcaffe.TorchNet, torch.nn.Module, str, int, Path]:
     rel, cls, out, size = NETS[name]
     net = torchcaffe.load(MODELS / rel, phase="test").eval()
     random_weights_(net)
-    hand = copy_weights(cls(), net).eval()
     x = torch.randn(2, 3, size, size)
+    calibrate_batchnorm_(net, x)
+    hand = copy_weights(cls(), net).eval()
     with torch.inference_mode():
         a = net(data=x)[out].reshape(2, -1)
         b = hand(x).reshape(2, -1)

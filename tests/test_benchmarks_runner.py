@@ -37,3 +37,12 @@ def test_runner_rejects_an_unknown_section(capsys):
     with pytest.raises(SystemExit):
         run.main(["--only", "speed"])
     assert "unknown section" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", sorted(run.NETS))
+def test_hand_written_baseline_computes_the_same_net(models_root, name):
+    # prepare() stops the runner when the baseline disagrees with the compiled net by more
+    # than 1e-4 on the softmax; the BatchNorm statistics are calibrated so that a wrong
+    # architecture (e.g. a stride at another block) cannot hide behind a saturated softmax.
+    net, hand, out, size, _ = run.prepare(name)
+    assert out == "prob" and size in (224, 227)
