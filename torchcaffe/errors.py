@@ -171,3 +171,7 @@ class PartialWeightsWarning(UserWarning):
 
 class ExportError(TorchCaffeError):
     """A model that cannot be written in the target format (an op Caffe has no layer for)."""
+
+
+class SchemaError(TorchCaffeError):
+    """A fork's caffe.proto that cannot be used: it does not compile, or clashes with ours."""
