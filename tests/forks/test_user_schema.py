@@ -285,3 +285,29 @@ def test_binary_net_with_segnet_scale_h_at_2_is_mapped(tmp_path):
     param = net.layers["up"].param
     assert param.scale_h == 3 and not param.HasField("dims_num")
     assert net.blob_shapes["up"] == (1, 2, 9, 6)
+
+
+def test_get_solver_takes_caffe_proto(fork, gate_layer, tmp_path):
+    solver = tmp_path / "solver.prototxt"
+    net = (fork.parent / "net.prototxt").as_posix()
+    solver.write_text(
+        f'net: "{net}"\nbase_lr: 0.1\nlr_policy: "fixed"\nfork_tag: "mine"\ntype: "Adam"\n'
+    )
+    s = torchcaffe.get_solver(str(solver), caffe_proto=str(fork))
+    assert type(s).__name__ == "AdamSolver"
+    assert "gate1" in s.net.params
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "layer"),
+    [
+        ('layer {\n  name: "a"\n  bad: 1\n}\n', 3, "a"),
+        ('layers\n{\n  name: "v1" # { not a brace\n  p { x: "}" bad: 1 }\n}\n', 4, "v1"),
+        ('layer { name: "a" }\nlayer {\n  type: "T"\n  name: "b"\n  q { bad: 2 }\n}', 5, "b"),
+        ('name: "net"\nbad: 1\n', 2, None),
+    ],
+)
+def test_layer_at_finds_the_enclosing_layer(text, line, layer):
+    from torchcaffe.formats.prototxt import _layer_at
+
+    assert _layer_at(text, line) == layer

@@ -26,7 +26,7 @@ from ._fill_skip import will_be_loaded
 from .fillers import check_filler, fill_
 
 Shape = tuple[int, ...]
-_OUR_LAYER_FIELDS = caffe_pb2.LayerParameter.DESCRIPTOR.fields_by_name
+_OUR_LAYER_FIELDS = frozenset(caffe_pb2.LayerParameter.DESCRIPTOR.fields_by_name)
 
 
 @dataclass(frozen=True)
