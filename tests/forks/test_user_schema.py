@@ -311,3 +311,19 @@ def test_layer_at_finds_the_enclosing_layer(text, line, layer):
     from torchcaffe.formats.prototxt import _layer_at
 
     assert _layer_at(text, line) == layer
+
+
+def test_an_enum_value_only_the_fork_has_is_an_error_naming_where(tmp_path):
+    proto = make_fork_proto(tmp_path, [("STOCHASTIC = 2;", "STOCHASTIC = 2;\n    LP = 3;")])
+    net = tmp_path / "pool.prototxt"
+    net.write_text(
+        'layer { name: "data" type: "Input" top: "data" '
+        "input_param { shape { dim: 1 dim: 1 dim: 4 dim: 4 } } }\n"
+        'layer { name: "p" type: "Pooling" bottom: "data" top: "p" '
+        "pooling_param { pool: LP kernel_size: 2 } }\n"
+    )
+    with pytest.raises(SchemaError) as info:
+        torchcaffe.load(net, caffe_proto=proto)
+    message = str(info.value)
+    assert str(net) in message
+    assert "layer['p'].pooling_param.pool is LP (3)" in message

@@ -16,7 +16,7 @@ from google.protobuf import text_format, unknown_fields
 from google.protobuf.message import DecodeError, Message
 
 from .. import limits
-from ..errors import PrototxtError, UsageError
+from ..errors import PrototxtError, SchemaError, UsageError
 from ..proto import caffe_pb2 as pb
 from . import user_schema
 from .atomic import atomic_write
@@ -100,7 +100,7 @@ def parse_text_proto(text: str | bytes, message_type: type[M], path: PathLike | 
         raise PrototxtError(
             f"cannot parse as {message_type.DESCRIPTOR.name}: {e}", path=name
         ) from None
-    return _as_ours(msg, message_type)
+    return _as_ours(msg, message_type, path)
 
 
 def parse_binary_proto(data: bytes, message_type: type[M], path: PathLike | None = None) -> M:
@@ -123,15 +123,18 @@ def parse_binary_proto(data: bytes, message_type: type[M], path: PathLike | None
             path=name,
             hint="names and strings must be UTF-8, as they must be in a text prototxt",
         )
-    return _as_ours(msg, message_type)
+    return _as_ours(msg, message_type, path)
 
 
-def _as_ours(msg: Message, message_type: type[M]) -> M:
+def _as_ours(msg: Message, message_type: type[M], path: PathLike | None) -> M:
     """A message parsed with a fork's class, copied into ours (see ``user_schema``)."""
     if isinstance(msg, message_type):
         return msg
     ours = message_type()
-    user_schema.to_ours(msg, ours)
+    try:
+        user_schema.to_ours(msg, ours)
+    except SchemaError as err:
+        raise err.located(path=os.fspath(path) if path is not None else None) from None
     return ours
 
 

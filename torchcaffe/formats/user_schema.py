@@ -262,24 +262,51 @@ def their_class_for(message_type: type[Message]) -> type[Message] | None:
     return schema.message_class(name) if schema.has_message(name) else None
 
 
-def to_ours(theirs: Message, ours: Message) -> None:
-    """Copy ``theirs`` into ``ours`` by field name; fields we lack stay unknown fields."""
+def to_ours(theirs: Message, ours: Message, where: str = "") -> None:
+    """Copy ``theirs`` into ``ours`` by field name; fields we lack stay unknown fields.
+
+    An enum value only the fork defines is a ``SchemaError`` naming where it is set: no
+    built-in layer implements it, and dropping it would run the default silently."""
     known = ours.DESCRIPTOR.fields_by_name
     for fd, value in theirs.ListFields():
         mine = known.get(fd.name)
+        here = f"{where}.{fd.name}" if where else fd.name
         if mine is None:
             ours.MergeFromString(_single_field(theirs, fd, value))
         elif fd.message_type is not None:
             if fd.is_repeated:
                 target = getattr(ours, fd.name)
-                for item in value:
-                    to_ours(item, target.add())
+                for i, item in enumerate(value):
+                    name = (
+                        getattr(item, "name", "")
+                        if "name" in item.DESCRIPTOR.fields_by_name
+                        else ""
+                    )
+                    to_ours(item, target.add(), f"{here}[{name!r}]" if name else f"{here}[{i}]")
             else:
-                to_ours(value, getattr(ours, fd.name))
-        elif fd.is_repeated:
-            getattr(ours, fd.name).extend(value)
+                to_ours(value, getattr(ours, fd.name), here)
         else:
-            setattr(ours, fd.name, value)
+            if mine.enum_type is not None:
+                for v in value if fd.is_repeated else [value]:
+                    _check_enum_value(fd, mine, v, here)
+            if fd.is_repeated:
+                getattr(ours, fd.name).extend(value)
+            else:
+                setattr(ours, fd.name, value)
+
+
+def _check_enum_value(fd: FieldDescriptor, mine: FieldDescriptor, value: int, here: str) -> None:
+    if value in mine.enum_type.values_by_number:
+        return
+    their_value = fd.enum_type.values_by_number.get(value) if fd.enum_type else None
+    label = f"{their_value.name} ({value})" if their_value is not None else str(value)
+    raise SchemaError(
+        f"{here} is {label}, a value only the fork's schema defines",
+        expected=" | ".join(v.name for v in mine.enum_type.values),
+        got=label,
+        hint="no built-in layer implements it; register a layer type of your own that does "
+        "(docs/forks.md)",
+    )
 
 
 def _single_field(theirs: Message, fd: FieldDescriptor, value: Any) -> bytes:
