@@ -327,3 +327,14 @@ def test_an_enum_value_only_the_fork_has_is_an_error_naming_where(tmp_path):
     message = str(info.value)
     assert str(net) in message
     assert "layer['p'].pooling_param.pool is LP (3)" in message
+
+
+def test_unknown_enum_value_without_caffe_proto_names_the_layer_and_hints():
+    text = (
+        'layer { name: "data" type: "Input" top: "data" }\n'
+        'layer {\n  name: "p"\n  type: "Pooling"\n  pooling_param { pool: LP }\n}\n'
+    )
+    with pytest.raises(PrototxtError) as info:
+        torchcaffe.load(text)
+    assert info.value.layer == "p" and info.value.line == 5
+    assert "LP" in str(info.value) and "caffe_proto=" in str(info.value)

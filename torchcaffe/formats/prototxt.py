@@ -84,7 +84,7 @@ def parse_text_proto(text: str | bytes, message_type: type[M], path: PathLike | 
     except text_format.ParseError as e:
         what = _LOCATION_PREFIX.sub("", str(e))
         layer, hint = None, None
-        if "has no field named" in what:
+        if "has no field named" in what or "has no value named" in what:
             layer = _layer_at(text, e.GetLine())
             if theirs is None:
                 hint = UNKNOWN_FIELD_HINT
