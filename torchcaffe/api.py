@@ -14,6 +14,7 @@ from .formats.caffemodel import (
     save_hdf5,
 )
 from .formats.prototxt import read_net, source_name
+from .formats.user_schema import use_schema
 from .net.net import TorchNet
 from .ops._fill_skip import plan_from_records, skipping_fillers
 from .proto import caffe_pb2
@@ -32,6 +33,7 @@ def load(
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     allow_python_layers: bool = False,
     strict: bool = False,
+    caffe_proto: PathLike | None = None,
 ) -> TorchNet:
     """Compile a Caffe net (text prototxt, or a NetParameter) into a torch ``nn.Module``.
 
@@ -41,8 +43,26 @@ def load(
     how a train_val net runs before the data layers exist. ``allow_python_layers``
     lets ``type: "Python"`` layers import and run their module (trusted models only).
     ``strict`` makes a caffemodel that leaves param layers unfilled an error (see
-    ``load_weights``).
+    ``load_weights``). ``caffe_proto`` is a fork's own complete caffe.proto: its added
+    messages and fields parse, and layers registered for its types read their params from it
+    (docs/forks.md).
     """
+    with use_schema(caffe_proto):
+        return _load(
+            prototxt, caffemodel, phase, level, stages, input_shapes, allow_python_layers, strict
+        )
+
+
+def _load(
+    prototxt: PathLike | caffe_pb2.NetParameter,
+    caffemodel: PathLike | None,
+    phase: int | str,
+    level: int,
+    stages: Iterable[str],
+    input_shapes: Mapping[str, Sequence[int]] | None,
+    allow_python_layers: bool,
+    strict: bool,
+) -> TorchNet:
     if isinstance(prototxt, caffe_pb2.NetParameter):
         from .formats.upgrade import upgrade_net_as_needed
 

@@ -102,7 +102,8 @@ class UnknownLayerTypeError(TorchCaffeError):
         hint = (
             f"did you mean {', '.join(repr(m) for m in self.close_matches)}?"
             if self.close_matches
-            else "see torchcaffe.layer_type_list() for the supported types"
+            else "see torchcaffe.layer_type_list() for the supported types; a Caffe fork's "
+            "own type can be written in Python and registered (docs/forks.md)"
         )
         kw.setdefault("hint", hint)
         kw.setdefault("layer_type", type_name)
@@ -194,3 +195,7 @@ class PartialWeightsWarning(UserWarning):
 
 class ExportError(TorchCaffeError):
     """A model that cannot be written in the target format (an op Caffe has no layer for)."""
+
+
+class SchemaError(TorchCaffeError):
+    """A fork's caffe.proto that cannot be used: it does not compile, or clashes with ours."""

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 
 from ..errors import TorchCaffeError
+from ..formats.user_schema import use_schema
 from . import (
     compare,
     compute_image_mean,
@@ -51,6 +52,9 @@ ACTIONS: dict[str, Action] = {
     ),
 }
 
+# Actions that read nets or solvers and so take --caffe-proto (a fork's schema, user_schema).
+READS_NETS = frozenset({"run", "train", "test", "time", "draw_net"})
+
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The top-level parser and each action's own parser."""
@@ -64,6 +68,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         actions[name] = sub.add_parser(name, help=doc.splitlines()[0], description=doc)
         actions[name].formatter_class = argparse.RawDescriptionHelpFormatter
         add_arguments(actions[name])
+        if name in READS_NETS:
+            actions[name].add_argument(
+                "--caffe-proto",
+                metavar="CAFFE.PROTO",
+                help="a Caffe fork's own complete caffe.proto, for its fields (docs/forks.md)",
+            )
     return parser, actions
 
 
@@ -85,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         args = actions[action].parse_args(gflags_argv(actions[action], rest))
         args.action = action
     try:
-        return ACTIONS[args.action][1](args)
+        with use_schema(getattr(args, "caffe_proto", None)):
+            return ACTIONS[args.action][1](args)
     except TorchCaffeError as err:  # a user's file problem: one clear line, no traceback
         print(f"torchcaffe {args.action}: error: {err}", file=sys.stderr)
         return 2

@@ -16,8 +16,9 @@ from google.protobuf import text_format, unknown_fields
 from google.protobuf.message import DecodeError, Message
 
 from .. import limits
-from ..errors import PrototxtError, UsageError
+from ..errors import PrototxtError, SchemaError, UsageError
 from ..proto import caffe_pb2 as pb
+from . import user_schema
 from .atomic import atomic_write
 from .upgrade import (
     upgrade_net_as_needed,
@@ -32,6 +33,15 @@ TEXT_SUFFIXES = frozenset({".prototxt", ".pbtxt", ".txt", ".prototext"})
 BINARY_SUFFIXES = frozenset({".caffemodel", ".binaryproto", ".pb", ".protobin", ".solverstate"})
 TEXT_NAME = "<prototxt text>"  # names in-memory text in messages (never the text itself)
 _LOCATION_PREFIX = re.compile(r"^\d+:\d+ : ")
+# strings, comments, braces, a `name: "..."` and the words layer/layers (for _layer_at)
+_LAYER_TOKENS = re.compile(
+    r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|#.*|[{}]|\bname\s*:\s*"([^"]*)"|\blayers?\b'
+)
+UNKNOWN_FIELD_HINT = (
+    "the field is not in torchcaffe's caffe.proto; if the model comes from a Caffe fork, pass "
+    "its caffe.proto: torchcaffe.load(..., caffe_proto='their/caffe.proto'), "
+    "caffe.Net(..., caffe_proto=...), or --caffe-proto on the command line (docs/forks.md)"
+)
 
 
 # -- low level: any message -----------------------------------------------------------------
@@ -67,16 +77,24 @@ def parse_text_proto(text: str | bytes, message_type: type[M], path: PathLike | 
     name = TEXT_NAME if path is None else os.fspath(path)
     if isinstance(text, bytes):
         text = _decode(text)
-    msg = message_type()
+    theirs = user_schema.their_class_for(message_type)
+    msg = message_type() if theirs is None else theirs()
     try:
         text_format.Parse(text, msg)
     except text_format.ParseError as e:
         what = _LOCATION_PREFIX.sub("", str(e))
+        layer, hint = None, None
+        if "has no field named" in what or "has no value named" in what:
+            layer = _layer_at(text, e.GetLine())
+            if theirs is None:
+                hint = UNKNOWN_FIELD_HINT
         raise PrototxtError(
             f"cannot parse as {message_type.DESCRIPTOR.name}: {what}",
             path=name,
             line=e.GetLine(),
             column=e.GetColumn(),
+            layer=layer,
+            hint=hint,
         ) from None
     except (UnicodeError, ValueError) as e:
         raise PrototxtError(
@@ -97,7 +115,7 @@ def parse_text_proto(text: str | bytes, message_type: type[M], path: PathLike | 
             line=line,
             column=column,
         ) from None
-    return msg
+    return _as_ours(msg, message_type, path)
 
 
 def _first_non_utf8(text: str) -> tuple[int | None, int | None]:
@@ -112,7 +130,8 @@ def _first_non_utf8(text: str) -> tuple[int | None, int | None]:
 def parse_binary_proto(data: bytes, message_type: type[M], path: PathLike | None = None) -> M:
     """Parse protobuf wire format into a new ``message_type``."""
     name = "<bytes>" if path is None else os.fspath(path)
-    msg = message_type()
+    theirs = user_schema.their_class_for(message_type)
+    msg = message_type() if theirs is None else theirs()
     try:
         msg.ParseFromString(data)
     except (DecodeError, ValueError, RuntimeError) as e:
@@ -128,7 +147,47 @@ def parse_binary_proto(data: bytes, message_type: type[M], path: PathLike | None
             path=name,
             hint="names and strings must be UTF-8, as they must be in a text prototxt",
         )
-    return msg
+    return _as_ours(msg, message_type, path)
+
+
+def _as_ours(msg: Message, message_type: type[M], path: PathLike | None) -> M:
+    """A message parsed with a fork's class, copied into ours (see ``user_schema``)."""
+    if isinstance(msg, message_type):
+        return msg
+    ours = message_type()
+    try:
+        user_schema.to_ours(msg, ours)
+    except SchemaError as err:
+        raise err.located(path=os.fspath(path) if path is not None else None) from None
+    return ours
+
+
+def _layer_at(text: str, line: int) -> str | None:
+    """The name of the top-level ``layer``/``layers`` block holding ``line`` (1-based), if any.
+
+    Tracks brace depth line by line (quoted strings and ``#`` comments skipped), enough to say
+    which layer an unknown field sits in."""
+    depth, current = 0, None
+    in_layer = False
+    token = _LAYER_TOKENS
+    last_word = None
+    for number, row in enumerate(text.splitlines()[:line], start=1):
+        for m in token.finditer(row):
+            tok = m.group(0)
+            if tok == "{":
+                depth += 1
+                if depth == 1:
+                    in_layer, current = last_word in ("layer", "layers"), None
+                last_word = None
+            elif tok == "}":
+                depth -= 1
+            elif tok in ("layer", "layers"):
+                last_word = tok
+            elif m.group(1) is not None and depth == 1 and in_layer and current is None:
+                current = m.group(1)
+        if number == line:
+            break
+    return current if in_layer and depth >= 1 else None
 
 
 def _non_utf8_string(msg: Message, where: str = "") -> str | None:

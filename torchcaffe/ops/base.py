@@ -20,11 +20,13 @@ from torch import nn
 
 from .. import limits
 from ..errors import LayerParamError, TorchCaffeError
+from ..formats import user_schema
 from ..proto import caffe_pb2
 from ._fill_skip import will_be_loaded
 from .fillers import check_filler, fill_
 
 Shape = tuple[int, ...]
+_OUR_LAYER_FIELDS = frozenset(caffe_pb2.LayerParameter.DESCRIPTOR.fields_by_name)
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,8 @@ class CaffeLayer(nn.Module):
         self.bottom_shapes = [tuple(int(d) for d in s) for s in bottom_shapes]
         self.num_tops = len(layer_param.top)
         self._blob_names: list[str] = []
+        self._user_schema = user_schema.active()  # a fork's caffe.proto, for its param fields
+        self._fork_param: Any = None
         self.train(self.phase == caffe_pb2.TRAIN)
 
     # -- construction ---------------------------------------------------------------------
@@ -132,7 +136,26 @@ class CaffeLayer(nn.Module):
         """This layer's ``*_param`` message (defaults when absent from the prototxt)."""
         if self.param_field is None:
             raise AttributeError(f"{type(self).__name__} has no param_field")
-        return getattr(self.layer_param, self.param_field)
+        if self.param_field in _OUR_LAYER_FIELDS:
+            return getattr(self.layer_param, self.param_field)
+        return self._param_from_fork()
+
+    def _param_from_fork(self) -> Any:
+        """A ``param_field`` only a fork's caffe.proto defines: their message (user_schema)."""
+        if self._fork_param is None:
+            schema = getattr(self, "_user_schema", None)
+            if schema is None:
+                raise LayerParamError(
+                    f"param_field {self.param_field!r} is not a LayerParameter field of "
+                    "torchcaffe's caffe.proto",
+                    layer=self.name,
+                    layer_type=self.layer_param.type,
+                    hint="pass the fork's caffe.proto that defines it (caffe_proto=..., "
+                    "--caffe-proto); see docs/forks.md",
+                )
+            assert self.param_field is not None
+            self._fork_param = user_schema.fork_param(schema, self.layer_param, self.param_field)
+        return self._fork_param
 
     def error(
         self,
@@ -244,7 +267,9 @@ class CaffeLayer(nn.Module):
         return [tuple(int(d) for d in t.shape) for t in outs]
 
     def extra_repr(self) -> str:
-        if self.param_field is None or not self.layer_param.HasField(self.param_field):
+        if self.param_field is None or self.param_field not in _OUR_LAYER_FIELDS:
+            return ""
+        if not self.layer_param.HasField(self.param_field):
             return ""
         return text_format.MessageToString(self.param, as_one_line=True)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..formats.user_schema import use_schema
 from ..proto import caffe_pb2
 from ..solver.config import load_solver_param
 from ..solver.solver import Solver
@@ -47,6 +48,7 @@ SOLVER_CLASSES: dict[str, type[Solver]] = {
 
 def get_solver(solver: str | os.PathLike | caffe_pb2.SolverParameter, **options: Any) -> Solver:
     """Caffe's SolverRegistry::CreateSolver: the class named by the file's ``type``."""
-    param, _ = load_solver_param(solver)
+    with use_schema(options.get("caffe_proto")):
+        param, _ = load_solver_param(solver)
     cls = SOLVER_CLASSES.get(param.type, Solver)  # Solver reports an unknown type
     return cls(solver, **options)

@@ -22,6 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import runtime
+from ..formats.user_schema import use_schema
 from ..proto import caffe_pb2
 from ..pycaffe.net import Net
 from .config import check_solver_param, field_error, load_solver_param
@@ -78,20 +79,22 @@ class Solver:
         progress: bool | None = None,
         path: PathLike | None = None,
         root: bool = True,
+        caffe_proto: PathLike | None = None,
     ) -> None:
-        param, path_read = load_solver_param(solver)
-        path = path_read if path is None else os.fspath(path)  # path: names an edited param
-        self.type = self.solver_type or param.type
-        check_solver_param(param, path, self.type)
-        self.param, self.path, self.progress = param, path, progress
-        self.root = root
-        self._iter = 0
-        if param.random_seed >= 0:
-            runtime.set_random_seed(param.random_seed)
-        self._check_snapshot_prefix()
-        options = {"allow_python_layers": allow_python_layers}
-        self.net: Net = build_train_net(param, path, **options)
-        self.test_nets: list[Net] = build_test_nets(param, path, **options)
+        with use_schema(caffe_proto):  # a fork's caffe.proto (docs/forks.md)
+            param, path_read = load_solver_param(solver)
+            path = path_read if path is None else os.fspath(path)  # path: names an edited param
+            self.type = self.solver_type or param.type
+            check_solver_param(param, path, self.type)
+            self.param, self.path, self.progress = param, path, progress
+            self.root = root
+            self._iter = 0
+            if param.random_seed >= 0:
+                runtime.set_random_seed(param.random_seed)
+            self._check_snapshot_prefix()
+            options = {"allow_python_layers": allow_python_layers}
+            self.net: Net = build_train_net(param, path, **options)
+            self.test_nets: list[Net] = build_test_nets(param, path, **options)
         self._learnables = learnable_params(self.net.module)
         self.optimizer = make_optimizer(param, self._learnables, self.type)
         self.scheduler = make_lr_policy(param, self.optimizer)
