@@ -19,7 +19,7 @@ from ..errors import BlobWiringError, LayerParamError, TorchCaffeError, UnknownN
 from ..ops.base import CaffeLayer, Shape
 from ..proto import caffe_pb2
 from .builder import build_net, set_requires_grad
-from .passes import OptimizedProgram, optimize_for_inference
+from .passes import OptimizedProgram, optimize_for_inference, optimize_for_training
 from .program import LayerStep, ParamInfo
 from .state import make_state
 
@@ -65,10 +65,11 @@ class TorchNet(nn.Module):
         self._known_input_shapes = {n: self.blob_shapes[n] for n in self.input_names}
         set_requires_grad(built.modules, self.steps)
         self.train(self.phase == caffe_pb2.TRAIN)
-        # Inference passes (net/passes) run when no autograd is recorded; off: Caffe's literal
-        # layer-by-layer program always. Programs are cached per observable set and mode.
+        # Passes (net/passes): inference ones when no autograd is recorded, training ones when
+        # it is; off: Caffe's literal layer-by-layer program always. Programs are cached per
+        # observable set, mode and kind.
         self.optimize = True
-        self._programs: dict[tuple[frozenset[str], bool], OptimizedProgram] = {}
+        self._programs: dict[tuple[frozenset[str], bool, bool], OptimizedProgram] = {}
         self._observe_outputs = frozenset(self.output_names)
         self._observe_all = frozenset(self.blob_names)
 
@@ -195,18 +196,28 @@ class TorchNet(nn.Module):
     def optimized_program(self, observable: Iterable[str] | None = None) -> OptimizedProgram:
         """The inference program (every pass applied) for a run whose caller reads the blobs
         ``observable`` afterwards (default: the net's outputs); see ``net/passes``."""
+        return self._cached_program(observable, autograd=False)
+
+    def training_program(self, observable: Iterable[str] | None = None) -> OptimizedProgram:
+        """The program (training passes applied) for a forward that autograd records."""
+        return self._cached_program(observable, autograd=True)
+
+    def _cached_program(self, observable: Iterable[str] | None, autograd: bool) -> OptimizedProgram:
         seen = self._observe_outputs if observable is None else frozenset(observable)
-        key = (seen, self.training)
+        key = (seen, self.training, autograd)
         program = self._programs.get(key)
         if program is None:
-            program = optimize_for_inference(self.steps, self.layers, seen)
+            optimize = optimize_for_training if autograd else optimize_for_inference
+            program = optimize(self.steps, self.layers, seen)
             self._programs[key] = program
         return program
 
     def _program_for(self, observable: frozenset[str]) -> OptimizedProgram | None:
-        if self.optimize and not torch.is_grad_enabled():
-            return self.optimized_program(observable)
-        return None
+        if not self.optimize:
+            return None
+        if torch.is_grad_enabled():
+            return self.training_program(observable)
+        return self.optimized_program(observable)
 
     def run(
         self,
@@ -217,14 +228,19 @@ class TorchNet(nn.Module):
     ) -> dict[str, torch.Tensor]:
         """Run steps ``start..end`` (inclusive) over ``blobs`` in place; returns ``blobs``.
 
-        With ``program`` (an inference program, whole net only) its steps and runners run.
+        With ``program`` (a pass-optimized program, whole net only) its steps and runners run.
         """
         if program is not None:
             runners = program.runners
             for step in program.steps:
                 if step.is_input:
                     continue
-                out = runners[step.key](*[blobs[b] for b in step.bottoms])
+                out = runners[step.key](
+                    *[
+                        blobs[b] if keep else blobs[b].detach()
+                        for b, keep in zip(step.bottoms, step.propagate_down)
+                    ]
+                )
                 if isinstance(out, tuple):
                     blobs.update(zip(step.tops, out))
                 else:

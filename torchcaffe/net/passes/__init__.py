@@ -4,7 +4,8 @@ Each pass is a pure function ``(program, observable) -> program``: it returns ne
 new runners and leaves the net's modules and params untouched (a fold is a derived view of
 the caffemodel's blobs; see ``folding.FoldedAffine``). ``observable`` names the blobs the
 caller will read after the run: a pass never removes or changes the final value of one of
-them. Passes run only for inference (no autograd); ``TorchNet`` picks the program per call.
+them. Inference passes run when no autograd is recorded, training passes when it is;
+``TorchNet`` picks the program per call.
 """
 
 from __future__ import annotations
@@ -17,11 +18,16 @@ from ..program import LayerStep
 from .folding import fold_batchnorm_into_scale, fold_batchnorm_scale_into_producer
 from .inplace import inplace_relu
 from .program import OptimizedProgram
+from .training import fuse_batchnorm_scale_for_training, inplace_relu_for_training
 
 # The inference pipeline, in order: folds into producers first, then what they left (their
 # output is observable) into one multiply-add; in-place ReLU last, so a ReLU after a folded
 # chain sees a fresh producer.
 INFERENCE_PASSES = (fold_batchnorm_scale_into_producer, fold_batchnorm_into_scale, inplace_relu)
+
+
+# For runs autograd records: fuse BatchNorm + Scale first, so a ReLU after the pair sees it.
+TRAINING_PASSES = (fuse_batchnorm_scale_for_training, inplace_relu_for_training)
 
 
 def optimize_for_inference(
@@ -36,4 +42,22 @@ def optimize_for_inference(
     return program
 
 
-__all__ = ["INFERENCE_PASSES", "OptimizedProgram", "optimize_for_inference"]
+def optimize_for_training(
+    steps: list[LayerStep],
+    modules: Mapping[str, nn.Module] | nn.ModuleDict,
+    observable: frozenset[str],
+) -> OptimizedProgram:
+    """Run every training pass over ``steps`` (for forwards that autograd records)."""
+    program = OptimizedProgram.unoptimized(steps, modules)
+    for apply_pass in TRAINING_PASSES:
+        program = apply_pass(program, observable)
+    return program
+
+
+__all__ = [
+    "INFERENCE_PASSES",
+    "TRAINING_PASSES",
+    "OptimizedProgram",
+    "optimize_for_inference",
+    "optimize_for_training",
+]

@@ -35,6 +35,13 @@ class InplaceReLU:
 
 
 def inplace_relu(program: OptimizedProgram, observable: frozenset[str]) -> OptimizedProgram:
+    return rewrite_relus_in_place(program, FRESH_PRODUCERS, PASS_NAME)
+
+
+def rewrite_relus_in_place(
+    program: OptimizedProgram, producers: frozenset[str], pass_name: str
+) -> OptimizedProgram:
+    """Every in-place ReLU whose bottom a step of ``producers`` wrote fresh, for it alone."""
     steps = program.steps
     new_steps, runners, count = list(steps), {}, 0
     for i, step in enumerate(steps):
@@ -42,7 +49,7 @@ def inplace_relu(program: OptimizedProgram, observable: frozenset[str]) -> Optim
             continue
         blob = step.bottoms[0]
         j = producer_of(steps, i, blob)
-        if j is None or steps[j].type.split("+")[0] not in FRESH_PRODUCERS:
+        if j is None or steps[j].type.split("+")[0] not in producers:
             continue
         if readers_of(steps, j, blob) != [i]:
             continue
@@ -50,4 +57,4 @@ def inplace_relu(program: OptimizedProgram, observable: frozenset[str]) -> Optim
         runners[key] = InplaceReLU(program.runners[step.key])
         new_steps[i] = dataclasses.replace(step, key=key, type="ReLU+inplace")
         count += 1
-    return program.rewritten(PASS_NAME, new_steps, runners, count)
+    return program.rewritten(pass_name, new_steps, runners, count)

@@ -1,0 +1,128 @@
+"""Training passes (torchcaffe/net/passes/training.py): they fire on forwards that autograd
+records and keep outputs, gradients and BatchNorm's running statistics as the layer-by-layer
+program computes them (rtol 1e-4, atol 1e-5, the golden tolerance)."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+from google.protobuf import text_format
+
+import torchcaffe
+from torchcaffe.net.passes import TRAINING_PASSES
+from torchcaffe.proto import caffe_pb2
+
+FUSE, RELU = "fuse_batchnorm_scale_for_training", "inplace_relu_for_training"
+RTOL, ATOL = 1e-4, 1e-5
+
+NET = """
+name: "t"
+input: "data" input_shape { dim: 4 dim: 3 dim: 6 dim: 5 }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "c"
+  convolution_param { num_output: 4 kernel_size: 3 pad: 1 bias_term: false
+    weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "bn" type: "BatchNorm" bottom: "c" top: "c" }
+layer { name: "sc" type: "Scale" bottom: "c" top: "c"
+  scale_param { bias_term: true filler { type: "uniform" min: 0.5 max: 1.5 }
+    bias_filler { type: "uniform" min: -0.5 max: 0.5 } } }
+layer { name: "relu" type: "ReLU" bottom: "c" top: "c" }
+layer { name: "sig" type: "Sigmoid" bottom: "c" top: "s" }
+layer { name: "relu_s" type: "ReLU" bottom: "s" top: "s" }
+layer { name: "ip" type: "InnerProduct" bottom: "s" top: "out"
+  inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.3 } } }
+"""
+
+
+def _net() -> torchcaffe.TorchNet:
+    torch.manual_seed(0)
+    return torchcaffe.load(text_format.Parse(NET, caffe_pb2.NetParameter()), phase="train")
+
+
+def _step(net: torchcaffe.TorchNet, x: torch.Tensor, optimize: bool):
+    net.optimize = optimize
+    net.zero_grad()
+    out = net(data=x)["out"]
+    (out * torch.arange(out.numel()).reshape(out.shape)).sum().backward()
+    grads = {n: p.grad.clone() for n, p in net.named_parameters()}
+    stats = {n: b.clone() for n, b in net.named_buffers()}
+    return out.detach(), grads, stats
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> None:
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=RTOL, atol=ATOL)
+
+
+def test_passes_are_listed_in_order():
+    assert [p.__name__ for p in TRAINING_PASSES] == [FUSE, RELU]
+
+
+def test_training_passes_fire_and_keep_outputs_grads_and_statistics():
+    net = _net()
+    report = net.training_program().report
+    assert report[FUSE] == 1  # bn + sc
+    assert report[RELU] == 1  # relu after the fused pair; not relu_s (Sigmoid keeps its output)
+    twin = copy.deepcopy(net)
+    x = torch.randn(4, 3, 6, 5)
+    for _ in range(2):  # the second step reads the running statistics the first updated
+        got = _step(net, x, optimize=True)
+        want = _step(twin, x, optimize=False)
+        _close(got[0], want[0])
+        for name in want[1]:
+            _close(got[1][name], want[1][name])
+        for name in want[2]:
+            _close(got[2][name], want[2][name])
+    assert net.layers["bn"].scale_factor.item() == twin.layers["bn"].scale_factor.item() > 1
+
+
+def test_an_observable_batchnorm_top_is_not_fused():
+    text = (
+        NET.replace(
+            'name: "bn" type: "BatchNorm" bottom: "c" top: "c"',
+            'name: "bn" type: "BatchNorm" bottom: "c" top: "n"',
+        )
+        .replace(
+            'name: "sc" type: "Scale" bottom: "c" top: "c"',
+            'name: "sc" type: "Scale" bottom: "n" top: "m"',
+        )
+        .replace(
+            'name: "relu" type: "ReLU" bottom: "c" top: "c"',
+            'name: "relu" type: "ReLU" bottom: "m" top: "m"',
+        )
+        .replace('bottom: "c" top: "s"', 'bottom: "m" top: "s"')
+    )
+    net = torchcaffe.load(text_format.Parse(text, caffe_pb2.NetParameter()), phase="train")
+    assert net.training_program().report[FUSE] == 1
+    assert net.training_program(["out", "n"]).report[FUSE] == 0
+    blobs = net.forward_all_blobs(data=torch.randn(4, 3, 6, 5))
+    assert blobs["n"].shape == blobs["m"].shape and not torch.equal(blobs["n"], blobs["m"])
+
+
+def test_inference_and_training_programs_are_chosen_by_autograd():
+    net = _net()
+    x = torch.randn(4, 3, 6, 5)
+    with torch.no_grad():
+        net(data=x)
+    net(data=x)
+    kinds = {key[2] for key in net._programs}
+    assert kinds == {False, True}
+
+
+def test_global_statistics_pair_is_fused_too():
+    text = NET.replace(
+        'type: "BatchNorm" bottom: "c" top: "c" }',
+        'type: "BatchNorm" bottom: "c" top: "c" batch_norm_param { use_global_stats: true } }',
+    )
+    net = torchcaffe.load(text_format.Parse(text, caffe_pb2.NetParameter()), phase="train")
+    with torch.no_grad():
+        net.layers["bn"].mean.uniform_(-0.5, 0.5)
+        net.layers["bn"].variance.uniform_(0.5, 1.5)
+        net.layers["bn"].scale_factor.fill_(2.0)
+    assert net.training_program().report[FUSE] == 1
+    twin = copy.deepcopy(net)
+    x = torch.randn(4, 3, 6, 5)
+    got, want = _step(net, x, optimize=True), _step(twin, x, optimize=False)
+    _close(got[0], want[0])
+    for name in want[1]:
+        _close(got[1][name], want[1][name])
