@@ -63,6 +63,24 @@ def add_flag(p: argparse.ArgumentParser, name: str, default: object, help: str) 
         p.add_argument(*names, dest=name, default=default, type=type(default), help=help)
 
 
+def add_net_state_flags(p: argparse.ArgumentParser, *, which: str = "net") -> None:
+    """Caffe's ``-level`` / ``-stage`` (the NetState rules pick layers by) and the opt-in for
+    Python layers, shared by the actions that build nets."""
+    p.add_argument("--level", type=int, default=0, help=f"{which} state level")
+    p.add_argument("--stage", default="", help=f"{which} state stages, comma-separated")
+    add_python_layers_flag(p)
+
+
+def add_python_layers_flag(p: argparse.ArgumentParser) -> None:
+    """``--allow-python-layers``: run Python layers' code (trusted models only)."""
+    p.add_argument(
+        "--allow-python-layers",
+        "--allow_python_layers",
+        action="store_true",
+        help="run Python layers' code (only for models you trust)",
+    )
+
+
 class FlagParser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line on stderr (``prog: error: ...``), exit 2."""
 

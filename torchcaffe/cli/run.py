@@ -13,6 +13,7 @@ import torch
 
 from ..api import load, save_weights
 from ..errors import LayerParamError
+from .flags import add_python_layers_flag
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,11 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--save", help="write the (loaded) weights back as a caffemodel")
-    p.add_argument(
-        "--allow-python-layers",
-        action="store_true",
-        help="run Python layers' code (only for models you trust)",
-    )
+    add_python_layers_flag(p)
 
 
 def parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:

@@ -18,6 +18,7 @@ from ..errors import SolverError
 from ..proto import caffe_pb2
 from ..pycaffe.net import Net
 from .devices import requested_gpus, use_device
+from .flags import add_net_state_flags
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,14 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", required=True, help="caffemodel(s) to score, comma-separated")
     p.add_argument("--iterations", type=int, default=50, help="batches to run")
     p.add_argument("--gpu", default="", help="device id (the first of a list is used)")
-    p.add_argument("--level", type=int, default=0, help="net state level")
-    p.add_argument("--stage", default="", help="net state stages, comma-separated")
-    p.add_argument(
-        "--allow-python-layers",
-        "--allow_python_layers",
-        action="store_true",
-        help="run Python layers' code (only for models you trust)",
-    )
+    add_net_state_flags(p)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -40,6 +40,7 @@ from ..pycaffe.solver import SOLVER_CLASSES
 from ..solver import distributed
 from ..solver.solver import NONE, SNAPSHOT, STOP, Solver
 from .devices import requested_gpus, use_device
+from .flags import add_net_state_flags
 
 log = logging.getLogger("torchcaffe.solver")
 EFFECTS = (STOP, SNAPSHOT, NONE)
@@ -51,16 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--snapshot", help=".solverstate (or .solverstate.h5) to resume from")
     p.add_argument("--gpu", default="", help="device ids, comma-separated, or 'all'")
     p.add_argument("--iterations", type=int, default=50, help="ignored by train (Caffe's flag)")
-    p.add_argument("--level", type=int, default=0, help="train net state level")
-    p.add_argument("--stage", default="", help="train net state stages, comma-separated")
+    add_net_state_flags(p, which="train net")
     p.add_argument("--sigint_effect", choices=EFFECTS, default=STOP, help="on SIGINT")
     p.add_argument("--sighup_effect", choices=EFFECTS, default=SNAPSHOT, help="on SIGHUP")
-    p.add_argument(
-        "--allow-python-layers",
-        "--allow_python_layers",
-        action="store_true",
-        help="run Python layers' code (only for models you trust)",
-    )
     p.add_argument("--quiet", action="store_true", help="no per-iteration log lines")
 
 
