@@ -2,7 +2,7 @@
 
     python examples/forks/run_fork.py [--work DIR]
 
-Passes the fork's caffe.proto (here: a made-up fork, ``caffe.proto`` beside this file), registers
+Passes the fork's caffe.proto (here: a made-up fork's, written by ``fork_proto.py``), registers
 its ``ChannelGate`` layer in Python (``channel_gate.py``), then: runs forward and backward
 through the Caffe face, fine-tunes one SGD step, saves a caffemodel, and reloads it into a fresh
 net whose outputs match. See docs/forks.md.
@@ -21,10 +21,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import channel_gate  # noqa: E402,F401  (registers the ChannelGate layer)
+from fork_proto import write_fork_proto  # noqa: E402
 
 import torchcaffe as caffe  # noqa: E402
 
-PROTO = HERE / "caffe.proto"
 NET = HERE / "net.prototxt"
 
 
@@ -39,16 +39,17 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     work = Path(args.work or tempfile.mkdtemp(prefix="torchcaffe_fork_"))
     work.mkdir(parents=True, exist_ok=True)
+    proto = write_fork_proto(work)  # the file a fork's user would pass
     rng = np.random.default_rng(0)
 
     # 1. The Caffe face: forward and backward through the fork's layer.
-    net = caffe.Net(str(NET), caffe.TRAIN, caffe_proto=str(PROTO))
+    net = caffe.Net(str(NET), caffe.TRAIN, caffe_proto=str(proto))
     feed(net, rng)
     loss = float(net.forward()["loss"])
     net.backward()
     gate_diff = net.params["gate1"][0].diff
     print(f"forward: loss {loss:.6f}; backward: |d loss / d gate| = {np.abs(gate_diff).sum():.6f}")
-    torch_net = caffe.load(NET, phase="train", caffe_proto=PROTO)  # the torch face
+    torch_net = caffe.load(NET, phase="train", caffe_proto=proto)  # the torch face
     gate = torch_net.layers["gate1"]
     print(f"ChannelGate reads the fork's {type(gate.param).__name__}: gate_bias {gate.gate_bias}")
 
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     solver_text = (HERE / "solver.prototxt").read_text().replace('"net.prototxt"', f'"{NET}"')
     solver_path = work / "solver.prototxt"
     solver_path.write_text(solver_text.replace('"gated"', f'"{work / "gated"}"'))
-    solver = caffe.SGDSolver(str(solver_path), caffe_proto=str(PROTO))
+    solver = caffe.SGDSolver(str(solver_path), caffe_proto=str(proto))
     feed(solver.net, np.random.default_rng(1))
     before = solver.net.params["gate1"][0].data.copy()
     solver.step(1)
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     # 3. Save a caffemodel and reload it into a fresh net: same outputs.
     weights = work / "gated.caffemodel"
     solver.net.save(str(weights))
-    fresh = caffe.Net(str(NET), caffe.TEST, weights=str(weights), caffe_proto=str(PROTO))
+    fresh = caffe.Net(str(NET), caffe.TEST, weights=str(weights), caffe_proto=str(proto))
     outs = []
     for each in (solver.net, fresh):
         feed(each, np.random.default_rng(2))

@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 OUR_PROTO = ROOT / "proto" / "caffe.proto"
-EXAMPLE_PROTO = ROOT / "examples" / "forks" / "caffe.proto"
+EXAMPLE_DIR = ROOT / "examples" / "forks"
 
 
 def make_fork_proto(folder: Path, edits: list[tuple[str, str]], name: str = "caffe.proto") -> Path:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from .conftest import EXAMPLE_PROTO
+from .conftest import EXAMPLE_DIR
 
-SCRIPT = EXAMPLE_PROTO.parent / "run_fork.py"
+SCRIPT = EXAMPLE_DIR / "run_fork.py"
 
 
 def test_fork_example_runs_trains_saves_and_reloads(tmp_path):

@@ -15,9 +15,9 @@ from torchcaffe.formats.prototxt import read_solver
 from torchcaffe.ops.base import CaffeLayer, Exactly
 from torchcaffe.proto import caffe_pb2
 
-from .conftest import EXAMPLE_PROTO, make_fork_proto, run_with_fork_module
+from .conftest import EXAMPLE_DIR, make_fork_proto, run_with_fork_module
 
-ROOT_NET = EXAMPLE_PROTO.parent / "net.prototxt"
+ROOT_NET = EXAMPLE_DIR / "net.prototxt"
 
 # The made-up fork: a layer-param message at a new LayerParameter field, a new field in
 # ConvolutionParameter, a new SolverParameter field.
