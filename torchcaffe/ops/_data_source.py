@@ -47,6 +47,20 @@ class SourceLayer(CaffeLayer):
         # Carries .to(device) / .double() to the tops; not state, so not in state_dict.
         self.register_buffer("_like", torch.zeros(0), persistent=False)
 
+    # -- param checks the file-reading layers share -------------------------------------------
+    def _check_batch_size(self, batch_size: int) -> None:
+        if batch_size <= 0:
+            raise self.error("batch_size must be positive", expected="> 0", got=batch_size)
+
+    def _check_resize(self, new_height: int, new_width: int) -> None:
+        """Caffe's image readers resize only when both sides are given."""
+        if (new_height > 0) != (new_width > 0):
+            raise self.error(
+                "new_height and new_width must be set together",
+                expected="both 0 or both > 0",
+                got=(new_height, new_width),
+            )
+
     # -- contract for DDP and torch users ---------------------------------------------------
     def set_shard(self, rank: int, world_size: int) -> None:
         """Read only records rank, rank + world_size, ... (call before the first forward)."""

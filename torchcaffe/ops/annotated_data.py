@@ -252,8 +252,7 @@ class AnnotatedDataLayer(SourceLayer):
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
         dp, tp = layer_param.data_param, layer_param.transform_param
-        if dp.batch_size <= 0:
-            raise self.error("batch_size must be positive", expected="> 0", got=dp.batch_size)
+        self._check_batch_size(dp.batch_size)
         if tp.HasField("noise_param"):
             raise self.error(
                 "transform_param.noise_param is not supported",

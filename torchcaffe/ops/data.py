@@ -103,8 +103,7 @@ class DataLayer(SourceLayer):
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
         p = self.param
-        if p.batch_size <= 0:
-            raise self.error("batch_size must be positive", expected="> 0", got=p.batch_size)
+        self._check_batch_size(p.batch_size)
         self.prefetch_depth = int(p.prefetch) if p.prefetch > 0 else 1
         where = f"{p.source}"
         backend = backend_name(p.backend)

@@ -131,12 +131,8 @@ class DenseImageDataLayer(SourceLayer):
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
         p = self.param
-        if p.batch_size <= 0:
-            raise self.error("batch_size must be positive", expected="> 0", got=p.batch_size)
-        if (p.new_height > 0) != (p.new_width > 0):
-            raise self.error(
-                "new_height and new_width must be set together", got=(p.new_height, p.new_width)
-            )
+        self._check_batch_size(p.batch_size)
+        self._check_resize(p.new_height, p.new_width)
         if (p.crop_height > 0) != (p.crop_width > 0):
             raise self.error(
                 "crop_height and crop_width must be set together", got=(p.crop_height, p.crop_width)

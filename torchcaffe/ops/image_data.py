@@ -80,14 +80,8 @@ class ImageDataLayer(SourceLayer):
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
         p = self.param
-        if p.batch_size <= 0:
-            raise self.error("batch_size must be positive", expected="> 0", got=p.batch_size)
-        if (p.new_height > 0) != (p.new_width > 0):
-            raise self.error(
-                "new_height and new_width must be set together",
-                expected="both 0 or both > 0",
-                got=(p.new_height, p.new_width),
-            )
+        self._check_batch_size(p.batch_size)
+        self._check_resize(p.new_height, p.new_width)
         try:
             lines = read_list(p.source)
             transformer = DataTransformer(layer_param.transform_param, self.phase, where=p.source)

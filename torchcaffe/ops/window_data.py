@@ -217,8 +217,7 @@ class WindowDataLayer(SourceLayer):
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
         p, tp = self.param, layer_param.transform_param
-        if p.batch_size <= 0:
-            raise self.error("batch_size must be positive", expected="> 0", got=p.batch_size)
+        self._check_batch_size(p.batch_size)
         if tp.crop_size <= 0:
             raise self.error(
                 "WindowData needs transform_param.crop_size", expected="> 0", got=tp.crop_size
