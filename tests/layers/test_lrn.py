@@ -87,3 +87,16 @@ def test_gradient(case):
 def test_error(snippet, shape, field):
     with pytest.raises(LayerParamError, match=rf"layer 'n1' \(LRN\).*{field}"):
         make_layer(snippet, [shape], type="LRN", name="n1")
+
+
+@pytest.mark.parametrize("size,beta", [(5, 0.75), (3, 1.5), (11, 0.75)])
+def test_across_channels_keeps_channels_last(size, beta):
+    """The shifted-sum window gives the reference values on a channels_last input and keeps
+    its memory format (the inference layout pass relies on that)."""
+    snippet = f"lrn_param {{ local_size: {size} alpha: 0.4 beta: {beta} k: 1.5 }}"
+    layer, (x,) = make_layer(snippet, [(2, 6, 5, 4)], type="LRN")
+    xc = x.contiguous(memory_format=torch.channels_last)
+    y = layer(xc)
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    want = ref_lrn(x.double().numpy(), size, 0.4, beta, 1.5, False)
+    np.testing.assert_allclose(y.double().numpy(), want, rtol=1e-6, atol=1e-7)

@@ -50,9 +50,17 @@ def _explicit_pad(hw: Pair, kernel: Pair, stride: Pair, pad: Pair, out: Pair) ->
     return [pw, (ow - 1) * sw + kw - w - pw, ph, (oh - 1) * sh + kh - h - ph]
 
 
+def _floor_at_flt_max(x: torch.Tensor) -> torch.Tensor:
+    """NaN and values <= -FLT_MAX become -FLT_MAX: Caffe starts each MAX window there and
+    compares with a strict >, so they never win. One nan_to_num pass where no gradient flows;
+    under autograd a where, whose gradient (unlike nan_to_num's) reaches a winning +inf."""
+    if x.requires_grad and torch.is_grad_enabled():
+        return torch.where(x > -FLT_MAX, x, -FLT_MAX)
+    return torch.nan_to_num(x, nan=-FLT_MAX, posinf=math.inf, neginf=-FLT_MAX)
+
+
 def _max_pool(x, kernel, stride, pad, out, want_mask):
-    # NaN and values <= -FLT_MAX never win a window in Caffe (strict > from -FLT_MAX)
-    x = torch.where(x > -FLT_MAX, x, -FLT_MAX)
+    x = _floor_at_flt_max(x)
     hw = (x.shape[2], x.shape[3])
     ceil = _torch_ceil_mode(hw, kernel, stride, pad, out)
     if ceil is not None:
@@ -113,12 +121,24 @@ def caffe_pool2d(
     sample: bool = False,
     want_mask: bool = False,
 ):
-    """Pool (N, C, H, W) to Caffe's ``out`` size -> (top, mask or None)."""
+    """Pool (N, C, H, W) to Caffe's ``out`` size -> (top, mask or None).
+
+    On CPU, MAX and AVE pool in channels_last, where torch's kernels vectorize over channels
+    (10-25x faster than its NCHW ones); a top is handed back in the bottom's memory format.
+    """
+    if method == PP.STOCHASTIC:
+        return _stochastic_pool(x, kernel, stride, out, sample), None
+    restore = x.is_cpu and not x.is_contiguous(memory_format=torch.channels_last)
+    if restore:
+        x = x.contiguous(memory_format=torch.channels_last)
     if method == PP.MAX:
-        return _max_pool(x, kernel, stride, pad, out, want_mask)
-    if method == PP.AVE:
-        return _ave_pool(x, kernel, stride, pad, out), None
-    return _stochastic_pool(x, kernel, stride, out, sample), None
+        y, mask = _max_pool(x, kernel, stride, pad, out, want_mask)
+    else:
+        y, mask = _ave_pool(x, kernel, stride, pad, out), None
+    if restore:
+        y = y.contiguous()
+        mask = None if mask is None else mask.contiguous()
+    return y, mask
 
 
 @register_layer("Pooling")
