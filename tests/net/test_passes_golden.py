@@ -5,6 +5,8 @@ in-place chains fold). Here each deterministic layers/ and nets/ case runs as ``
 under ``inference_mode``: only the net's outputs are observable, so every legal fold happens.
 The outputs are compared with the reference Caffe's at the case's own tolerance (TRAIN-phase
 cases too: there BatchNorm uses batch statistics, so only the in-place passes apply).
+Each case runs twice more with the layout pass's thresholds at zero, so that every
+convolution, and every layer after one, runs on channels_last tensors.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torchcaffe
 from tests.helpers.compare import assert_blob_close
 from tests.helpers.golden import _Cwd, discover
 from tests.test_conformance import xfail_reason
+from torchcaffe.net.passes import layout
 
 ROOT = Path(__file__).resolve().parents[1] / "golden"
 CASES = [
@@ -43,21 +46,30 @@ def _build(case):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_golden_outputs_with_passes_on(case):
+def test_golden_outputs_with_passes_on(case, monkeypatch):
     with _Cwd(case.path):
         net, arrays, inputs = _build(case)
         if set(inputs) != set(net.input_names):
             pytest.xfail("inputs are not the net's input blobs (data layers)")
-        with torch.inference_mode():
-            runs = [net(**inputs)]
-            if case.meta["phase"] == "TEST":  # every blob observable, as on the Caffe face
-                runs.append(net.forward_all_blobs(**inputs))
+        runs = _runs(net, inputs, case.meta["phase"])
+        monkeypatch.setattr(layout, "MIN_CHANNELS", 1)
+        monkeypatch.setattr(layout, "MIN_PIXELS", 0)
+        net._programs.clear()  # rebuilt under the patched thresholds
+        runs += _runs(net, inputs, case.meta["phase"])
     rtol, atol = case.meta["rtol"], case.meta["atol"]
     for got in runs:
         for name, value in got.items():
             if f"out/{name}" in arrays:
                 want = arrays[f"out/{name}"]
                 assert_blob_close(f"out/{name}", value.detach().numpy(), want, rtol, atol)
+
+
+def _runs(net, inputs, phase):
+    with torch.inference_mode():
+        runs = [net(**inputs)]
+        if phase == "TEST":  # every blob observable, as on the Caffe face
+            runs.append(net.forward_all_blobs(**inputs))
+    return runs
 
 
 def test_every_pass_fires_on_some_golden_net():
@@ -74,3 +86,4 @@ def test_every_pass_fires_on_some_golden_net():
     # No golden net has a BatchNorm whose input blob stays observable, so
     # fold_batchnorm_into_scale is exercised by tests/net/test_passes.py only.
     assert fired["fold_batchnorm_scale_into_producer"] and fired["inplace_relu"], fired
+    assert fired["channels_last_layout"], fired

@@ -19,7 +19,7 @@ from ..errors import BlobWiringError, LayerParamError, TorchCaffeError, UnknownN
 from ..ops.base import CaffeLayer, Shape
 from ..proto import caffe_pb2
 from .builder import build_net, set_requires_grad
-from .passes import OptimizedProgram, optimize_for_inference, optimize_for_training
+from .passes import OptimizedProgram, optimize_for_inference, optimize_for_training, to_nchw
 from .program import LayerStep, ParamInfo
 from .state import make_state
 
@@ -261,14 +261,15 @@ class TorchNet(nn.Module):
         """``net(data=x)`` -> {output blob name: tensor} (Caffe's net outputs, sorted by name)."""
         program = self._program_for(self._observe_outputs)
         blobs = self.run(self.bind_inputs(args, inputs), program=program)
-        return {name: blobs[name] for name in self.output_names}
+        return {name: to_nchw(blobs[name]) for name in self.output_names}
 
     def forward_all_blobs(
         self, *args: torch.Tensor, **inputs: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         """Like ``forward`` but returns every blob (in-place blobs hold their last value)."""
         program = self._program_for(self._observe_all)
-        return self.run(self.bind_inputs(args, inputs), program=program)
+        blobs = self.run(self.bind_inputs(args, inputs), program=program)
+        return {name: to_nchw(t) for name, t in blobs.items()}
 
     def extra_repr(self) -> str:
         return (

@@ -128,6 +128,37 @@ class ConvolutionBase(CaffeLayer, metaclass=abc.ABCMeta):
         return y + self.bias.view(-1, *([1] * (y.dim() - 2)))
 
 
+def conv2d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: tuple[int, ...],
+    pad: tuple[int, ...],
+    dilation: tuple[int, ...],
+    groups: int,
+) -> torch.Tensor:
+    """``F.conv2d``, except that a dense 1x1 convolution of a channels_last tensor is one GEMM.
+
+    For such a tensor the (N*H*W, C) matrix is a free view and the product is channels_last
+    too. torch would instead send it (one thread, batch under 16) to its im2col kernel, which
+    copies the input to NCHW and returns NCHW, so the layers after it mix layouts.
+    """
+    if (
+        weight.shape[2:] == (1, 1)
+        and groups == 1
+        and all(v == 1 for v in stride)
+        and not any(pad)
+        and not x.is_contiguous()
+        and x.is_contiguous(memory_format=torch.channels_last)
+    ):
+        n, c, h, w = x.shape
+        rows = x.permute(0, 2, 3, 1).reshape(n * h * w, c)
+        mat = weight.reshape(weight.shape[0], c).t()
+        y = rows @ mat if bias is None else torch.addmm(bias, rows, mat)
+        return y.reshape(n, h, w, -1).permute(0, 3, 1, 2)
+    return F.conv2d(x, weight, bias, stride, pad, dilation, groups)
+
+
 @register_layer("Convolution")
 class ConvolutionLayer(ConvolutionBase):
     """Cross-correlation with learned filters. Caffe type ``Convolution``, ``convolution_param``.
@@ -155,7 +186,7 @@ class ConvolutionLayer(ConvolutionBase):
         extra = g.extra_pad(spatial)
         if any(extra):
             x = F.pad(x, [v for e in reversed(extra) for v in (0, e)])
-        conv = (F.conv1d, F.conv2d, F.conv3d)[n - 1]
+        conv = (F.conv1d, conv2d, F.conv3d)[n - 1]
         return conv(
             x,
             weight,

@@ -17,13 +17,19 @@ from torch import nn
 from ..program import LayerStep
 from .folding import fold_batchnorm_into_scale, fold_batchnorm_scale_into_producer
 from .inplace import inplace_relu
+from .layout import channels_last_layout, to_nchw
 from .program import OptimizedProgram
 from .training import fuse_batchnorm_scale_for_training, inplace_relu_for_training
 
 # The inference pipeline, in order: folds into producers first, then what they left (their
-# output is observable) into one multiply-add; in-place ReLU last, so a ReLU after a folded
-# chain sees a fresh producer.
-INFERENCE_PASSES = (fold_batchnorm_scale_into_producer, fold_batchnorm_into_scale, inplace_relu)
+# output is observable) into one multiply-add; in-place ReLU next, so a ReLU after a folded
+# chain sees a fresh producer; the memory layout last, over the steps that will really run.
+INFERENCE_PASSES = (
+    fold_batchnorm_scale_into_producer,
+    fold_batchnorm_into_scale,
+    inplace_relu,
+    channels_last_layout,
+)
 
 
 # For runs autograd records: fuse BatchNorm + Scale first, so a ReLU after the pair sees it.
@@ -60,4 +66,5 @@ __all__ = [
     "OptimizedProgram",
     "optimize_for_inference",
     "optimize_for_training",
+    "to_nchw",
 ]

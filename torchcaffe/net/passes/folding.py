@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ...ops.base import CaffeLayer
+from ...ops.convolution import conv2d
 from ..program import LayerStep
 from .program import OptimizedProgram, readers_of
 
@@ -255,5 +256,5 @@ class FoldedAffine:
         extra = g.extra_pad(tuple(x.shape[2:]))
         if any(extra):
             x = F.pad(x, [v for e in reversed(extra) for v in (0, e)])
-        conv = (F.conv1d, F.conv2d, F.conv3d)[n - 1]
+        conv = (F.conv1d, conv2d, F.conv3d)[n - 1]
         return conv(x, w, b, g.stride, g.pad, g.dilation, p.group)

@@ -1,0 +1,133 @@
+"""channels_last_layout (torchcaffe/net/passes/layout.py): which convolutions it moves to
+channels_last, that every other reader still sees NCHW, and that values do not change."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from google.protobuf import text_format
+
+import torchcaffe
+from torchcaffe.net.passes import layout
+from torchcaffe.ops.convolution import conv2d
+from torchcaffe.proto import caffe_pb2
+
+LAYOUT = "channels_last_layout"
+CL = torch.channels_last
+
+# rgb conv (3 channels: stays NCHW) -> pool -> Split into a dense 3x3 conv and a depthwise conv
+# -> Eltwise -> 1x1 conv -> InnerProduct (reads NCHW) and Softmax over the conv output.
+NET = """
+input: "data" input_shape { dim: 2 dim: 3 dim: 32 dim: 32 }
+layer { name: "rgb" type: "Convolution" bottom: "data" top: "a"
+  convolution_param { num_output: 16 kernel_size: 3 pad: 1 } }
+layer { name: "relu" type: "ReLU" bottom: "a" top: "a" }
+layer { name: "pool" type: "Pooling" bottom: "a" top: "p"
+  pooling_param { pool: MAX kernel_size: 3 stride: 2 } }
+layer { name: "dense" type: "Convolution" bottom: "p" top: "d"
+  convolution_param { num_output: 16 kernel_size: 3 pad: 1 } }
+layer { name: "dw" type: "Convolution" bottom: "p" top: "w"
+  convolution_param { num_output: 16 kernel_size: 3 pad: 1 group: 16 } }
+layer { name: "sum" type: "Eltwise" bottom: "d" bottom: "w" top: "s" }
+layer { name: "pw" type: "Convolution" bottom: "s" top: "q"
+  convolution_param { num_output: 8 kernel_size: 1 } }
+layer { name: "ip" type: "InnerProduct" bottom: "q" top: "f" inner_product_param { num_output: 5 } }
+layer { name: "prob" type: "Softmax" bottom: "q" top: "sm" }
+"""
+
+
+def _net() -> torchcaffe.TorchNet:
+    net = torchcaffe.load(text_format.Parse(NET, caffe_pb2.NetParameter()), phase="test")
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for module in net.layers.values():
+            for t in module.param_blobs():
+                t.copy_(torch.randn(t.shape, generator=gen) * 0.3)
+    return net
+
+
+def _reference(net: torchcaffe.TorchNet, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    net.optimize = False
+    try:
+        with torch.inference_mode():
+            return net(data=x)
+    finally:
+        net.optimize = True
+
+
+def test_convolutions_with_channels_get_channels_last_and_others_nchw():
+    program = _net().optimized_program()
+    keys = {s.key.split("+")[0]: s.key for s in program.steps}
+    assert program.report[LAYOUT] == 3  # dense, dw, pw; not rgb (3 channels)
+    assert keys["rgb"] == "rgb"
+    assert keys["dense"].endswith("+nhwc") and keys["dw"].endswith("+nhwc")
+    assert keys["pw"].endswith("+nhwc")
+    assert keys["ip"].endswith("+nchw") and keys["prob"].endswith("+nchw")
+    splits = {s.bottoms[0]: s.key for s in program.steps if s.type == "Split"}
+    assert splits["q"].endswith("+shared") and not splits["p"].endswith("+shared")  # p is NCHW
+
+
+def test_outputs_match_the_unoptimized_net_and_are_contiguous(monkeypatch):
+    monkeypatch.setattr(layout, "MIN_PIXELS", 0)  # every convolution in channels_last
+    net = _net()
+    x = torch.randn(2, 3, 32, 32)
+    want = _reference(net, x)
+    with torch.inference_mode():
+        got = net(data=x)
+        every = net.forward_all_blobs(data=x)
+    for name in want:
+        assert got[name].is_contiguous()
+        np.testing.assert_allclose(got[name].numpy(), want[name].numpy(), rtol=1e-5, atol=1e-6)
+    assert all(t.is_contiguous() for t in every.values())
+
+
+def _seen_by(runner_wrapper: layout.ChannelsLastInput, x: torch.Tensor) -> torch.Tensor:
+    seen: list[torch.Tensor] = []
+    runner_wrapper.runner = lambda t: seen.append(t) or t
+    runner_wrapper(x)
+    return seen[0]
+
+
+def test_dense_convolutions_switch_layout_by_input_positions():
+    dense = layout.ChannelsLastInput(lambda t: t, depthwise=False)
+    big = torch.randn(1, 16, 28, 28)  # 784 positions: channels_last
+    small = torch.randn(1, 16, 14, 14).contiguous(memory_format=CL)  # 196: back to NCHW
+    assert _seen_by(dense, big).is_contiguous(memory_format=CL)
+    assert not _seen_by(dense, big).is_contiguous()
+    assert _seen_by(dense, small).is_contiguous()
+
+
+def test_depthwise_convolutions_always_get_channels_last():
+    depthwise = layout.ChannelsLastInput(lambda t: t, depthwise=True)
+    seen = _seen_by(depthwise, torch.randn(1, 16, 7, 7))
+    assert seen.is_contiguous(memory_format=CL) and not seen.is_contiguous()
+
+
+def test_tensors_off_the_cpu_are_left_alone():
+    meta = torch.empty(1, 16, 56, 56, device="meta")
+    assert _seen_by(layout.ChannelsLastInput(lambda t: t, depthwise=True), meta) is meta
+
+
+def test_split_tops_are_the_bottom_itself():
+    x = torch.randn(1, 16, 5, 5).contiguous(memory_format=CL)
+    tops = layout.SharedTops(3)(x)
+    assert len(tops) == 3 and all(t is x for t in tops)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_pointwise_conv_of_channels_last_is_one_channels_last_gemm(bias):
+    x = torch.randn(2, 24, 9, 7).contiguous(memory_format=CL)
+    w, b = torch.randn(12, 24, 1, 1), torch.randn(12) if bias else None
+    got = conv2d(x, w, b, (1, 1), (0, 0), (1, 1), 1)
+    want = F.conv2d(x.contiguous(), w, b)
+    assert got.is_contiguous(memory_format=CL) and not got.is_contiguous()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_pass_is_a_no_op_without_convolutions():
+    text = 'input: "x" input_shape { dim: 1 dim: 4 } '
+    text += 'layer { name: "r" type: "ReLU" bottom: "x" top: "y" }'
+    net = torchcaffe.load(text_format.Parse(text, caffe_pb2.NetParameter()), phase="test")
+    assert net.optimized_program().report[LAYOUT] == 0
