@@ -70,7 +70,8 @@ _check_labels = os.environ.get("TORCHCAFFE_CHECK_LABELS", "") not in ("", "0")
 
 
 def set_label_range_checks(enabled: bool) -> None:
-    """Turn on (or off) the label-range checks of the loss and accuracy layers (all threads)."""
+    """Turn on (or off) the label-range checks of the loss and accuracy layers, and the
+    index-range checks of Embed and BatchReindex off the CPU (all threads)."""
     global _check_labels
     _check_labels = bool(enabled)
 

@@ -107,6 +107,14 @@ def ignore_label(param) -> int | None:
     return param.ignore_label if param.HasField("ignore_label") else None
 
 
+def index_checks_wanted(index: torch.Tensor) -> bool:
+    """Whether to range-check an index tensor: on the CPU (no sync, one compare), and on a
+    device only when label-range checks are on (reading the result syncs with it)."""
+    if index.is_meta:
+        return False
+    return index.is_cpu or runtime.label_range_checks()
+
+
 def check_labels(
     layer: CaffeLayer, labels: torch.Tensor, valid: torch.Tensor | None, num_labels: int
 ) -> None:

@@ -61,8 +61,7 @@ class LRNLayer(CaffeLayer):
         return [tuple(bottom_shapes[0])]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not torch.compiler.is_compiling():  # a traced graph runs for the shapes it was made for
-            self._check(tuple(x.shape))
+        # Shapes were checked by output_shapes (TorchNet.infer_shapes, once per input shape).
         n = self.local_size
         if self.norm_region == LP.ACROSS_CHANNELS:
             scale = channel_window_sum(x * x, n).mul_(self.alpha / n).add_(self.k)
