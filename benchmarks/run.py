@@ -1,7 +1,8 @@
 """The one benchmark command: every comparison of issue 14 in one process, one table of ratios.
 
-    python benchmarks/run.py [--quick] [--only handwritten,opencv,load,build,memory]
+    python benchmarks/run.py [--quick] [--only handwritten,opencv,layout,load,build,memory]
                              [--nets CaffeNet,GoogLeNet,ResNet-50,MobileNetV2] [--no-compile]
+                             [--threads N]
     python -m benchmarks ...   (the same)
 
 Every row compares torchcaffe with a named baseline timed in the same run, in the same
@@ -13,6 +14,7 @@ parity, above 1 is better. Sections:
                (benchmarks/handwritten.py) with the same weights: inference at batch 1 and 8,
                forward+backward at batch 8, eager and under torch.compile
   opencv       inference vs OpenCV dnn's Caffe importer on the same prototxt and weights
+  layout       eager inference with every pass vs every pass but channels_last_layout
   load         caffemodel load (>= 500 MB, VGG16-shaped) vs a raw read, peak RSS vs weights
   build        build time of ResNet-50 and ResNet-152 (no weights), and ResNet-152 with its
                241 MB caffemodel vs a raw read of that file
@@ -44,9 +46,11 @@ import torchcaffe  # noqa: E402
 from benchmarks import bench_caffemodel_load as load_bench  # noqa: E402
 from benchmarks.handwritten import NETS, copy_weights  # noqa: E402
 from benchmarks.resnet_proto import resnet_prototxt  # noqa: E402
+from torchcaffe.net.passes import INFERENCE_PASSES, OptimizedProgram  # noqa: E402
+from torchcaffe.net.passes.layout import channels_last_layout  # noqa: E402
 
 MODELS = (REPO / ".." / "shared" / "models").resolve()
-SECTIONS = ("handwritten", "opencv", "load", "build", "memory")
+SECTIONS = ("handwritten", "opencv", "layout", "load", "build", "memory")
 
 
 @dataclass
@@ -270,6 +274,39 @@ def bench_opencv(args, rows: list[Row]) -> None:
                 )
 
 
+def bench_layout(args, rows: list[Row]) -> None:
+    """The evidence for channels_last_layout: the same net with and without that pass."""
+    for name in args.nets:
+        net, _, out, size, _ = prepare(name)
+        seen = frozenset([out])
+        with_layout = net.optimized_program([out])
+        without = OptimizedProgram.unoptimized(net.steps, net.layers)
+        for apply_pass in INFERENCE_PASSES:
+            if apply_pass is not channels_last_layout:
+                without = apply_pass(without, seen)
+        for batch in args.batches:
+            x = torch.randn(batch, 3, size, size)
+
+            def run_with(p=with_layout, x=x, net=net, out=out):
+                with torch.inference_mode():
+                    return net.run({"data": x}, program=p)[out]
+
+            def run_without(p=without, x=x, net=net, out=out):
+                with torch.inference_mode():
+                    return net.run({"data": x}, program=p)[out]
+
+            t_with, t_without = interleaved(run_with, run_without, args.repeat)
+            rows.append(
+                Row(
+                    "layout",
+                    f"{name} inference b{batch}, channels_last_layout on",
+                    t_with,
+                    "the pass off",
+                    t_without,
+                )
+            )
+
+
 def bench_load(args, rows: list[Row]) -> None:
     scale = 0.1 if args.quick else 1.0
     with tempfile.TemporaryDirectory() as tmp:
@@ -411,6 +448,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--nets", default=None, help=f"comma-separated, of {', '.join(NETS)}")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile rows")
     parser.add_argument("--repeat", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=None, help="torch (and OpenCV) threads")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results.md")
     args = parser.parse_args(argv)
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
@@ -423,6 +461,8 @@ def main(argv: list[str] | None = None) -> None:
     if bad:
         parser.error(f"unknown net(s) {bad}; choose from {', '.join(NETS)}")
     args.repeat = args.repeat or (3 if args.quick else 15)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     args.batches = (1,) if args.quick else (1, 8)
     args.train_batch = 2 if args.quick else 8
     if not MODELS.is_dir():
@@ -432,6 +472,7 @@ def main(argv: list[str] | None = None) -> None:
     run = {
         "handwritten": bench_handwritten,
         "opencv": bench_opencv,
+        "layout": bench_layout,
         "load": bench_load,
         "build": bench_build,
         "memory": bench_memory,
