@@ -17,8 +17,9 @@ from torchcaffe.proto import caffe_pb2
 LAYOUT = "channels_last_layout"
 CL = torch.channels_last
 
-# rgb conv (3 channels: stays NCHW) -> pool -> Split into a dense 3x3 conv and a depthwise conv
-# -> Eltwise -> 1x1 conv -> InnerProduct (reads NCHW) and Softmax over the conv output.
+# rgb conv (3 channels: stays NCHW) -> pool (channels_last) -> Split into a dense 3x3 conv
+# and a depthwise conv -> Eltwise -> 1x1 conv -> InnerProduct (reads NCHW) and Softmax over
+# the conv output.
 NET = """
 input: "data" input_shape { dim: 2 dim: 3 dim: 32 dim: 32 }
 layer { name: "rgb" type: "Convolution" bottom: "data" top: "a"
@@ -60,13 +61,13 @@ def _reference(net: torchcaffe.TorchNet, x: torch.Tensor) -> dict[str, torch.Ten
 def test_convolutions_with_channels_get_channels_last_and_others_nchw():
     program = _net().optimized_program()
     keys = {s.key.split("+")[0]: s.key for s in program.steps}
-    assert program.report[LAYOUT] == 3  # dense, dw, pw; not rgb (3 channels)
-    assert keys["rgb"] == "rgb"
+    assert program.report[LAYOUT] == 4  # pool, dense, dw, pw; not rgb (3 channels)
+    assert keys["rgb"] == "rgb" and keys["pool"].endswith("+nhwc")
     assert keys["dense"].endswith("+nhwc") and keys["dw"].endswith("+nhwc")
     assert keys["pw"].endswith("+nhwc")
     assert keys["ip"].endswith("+nchw") and keys["prob"].endswith("+nchw")
     splits = {s.bottoms[0]: s.key for s in program.steps if s.type == "Split"}
-    assert splits["q"].endswith("+shared") and not splits["p"].endswith("+shared")  # p is NCHW
+    assert splits["q"].endswith("+shared") and splits["p"].endswith("+shared")
 
 
 def test_outputs_match_the_unoptimized_net_and_are_contiguous(monkeypatch):
@@ -91,7 +92,7 @@ def _seen_by(runner_wrapper: layout.ChannelsLastInput, x: torch.Tensor) -> torch
 
 
 def test_dense_convolutions_switch_layout_by_input_positions():
-    dense = layout.ChannelsLastInput(lambda t: t, depthwise=False)
+    dense = layout.ChannelsLastInput(lambda t: t, always=False)
     big = torch.randn(1, 16, 28, 28)  # 784 positions: channels_last
     small = torch.randn(1, 16, 14, 14).contiguous(memory_format=CL)  # 196: back to NCHW
     assert _seen_by(dense, big).is_contiguous(memory_format=CL)
@@ -99,15 +100,17 @@ def test_dense_convolutions_switch_layout_by_input_positions():
     assert _seen_by(dense, small).is_contiguous()
 
 
-def test_depthwise_convolutions_always_get_channels_last():
-    depthwise = layout.ChannelsLastInput(lambda t: t, depthwise=True)
-    seen = _seen_by(depthwise, torch.randn(1, 16, 7, 7))
+def test_depthwise_convolutions_and_pooling_always_get_channels_last():
+    always = layout.ChannelsLastInput(lambda t: t, always=True)
+    seen = _seen_by(always, torch.randn(1, 16, 7, 7))
     assert seen.is_contiguous(memory_format=CL) and not seen.is_contiguous()
+    rgb = torch.randn(1, 3, 32, 32)  # too few channels: left as it is
+    assert _seen_by(always, rgb) is rgb
 
 
 def test_tensors_off_the_cpu_are_left_alone():
     meta = torch.empty(1, 16, 56, 56, device="meta")
-    assert _seen_by(layout.ChannelsLastInput(lambda t: t, depthwise=True), meta) is meta
+    assert _seen_by(layout.ChannelsLastInput(lambda t: t, always=True), meta) is meta
 
 
 def test_split_tops_are_the_bottom_itself():

@@ -5,10 +5,12 @@ oneDNN reads and writes channels_last tensors as they are, its depthwise kernels
 faster on them, and torch's pooling kernels vectorize over channels there; but a dense
 convolution over few positions (ResNet's 7x7 stage at batch 1) is up to 2.7x slower. So a
 depthwise convolution always gets channels_last input, a dense one once its input has
-MIN_PIXELS positions (N * H * W), decided per call. Measured on one thread, CPU time, median
-of 5-10, interleaved with the pass off: MobileNetV2 batch 8 262 -> 203 ms, batch 1 21.0 ->
-18.9 ms; ResNet-50 batch 8 909 -> 859 ms; ResNet-50, GoogLeNet and CaffeNet at batch 1
-within noise (+-5%).
+MIN_PIXELS positions (N * H * W), decided per call. MAX and AVE pooling always get it too:
+caffe_pool2d would convert to channels_last and back anyway; this way its top stays so.
+Measured on one thread, CPU time, median of 5-10, interleaved with the pass off: MobileNetV2
+batch 8 262 -> 203 ms, batch 1 21.0 -> 18.9 ms; ResNet-50 batch 8 909 -> 859 ms; ResNet-50,
+GoogLeNet and CaffeNet at batch 1 within noise (+-5%). ``benchmarks/run.py --only layout``
+measures it again.
 
 The pass changes memory layout only, never values: each Convolution (or folded Convolution)
 with at least MIN_CHANNELS input channels gets the wrapper; layer types whose kernels accept
@@ -26,7 +28,10 @@ from typing import Any
 
 import torch
 
+from ...proto import caffe_pb2
 from .program import OptimizedProgram
+
+PP = caffe_pb2.PoolingParameter
 
 PASS_NAME = "channels_last_layout"
 CHANNELS_LAST = torch.channels_last
@@ -46,13 +51,19 @@ LAYOUT_AGNOSTIC = frozenset(
         "Split",
         "Concat",
         "Eltwise",
-        "Pooling",
         "LRN",
         "BatchNorm+Scale",
         "BatchNorm+Scale+Bias",
         "BatchNorm+Bias",
     }
 )
+
+
+def _is_vectorized_pool(step_type: str, runner: Any) -> bool:
+    """A MAX or AVE Pooling: torch's channels_last kernels are 10-25x faster than its NCHW ones
+    (caffe_pool2d converts to channels_last anyway; given it, the top stays so)."""
+    pool = getattr(runner, "pool", None)
+    return step_type == "Pooling" and pool in (PP.MAX, PP.AVE)
 
 
 def _conv2d_module(step_type: str, runner: Any) -> Any | None:
@@ -68,20 +79,21 @@ def _conv2d_module(step_type: str, runner: Any) -> Any | None:
 
 
 class ChannelsLastInput:
-    """Runs a 2-D convolution on a channels_last view of its (CPU) input where that is faster:
-    depthwise always, dense once the input has MIN_PIXELS positions (N * H * W)."""
+    """Runs a layer on a channels_last copy of its (CPU) input where that is faster: always
+    (``always``: depthwise convolutions, pooling), else once the input has MIN_PIXELS
+    positions (N * H * W)."""
 
-    def __init__(self, runner: Callable[..., Any], depthwise: bool) -> None:
+    def __init__(self, runner: Callable[..., Any], always: bool) -> None:
         self.runner = runner
-        self.depthwise = depthwise
+        self.always = always
 
     def __call__(self, *bottoms: torch.Tensor) -> Any:
         return self.runner(*[self._layout(x) for x in bottoms])
 
     def _layout(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 4 or not x.is_cpu:
+        if x.dim() != 4 or not x.is_cpu or x.shape[1] < MIN_CHANNELS:
             return x
-        if self.depthwise or x.shape[0] * x.shape[2] * x.shape[3] >= MIN_PIXELS:
+        if self.always or x.shape[0] * x.shape[2] * x.shape[3] >= MIN_PIXELS:
             return x.contiguous(memory_format=CHANNELS_LAST)
         return to_nchw(x)
 
@@ -122,17 +134,23 @@ def channels_last_layout(program: OptimizedProgram, observable: frozenset[str]) 
     new_steps = list(steps)
     runners: dict[str, Callable[..., Any]] = {}
     maybe_nhwc: set[str] = set()  # blobs whose current value may be channels_last
-    convs = 0
+    moved = 0  # steps that get channels_last input
     for i, step in enumerate(steps):
         runner = program.runners[step.key]
         conv = _conv2d_module(step.type, runner)
         if conv is not None:
             key = f"{step.key}+nhwc"
             depthwise = conv.group == conv.channels and conv.group > 1
-            runners[key] = ChannelsLastInput(runner, depthwise)
+            runners[key] = ChannelsLastInput(runner, always=depthwise)
             new_steps[i] = dataclasses.replace(step, key=key)
             maybe_nhwc.update(step.tops)
-            convs += 1
+            moved += 1
+        elif _is_vectorized_pool(step.type, runner):
+            key = f"{step.key}+nhwc"
+            runners[key] = ChannelsLastInput(runner, always=True)
+            new_steps[i] = dataclasses.replace(step, key=key)
+            maybe_nhwc.update(step.tops)
+            moved += 1
         elif step.type in LAYOUT_AGNOSTIC:
             if maybe_nhwc.intersection(step.bottoms):
                 maybe_nhwc.update(step.tops)
@@ -149,6 +167,6 @@ def channels_last_layout(program: OptimizedProgram, observable: frozenset[str]) 
             maybe_nhwc.difference_update(step.tops)
         else:
             maybe_nhwc.difference_update(step.tops)
-    if not convs:
+    if not any(_conv2d_module(s.type, program.runners[s.key]) for s in steps):
         return program.rewritten(PASS_NAME, list(steps), {}, 0)
-    return program.rewritten(PASS_NAME, new_steps, runners, convs)
+    return program.rewritten(PASS_NAME, new_steps, runners, moved)
