@@ -148,3 +148,15 @@ def test_blob_knows_whether_a_data_view_is_alive():
     b.reshape(4, 5)  # grows: new memory, old views show the old buffer
     assert not b.has_live_views()
     del t
+
+
+def test_before_write_runs_before_writable_data_only():
+    b = Blob((2,))
+    calls = []
+    b.before_write = lambda: calls.append(1)
+    b.cpu_data(), b.diff, b.cpu_diff()  # read-only data, or the diff
+    assert calls == []
+    b.data[...] = 1.0
+    b.mutable_cpu_data()
+    b.set_cpu_data(torch.zeros(2))
+    assert calls == [1, 1, 1]

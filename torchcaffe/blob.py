@@ -5,13 +5,15 @@ Reshape keeps the buffers while the new count fits the capacity (reallocating on
 and ``data``/``diff`` are writable numpy views of the host side, as in pycaffe. The blob
 remembers (weakly) the data views it handed out, so a forward that defers writing a blob
 nobody reads (``SyncedMemory.defer``) still writes at once the blobs a live view shows.
+``before_write`` (when set) runs before the data is handed out writable: a net whose deferred
+blobs are recomputed from its params settles them before a param may change.
 """
 
 from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -66,6 +68,7 @@ class Blob:
         self._data = SyncedMemory(0, dtype, gpu_device)
         self._diff = SyncedMemory(0, dtype, gpu_device)
         self._views: list[weakref.ref] = []  # data views handed out (numpy arrays, tensors)
+        self.before_write: Callable[[], None] | None = None
         if shape is not None:  # Caffe: Blob() is empty; a 0-axis shape holds one scalar
             self.reshape(shape)
 
@@ -207,12 +210,16 @@ class Blob:
         return self._watch(self._view(self._data.cpu_data()))
 
     def mutable_cpu_data(self) -> torch.Tensor:
+        if self.before_write is not None:
+            self.before_write()
         return self._watch(self._view(self._data.mutable_cpu_data()))
 
     def gpu_data(self) -> torch.Tensor:
         return self._watch(self._view(self._data.gpu_data()))
 
     def mutable_gpu_data(self) -> torch.Tensor:
+        if self.before_write is not None:
+            self.before_write()
         return self._watch(self._view(self._data.mutable_gpu_data()))
 
     def cpu_diff(self) -> torch.Tensor:
@@ -248,6 +255,8 @@ class Blob:
 
     def set_cpu_data(self, tensor: torch.Tensor) -> None:
         """Adopt an external host tensor (same count) as the data, as Caffe's set_cpu_data."""
+        if self.before_write is not None:
+            self.before_write()
         flat = tensor.reshape(-1)
         if flat.numel() != self._count:
             raise BlobShapeError(
@@ -331,6 +340,8 @@ class Blob:
     @property
     def data(self) -> np.ndarray:
         """Writable numpy view of the host data (marks the host side current)."""
+        if self.before_write is not None:
+            self.before_write()
         return self._watch(self._view(self._data.mutable_cpu_data()).numpy())
 
     @data.setter

@@ -183,3 +183,26 @@ layer { name: "ip" type: "InnerProduct" bottom: "data" top: "f"
     data = net.blobs["data"].data.copy()
     w, b = (p.data for p in net.params["ip"])
     np.testing.assert_allclose(net.blobs["f"].data, data @ w.T + b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_param_written_after_forward_leaves_the_blobs_as_caffe_computed_them(net):
+    x = _x(10)
+    net.blobs["data"].data[...] = x
+    net.forward()
+    want = _caffe_values(net, x)
+    net.params["conv"][0].data[...] *= 2.0  # net surgery before reading a folded blob
+    assert net._lazy.replays == 1  # recomputed with the forward's weights first
+    for name in ("c", "b", "f"):
+        np.testing.assert_allclose(net.blobs[name].data, want[name], rtol=RTOL, atol=ATOL)
+
+
+def test_nets_sharing_params_take_the_eager_path(net, tmp_path):
+    path = tmp_path / "other.prototxt"
+    path.write_text(NET)
+    other = caffe.Net(str(path), caffe.TEST)
+    other.share_with(net)
+    for n in (net, other):
+        n.blobs["data"].data[...] = _x(11)
+        n.forward()
+        assert n._lazy.last_program is None
+        assert not any(b.data_memory.deferred for b in n.blobs.values())

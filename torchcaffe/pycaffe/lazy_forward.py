@@ -8,7 +8,10 @@ is written at once (the view must show the new values, as pycaffe's do); any oth
 its first access. A blob the program does not materialize (a fold's intermediate) is, on first
 access, computed by the layer-by-layer program from this forward's inputs, and the next
 forward's program keeps it. Only nets whose layers are pure functions of their bottoms take
-this path: recomputing must neither read a new batch nor update state.
+this path (recomputing must neither read a new batch nor update state), and not nets that share
+params with another net (a solver's updates would reach them unseen). Before a param of the
+net is written through the Caffe face, ``settle`` recomputes what is left out with the params
+the forward used.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class _Run:
         self.produced = produced
         self.inputs = inputs
         self.replayed: dict[str, torch.Tensor] | None = None
+        self.left_out = False  # some blob defers to the replay
 
     def computed(self, name: str) -> torch.Tensor:
         self.owner.read.add(name)
@@ -64,13 +68,16 @@ class _Run:
     def folded(self, name: str) -> torch.Tensor:
         """A blob the program left out: every blob from the inputs, once per forward."""
         self.owner.read.add(name)
+        return self.replay()[name]
+
+    def replay(self) -> dict[str, torch.Tensor]:
         if self.replayed is None:
             net = self.owner.net
             program = net.optimized_program(net.blob_names) if net.optimize else None
             with torch.inference_mode():
                 self.replayed = net.run(dict(self.inputs), program=program)
             self.owner.replays += 1
-        return self.replayed[name]
+        return self.replayed
 
 
 class LazyForward:
@@ -90,10 +97,20 @@ class LazyForward:
         self._input_shapes: dict[str, tuple[int, ...]] | None = None
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._replayable: dict[bool, bool] = {}
+        self._run: _Run | None = None
+        self.shares_params = False  # set by Net.share_with: the lazy path is off
+
+    def settle(self) -> None:
+        """Recompute now what the last forward left out, before its params change."""
+        run = self._run
+        if run is not None and run.left_out and run.replayed is None:
+            run.replay()
 
     @property
     def applies(self) -> bool:
         """This net's layers can run as one optimized program with blobs computed later."""
+        if self.shares_params:
+            return False
         mode = self.net.training
         if mode not in self._replayable:
             self._replayable[mode] = replayable(self.net)
@@ -122,7 +139,7 @@ class LazyForward:
         self.last_program = program
         with torch.inference_mode():
             produced = net.run(dict(inputs), program=program)
-        run = _Run(self, produced, inputs)
+        run = self._run = _Run(self, produced, inputs)
         on_gpu = device.type != "cpu"
         for name, blob in blobs.items():
             if name in self._inputs:
@@ -131,6 +148,7 @@ class LazyForward:
                 if blob.shape != shapes[name]:
                     reshape(name, shapes[name])
                 blob.data_memory.defer(partial(run.folded, name), on_gpu)
+                run.left_out = True
                 continue
             value = produced[name]
             if blob.shape != tuple(value.shape):

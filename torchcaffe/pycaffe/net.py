@@ -108,11 +108,11 @@ class Net:
         self._device = torch.device("cpu")
         self._note_sources()
         self._make_blobs()
+        self._lazy = LazyForward(self._net, self.blobs, self._net.loss_weights())
         self._bind_params()
         self._records: dict[int, _Record] = {}
         self._overwritten = self._find_overwritten_bottoms()
         self._data_source = self._find_split_sources()
-        self._lazy = LazyForward(self._net, self.blobs, self._net.loss_weights())
         if weights is not None:
             self.copy_from(weights)
 
@@ -145,6 +145,7 @@ class Net:
                 blob = by_tensor.get(id(tensor))
                 if blob is None:
                     blob = self._param_blob(tensor)
+                    blob.before_write = self._lazy.settle  # blobs recomputed use these params
                     by_tensor[id(tensor)] = blob
                 blobs.append(blob)
             self.layers.append(LayerView(step.name, step.type, module, blobs))
@@ -252,6 +253,7 @@ class Net:
     def _ensure_device(self) -> torch.device:
         device = runtime.compute_device()
         if device != self._device:
+            self._lazy.settle()
             for blob in self._param_blob_of.values():
                 blob.data_at(self._device)  # make the module side current before moving
                 blob.diff_at(self._device)
@@ -636,6 +638,7 @@ class Net:
         ``strict``: unfilled param layers are an error, not a warning (see load_weights).
         """
         self._ensure_device()
+        self._lazy.settle()
         load_weights(self._net, path, strict=strict)
         self._params_written_on_device()
 
@@ -651,6 +654,9 @@ class Net:
         """Caffe's ShareTrainedLayersWith: same-named layers use ``other``'s param memory."""
         self._ensure_device()
         other._ensure_device()
+        for net in (self, other):  # updates of one net's params now reach the other unseen
+            net._lazy.settle()
+            net._lazy.shares_params = True
         for step in self._net.steps:
             if step.name not in other._net.layer_names:
                 continue
