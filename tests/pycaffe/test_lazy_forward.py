@@ -206,3 +206,23 @@ def test_nets_sharing_params_take_the_eager_path(net, tmp_path):
         n.forward()
         assert n._lazy.last_program is None
         assert not any(b.data_memory.deferred for b in n.blobs.values())
+
+
+@pytest.mark.parametrize("name", ["MobileNetV2", "GoogLeNet"])
+def test_real_deploy_net_every_blob_is_caffes(models_root, name):
+    """The issue-14 nets: the outputs are the torch face's, bit for bit; every blob read
+    afterwards (folded ones recomputed) is the literal program's."""
+    from benchmarks.bench_caffe_face import caffe_face
+
+    net, x, out = caffe_face(name, 1)
+    net.blobs["data"].data[...] = x.numpy()
+    got = net.forward()[out]
+    assert sum(net._lazy.last_program.report.values()) > 0
+    with torch.inference_mode():
+        np.testing.assert_array_equal(got, net.module(data=x)[out].numpy())
+    want = _caffe_values(net, x.numpy())
+    np.testing.assert_allclose(got, want[out], rtol=RTOL, atol=ATOL)  # the folds' rounding
+    for blob, value in want.items():  # recomputed by the literal program: exactly Caffe's
+        if blob != out:
+            np.testing.assert_array_equal(net.blobs[blob].data, value, err_msg=blob)
+    assert net._lazy.replays == 1

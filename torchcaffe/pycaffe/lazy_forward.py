@@ -6,8 +6,8 @@ the loss tops, the blobs a data view taken earlier still shows, and the blobs re
 previous forward. Blobs are written lazily (``SyncedMemory.defer``): a blob a live view shows
 is written at once (the view must show the new values, as pycaffe's do); any other waits for
 its first access. A blob the program does not materialize (a fold's intermediate) is, on first
-access, computed by the layer-by-layer program from this forward's inputs, and the next
-forward's program keeps it. Only nets whose layers are pure functions of their bottoms take
+access, computed by the literal layer-by-layer program from this forward's inputs, and the
+next forward's program keeps it. Only nets whose layers are pure functions of their bottoms take
 this path (recomputing must neither read a new batch nor update state), and not nets that share
 params with another net (a solver's updates would reach them unseen). Before a param of the
 net is written through the Caffe face, ``settle`` recomputes what is left out with the params
@@ -71,11 +71,9 @@ class _Run:
         return self.replay()[name]
 
     def replay(self) -> dict[str, torch.Tensor]:
-        if self.replayed is None:
-            net = self.owner.net
-            program = net.optimized_program(net.blob_names) if net.optimize else None
+        if self.replayed is None:  # the literal program: Caffe's values, no fold's rounding
             with torch.inference_mode():
-                self.replayed = net.run(dict(self.inputs), program=program)
+                self.replayed = self.owner.net.run(dict(self.inputs))
             self.owner.replays += 1
         return self.replayed
 
