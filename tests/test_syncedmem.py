@@ -106,10 +106,11 @@ def test_deferred_value_is_written_on_first_access_only(on_gpu, copies):
     mem.defer(value, on_gpu=on_gpu)
     assert mem.deferred and not calls  # nothing written yet
     assert mem.head is (Head.HEAD_AT_GPU if on_gpu else Head.HEAD_AT_CPU)
-    assert torch.equal(mem.cpu_data()[:3], torch.arange(3.0))
+    assert torch.equal(mem.cpu_data()[:3], torch.arange(3.0))  # written into the host side
+    assert mem.head is Head.HEAD_AT_CPU and copies == ["deferred"]
     assert torch.equal(mem.gpu_data()[:3], torch.arange(3.0))
     assert calls == [1] and not mem.deferred
-    assert copies[0] == "deferred"
+    assert copies == ["deferred", "cpu->gpu"]
 
 
 def test_dropped_or_replaced_deferred_value_is_never_computed():

@@ -79,9 +79,9 @@ class SyncedMemory:
         return self._deferred is not None
 
     def defer(self, value: Callable[[], torch.Tensor], on_gpu: bool = False) -> None:
-        """The current value is ``value()`` (at most ``count`` elements, on the device side
-        with ``on_gpu``, else on the host), written into that side's buffer on the first
-        access of either side; ``head`` already names that side."""
+        """The current value is ``value()`` (at most ``count`` elements; on the device with
+        ``on_gpu``, else on the host, which ``head`` names meanwhile), written into the
+        buffer of the side first accessed."""
         if self._deferred is None:
             self._head_before = self.head
         self._deferred = value
@@ -93,23 +93,27 @@ class SyncedMemory:
             self._deferred = None
             self.head = self._head_before  # what the buffers hold
 
-    def _write_deferred(self) -> None:
+    def _write_deferred(self, to_cpu: bool) -> None:
+        """Write the deferred value straight into the side being read (one copy)."""
         value, self._deferred = self._deferred, None
         assert value is not None
         flat = value().reshape(-1)
-        if self.head is Head.HEAD_AT_CPU:
-            if self._cpu is None:
-                self._cpu = torch.zeros(self.count, dtype=self.dtype)
-            self._cpu[: flat.numel()].copy_(flat)
-        else:
-            if self._gpu is None:
-                self._gpu = torch.zeros(self.count, dtype=self.dtype, device=self.gpu_device)
-            self._gpu[: flat.numel()].copy_(flat)
+        with torch.inference_mode(False):  # a buffer later autograd-recording runs may write
+            if to_cpu:
+                if self._cpu is None:
+                    self._cpu = torch.zeros(self.count, dtype=self.dtype)
+                self._cpu[: flat.numel()].copy_(flat)
+                self.head = Head.HEAD_AT_CPU
+            else:
+                if self._gpu is None:
+                    self._gpu = torch.zeros(self.count, dtype=self.dtype, device=self.gpu_device)
+                self._gpu[: flat.numel()].copy_(flat)
+                self.head = Head.HEAD_AT_GPU
         self._report("deferred")
 
     def _to_cpu(self) -> None:
         if self._deferred is not None:
-            self._write_deferred()
+            self._write_deferred(to_cpu=True)
         if self.head is Head.UNINITIALIZED:
             self._cpu = torch.zeros(self.count, dtype=self.dtype)
             self.head = Head.HEAD_AT_CPU
@@ -124,7 +128,7 @@ class SyncedMemory:
 
     def _to_gpu(self) -> None:
         if self._deferred is not None:
-            self._write_deferred()
+            self._write_deferred(to_cpu=False)
         if self.head is Head.UNINITIALIZED:
             self._gpu = torch.zeros(self.count, dtype=self.dtype, device=self.gpu_device)
             self.head = Head.HEAD_AT_GPU
