@@ -142,21 +142,24 @@ class LazyForward:
         for name, blob in blobs.items():
             if name in self._inputs:
                 continue
-            if name not in seen or name not in produced:
-                if blob.shape != shapes[name]:
-                    reshape(name, shapes[name])
-                blob.data_memory.defer(partial(run.folded, name), on_gpu)
-                run.left_out = True
-                continue
-            value = produced[name]
-            if blob.shape != tuple(value.shape):
-                reshape(name, tuple(value.shape))
-            if name in watched:
+            kept = name in seen and name in produced
+            shape = tuple(produced[name].shape) if kept else shapes[name]
+            if blob.shape != shape:
+                reshape(name, shape)
+            if name in watched:  # a live view shows the new value now
+                value = produced[name] if kept else run.replay()[name]
                 blob.data_memory.drop_deferred()
                 blob.data_at(device, mutable=True).copy_(value)
-            else:
+            elif kept:
                 blob.data_memory.defer(partial(run.computed, name), on_gpu)
-        return float(sum(w * float(produced[n].sum()) for n, w in self.loss_weights.items()))
+            else:
+                blob.data_memory.defer(partial(run.folded, name), on_gpu)
+                run.left_out = True
+        loss = 0.0
+        for name, w in self.loss_weights.items():
+            top = produced[name] if name in produced else run.replay()[name]
+            loss += w * float(top.sum())
+        return loss
 
     def _shapes_for(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
         """Every blob's shape, inferred once per input shapes (Caffe's Net::Reshape)."""
