@@ -226,3 +226,15 @@ def test_real_deploy_net_every_blob_is_caffes(models_root, name):
         if blob != out:
             np.testing.assert_array_equal(net.blobs[blob].data, value, err_msg=blob)
     assert net._lazy.replays == 1
+
+
+def test_shapes_are_checked_once_per_input_shape(net, monkeypatch):
+    calls = []
+    infer = net.module.infer_shapes
+    monkeypatch.setattr(net.module, "infer_shapes", lambda s: calls.append(s) or infer(s))
+    for _ in range(3):
+        net.forward(data=_x(12))
+    assert len(calls) == 1
+    net.blobs["data"].reshape(1, 3, 6, 5)
+    net.forward(data=_x(12)[:1])
+    assert len(calls) == 2 and net.blobs["prob"].shape == (1, 3)
