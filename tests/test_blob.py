@@ -132,3 +132,31 @@ def test_empty_versus_zero_axis_blob():
     assert scalar.count == 1 and scalar.shape == () and scalar.num_axes == 0
     scalar.diff[...] = 2.5
     assert float(scalar.diff) == 2.5
+
+
+def test_blob_knows_whether_a_data_view_is_alive():
+    b = Blob((2, 3))
+    assert not b.has_live_views()
+    b.data[...] = 1.0  # a temporary view
+    assert not b.has_live_views()
+    row = b.data[0]  # a view of the view keeps it alive
+    assert b.has_live_views()
+    del row
+    assert not b.has_live_views()
+    t = b.cpu_data()
+    assert b.has_live_views()
+    b.reshape(4, 5)  # grows: new memory, old views show the old buffer
+    assert not b.has_live_views()
+    del t
+
+
+def test_before_write_runs_before_writable_data_only():
+    b = Blob((2,))
+    calls = []
+    b.before_write = lambda: calls.append(1)
+    b.cpu_data(), b.diff, b.cpu_diff()  # read-only data, or the diff
+    assert calls == []
+    b.data[...] = 1.0
+    b.mutable_cpu_data()
+    b.set_cpu_data(torch.zeros(2))
+    assert calls == [1, 1, 1]

@@ -92,3 +92,37 @@ def test_gpu_calls_without_cuda_raise_clear_error():
     blob = Blob((2,))
     with pytest.raises(DeviceError, match="CUDA is not available"):
         blob.gpu_data()
+
+
+@pytest.mark.parametrize("on_gpu", [False, True])
+def test_deferred_value_is_written_on_first_access_only(on_gpu, copies):
+    mem = SyncedMemory(4, gpu_device="cpu")
+    calls = []
+
+    def value():
+        calls.append(1)
+        return torch.arange(3.0)
+
+    mem.defer(value, on_gpu=on_gpu)
+    assert mem.deferred and not calls  # nothing written yet
+    assert mem.head is (Head.HEAD_AT_GPU if on_gpu else Head.HEAD_AT_CPU)
+    assert torch.equal(mem.cpu_data()[:3], torch.arange(3.0))  # written into the host side
+    assert mem.head is Head.HEAD_AT_CPU and copies == ["deferred"]
+    assert torch.equal(mem.gpu_data()[:3], torch.arange(3.0))
+    assert calls == [1] and not mem.deferred
+    assert copies == ["deferred", "cpu->gpu"]
+
+
+def test_dropped_or_replaced_deferred_value_is_never_computed():
+    mem = SyncedMemory(2)
+
+    def fail():
+        raise AssertionError("computed")
+
+    mem.defer(fail)
+    mem.drop_deferred()
+    assert mem.head is Head.UNINITIALIZED  # the buffers hold what they held
+    mem.mutable_cpu_data().fill_(1.0)
+    mem.defer(fail)
+    mem.set_cpu_data(torch.full((2,), 2.0))
+    assert torch.equal(mem.cpu_data(), torch.full((2,), 2.0))

@@ -3,6 +3,8 @@
 This is Caffe's SyncedMemory with torch tensors as the two sides. The head says which side is
 current (UNINITIALIZED, HEAD_AT_CPU, HEAD_AT_GPU, SYNCED); reading a side copies only when the
 other side holds newer data, and asking for a *mutable* side makes it the only current one.
+A value can also be *deferred* (``defer``): a callable that yields it, written into the buffer on
+the first access of either side, so a forward need not copy blobs that nobody reads.
 Every copy is reported to ``copy_hooks`` so tests and profilers can see exactly when one happens.
 
 The "GPU" side is any torch device: CUDA normally; tests on CPU-only machines pass a second CPU
@@ -27,7 +29,8 @@ class Head(enum.Enum):
 
 
 CopyHook = Callable[["SyncedMemory", str], None]
-copy_hooks: list[CopyHook] = []  # called with (memory, "cpu->gpu" | "gpu->cpu") on each copy
+# called with (memory, "cpu->gpu" | "gpu->cpu" | "deferred") on each copy
+copy_hooks: list[CopyHook] = []
 
 
 def default_gpu_device() -> torch.device:
@@ -56,7 +59,9 @@ class SyncedMemory:
         self._gpu_device = None if gpu_device is None else torch.device(gpu_device)
         self._cpu: torch.Tensor | None = None
         self._gpu: torch.Tensor | None = None
+        self._deferred: Callable[[], torch.Tensor] | None = None
         self.head = Head.UNINITIALIZED
+        self._head_before = Head.UNINITIALIZED  # under a deferred value
 
     @property
     def gpu_device(self) -> torch.device:
@@ -68,7 +73,47 @@ class SyncedMemory:
         for hook in list(copy_hooks):
             hook(self, direction)
 
+    @property
+    def deferred(self) -> bool:
+        """Is the current value still to be written (``defer``)?"""
+        return self._deferred is not None
+
+    def defer(self, value: Callable[[], torch.Tensor], on_gpu: bool = False) -> None:
+        """The current value is ``value()`` (at most ``count`` elements; on the device with
+        ``on_gpu``, else on the host, which ``head`` names meanwhile), written into the
+        buffer of the side first accessed."""
+        if self._deferred is None:
+            self._head_before = self.head
+        self._deferred = value
+        self.head = Head.HEAD_AT_GPU if on_gpu else Head.HEAD_AT_CPU
+
+    def drop_deferred(self) -> None:
+        """Forget a deferred value: the caller overwrites the whole buffer next."""
+        if self._deferred is not None:
+            self._deferred = None
+            self.head = self._head_before  # what the buffers hold
+
+    def _write_deferred(self, to_cpu: bool) -> None:
+        """Write the deferred value straight into the side being read (one copy)."""
+        value, self._deferred = self._deferred, None
+        assert value is not None
+        flat = value().reshape(-1)
+        with torch.inference_mode(False):  # a buffer later autograd-recording runs may write
+            if to_cpu:
+                if self._cpu is None:
+                    self._cpu = torch.zeros(self.count, dtype=self.dtype)
+                self._cpu[: flat.numel()].copy_(flat)
+                self.head = Head.HEAD_AT_CPU
+            else:
+                if self._gpu is None:
+                    self._gpu = torch.zeros(self.count, dtype=self.dtype, device=self.gpu_device)
+                self._gpu[: flat.numel()].copy_(flat)
+                self.head = Head.HEAD_AT_GPU
+        self._report("deferred")
+
     def _to_cpu(self) -> None:
+        if self._deferred is not None:
+            self._write_deferred(to_cpu=True)
         if self.head is Head.UNINITIALIZED:
             self._cpu = torch.zeros(self.count, dtype=self.dtype)
             self.head = Head.HEAD_AT_CPU
@@ -82,6 +127,8 @@ class SyncedMemory:
             self.head = Head.SYNCED
 
     def _to_gpu(self) -> None:
+        if self._deferred is not None:
+            self._write_deferred(to_cpu=False)
         if self.head is Head.UNINITIALIZED:
             self._gpu = torch.zeros(self.count, dtype=self.dtype, device=self.gpu_device)
             self.head = Head.HEAD_AT_GPU
@@ -118,11 +165,13 @@ class SyncedMemory:
     def set_cpu_data(self, tensor: torch.Tensor) -> None:
         """Adopt ``tensor`` (flat, host) as the host side, as Caffe's set_cpu_data."""
         self._cpu = self._check_external(tensor, torch.device("cpu"))
+        self._deferred = None
         self.head = Head.HEAD_AT_CPU
 
     def set_gpu_data(self, tensor: torch.Tensor) -> None:
         """Adopt ``tensor`` (flat, device) as the device side, as Caffe's set_gpu_data."""
         self._gpu = self._check_external(tensor, tensor.device)
+        self._deferred = None
         if self._gpu_device is None:
             self._gpu_device = tensor.device
         self.head = Head.HEAD_AT_GPU

@@ -29,6 +29,7 @@ from ..ops.python_layer import PythonLayer
 from ..proto import caffe_pb2
 from ..syncedmem import Head
 from .backward_reads import TOP_DATA_BACKWARD, reads_bottom_data
+from .lazy_forward import LazyForward
 
 
 @dataclass
@@ -107,6 +108,7 @@ class Net:
         self._device = torch.device("cpu")
         self._note_sources()
         self._make_blobs()
+        self._lazy = LazyForward(self._net, self.blobs, self._net.loss_weights())
         self._bind_params()
         self._records: dict[int, _Record] = {}
         self._overwritten = self._find_overwritten_bottoms()
@@ -143,6 +145,7 @@ class Net:
                 blob = by_tensor.get(id(tensor))
                 if blob is None:
                     blob = self._param_blob(tensor)
+                    blob.before_write = self._lazy.settle  # blobs recomputed use these params
                     by_tensor[id(tensor)] = blob
                 blobs.append(blob)
             self.layers.append(LayerView(step.name, step.type, module, blobs))
@@ -250,15 +253,21 @@ class Net:
     def _ensure_device(self) -> torch.device:
         device = runtime.compute_device()
         if device != self._device:
+            self._lazy.settle()
             for blob in self._param_blob_of.values():
                 blob.data_at(self._device)  # make the module side current before moving
                 blob.diff_at(self._device)
             self._net.to(device)
             self._device = device
             self._bind_params()
-        for blob in self._param_blob_of.values():  # pull host-side edits to the module
-            blob.data_at(device)
-            blob.diff_at(device)
+        # pull edits on the other side to the module's; a param blob whose head is on the
+        # module's side (or SYNCED) is current there: its buffer is the module's tensor
+        stale = Head.HEAD_AT_GPU if device.type == "cpu" else Head.HEAD_AT_CPU
+        for blob in self._param_blob_of.values():
+            if blob.data_memory.head is stale:
+                blob.data_at(device)
+            if blob.diff_memory.head is stale:
+                blob.diff_at(device)
         return device
 
     def _params_written_on_device(self, diff: bool = False) -> None:
@@ -271,10 +280,11 @@ class Net:
                 blob.diff_memory.head = side
 
     # -- forward / backward -----------------------------------------------------------------
-    def _forward(self, start: int, end: int) -> float:
+    def _forward(self, start: int, end: int, observe: Sequence[str] = ()) -> float:
+        """Run layers ``start..end``; ``observe``: blobs the caller reads right after."""
         steps = self._net.steps
         if not any(steps[i].need_backward for i in range(start, end + 1)):
-            return self._forward_inference(start, end)
+            return self._forward_inference(start, end, observe)
         device = self._ensure_device()
         for i in range(start, end + 1):
             self._records.pop(i, None)
@@ -295,9 +305,8 @@ class Net:
             for name, t, w in zip(step.tops, tops, step.loss_weights):
                 blob = self.blobs[name]
                 if blob.shape != tuple(t.shape):
-                    blob.reshape(tuple(t.shape))
-                    if self._blob_loss_weights[name]:
-                        blob.diff[...] = self._blob_loss_weights[name]
+                    self._reshape_blob(name, tuple(t.shape))
+                blob.data_memory.drop_deferred()
                 blob.data_at(device, mutable=True).copy_(t.detach())
                 if w:
                     loss += w * float(t.detach().sum())
@@ -361,17 +370,23 @@ class Net:
                 return True
         return False
 
-    def _forward_inference(self, start: int, end: int) -> float:
+    def _forward_inference(self, start: int, end: int, observe: Sequence[str] = ()) -> float:
         """Forward when no layer in ``start..end`` needs backward: no autograd, no clones.
 
-        A whole-net run takes the inference program (net/passes) with every blob observable,
-        so only in-place chains fold (their one blob ends with the value Caffe leaves there).
-        Each top is copied once into its Blob, whose numpy views stay valid.
+        A whole-net run of a net of pure layers takes the torch face's program (LazyForward:
+        blobs are written when read). Other whole-net runs take the inference program
+        (net/passes) with every blob observable, so only in-place chains fold (their one blob
+        ends with the value Caffe leaves there). Each top is copied once into its Blob, whose
+        numpy views stay valid.
         """
         device = self._ensure_device()
         net = self._net
-        for i in range(start, end + 1):
-            self._records.pop(i, None)
+        if self._records:
+            for i in range(start, end + 1):
+                self._records.pop(i, None)
+        whole = start == 0 and end == len(net.steps) - 1
+        if whole and net.optimize and self._lazy.applies:
+            return self._lazy.forward(device, observe, self._reshape_blob)
         # no_grad, not inference_mode: a Blob reshaped here must stay writable by later
         # autograd-recording forwards (inference tensors refuse in-place updates outside).
         with torch.no_grad():
@@ -396,13 +411,19 @@ class Net:
                         loss += w * float(self.blobs[name].data_at(device).sum())
         return loss
 
+    def _reshape_blob(self, name: str, shape: tuple[int, ...]) -> None:
+        """Reshape a blob a forward writes; a loss top's diff is its loss weight again."""
+        blob = self.blobs[name]
+        blob.reshape(shape)
+        if self._blob_loss_weights[name]:
+            blob.diff[...] = self._blob_loss_weights[name]
+
     def _store_top(self, name: str, t: torch.Tensor, device: torch.device) -> None:
         """Copy a computed top into its Blob (reshaping it, and its loss diff, when needed)."""
         blob = self.blobs[name]
         if blob.shape != tuple(t.shape):
-            blob.reshape(tuple(t.shape))
-            if self._blob_loss_weights[name]:
-                blob.diff[...] = self._blob_loss_weights[name]
+            self._reshape_blob(name, tuple(t.shape))
+        blob.data_memory.drop_deferred()
         dest = blob.data_at(device, mutable=True)
         if dest.data_ptr() != t.data_ptr() or dest.stride() != t.stride():
             dest.copy_(t)
@@ -516,8 +537,9 @@ class Net:
                 outputs.add(end)
         if kwargs:
             self._assign_batch(kwargs, self.inputs, "data", "input blob", "net inputs")
-        self._forward(start_ind, end_ind)
-        self._note_forward_data(start_ind, end_ind)
+        self._forward(start_ind, end_ind, sorted(outputs))
+        if self._records:
+            self._note_forward_data(start_ind, end_ind)
         return {name: self.blobs[name].data for name in outputs}
 
     def backward(
@@ -616,6 +638,7 @@ class Net:
         ``strict``: unfilled param layers are an error, not a warning (see load_weights).
         """
         self._ensure_device()
+        self._lazy.settle()
         load_weights(self._net, path, strict=strict)
         self._params_written_on_device()
 
@@ -631,6 +654,9 @@ class Net:
         """Caffe's ShareTrainedLayersWith: same-named layers use ``other``'s param memory."""
         self._ensure_device()
         other._ensure_device()
+        for net in (self, other):  # updates of one net's params now reach the other unseen
+            net._lazy.settle()
+            net._lazy.shares_params = True
         for step in self._net.steps:
             if step.name not in other._net.layer_names:
                 continue

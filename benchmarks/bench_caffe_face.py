@@ -1,0 +1,90 @@
+"""The Caffe face's forward vs the torch face's, on the four issue-14 nets (issue 14: <= 1.1x).
+
+    python benchmarks/bench_caffe_face.py [--nets CaffeNet,...] [--batches 1,8] [--repeat 15]
+
+Caffe face: ``net.blobs['data'].data[...] = x; net.forward()`` on ``torchcaffe.pycaffe.Net``.
+Torch face: ``net.module(data=x)`` under ``torch.inference_mode()`` on the very same compiled
+net (same weights). Both are timed alternately in one process with one torch thread; the ratio
+is Caffe face / torch face (1.00x: the Caffe face adds nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.handwritten import NETS  # noqa: E402
+from benchmarks.run import MODELS, calibrate_batchnorm_, interleaved, random_weights_  # noqa: E402
+from torchcaffe.pycaffe import Net  # noqa: E402
+
+
+def caffe_face(name: str, batch: int) -> tuple[Net, torch.Tensor, str]:
+    """A Caffe-face net with random, calibrated weights, shaped for ``batch``."""
+    rel, _, out, size = NETS[name]
+    net = Net(str(MODELS / rel), phase="test")
+    random_weights_(net.module)
+    calibrate_batchnorm_(net.module, torch.randn(2, 3, size, size))
+    net.blobs["data"].reshape(batch, 3, size, size)
+    net.reshape()
+    return net, torch.randn(batch, 3, size, size), out
+
+
+def measure(name: str, batch: int, repeat: int) -> tuple[list[float], list[float]]:
+    net, x, out = caffe_face(name, batch)
+    torch_net = net.module
+    array = x.numpy()
+
+    def run_caffe() -> None:
+        net.blobs["data"].data[...] = array
+        net.forward()
+
+    def run_torch() -> None:
+        with torch.inference_mode():
+            torch_net(data=x)
+
+    run_caffe()
+    with torch.inference_mode():
+        want = torch_net(data=x)[out]
+    gap = float((torch.from_numpy(net.blobs[out].data) - want).abs().max())
+    if gap > 1e-5:
+        raise SystemExit(f"{name}: Caffe face and torch face disagree ({gap:.2e})")
+    return interleaved(run_caffe, run_torch, repeat)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nets", default=",".join(NETS))
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    print(f"threads={args.threads} repeat={args.repeat} torch {torch.__version__}")
+    print(f"{'net':12s}{'batch':>6s}{'caffe face ms':>22s}{'torch face ms':>22s}{'ratio':>22s}")
+    for name in args.nets.split(","):
+        for batch in (int(b) for b in args.batches.split(",")):
+            tc, tt = measure(name, batch, args.repeat)
+            ratios = [c / t for c, t in zip(tc, tt)]
+            print(
+                f"{name:12s}{batch:6d}{_fmt(tc, 1e3):>22s}{_fmt(tt, 1e3):>22s}"
+                f"{_fmt(ratios, 1, '.3f'):>22s}",
+                flush=True,
+            )
+
+
+def _fmt(values: list[float], scale: float, spec: str = ".1f") -> str:
+    """median [min-max]"""
+    v = [x * scale for x in values]
+    return f"{statistics.median(v):{spec}} [{min(v):{spec}}-{max(v):{spec}}]"
+
+
+if __name__ == "__main__":
+    main()

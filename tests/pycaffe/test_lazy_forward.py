@@ -1,0 +1,240 @@
+"""The Caffe face's forward runs the torch face's program and writes blobs when read.
+
+Whatever a pycaffe script observes must still be Caffe's: every blob's value (folded ones are
+computed on demand), numpy views taken before ``forward()``, the returned outputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import torchcaffe as caffe
+from torchcaffe import syncedmem
+from torchcaffe.pycaffe.lazy_forward import replayable
+
+FOLD = "fold_batchnorm_scale_into_producer"
+RTOL, ATOL = 1e-4, 1e-5  # the golden tolerance of the folds (tests/net/test_passes.py)
+
+# MobileNetV2's pattern: conv -> c, BatchNorm c -> b, Scale and ReLU in place on b.
+NET = """
+name: "lazy"
+input: "data" input_shape { dim: 2 dim: 3 dim: 6 dim: 5 }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "c"
+  convolution_param { num_output: 4 kernel_size: 3 pad: 1 } }
+layer { name: "bn" type: "BatchNorm" bottom: "c" top: "b" }
+layer { name: "sc" type: "Scale" bottom: "b" top: "b" scale_param { bias_term: true } }
+layer { name: "relu" type: "ReLU" bottom: "b" top: "b" }
+layer { name: "ip" type: "InnerProduct" bottom: "b" top: "f" inner_product_param { num_output: 3 } }
+layer { name: "prob" type: "Softmax" bottom: "f" top: "prob" }
+"""
+
+
+@pytest.fixture
+def net(tmp_path):
+    path = tmp_path / "net.prototxt"
+    path.write_text(NET)
+    net = caffe.Net(str(path), caffe.TEST)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for module in net.module.layers.values():
+            for t in module.param_blobs():
+                t.copy_(torch.rand(t.shape, generator=gen) * 1.5 + 0.25)
+    return net
+
+
+@pytest.fixture
+def fills():
+    seen: list[syncedmem.SyncedMemory] = []
+
+    def hook(mem, direction):
+        if direction == "deferred":
+            seen.append(mem)
+
+    syncedmem.copy_hooks.append(hook)
+    yield seen
+    syncedmem.copy_hooks.remove(hook)
+
+
+def _x(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((2, 3, 6, 5)).astype(np.float32)
+
+
+def _caffe_values(net, x: np.ndarray) -> dict[str, np.ndarray]:
+    """Caffe's value of every blob: the literal layer-by-layer program."""
+    module = net.module
+    module.optimize = False
+    try:
+        with torch.no_grad():
+            out = module.forward_all_blobs(data=torch.from_numpy(x))
+    finally:
+        module.optimize = True
+    return {k: v.numpy() for k, v in out.items()}
+
+
+def test_forward_runs_the_torch_face_program_with_its_values(net):
+    x = _x(0)
+    assert replayable(net.module)
+    net.blobs["data"].data[...] = x
+    out = net.forward()
+    assert net._lazy.last_program is net.module.optimized_program()  # outputs only
+    assert net._lazy.last_program.report[FOLD] == 1  # c is not materialized
+    with torch.inference_mode():
+        want = net.module(data=torch.from_numpy(x))["prob"]
+    np.testing.assert_array_equal(out["prob"], want.numpy())
+    assert not net.blobs["prob"].data_at(torch.device("cpu")).is_inference()
+
+
+def test_blobs_nobody_reads_are_never_copied(net, fills):
+    net.blobs["data"].data[...] = _x(0)
+    net.forward()  # returns a view of prob: its one copy
+    assert fills == [net.blobs["prob"].data_memory]
+    assert all(net.blobs[n].data_memory.deferred for n in ("c", "b", "f"))
+    assert net._lazy.replays == 0
+
+
+def test_a_folded_blob_read_on_demand_is_caffes_and_then_observed(net):
+    x = _x(1)
+    net.blobs["data"].data[...] = x
+    net.forward()
+    want = _caffe_values(net, x)
+    for name in ("c", "b", "f", "prob"):
+        np.testing.assert_allclose(net.blobs[name].data, want[name], rtol=RTOL, atol=ATOL)
+    assert net._lazy.replays == 1  # one recompute served every left-out blob
+    y = _x(2)
+    net.blobs["data"].data[...] = y
+    net.forward()  # the script reads c: this program keeps it
+    assert net._lazy.last_program.report[FOLD] == 0
+    np.testing.assert_allclose(
+        net.blobs["c"].data, _caffe_values(net, y)["c"], rtol=RTOL, atol=ATOL
+    )
+    assert net._lazy.replays == 1
+    net.forward()  # c was read after the last forward: still kept
+    assert net._lazy.last_program.report[FOLD] == 0
+    net.forward()  # not read since: folded again
+    assert net._lazy.last_program.report[FOLD] == 1
+
+
+def test_views_taken_before_forward_show_the_new_values(net):
+    prob, c = net.blobs["prob"].data, net.blobs["c"].data[0]
+    for seed in (3, 4):
+        x = _x(seed)
+        net.blobs["data"].data[...] = x
+        net.forward()
+        want = _caffe_values(net, x)
+        np.testing.assert_allclose(prob, want["prob"], rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(c, want["c"][0], rtol=RTOL, atol=ATOL)
+    assert net._lazy.replays == 0  # both were in the program
+
+
+def test_inputs_edited_after_forward_do_not_change_unread_blobs(net):
+    x = _x(5)
+    net.blobs["data"].data[...] = x
+    net.forward()
+    net.blobs["data"].data[...] = _x(6)  # no forward: Caffe's blobs still hold x's values
+    want = _caffe_values(net, x)
+    for name in ("c", "b", "prob"):
+        np.testing.assert_allclose(net.blobs[name].data, want[name], rtol=RTOL, atol=ATOL)
+
+
+def test_forward_blobs_argument_and_kwargs(net):
+    x = _x(7)
+    out = net.forward(blobs=["c"], data=x)
+    assert set(out) == {"prob", "c"}
+    assert net._lazy.replays == 0  # c was in the program
+    np.testing.assert_allclose(out["c"], _caffe_values(net, x)["c"], rtol=RTOL, atol=ATOL)
+
+
+def test_new_input_shape_reshapes_every_blob(net):
+    x = np.random.default_rng(8).standard_normal((3, 3, 10, 3)).astype(np.float32)
+    net.blobs["data"].reshape(*x.shape)
+    net.blobs["data"].data[...] = x
+    net.forward()
+    want = _caffe_values(net, x)
+    for name, value in want.items():
+        assert net.blobs[name].shape == value.shape
+        np.testing.assert_allclose(net.blobs[name].data, value, rtol=RTOL, atol=ATOL)
+
+
+def test_partial_forward_after_a_lazy_one(net):
+    x = _x(9)
+    net.blobs["data"].data[...] = x
+    net.forward()
+    net.forward(start="ip")  # reads b (deferred: recomputed), writes f and prob
+    want = _caffe_values(net, x)
+    for name in ("b", "f", "prob"):
+        np.testing.assert_allclose(net.blobs[name].data, want[name], rtol=RTOL, atol=ATOL)
+
+
+def test_nets_with_effects_take_the_eager_path(tmp_path):
+    path = tmp_path / "net.prototxt"
+    path.write_text("""
+layer { name: "data" type: "DummyData" top: "data"
+  dummy_data_param { shape { dim: 2 dim: 3 } data_filler { type: "gaussian" } } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "f"
+  inner_product_param { num_output: 2 } }
+""")
+    net = caffe.Net(str(path), caffe.TEST)
+    assert not replayable(net.module)  # recomputing would draw a new batch
+    net.forward()
+    assert net._lazy.last_program is None
+    assert not any(b.data_memory.deferred for b in net.blobs.values())
+    data = net.blobs["data"].data.copy()
+    w, b = (p.data for p in net.params["ip"])
+    np.testing.assert_allclose(net.blobs["f"].data, data @ w.T + b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_param_written_after_forward_leaves_the_blobs_as_caffe_computed_them(net):
+    x = _x(10)
+    net.blobs["data"].data[...] = x
+    net.forward()
+    want = _caffe_values(net, x)
+    net.params["conv"][0].data[...] *= 2.0  # net surgery before reading a folded blob
+    assert net._lazy.replays == 1  # recomputed with the forward's weights first
+    for name in ("c", "b", "f"):
+        np.testing.assert_allclose(net.blobs[name].data, want[name], rtol=RTOL, atol=ATOL)
+
+
+def test_nets_sharing_params_take_the_eager_path(net, tmp_path):
+    path = tmp_path / "other.prototxt"
+    path.write_text(NET)
+    other = caffe.Net(str(path), caffe.TEST)
+    other.share_with(net)
+    for n in (net, other):
+        n.blobs["data"].data[...] = _x(11)
+        n.forward()
+        assert n._lazy.last_program is None
+        assert not any(b.data_memory.deferred for b in n.blobs.values())
+
+
+@pytest.mark.parametrize("name", ["MobileNetV2", "GoogLeNet"])
+def test_real_deploy_net_every_blob_is_caffes(models_root, name):
+    """The issue-14 nets: the outputs are the torch face's, bit for bit; every blob read
+    afterwards (folded ones recomputed) is the literal program's."""
+    from benchmarks.bench_caffe_face import caffe_face
+
+    net, x, out = caffe_face(name, 1)
+    net.blobs["data"].data[...] = x.numpy()
+    got = net.forward()[out]
+    assert sum(net._lazy.last_program.report.values()) > 0
+    with torch.inference_mode():
+        np.testing.assert_array_equal(got, net.module(data=x)[out].numpy())
+    want = _caffe_values(net, x.numpy())
+    np.testing.assert_allclose(got, want[out], rtol=RTOL, atol=ATOL)  # the folds' rounding
+    for blob, value in want.items():  # recomputed by the literal program: exactly Caffe's
+        if blob != out:
+            np.testing.assert_array_equal(net.blobs[blob].data, value, err_msg=blob)
+    assert net._lazy.replays == 1
+
+
+def test_shapes_are_checked_once_per_input_shape(net, monkeypatch):
+    calls = []
+    infer = net.module.infer_shapes
+    monkeypatch.setattr(net.module, "infer_shapes", lambda s: calls.append(s) or infer(s))
+    for _ in range(3):
+        net.forward(data=_x(12))
+    assert len(calls) == 1
+    net.blobs["data"].reshape(1, 3, 6, 5)
+    net.forward(data=_x(12)[:1])
+    assert len(calls) == 2 and net.blobs["prob"].shape == (1, 3)
