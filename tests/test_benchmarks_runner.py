@@ -15,7 +15,14 @@ from benchmarks import run
 def test_runner_writes_one_table_naming_the_machine(models_root, tmp_path):
     out = tmp_path / "results.md"
     run.main(
-        ["--quick", "--only", "handwritten,layout,memory", "--no-compile", "--repeat", "1"]
+        [
+            "--quick",
+            "--only",
+            "handwritten,layout,caffe_face,memory",
+            "--no-compile",
+            "--repeat",
+            "1",
+        ]
         + ["--out", str(out)]
     )
     text = out.read_text()
@@ -23,12 +30,13 @@ def test_runner_writes_one_table_naming_the_machine(models_root, tmp_path):
     rows = [
         line
         for line in text.splitlines()
-        if line.startswith(("| handwritten", "| layout", "| memory"))
+        if line.startswith(("| handwritten", "| layout", "| caffe_face", "| memory"))
     ]
     assert [r.split(" | ")[1] for r in rows] == [
         "CaffeNet eager inference b1",
         "CaffeNet eager fwd+bwd b2",
         "CaffeNet inference b1, channels_last_layout on",
+        "CaffeNet Caffe face forward b1",
         "CaffeNet fwd+bwd b2 saved activations",
     ]
     assert all(r.rstrip(" |").endswith("x") for r in rows)
