@@ -92,3 +92,19 @@ def test_gpu_calls_without_cuda_raise_clear_error():
     blob = Blob((2,))
     with pytest.raises(DeviceError, match="CUDA is not available"):
         blob.gpu_data()
+
+
+def test_take_adopts_an_unviewed_buffer_and_copies_into_a_viewed_one():
+    """``take`` replaces the host buffer when nothing views it; a held numpy view (as from
+    ``Blob.data``) keeps its buffer, which then receives the value."""
+    mem = SyncedMemory(4)
+    mem.mutable_cpu_data().fill_(1)
+    fresh = torch.arange(4.0)
+    assert mem.take(fresh)
+    assert mem.cpu_data() is fresh and mem.head is Head.HEAD_AT_CPU
+    held = mem.mutable_cpu_data().numpy()
+    assert not mem.take(torch.full((4,), 7.0))
+    assert held.tolist() == [7.0] * 4 and mem.cpu_data().data_ptr() == fresh.data_ptr()
+    del held
+    assert mem.take(torch.zeros(4))  # the view is gone: adopt again
+    assert not mem.take(torch.zeros(4, dtype=torch.float64))  # another dtype: copied

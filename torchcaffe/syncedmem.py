@@ -127,6 +127,27 @@ class SyncedMemory:
             self._gpu_device = tensor.device
         self.head = Head.HEAD_AT_GPU
 
+    def take(self, tensor: torch.Tensor) -> bool:
+        """Make flat ``tensor`` the current value on its device's side, as a copy into that
+        side's buffer would, but without the copy where no one can tell: the buffer is
+        replaced by ``tensor`` when no view of it is alive (a numpy array from ``Blob.data``
+        is one; it keeps seeing the buffer, as Caffe's fixed buffers are seen, so then the
+        value is copied in). The caller vouches that nothing else holds ``tensor``.
+        Returns whether it was adopted."""
+        cpu = tensor.device.type == "cpu"
+        old = self._cpu if cpu else self._gpu
+        if (
+            old is not None
+            and old.device == tensor.device
+            and tensor.dtype == self.dtype
+            and tensor.shape == (self.count,)
+            and not _viewed(old)
+        ):
+            (self.set_cpu_data if cpu else self.set_gpu_data)(tensor)
+            return True
+        (self.mutable_cpu_data() if cpu else self.mutable_gpu_data()).copy_(tensor)
+        return False
+
     def _check_external(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
         if tensor.numel() != self.count or tensor.dim() != 1:
             raise DeviceError(
@@ -142,3 +163,10 @@ class SyncedMemory:
 
     def __repr__(self) -> str:
         return f"SyncedMemory(count={self.count}, head={self.head.name})"
+
+
+def _viewed(buffer: torch.Tensor) -> bool:
+    """Does anything besides ``buffer`` (and the base it views) reference its memory: a
+    view, a numpy array? (The storage object asked here counts one more reference.)"""
+    own = 2 + (buffer._base is not None)
+    return torch._C._storage_Use_Count(buffer.untyped_storage()._cdata) > own
