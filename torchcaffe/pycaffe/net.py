@@ -29,6 +29,7 @@ from ..ops.python_layer import PythonLayer
 from ..proto import caffe_pb2
 from ..syncedmem import Head
 from .backward_reads import TOP_DATA_BACKWARD, reads_bottom_data
+from .one_pass import OnePassPlan, forward_backward_one_pass, plan_one_pass
 
 
 @dataclass
@@ -147,6 +148,7 @@ class Net:
                 blobs.append(blob)
             self.layers.append(LayerView(step.name, step.type, module, blobs))
         self._param_blob_of = by_tensor
+        self._one_pass_cache: tuple[tuple[bool, ...], OnePassPlan | None] | None = None
 
     def _param_blob(self, tensor: torch.Tensor) -> Blob:
         blob = Blob(tuple(tensor.shape), dtype=tensor.dtype)
@@ -302,8 +304,13 @@ class Net:
                 if w:
                     loss += w * float(t.detach().sum())
             if step.need_backward:
-                self._records[i] = _Record(bottoms, tops)
+                self._record(i, bottoms, tops)
         return loss
+
+    def _record(self, i: int, bottoms: list[torch.Tensor], tops: tuple[torch.Tensor, ...]) -> None:
+        """Keep layer ``i``'s forward graph for a later ``backward()`` (as Caffe keeps each
+        layer's forward state, e.g. Dropout's mask)."""
+        self._records[i] = _Record(bottoms, tops)
 
     def _note_forward_data(self, start: int, end: int) -> None:
         """After a public ``forward()``: remember what each bottom a recorded layer's Caffe
@@ -396,13 +403,19 @@ class Net:
                         loss += w * float(self.blobs[name].data_at(device).sum())
         return loss
 
-    def _store_top(self, name: str, t: torch.Tensor, device: torch.device) -> None:
-        """Copy a computed top into its Blob (reshaping it, and its loss diff, when needed)."""
+    def _store_top(
+        self, name: str, t: torch.Tensor, device: torch.device, adopt: bool = False
+    ) -> None:
+        """Copy a computed top into its Blob (reshaping it, and its loss diff, when needed).
+        ``adopt``: ``t`` is a fresh output no one else holds; the Blob may take it as is."""
         blob = self.blobs[name]
         if blob.shape != tuple(t.shape):
             blob.reshape(tuple(t.shape))
             if self._blob_loss_weights[name]:
                 blob.diff[...] = self._blob_loss_weights[name]
+        if adopt:
+            blob.take_data(t)
+            return
         dest = blob.data_at(device, mutable=True)
         if dest.data_ptr() != t.data_ptr() or dest.stride() != t.stride():
             dest.copy_(t)
@@ -585,10 +598,21 @@ class Net:
         first.reset(data, labels)
 
     def forward_backward(self) -> float:
-        """Caffe's Net::ForwardBackward: forward, then backward; returns the loss."""
+        """Caffe's Net::ForwardBackward: forward, then backward; returns the loss. Nothing can
+        edit a blob in between, so where exact this is one autograd pass (one_pass.py)."""
+        plan = self._one_pass_plan()
+        if plan is not None:
+            return forward_backward_one_pass(self, plan)
         loss = self._forward(0, len(self._net.steps) - 1)
         self._backward(len(self._net.steps) - 1, 0, check_edits=False)
         return loss
+
+    def _one_pass_plan(self) -> OnePassPlan | None:
+        """``plan_one_pass`` for the params as bound now (kept until they change)."""
+        flags = tuple(p.requires_grad for p in self._net.parameters())
+        if self._one_pass_cache is None or self._one_pass_cache[0] != flags:
+            self._one_pass_cache = (flags, plan_one_pass(self))
+        return self._one_pass_cache[1]
 
     def forward_all(
         self, blobs: Sequence[str] | None = None, **kwargs: np.ndarray
