@@ -232,11 +232,11 @@ class Blob:
             raise BlobShapeError(
                 "take: tensor of another shape", expected=self._shape, got=tuple(tensor.shape)
             )
-        if memory.count != self._count or not tensor.is_contiguous():  # capacity kept
+        if memory.count != self._count:  # a larger capacity is kept, as Caffe keeps it
             target = self.data_at if memory is self._data else self.diff_at
             target(tensor.device, mutable=True).copy_(tensor)
             return False
-        return memory.take(tensor.view(-1))
+        return memory.take(tensor)
 
     @property
     def data_memory(self) -> SyncedMemory:

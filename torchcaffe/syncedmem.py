@@ -56,6 +56,7 @@ class SyncedMemory:
         self._gpu_device = None if gpu_device is None else torch.device(gpu_device)
         self._cpu: torch.Tensor | None = None
         self._gpu: torch.Tensor | None = None
+        self._pending: torch.Tensor | None = None  # a taken value not yet in a flat buffer
         self.head = Head.UNINITIALIZED
 
     @property
@@ -68,7 +69,21 @@ class SyncedMemory:
         for hook in list(copy_hooks):
             hook(self, direction)
 
+    def _settle(self) -> None:
+        """Copy a taken strided value (``take``) into a flat buffer on its side, now that
+        the side is read."""
+        value, self._pending = self._pending, None
+        if value is None:
+            return
+        buffer = torch.empty(self.count, dtype=self.dtype, device=value.device)
+        buffer.view(value.shape).copy_(value)
+        if value.device.type == "cpu":
+            self._cpu = buffer
+        else:
+            self._gpu = buffer
+
     def _to_cpu(self) -> None:
+        self._settle()
         if self.head is Head.UNINITIALIZED:
             self._cpu = torch.zeros(self.count, dtype=self.dtype)
             self.head = Head.HEAD_AT_CPU
@@ -82,6 +97,7 @@ class SyncedMemory:
             self.head = Head.SYNCED
 
     def _to_gpu(self) -> None:
+        self._settle()
         if self.head is Head.UNINITIALIZED:
             self._gpu = torch.zeros(self.count, dtype=self.dtype, device=self.gpu_device)
             self.head = Head.HEAD_AT_GPU
@@ -117,35 +133,48 @@ class SyncedMemory:
 
     def set_cpu_data(self, tensor: torch.Tensor) -> None:
         """Adopt ``tensor`` (flat, host) as the host side, as Caffe's set_cpu_data."""
+        self._settle()
         self._cpu = self._check_external(tensor, torch.device("cpu"))
         self.head = Head.HEAD_AT_CPU
 
     def set_gpu_data(self, tensor: torch.Tensor) -> None:
         """Adopt ``tensor`` (flat, device) as the device side, as Caffe's set_gpu_data."""
+        self._settle()
         self._gpu = self._check_external(tensor, tensor.device)
         if self._gpu_device is None:
             self._gpu_device = tensor.device
         self.head = Head.HEAD_AT_GPU
 
     def take(self, tensor: torch.Tensor) -> bool:
-        """Make flat ``tensor`` the current value on its device's side, as a copy into that
-        side's buffer would, but without the copy where no one can tell: the buffer is
-        replaced by ``tensor`` when no view of it is alive (a numpy array from ``Blob.data``
-        is one; it keeps seeing the buffer, as Caffe's fixed buffers are seen, so then the
-        value is copied in). The caller vouches that nothing else holds ``tensor``.
-        Returns whether it was adopted."""
+        """Make ``tensor`` (``count`` elements, any shape) the current value on its device's
+        side, as a copy into that side's buffer would, but without the copy where no one can
+        tell: when no view of the buffer is alive (a numpy array from ``Blob.data`` is one;
+        it keeps seeing the buffer, as Caffe's fixed buffers are seen, so then the value is
+        copied in), a contiguous ``tensor`` becomes the buffer, and a strided one (e.g.
+        channels_last) is kept and copied into a flat buffer only when that side is read.
+        The caller vouches that nothing else holds ``tensor``. Returns whether it was taken
+        without a copy."""
         cpu = tensor.device.type == "cpu"
+        if self._pending is not None and self._pending.device != tensor.device:
+            self._settle()
         old = self._cpu if cpu else self._gpu
-        if (
-            old is not None
-            and old.device == tensor.device
-            and tensor.dtype == self.dtype
-            and tensor.shape == (self.count,)
-            and not _viewed(old)
-        ):
-            (self.set_cpu_data if cpu else self.set_gpu_data)(tensor)
+        free = self._pending is not None or (  # a pending value has no views: none was read
+            old is not None and old.device == tensor.device and not _viewed(old)
+        )
+        if free and tensor.dtype == self.dtype and tensor.numel() == self.count:
+            self._pending = None
+            if tensor.is_contiguous():
+                (self.set_cpu_data if cpu else self.set_gpu_data)(tensor.view(-1))
+                return True
+            if cpu:
+                self._cpu = None
+            else:
+                self._gpu = None
+            self._pending = tensor
+            self.head = Head.HEAD_AT_CPU if cpu else Head.HEAD_AT_GPU
             return True
-        (self.mutable_cpu_data() if cpu else self.mutable_gpu_data()).copy_(tensor)
+        side = self.mutable_cpu_data() if cpu else self.mutable_gpu_data()
+        side.view(tensor.shape).copy_(tensor)
         return False
 
     def _check_external(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -167,6 +167,7 @@ def test_held_views_see_new_values_and_unheld_blobs_adopt(tmp_path, monkeypatch)
     slow = make_net(tmp_path, CHAIN, False, monkeypatch)
     run(net, 1), run(slow, 1)
     held_data, held_diff = net.blobs["pool"].data, net.blobs["ip1"].diff  # numpy views
+    held_strided = net.blobs["conv"].diff  # MAX pooling hands back a channels_last diff
     adopted = []
     real = syncedmem.SyncedMemory.take
     monkeypatch.setattr(
@@ -176,6 +177,7 @@ def test_held_views_see_new_values_and_unheld_blobs_adopt(tmp_path, monkeypatch)
     assert any(adopted)  # the copy-free path fired
     np.testing.assert_array_equal(held_data, slow.blobs["pool"].data)
     np.testing.assert_array_equal(held_diff, slow.blobs["ip1"].diff)
+    np.testing.assert_array_equal(held_strided, slow.blobs["conv"].diff)
     assert_same(net, slow)
 
 

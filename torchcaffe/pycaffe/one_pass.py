@@ -202,8 +202,8 @@ def _backward(
         blob, g = net.blobs[name], got[e]
         if g is None:
             blob.diff_at(device, mutable=True).zero_()
-        elif _sole(g, taken):
-            blob.take_diff(g.view(blob.shape))
+        elif _sole(g, taken, views=True):
+            blob.take_diff(g.reshape(blob.shape))
         else:
             blob.diff_at(device, mutable=True).copy_(g.view(blob.shape))
     for p, g in zip(plan.params, got[len(edges) :]):
@@ -211,10 +211,15 @@ def _backward(
             net._param_blob_of[id(p)].diff_at(device, mutable=True).add_(g.view(p.shape))
 
 
-def _sole(t: torch.Tensor, taken: set[int]) -> bool:
-    """Does ``t`` own its whole buffer, not yet given to a blob in this pass (two tops or two
-    gradients can be one tensor)? Then a blob may adopt it (``Blob.take_data``)."""
-    if t._base is not None or t.storage_offset() or not t.is_contiguous():
+def _sole(t: torch.Tensor, taken: set[int], views: bool = False) -> bool:
+    """Does ``t`` own its whole buffer, densely (contiguous or channels_last, as CPU pooling
+    hands back gradients), not yet given to a blob in this pass (two tops or two gradients
+    can be one tensor)? Then a blob may take it (``Blob.take_data``). ``views``: a view of
+    a whole buffer will do (a gradient's base is another gradient, never a blob's buffer
+    but a seed's diff, which ``taken`` holds); a top that is a view may be a blob's data."""
+    if (t._base is not None and not views) or t.storage_offset():
+        return False
+    if not (t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last)):
         return False
     if t.untyped_storage().nbytes() != t.numel() * t.element_size():
         return False
