@@ -27,7 +27,7 @@ from ..net.net import TorchNet
 from ..ops.base import CaffeLayer
 from ..ops.python_layer import PythonLayer
 from ..proto import caffe_pb2
-from ..syncedmem import Head
+from ..syncedmem import Head, SyncedMemory
 from .backward_reads import TOP_DATA_BACKWARD, reads_bottom_data
 from .one_pass import OnePassPlan, forward_backward_one_pass, plan_one_pass
 
@@ -148,6 +148,7 @@ class Net:
                 blobs.append(blob)
             self.layers.append(LayerView(step.name, step.type, module, blobs))
         self._param_blob_of = by_tensor
+        self._parameters = tuple(self._net.parameters())
         self._one_pass_cache: tuple[tuple[bool, ...], OnePassPlan | None] | None = None
 
     def _param_blob(self, tensor: torch.Tensor) -> Blob:
@@ -258,9 +259,10 @@ class Net:
             self._net.to(device)
             self._device = device
             self._bind_params()
+        sync = SyncedMemory.cpu_data if device.type == "cpu" else SyncedMemory.gpu_data
         for blob in self._param_blob_of.values():  # pull host-side edits to the module
-            blob.data_at(device)
-            blob.diff_at(device)
+            sync(blob.data_memory)  # (the flat buffers: no per-blob view is made)
+            sync(blob.diff_memory)
         return device
 
     def _params_written_on_device(self, diff: bool = False) -> None:
@@ -607,9 +609,18 @@ class Net:
         self._backward(len(self._net.steps) - 1, 0, check_edits=False)
         return loss
 
+    def _clear_and_forward_backward(self) -> float:
+        """ClearParamDiffs then ForwardBackward (a solver iteration of one pass); on the one
+        pass each param diff is written once instead of zeroed and then added to."""
+        plan = self._one_pass_plan()
+        if plan is None:
+            self.clear_param_diffs()
+            return self.forward_backward()
+        return forward_backward_one_pass(self, plan, clear=True)
+
     def _one_pass_plan(self) -> OnePassPlan | None:
         """``plan_one_pass`` for the params as bound now (kept until they change)."""
-        flags = tuple(p.requires_grad for p in self._net.parameters())
+        flags = tuple(p.requires_grad for p in self._parameters)
         if self._one_pass_cache is None or self._one_pass_cache[0] != flags:
             self._one_pass_cache = (flags, plan_one_pass(self))
         return self._one_pass_cache[1]

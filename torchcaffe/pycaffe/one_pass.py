@@ -120,8 +120,12 @@ def _top_diffs_match(steps: list[LayerStep], recorded: set[int]) -> bool:
     return all(version_ok(blob) for blob in list(producer))
 
 
-def forward_backward_one_pass(net: Net, plan: OnePassPlan) -> float:
-    """Caffe's ForwardBackward over the whole net in one autograd pass; returns the loss."""
+def forward_backward_one_pass(net: Net, plan: OnePassPlan, clear: bool = False) -> float:
+    """Caffe's ForwardBackward over the whole net in one autograd pass; returns the loss.
+
+    ``clear``: ClearParamDiffs first, fused: each param diff is written once as ``grad +
+    0`` (what zeroing then accumulating ``0 + grad`` leaves, bit for bit, -0 included), a
+    param without a gradient is zeroed."""
     tnet = net.module
     steps = tnet.steps
     device = net._ensure_device()
@@ -169,7 +173,8 @@ def forward_backward_one_pass(net: Net, plan: OnePassPlan) -> float:
         net._store_top(name, t.detach(), device, adopt=fresh)
     seeds = [(name, t) for name, t in produced if id(t) not in read]
     edges = [e for e in edges if e[0] in live]
-    _backward(net, plan, edges, seeds, device)
+    grads = _backward(net, plan, edges, seeds, device)
+    _write_param_diffs(net, plan, grads, device, clear)
     return loss
 
 
@@ -179,13 +184,13 @@ def _backward(
     edges: list[tuple[int, int, torch.Tensor]],
     seeds: list[tuple[str, torch.Tensor]],
     device: torch.device,
-) -> None:
-    """One autograd pass from ``seeds`` (top name, tensor); then the bottom diffs (last layer
-    first) and the param diffs, as Caffe's Backward writes them."""
+) -> list[torch.Tensor | None]:
+    """One autograd pass from ``seeds`` (top name, tensor); writes the bottom diffs (last
+    layer first) as Caffe's Backward leaves them; returns the params' gradients."""
     steps = net.module.steps
     inputs = [t for _, _, t in edges] + list(plan.params)
     if not seeds or not inputs:
-        return
+        return [None] * len(plan.params)
     got = torch.autograd.grad(
         [t for _, t in seeds],
         inputs,
@@ -206,9 +211,33 @@ def _backward(
             blob.take_diff(g.reshape(blob.shape))
         else:
             blob.diff_at(device, mutable=True).copy_(g.view(blob.shape))
-    for p, g in zip(plan.params, got[len(edges) :]):
-        if g is not None:
-            net._param_blob_of[id(p)].diff_at(device, mutable=True).add_(g.view(p.shape))
+    return list(got[len(edges) :])
+
+
+def _write_param_diffs(
+    net: Net,
+    plan: OnePassPlan,
+    grads: list[torch.Tensor | None],
+    device: torch.device,
+    clear: bool,
+) -> None:
+    """Accumulate each param's gradient into its diff (Caffe's param diffs add up); with
+    ``clear``, write ``grad + 0`` over every param diff instead (zero where none)."""
+    blobs = net._param_blob_of
+    written = set()
+    for p, g in zip(plan.params, grads):
+        if g is None:
+            continue
+        diff = blobs[id(p)].diff_at(device, mutable=True)
+        if clear:
+            torch.add(g.view(p.shape), 0.0, out=diff)
+            written.add(id(p))
+        else:
+            diff.add_(g.view(p.shape))
+    if clear:
+        for key, blob in blobs.items():
+            if key not in written:
+                blob.diff_at(device, mutable=True).zero_()
 
 
 def _sole(t: torch.Tensor, taken: set[int], views: bool = False) -> bool:
