@@ -70,15 +70,11 @@ def solver_param(net: caffe_pb2.NetParameter) -> caffe_pb2.SolverParameter:
     return param
 
 
-def timed(step, repeat: int) -> list[float]:
+def timed(step) -> float:
+    """One call of ``step``, in ms."""
+    start = time.perf_counter()
     step()
-    step()  # warm-up: allocations, first-call paths
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - start) * 1e3)
-    return times
+    return (time.perf_counter() - start) * 1e3
 
 
 def bench(name: str, batch: int, repeat: int) -> float:
@@ -105,12 +101,14 @@ def bench(name: str, batch: int, repeat: int) -> float:
         tnet.total_loss(tnet.forward_all_blobs(data=xt, label=yt)).backward()
         opt.step()
 
-    # Interleave the two so drifts in machine load hit both alike.
+    # Alternate the two step by step so drifts in machine load hit both alike.
+    for step in (solver_step, torch_step) * 2:  # warm-up: allocations, first-call paths
+        step()
     caffe_times: list[float] = []
     torch_times: list[float] = []
-    for _ in range(2):
-        caffe_times += timed(solver_step, repeat // 2 or 1)
-        torch_times += timed(torch_step, repeat // 2 or 1)
+    for _ in range(repeat):
+        caffe_times.append(timed(solver_step))
+        torch_times.append(timed(torch_step))
     c, t = statistics.median(caffe_times), statistics.median(torch_times)
     print(
         f"{name:9s} batch {batch:4d}  solver step {c:9.2f} ms [{min(caffe_times):.2f}, "

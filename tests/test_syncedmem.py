@@ -126,3 +126,49 @@ def test_dropped_or_replaced_deferred_value_is_never_computed():
     mem.defer(fail)
     mem.set_cpu_data(torch.full((2,), 2.0))
     assert torch.equal(mem.cpu_data(), torch.full((2,), 2.0))
+
+
+def test_take_adopts_an_unviewed_buffer_and_copies_into_a_viewed_one():
+    """``take`` replaces the host buffer when nothing views it; a held numpy view (as from
+    ``Blob.data``) keeps its buffer, which then receives the value."""
+    mem = SyncedMemory(4)
+    mem.mutable_cpu_data().fill_(1)
+    fresh = torch.arange(4.0)
+    assert mem.take(fresh)
+    assert mem.cpu_data().data_ptr() == fresh.data_ptr() and mem.head is Head.HEAD_AT_CPU
+    held = mem.mutable_cpu_data().numpy()
+    assert not mem.take(torch.full((4,), 7.0))
+    assert held.tolist() == [7.0] * 4 and mem.cpu_data().data_ptr() == fresh.data_ptr()
+    del held
+    assert mem.take(torch.zeros(4))  # the view is gone: adopt again
+    assert not mem.take(torch.zeros(4, dtype=torch.float64))  # another dtype: copied
+
+
+def test_take_keeps_a_strided_value_until_a_side_is_read():
+    """A channels_last value (CPU pooling's gradients) is not copied into the flat buffer
+    until someone reads it; a later take replaces it without that copy ever happening."""
+    mem = SyncedMemory(2 * 3 * 2 * 2)
+    mem.mutable_cpu_data()
+    value = torch.arange(24.0).view(2, 3, 2, 2).contiguous(memory_format=torch.channels_last)
+    assert mem.take(value)
+    assert mem._pending is value and mem._cpu is None and mem.head is Head.HEAD_AT_CPU
+    later = torch.ones(2, 3, 2, 2).contiguous(memory_format=torch.channels_last)
+    assert mem.take(later) and mem._pending is later  # replaced, never copied
+    assert mem.cpu_data().tolist() == [1.0] * 24 and mem._pending is None
+    assert mem.take(value) and mem.mutable_cpu_data().view(2, 3, 2, 2).equal(value)
+    held = mem.mutable_cpu_data().numpy()
+    assert not mem.take(later)  # a held view: copied in at once, in Caffe's NCHW order
+    assert held.tolist() == [1.0] * 24
+
+
+def test_deferred_and_taken_values_replace_each_other():
+    """The newer of a deferred (inference) and a taken (training) value is the value."""
+    mem = SyncedMemory(8)
+    mem.mutable_cpu_data().fill_(1)
+    mem.defer(lambda: torch.full((8,), 5.0))
+    assert mem.take(torch.full((8,), 7.0)) and not mem.deferred
+    assert mem.cpu_data().tolist() == [7.0] * 8
+    nhwc = torch.zeros(1, 2, 2, 2).contiguous(memory_format=torch.channels_last)
+    assert mem.take(nhwc) and mem._pending is nhwc
+    mem.defer(lambda: torch.full((8,), 9.0))
+    assert mem._pending is None and mem.cpu_data().tolist() == [9.0] * 8

@@ -245,6 +245,26 @@ class Blob:
             return self.mutable_cpu_diff() if mutable else self.cpu_diff()
         return self.mutable_gpu_diff() if mutable else self.gpu_diff()
 
+    def take_data(self, tensor: torch.Tensor) -> bool:
+        """Set the data on ``tensor``'s side to ``tensor`` (this blob's shape), adopting it
+        instead of copying where no one can tell (``SyncedMemory.take``)."""
+        return self._take(self._data, tensor)
+
+    def take_diff(self, tensor: torch.Tensor) -> bool:
+        """``take_data`` for the diff."""
+        return self._take(self._diff, tensor)
+
+    def _take(self, memory: SyncedMemory, tensor: torch.Tensor) -> bool:
+        if tuple(tensor.shape) != self._shape:
+            raise BlobShapeError(
+                "take: tensor of another shape", expected=self._shape, got=tuple(tensor.shape)
+            )
+        if memory.count != self._count:  # a larger capacity is kept, as Caffe keeps it
+            target = self.data_at if memory is self._data else self.diff_at
+            target(tensor.device, mutable=True).copy_(tensor)
+            return False
+        return memory.take(tensor)
+
     @property
     def data_memory(self) -> SyncedMemory:
         return self._data

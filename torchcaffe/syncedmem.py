@@ -60,6 +60,7 @@ class SyncedMemory:
         self._cpu: torch.Tensor | None = None
         self._gpu: torch.Tensor | None = None
         self._deferred: Callable[[], torch.Tensor] | None = None
+        self._pending: torch.Tensor | None = None  # a taken value not yet in a flat buffer
         self.head = Head.UNINITIALIZED
         self._head_before = Head.UNINITIALIZED  # under a deferred value
 
@@ -82,6 +83,7 @@ class SyncedMemory:
         """The current value is ``value()`` (at most ``count`` elements; on the device with
         ``on_gpu``, else on the host, which ``head`` names meanwhile), written into the
         buffer of the side first accessed."""
+        self._settle()  # a value taken earlier is older than this one: into its buffer
         if self._deferred is None:
             self._head_before = self.head
         self._deferred = value
@@ -111,7 +113,21 @@ class SyncedMemory:
                 self.head = Head.HEAD_AT_GPU
         self._report("deferred")
 
+    def _settle(self) -> None:
+        """Copy a taken strided value (``take``) into a flat buffer on its side, now that
+        the side is read."""
+        value, self._pending = self._pending, None
+        if value is None:
+            return
+        buffer = torch.empty(self.count, dtype=self.dtype, device=value.device)
+        buffer.view(value.shape).copy_(value)
+        if value.device.type == "cpu":
+            self._cpu = buffer
+        else:
+            self._gpu = buffer
+
     def _to_cpu(self) -> None:
+        self._settle()
         if self._deferred is not None:
             self._write_deferred(to_cpu=True)
         if self.head is Head.UNINITIALIZED:
@@ -127,6 +143,7 @@ class SyncedMemory:
             self.head = Head.SYNCED
 
     def _to_gpu(self) -> None:
+        self._settle()
         if self._deferred is not None:
             self._write_deferred(to_cpu=False)
         if self.head is Head.UNINITIALIZED:
@@ -164,17 +181,52 @@ class SyncedMemory:
 
     def set_cpu_data(self, tensor: torch.Tensor) -> None:
         """Adopt ``tensor`` (flat, host) as the host side, as Caffe's set_cpu_data."""
+        self._settle()
         self._cpu = self._check_external(tensor, torch.device("cpu"))
         self._deferred = None
         self.head = Head.HEAD_AT_CPU
 
     def set_gpu_data(self, tensor: torch.Tensor) -> None:
         """Adopt ``tensor`` (flat, device) as the device side, as Caffe's set_gpu_data."""
+        self._settle()
         self._gpu = self._check_external(tensor, tensor.device)
         self._deferred = None
         if self._gpu_device is None:
             self._gpu_device = tensor.device
         self.head = Head.HEAD_AT_GPU
+
+    def take(self, tensor: torch.Tensor) -> bool:
+        """Make ``tensor`` (``count`` elements, any shape) the current value on its device's
+        side, as a copy into that side's buffer would, but without the copy where no one can
+        tell: when no view of the buffer is alive (a numpy array from ``Blob.data`` is one;
+        it keeps seeing the buffer, as Caffe's fixed buffers are seen, so then the value is
+        copied in), a contiguous ``tensor`` becomes the buffer, and a strided one (e.g.
+        channels_last) is kept and copied into a flat buffer only when that side is read.
+        The caller vouches that nothing else holds ``tensor``. Returns whether it was taken
+        without a copy."""
+        cpu = tensor.device.type == "cpu"
+        self.drop_deferred()  # ``tensor`` replaces the whole value
+        if self._pending is not None and self._pending.device != tensor.device:
+            self._settle()
+        old = self._cpu if cpu else self._gpu
+        free = self._pending is not None or (  # a pending value has no views: none was read
+            old is not None and old.device == tensor.device and not _viewed(old)
+        )
+        if free and tensor.dtype == self.dtype and tensor.numel() == self.count:
+            self._pending = None
+            if tensor.is_contiguous():
+                (self.set_cpu_data if cpu else self.set_gpu_data)(tensor.view(-1))
+                return True
+            if cpu:
+                self._cpu = None
+            else:
+                self._gpu = None
+            self._pending = tensor
+            self.head = Head.HEAD_AT_CPU if cpu else Head.HEAD_AT_GPU
+            return True
+        side = self.mutable_cpu_data() if cpu else self.mutable_gpu_data()
+        side.view(tensor.shape).copy_(tensor)
+        return False
 
     def _check_external(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
         if tensor.numel() != self.count or tensor.dim() != 1:
@@ -191,3 +243,10 @@ class SyncedMemory:
 
     def __repr__(self) -> str:
         return f"SyncedMemory(count={self.count}, head={self.head.name})"
+
+
+def _viewed(buffer: torch.Tensor) -> bool:
+    """Does anything besides ``buffer`` (and the base it views) reference its memory: a
+    view, a numpy array? (The storage object asked here counts one more reference.)"""
+    own = 2 + (buffer._base is not None)
+    return torch._C._storage_Use_Count(buffer.untyped_storage()._cdata) > own

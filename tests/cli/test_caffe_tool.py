@@ -20,6 +20,7 @@ from torchcaffe.cli.__main__ import build_parser, main
 from torchcaffe.cli.flags import gflags_argv, gpu_ids
 from torchcaffe.cli.train import _signal_actions
 from torchcaffe.errors import DeviceError
+from torchcaffe.formats.prototxt import read_net
 
 CASE = Path(__file__).resolve().parents[1] / "golden" / "solvers" / "sgd_momentum_step"
 
@@ -137,6 +138,18 @@ def test_python_dash_m_runs_the_same_tool(case):
     assert done.stderr == "torchcaffe train: error: unrecognized arguments: -nope\n"
 
 
+def test_python_dash_m_times_a_net(case):
+    """``python -m torchcaffe`` runs an action through to its report and exit status 0."""
+    done = subprocess.run(
+        [sys.executable, "-m", "torchcaffe", "time", "-model=train.prototxt", "-iterations=1"],
+        capture_output=True,
+        text=True,
+        cwd=case,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "       ip1\tforward: " in done.stdout and "Total Time: " in done.stdout
+
+
 def test_test_prints_batches_and_means_as_caffe(case, capsys):
     """Scores checked against numpy: softmax loss of the two-layer net on each 4-row batch."""
     assert main(["test", "-model", "train.prototxt", "-weights", "weights.caffemodel"]) == 0
@@ -175,6 +188,24 @@ def test_time_prints_a_per_layer_table_and_totals(case, capsys):
         assert total in out
     assert "Average Forward-Backward: " in out
     assert out.count("forward-backward time: ") == 2
+
+
+def test_time_prints_a_per_layer_table_for_googlenet(models_root, tmp_path, capsys):
+    """Issue 17's case: every GoogLeNet layer gets a forward and a backward row, in Caffe's
+    order (deploy net at batch 1, force_backward so that the tool builds it once)."""
+    text = (models_root / "bvlc_googlenet" / "deploy.prototxt").read_text()
+    model = tmp_path / "googlenet.prototxt"
+    text = text.replace("dim: 10 dim: 3 dim: 224", "dim: 1 dim: 3 dim: 224", 1)
+    model.write_text("force_backward: true\n" + text)
+    assert main(["time", "-model", str(model), "-iterations", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    names = [layer.name for layer in read_net(str(model)).layer]
+    assert len(names) > 140 and "inception_5b/output" in names
+    for kind in ("forward", "backward"):
+        rows = [line.split("\t")[0].strip() for line in out if f"\t{kind}: " in line]
+        assert [r for r in rows if not r.endswith("_split")] == names  # + Caffe's splits
+        assert len(rows) > len(names)
+    assert "Average Forward-Backward: " in "\n".join(out) and "Total Time: " in out[-2]
 
 
 def test_device_query_without_cuda_is_an_error(capsys, monkeypatch):

@@ -239,3 +239,50 @@ def test_param_groups_follow_caffe_learnable_params(tmp_path):
     opt = make_optimizer(param, net)
     assert type(opt).__name__ == "CaffeAdam"
     assert sum(len(g["params"]) for g in opt.param_groups) == 3  # buffers stay out
+
+
+@pytest.mark.parametrize("regularization", ["L2", "L1"])
+@pytest.mark.parametrize("rule", sorted(RULE_ARGS))
+def test_foreach_step_equals_the_per_param_loop_bitwise(rule, regularization):
+    """The default ``_foreach`` step gives the per-param loop's params, diffs and history, bit
+    for bit, with two multiplier groups, accumulated passes and clipping that fires."""
+    rng = np.random.default_rng(3)
+    init = [rng.standard_normal(s).astype(np.float32) for s in [(5, 4), (4,), (3, 3), (3,)]]
+    grads = [[rng.standard_normal(p.shape).astype(np.float32) for p in init] for _ in range(4)]
+
+    def run(foreach: bool) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        params = [torch.nn.Parameter(torch.from_numpy(p.copy())) for p in init]
+        groups = [
+            {"params": params[:2], "lr_mult": 1.0, "decay_mult": 1.0},
+            {"params": params[2:], "lr_mult": 2.0, "decay_mult": 0.5},
+        ]
+        opt = OPTIMIZERS[rule](
+            groups,
+            0.05,
+            weight_decay=0.01,
+            regularization_type=regularization,
+            clip_gradients=4.0,
+            iter_size=2,
+            foreach=foreach,
+            **RULE_ARGS[rule],
+        )
+        for step in grads:
+            for p, g in zip(params, step):
+                p.grad = torch.from_numpy(g.copy())
+            opt.step()
+        return params, [p.grad for p in params], opt.history_blobs(params)
+
+    for got, want in zip(*[sum(run(f), []) for f in (True, False)]):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("rule", ["SGD", "Nesterov"])
+def test_sgd_rules_update_all_params_in_foreach_ops(rule, monkeypatch):
+    """SGD and Nesterov never fall back to their per-param ``_update`` by default."""
+    cls = OPTIMIZERS[rule]
+    monkeypatch.setattr(cls, "_update", lambda *a: pytest.fail("per-param update ran"))
+    params = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2, 2))]
+    for p in params:
+        p.grad = torch.full_like(p, 0.5)
+    cls(params, 0.1, momentum=0.9, weight_decay=0.01).step()
+    assert all(float(p.detach().max()) < 1 for p in params)

@@ -98,3 +98,64 @@ def test_kill_9_during_snapshots_leaves_the_previous_one_loadable(tmp_path):
     assert len(snap.history) == 4
     for i, blob in enumerate(snap.history):
         assert blob.size == 4_000_000 and blob.min() == blob.max() == i
+
+
+SOLVING = textwrap.dedent(
+    """
+    import torchcaffe as caffe
+
+    solver = caffe.get_solver("solver.prototxt")
+    solver.step(1)  # snapshot 1 written whole
+    print("first", flush=True)
+    while True:  # snapshot every iteration until killed
+        solver.step(1)
+    """
+)
+
+
+def test_kill_9_during_solver_snapshots_leaves_every_visible_snapshot_restorable(setup):
+    """A real Solver snapshotting every iteration (a 36 MB model, so writes take a while) is
+    killed while a snapshot file is being written: every .caffemodel and .solverstate left
+    under its name is whole, and the newest state restores into a fresh solver."""
+    big = setup.root / "big.prototxt"
+    big.write_text(
+        (setup.root / "train.prototxt")
+        .read_text()
+        .replace('top: "ip1"\n', 'top: "wide"\n', 1)
+        .replace(
+            'layer { name: "relu"',
+            'layer { name: "wide_ip" type: "InnerProduct" bottom: "wide" top: "ip1"\n'
+            "        inner_product_param { num_output: 4 } }\n"
+            'layer { name: "relu"',
+        )
+        .replace("num_output: 4 weight_filler", "num_output: 1000000 weight_filler", 1)
+    )
+    name = setup.solver(
+        'type: "SGD" base_lr: 0.0 lr_policy: "fixed" snapshot: 1 snapshot_prefix: "snap"',
+        net="big.prototxt",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SOLVING], cwd=setup.root, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "first"
+        deadline = time.monotonic() + 120
+        mid_write = False
+        while not mid_write and time.monotonic() < deadline:
+            mid_write = any(TEMP_MARK in p.name for p in setup.root.iterdir())
+        os.kill(proc.pid, signal.SIGKILL)
+        assert mid_write, "the solver never started a second snapshot"
+    finally:
+        proc.kill()
+        proc.wait()
+    states = sorted(setup.root.glob("snap_iter_*.solverstate"), key=lambda p: p.stat().st_mtime)
+    models = list(setup.root.glob("snap_iter_*.caffemodel"))
+    assert states and models
+    net = caffe.Net(str(big), caffe.TRAIN)
+    for model in models:
+        net.copy_from(str(model))  # whole: a torn file would not parse
+    for state in states:
+        assert caffe.solver.read_solverstate(state).learned_net.startswith("snap_iter_")
+    resumed = caffe.get_solver(name)
+    resumed.restore(str(states[-1]))
+    assert resumed.iter == int(states[-1].stem.split("_")[-1])

@@ -9,6 +9,7 @@ import torch
 
 import torchcaffe as caffe
 from torchcaffe.proto import caffe_pb2
+from torchcaffe.pycaffe.net import Net
 from torchcaffe.solver import read_solverstate
 from torchcaffe.solver.solver import STOP
 
@@ -314,3 +315,36 @@ def test_torch_face_optimizer_trains_like_the_solver(setup):
             np.testing.assert_allclose(
                 tensor.detach().numpy(), solver.net.params[layer][i].data, rtol=1e-5, atol=1e-6
             )
+
+
+def test_fused_clear_runs_and_equals_the_separate_clear_bitwise(setup, monkeypatch):
+    """With iter_size 1 and no callbacks, Step clears the param diffs inside the one pass
+    (diff = grad + 0, never zeroed first); params, history, diffs and losses are those of the
+    separate ClearParamDiffs + ForwardBackward, which a callback's presence keeps."""
+    name = setup.solver(SGD)
+    fused, separate = caffe.get_solver(name), caffe.get_solver(name)
+    separate.add_callback(lambda: None, lambda: None)
+    clears = []
+    real = Net.clear_param_diffs
+    monkeypatch.setattr(Net, "clear_param_diffs", lambda n: clears.append(n) or real(n))
+    fused.step(5)
+    assert clears == []
+    separate.step(5)
+    assert len(clears) == 5 and all(n is separate.net for n in clears)
+    assert fused.smoothed_loss == separate.smoothed_loss
+    for name_, blobs in params(separate).items():
+        for got, want in zip(params(fused)[name_], blobs):
+            np.testing.assert_array_equal(got, want)
+    for got, want in zip(history(fused), history(separate)):
+        np.testing.assert_array_equal(got, want)
+    for a, b in zip(fused.net.params.values(), separate.net.params.values()):
+        for x, y in zip(a, b):
+            assert np.array_equal(x.diff.view(np.int32), y.diff.view(np.int32))  # -0 too
+
+
+def test_grad_plus_zero_is_zero_plus_grad_bit_for_bit():
+    """The fused clear's arithmetic: ``grad + 0.0`` leaves what ``zeros.add_(grad)`` does."""
+    g = torch.tensor([-0.0, 0.0, 1.5, -2.0, float("nan"), float("inf"), -1e-45])
+    fused = torch.add(g, 0.0)
+    separate = torch.zeros_like(g).add_(g)
+    assert torch.equal(fused.view(torch.int32), separate.view(torch.int32))

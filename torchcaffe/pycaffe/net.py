@@ -27,9 +27,10 @@ from ..net.net import TorchNet
 from ..ops.base import CaffeLayer
 from ..ops.python_layer import PythonLayer
 from ..proto import caffe_pb2
-from ..syncedmem import Head
+from ..syncedmem import Head, SyncedMemory
 from .backward_reads import TOP_DATA_BACKWARD, reads_bottom_data
 from .lazy_forward import LazyForward
+from .one_pass import OnePassPlan, forward_backward_one_pass, plan_one_pass
 
 
 @dataclass
@@ -150,6 +151,8 @@ class Net:
                 blobs.append(blob)
             self.layers.append(LayerView(step.name, step.type, module, blobs))
         self._param_blob_of = by_tensor
+        self._parameters = tuple(self._net.parameters())
+        self._one_pass_cache: tuple[tuple[bool, ...], OnePassPlan | None] | None = None
 
     def _param_blob(self, tensor: torch.Tensor) -> Blob:
         blob = Blob(tuple(tensor.shape), dtype=tensor.dtype)
@@ -261,13 +264,14 @@ class Net:
             self._device = device
             self._bind_params()
         # pull edits on the other side to the module's; a param blob whose head is on the
-        # module's side (or SYNCED) is current there: its buffer is the module's tensor
+        # module's side (or SYNCED) is current there: its buffer is the module's tensor.
+        # Synced through the flat buffers: no per-blob view is made (see SyncedMemory.take).
         stale = Head.HEAD_AT_GPU if device.type == "cpu" else Head.HEAD_AT_CPU
+        sync = SyncedMemory.cpu_data if device.type == "cpu" else SyncedMemory.gpu_data
         for blob in self._param_blob_of.values():
-            if blob.data_memory.head is stale:
-                blob.data_at(device)
-            if blob.diff_memory.head is stale:
-                blob.diff_at(device)
+            for memory in (blob.data_memory, blob.diff_memory):
+                if memory.head is stale:
+                    sync(memory)
         return device
 
     def _params_written_on_device(self, diff: bool = False) -> None:
@@ -311,8 +315,13 @@ class Net:
                 if w:
                     loss += w * float(t.detach().sum())
             if step.need_backward:
-                self._records[i] = _Record(bottoms, tops)
+                self._record(i, bottoms, tops)
         return loss
+
+    def _record(self, i: int, bottoms: list[torch.Tensor], tops: tuple[torch.Tensor, ...]) -> None:
+        """Keep layer ``i``'s forward graph for a later ``backward()`` (as Caffe keeps each
+        layer's forward state, e.g. Dropout's mask)."""
+        self._records[i] = _Record(bottoms, tops)
 
     def _note_forward_data(self, start: int, end: int) -> None:
         """After a public ``forward()``: remember what each bottom a recorded layer's Caffe
@@ -418,11 +427,17 @@ class Net:
         if self._blob_loss_weights[name]:
             blob.diff[...] = self._blob_loss_weights[name]
 
-    def _store_top(self, name: str, t: torch.Tensor, device: torch.device) -> None:
-        """Copy a computed top into its Blob (reshaping it, and its loss diff, when needed)."""
+    def _store_top(
+        self, name: str, t: torch.Tensor, device: torch.device, adopt: bool = False
+    ) -> None:
+        """Copy a computed top into its Blob (reshaping it, and its loss diff, when needed).
+        ``adopt``: ``t`` is a fresh output no one else holds; the Blob may take it as is."""
         blob = self.blobs[name]
         if blob.shape != tuple(t.shape):
             self._reshape_blob(name, tuple(t.shape))
+        if adopt:
+            blob.take_data(t)  # replaces a deferred value too
+            return
         blob.data_memory.drop_deferred()
         dest = blob.data_at(device, mutable=True)
         if dest.data_ptr() != t.data_ptr() or dest.stride() != t.stride():
@@ -607,10 +622,30 @@ class Net:
         first.reset(data, labels)
 
     def forward_backward(self) -> float:
-        """Caffe's Net::ForwardBackward: forward, then backward; returns the loss."""
+        """Caffe's Net::ForwardBackward: forward, then backward; returns the loss. Nothing can
+        edit a blob in between, so where exact this is one autograd pass (one_pass.py)."""
+        plan = self._one_pass_plan()
+        if plan is not None:
+            return forward_backward_one_pass(self, plan)
         loss = self._forward(0, len(self._net.steps) - 1)
         self._backward(len(self._net.steps) - 1, 0, check_edits=False)
         return loss
+
+    def _clear_and_forward_backward(self) -> float:
+        """ClearParamDiffs then ForwardBackward (a solver iteration of one pass); on the one
+        pass each param diff is written once instead of zeroed and then added to."""
+        plan = self._one_pass_plan()
+        if plan is None:
+            self.clear_param_diffs()
+            return self.forward_backward()
+        return forward_backward_one_pass(self, plan, clear=True)
+
+    def _one_pass_plan(self) -> OnePassPlan | None:
+        """``plan_one_pass`` for the params as bound now (kept until they change)."""
+        flags = tuple(p.requires_grad for p in self._parameters)
+        if self._one_pass_cache is None or self._one_pass_cache[0] != flags:
+            self._one_pass_cache = (flags, plan_one_pass(self))
+        return self._one_pass_cache[1]
 
     def forward_all(
         self, blobs: Sequence[str] | None = None, **kwargs: np.ndarray

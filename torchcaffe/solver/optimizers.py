@@ -12,6 +12,11 @@ train the same way here:
 - the gradient tensor ends holding the update that was applied (Caffe reuses the diff);
 - scalars are rounded to float32 before they meet float32 tensors, as Caffe's ``Dtype``.
 
+With ``foreach`` (the default) a step runs each rule's tensor ops once per param group over
+all its params (``torch._foreach_*``), instead of once per param: the same kernels, in the
+same order per tensor, so the values are the per-param loop's, bit for bit; what goes is the
+per-param Python dispatch. ``foreach=False`` keeps the per-param loop (the reference).
+
 ``group["lr"]`` is the solver-wide rate (what an lr policy computes); ``group["lr_mult"]`` and
 ``group["decay_mult"]`` are the ParamSpec multipliers. State per param holds Caffe's history
 blobs under ``history_keys``; ``CaffeOptimizer.history_blobs`` lists them in Caffe's order
@@ -68,6 +73,7 @@ class CaffeOptimizer(Optimizer, metaclass=abc.ABCMeta):
         regularization_type: str = "L2",
         clip_gradients: float = -1.0,
         iter_size: int = 1,
+        foreach: bool = True,
         **rule: Any,
     ) -> None:
         if lr < 0:
@@ -91,6 +97,7 @@ class CaffeOptimizer(Optimizer, metaclass=abc.ABCMeta):
         super().__init__(params, defaults)
         self.clip_gradients = float(clip_gradients)
         self.iter_size = int(iter_size)
+        self.foreach = bool(foreach)
 
     # -- Caffe's ApplyUpdate --------------------------------------------------------------
     @torch.no_grad()
@@ -103,16 +110,44 @@ class CaffeOptimizer(Optimizer, metaclass=abc.ABCMeta):
             (g, p, p.grad) for g in self.param_groups for p in g["params"] if p.grad is not None
         ]
         self._clip([grad for _, _, grad in live])
+        if self.foreach:
+            for group, params, grads in _batches(live):
+                self._step_many(group, params, grads)
+            return loss
         for group, p, grad in live:
             if self.iter_size != 1:
                 grad.mul_(_scalar(1.0 / self.iter_size, grad.dtype))
             self._regularize(group, p, grad)
-            local_rate = _scalar(
-                _scalar(group["lr"], p.dtype) * _scalar(group["lr_mult"], p.dtype), p.dtype
-            )
-            self._update(group, p, grad, self._state(p), local_rate)
+            self._update(group, p, grad, self._state(p), self._local_rate(group, p.dtype))
             p.sub_(grad)
         return loss
+
+    def _step_many(self, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor]):
+        """The per-param loop's ops over ``params`` (one group, dtype and device) at once."""
+        dtype = params[0].dtype
+        if self.iter_size != 1:
+            torch._foreach_mul_(grads, _scalar(1.0 / self.iter_size, grads[0].dtype))
+        decay = self._decay(group, dtype)
+        if decay:
+            if group["regularization_type"] == "L2":
+                torch._foreach_add_(grads, params, alpha=decay)
+            else:
+                torch._foreach_add_(grads, torch._foreach_sign(params), alpha=decay)
+        states = [self._state(p) for p in params]
+        self._update_many(group, params, grads, states, self._local_rate(group, dtype))
+        torch._foreach_sub_(params, grads)
+
+    @staticmethod
+    def _local_rate(group: dict, dtype: torch.dtype) -> float:
+        """Caffe's ``local_rate = rate * lr_mult``, in the param's Dtype."""
+        return _scalar(_scalar(group["lr"], dtype) * _scalar(group["lr_mult"], dtype), dtype)
+
+    @staticmethod
+    def _decay(group: dict, dtype: torch.dtype) -> float:
+        """Caffe's ``local_decay = weight_decay * decay_mult``, in the param's Dtype."""
+        return _scalar(
+            _scalar(group["weight_decay"], dtype) * _scalar(group["decay_mult"], dtype), dtype
+        )
 
     def _clip(self, grads: Sequence[torch.Tensor]) -> None:
         """Scale every gradient by clip/norm when their global L2 norm exceeds ``clip``."""
@@ -125,9 +160,7 @@ class CaffeOptimizer(Optimizer, metaclass=abc.ABCMeta):
                 g.mul_(_scalar(factor, g.dtype))
 
     def _regularize(self, group: dict, p: torch.Tensor, grad: torch.Tensor) -> None:
-        decay = _scalar(
-            _scalar(group["weight_decay"], p.dtype) * _scalar(group["decay_mult"], p.dtype), p.dtype
-        )
+        decay = self._decay(group, p.dtype)
         if not decay:
             return
         if group["regularization_type"] == "L2":
@@ -151,6 +184,18 @@ class CaffeOptimizer(Optimizer, metaclass=abc.ABCMeta):
         self, group: dict, p: torch.Tensor, grad: torch.Tensor, state: dict, local_rate: float
     ) -> None:
         """Turn ``grad`` (in place) into the value Net::Update subtracts."""
+
+    def _update_many(
+        self,
+        group: dict,
+        params: list[torch.Tensor],
+        grads: list[torch.Tensor],
+        states: list[dict],
+        local_rate: float,
+    ) -> None:
+        """``_update`` over a batch of params; a rule overrides it with ``_foreach`` ops."""
+        for p, grad, state in zip(params, grads, states):
+            self._update(group, p, grad, state, local_rate)
 
     # -- Caffe's history blobs ----------------------------------------------------------------
     def _managed(self) -> set[int]:
@@ -204,6 +249,12 @@ class CaffeSGD(CaffeOptimizer):
         h.mul_(_scalar(group["momentum"], p.dtype)).add_(grad, alpha=local_rate)
         grad.copy_(h)
 
+    def _update_many(self, group, params, grads, states, local_rate):
+        history = [state["history"] for state in states]
+        torch._foreach_mul_(history, _scalar(group["momentum"], params[0].dtype))
+        torch._foreach_add_(history, grads, alpha=local_rate)
+        torch._foreach_copy_(grads, history)
+
 
 class CaffeNesterov(CaffeSGD):
     """Nesterov: history as SGD; step = (1+momentum)*history - momentum*previous history."""
@@ -216,6 +267,17 @@ class CaffeNesterov(CaffeSGD):
         previous = h.clone()
         h.mul_(momentum).add_(grad, alpha=local_rate)
         grad.copy_(h).mul_(_scalar(1.0 + momentum, p.dtype)).sub_(previous.mul_(momentum))
+
+    def _update_many(self, group, params, grads, states, local_rate):
+        history = [state["history"] for state in states]
+        dtype = params[0].dtype
+        momentum = _scalar(group["momentum"], dtype)
+        previous = torch._foreach_mul(history, momentum)  # momentum * the previous history
+        torch._foreach_mul_(history, momentum)
+        torch._foreach_add_(history, grads, alpha=local_rate)
+        torch._foreach_copy_(grads, history)
+        torch._foreach_mul_(grads, _scalar(1.0 + momentum, dtype))
+        torch._foreach_sub_(grads, previous)
 
 
 class CaffeAdaGrad(CaffeOptimizer):
@@ -301,6 +363,20 @@ class CaffeAdam(CaffeOptimizer):
         m.mul_(beta1).add_(grad, alpha=_one_minus(beta1, p.dtype))
         v.mul_(beta2).add_(grad.square(), alpha=_one_minus(beta2, p.dtype))
         grad.copy_(m).div_(v.sqrt().add_(_scalar(group["delta"], p.dtype))).mul_(rate)
+
+
+def _batches(
+    live: list[tuple[dict, torch.Tensor, torch.Tensor]],
+) -> list[tuple[dict, list[torch.Tensor], list[torch.Tensor]]]:
+    """``live`` (group, param, grad) rows split by group, dtype and device, in order."""
+    out: dict[tuple[int, torch.dtype, torch.device], tuple[dict, list, list]] = {}
+    for group, p, grad in live:
+        key = (id(group), p.dtype, p.device)
+        if key not in out:
+            out[key] = (group, [], [])
+        out[key][1].append(p)
+        out[key][2].append(grad)
+    return list(out.values())
 
 
 OPTIMIZERS: dict[str, type[CaffeOptimizer]] = {

@@ -145,8 +145,12 @@ class Solver:
             leave=False,
             disable=True if iters < 2 else disable,
         ) as bar:
+            # One pass and nothing in between that could read the diffs: clear them fused
+            # into the forward/backward (the test nets do not touch them).
+            fused = p.iter_size == 1 and not self._callbacks
             while self._iter < stop_iter:
-                self.net.clear_param_diffs()
+                if not fused:
+                    self.net.clear_param_diffs()
                 if (
                     self.root
                     and p.test_interval
@@ -155,12 +159,17 @@ class Solver:
                 ):
                     self.test_all()
                     if self.requested_early_exit and self.sync_request is None:
+                        if fused:
+                            self.net.clear_param_diffs()
                         break
                 for cb in self._callbacks:
                     cb.on_start()
                 display = self.root and bool(p.display) and self._iter % p.display == 0
-                loss = sum(self.net.forward_backward() for _ in range(p.iter_size))
-                loss /= p.iter_size
+                if fused:
+                    loss = self.net._clear_and_forward_backward()
+                else:
+                    loss = sum(self.net.forward_backward() for _ in range(p.iter_size))
+                    loss /= p.iter_size
                 self._update_smoothed_loss(loss, start_iter)
                 if display:
                     lapse = time.perf_counter() - timer
