@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 from google.protobuf import text_format
 from torch import nn
@@ -23,6 +22,7 @@ from ..errors import LayerParamError, TorchCaffeError
 from ..formats import user_schema
 from ..proto import caffe_pb2
 from ._fill_skip import will_be_loaded
+from ._zero_blobs import zero_blob
 from .fillers import check_filler, fill_
 
 Shape = tuple[int, ...]
@@ -199,8 +199,8 @@ class CaffeLayer(nn.Module):
         )
         if loaded:
             tensor = torch.empty(shape, dtype=torch.float32)  # the weights are copied next
-        elif zero:  # numpy's zeros come from calloc: pages stay untouched until written
-            tensor = torch.from_numpy(np.zeros(shape, dtype=np.float32))
+        elif zero:  # pages stay untouched until written (_zero_blobs)
+            tensor = zero_blob(shape)
         else:
             tensor = torch.empty(shape, dtype=torch.float32)  # the filler writes every value
         if filler is not None:
