@@ -44,3 +44,23 @@ def test_only_param_blobs_are_registered():
     assert conv.name == "conv" and conv.bottom_shapes == [(2, 3, 5, 7)] and conv.num_tops == 1
     assert conv.param_blobs() == [conv.weight, conv.bias]
     assert conv.weight.std() > 0  # the filler ran
+
+
+def test_building_leaves_the_callers_net_parameter_as_it_was():
+    """The builder completes layers in place (phase, automatic tops, input shapes) in its own
+    copy of the net: the message the caller passed is untouched."""
+    from torchcaffe.formats.prototxt import parse_net_text
+
+    param = parse_net_text(
+        'layer { name: "data" type: "Input" top: "data" top: "label" '
+        "input_param { shape { dim: 2 dim: 3 } shape { dim: 2 } } }\n"
+        'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" '
+        "inner_product_param { num_output: 3 } }\n"
+        'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" }\n'
+    )
+    before = param.SerializeToString(deterministic=True)
+    net = torchcaffe.load(param, phase="train", input_shapes={"data": (4, 3), "label": (4,)})
+    assert param.SerializeToString(deterministic=True) == before
+    loss = net.layer("loss").layer_param
+    assert loss.phase == torchcaffe.proto.caffe_pb2.TRAIN and len(loss.top) == 1
+    assert net.blob_shapes["data"] == (4, 3)
