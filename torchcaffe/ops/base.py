@@ -209,10 +209,8 @@ class CaffeLayer(nn.Module):
             (filler is None and not value)
             or (filler is not None and filler.type == "constant" and filler.value == 0)
         )
-        if loaded:
-            tensor = torch.empty(shape, dtype=torch.float32)  # the weights are copied next
-        elif zero:  # pages stay untouched until written (_zero_blobs)
-            tensor = zero_blob(shape)
+        if loaded or zero:  # untouched pages until written, huge ones where large (_zero_blobs)
+            tensor = zero_blob(shape)  # loaded: the weights are copied in next
         else:
             tensor = torch.empty(shape, dtype=torch.float32)  # the filler writes every value
         if filler is not None:
