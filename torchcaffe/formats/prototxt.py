@@ -20,7 +20,6 @@ from ..errors import PrototxtError, SchemaError, UsageError
 from ..proto import caffe_pb2 as pb
 from . import user_schema
 from .atomic import atomic_write
-from .fast_text import parse_fast
 from .upgrade import (
     upgrade_net_as_needed,
     upgrade_snapshot_prefix_property,
@@ -80,9 +79,6 @@ def parse_text_proto(text: str | bytes, message_type: type[M], path: PathLike | 
         text = _decode(text)
     theirs = user_schema.their_class_for(message_type)
     msg = message_type() if theirs is None else theirs()
-    if parse_fast(text, msg):
-        return _as_ours(msg, message_type, path)
-    msg = message_type() if theirs is None else theirs()  # text_format's result and errors
     try:
         text_format.Parse(text, msg)
     except text_format.ParseError as e:
