@@ -23,5 +23,12 @@ class SoftmaxLayer(CaffeLayer):
         super().__init__(layer_param, bottom_shapes)
         self.axis = canonical_axis(self, self.param.axis, len(self.bottom_shapes[0]))
 
+    def output_shapes(self, bottom_shapes):
+        # Arithmetic, not the meta forward: torch's meta softmax imports sympy (~0.3 s of a
+        # process's first build).
+        shape = tuple(int(d) for d in bottom_shapes[0])
+        canonical_axis(self, self.param.axis, len(shape))
+        return [shape]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.softmax(x, dim=self.axis)

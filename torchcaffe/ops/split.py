@@ -13,6 +13,9 @@ class SplitLayer(CaffeLayer):
     bottoms = Exactly(1)
     tops = AtLeast(1)
 
+    def output_shapes(self, bottom_shapes):
+        return [tuple(int(d) for d in bottom_shapes[0])] * self.num_tops
+
     def forward(self, x):
         # Distinct view objects so each top gets its own autograd node (and own diff).
         tops = tuple(x.view_as(x) for _ in range(self.num_tops))
