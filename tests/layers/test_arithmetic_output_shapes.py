@@ -14,7 +14,7 @@ from torchcaffe.ops.base import CaffeLayer
 from torchcaffe.proto import caffe_pb2
 from torchcaffe.registry import layer_class
 
-CASES = [
+SHAPE_CASES = [
     ('type: "Pooling" pooling_param { pool: MAX kernel_size: 3 stride: 2 }', 2, (2, 5, 13, 11)),
     (
         'type: "Pooling" pooling_param { pool: AVE kernel_size: 3 stride: 2 pad: 1 }',
@@ -33,7 +33,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("text,tops,shape", CASES)
+@pytest.mark.parametrize("text,tops,shape", SHAPE_CASES)
 def test_output_shapes_match_the_meta_forward_and_a_real_one(text, tops, shape):
     lp = text_format.Parse(f'name: "l" bottom: "x" {text}', caffe_pb2.LayerParameter())
     lp.top.extend([f"t{i}" for i in range(tops)])
