@@ -11,7 +11,7 @@ from google.protobuf import text_format
 
 import torchcaffe
 from torchcaffe.net.passes import layout
-from torchcaffe.ops.convolution import conv2d
+from torchcaffe.ops.convolution import ChannelsLastWeight, conv2d
 from torchcaffe.proto import caffe_pb2
 
 LAYOUT = "channels_last_layout"
@@ -134,3 +134,28 @@ def test_pass_is_a_no_op_without_convolutions():
     text += 'layer { name: "r" type: "ReLU" bottom: "x" top: "y" }'
     net = torchcaffe.load(text_format.Parse(text, caffe_pb2.NetParameter()), phase="test")
     assert net.optimized_program().report[LAYOUT] == 0
+
+
+def test_channels_last_weight_is_cached_until_the_weight_changes():
+    cache = ChannelsLastWeight()
+    w = torch.randn(8, 16, 3, 3)
+    with torch.no_grad():
+        first = cache(w)
+        assert first.is_contiguous(memory_format=CL) and torch.equal(first, w)
+        assert cache(w) is first  # no reorder on the next call
+        w.mul_(2)  # an edit (a new caffemodel, a solver step) bumps the version
+        second = cache(w)
+        assert second is not first and torch.equal(second, w)
+    assert cache(w) is w  # under autograd the parameter itself (its gradient must flow)
+
+
+def test_conv_of_channels_last_input_uses_the_cached_weight(monkeypatch):
+    x = torch.randn(1, 16, 9, 9).contiguous(memory_format=CL)
+    w, b = torch.randn(8, 16, 3, 3), torch.randn(8)
+    seen = []
+    real = F.conv2d
+    monkeypatch.setattr(F, "conv2d", lambda x, w, *a: seen.append(w) or real(x, w, *a))
+    with torch.no_grad():
+        got = conv2d(x, w, b, (1, 1), (1, 1), (1, 1), 1, ChannelsLastWeight())
+    assert seen[0].is_contiguous(memory_format=CL) and not seen[0].is_contiguous()
+    torch.testing.assert_close(got, real(x.contiguous(), w, b, 1, 1), rtol=1e-5, atol=1e-5)

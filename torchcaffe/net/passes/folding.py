@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ...ops.base import CaffeLayer
-from ...ops.convolution import conv2d
+from ...ops.convolution import ChannelsLastWeight, conv2d
 from ..program import LayerStep
 from .program import OptimizedProgram, readers_of
 
@@ -180,6 +180,7 @@ class FoldedAffine:
         self.bias = links.get("Bias")
         self._key: tuple[Any, ...] | None = None
         self._folded: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.weight_cache = ChannelsLastWeight()
 
     def sources(self) -> list[torch.Tensor]:
         """Every tensor the folded weights derive from (the caffemodel's blobs)."""
@@ -256,5 +257,7 @@ class FoldedAffine:
         extra = g.extra_pad(tuple(x.shape[2:]))
         if any(extra):
             x = F.pad(x, [v for e in reversed(extra) for v in (0, e)])
-        conv = (F.conv1d, conv2d, F.conv3d)[n - 1]
+        if n == 2:
+            return conv2d(x, w, b, g.stride, g.pad, g.dilation, p.group, self.weight_cache)
+        conv = F.conv1d if n == 1 else F.conv3d
         return conv(x, w, b, g.stride, g.pad, g.dilation, p.group)
