@@ -18,7 +18,11 @@ from ..program import LayerStep
 from .folding import fold_batchnorm_into_scale, fold_batchnorm_scale_into_producer
 from .inplace import inplace_relu
 from .program import OptimizedProgram
-from .training import fuse_batchnorm_scale_for_training, inplace_relu_for_training
+from .training import (
+    bypass_splits_for_training,
+    fuse_batchnorm_scale_for_training,
+    inplace_relu_for_training,
+)
 
 # The inference pipeline, in order: folds into producers first, then what they left (their
 # output is observable) into one multiply-add; in-place ReLU last, so a ReLU after a folded
@@ -26,8 +30,13 @@ from .training import fuse_batchnorm_scale_for_training, inplace_relu_for_traini
 INFERENCE_PASSES = (fold_batchnorm_scale_into_producer, fold_batchnorm_into_scale, inplace_relu)
 
 
-# For runs autograd records: fuse BatchNorm + Scale first, so a ReLU after the pair sees it.
-TRAINING_PASSES = (fuse_batchnorm_scale_for_training, inplace_relu_for_training)
+# For runs autograd records: fuse BatchNorm + Scale first, so a ReLU after the pair sees it;
+# unobserved Splits are bypassed (their readers read the Split's bottom).
+TRAINING_PASSES = (
+    fuse_batchnorm_scale_for_training,
+    bypass_splits_for_training,
+    inplace_relu_for_training,
+)
 
 
 def optimize_for_inference(
