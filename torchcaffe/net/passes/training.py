@@ -47,15 +47,16 @@ class TrainingBatchNormScale:
     def __init__(self, bn: Any, scale: Any) -> None:
         self.bn = bn
         self.scale = scale
+        self.bias_term = bool(scale.param.bias_term)  # read once: this runs per forward
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         bn, scale = self.bn, self.scale
-        bias = scale.bias if scale.param.bias_term else None
+        bias = scale.bias if self.bias_term else None
         if bn.uses_global_stats:  # frozen statistics (fine-tuning a deploy-style net)
             mean, var = bn.global_stats()
-            return F.batch_norm(
-                x, mean.to(x.dtype), var.to(x.dtype), scale.weight, bias, eps=bn.eps
-            )
+            if mean.dtype != x.dtype:
+                mean, var = mean.to(x.dtype), var.to(x.dtype)
+            return F.batch_norm(x, mean, var, scale.weight, bias, eps=bn.eps)
         if x.numel() // x.shape[1] <= 1:
             return scale(bn(x))  # one value per channel: the layer's own arithmetic
         batch_mean = torch.zeros(x.shape[1], dtype=x.dtype, device=x.device)
