@@ -134,6 +134,21 @@ def test_test_phase_uses_stored_statistics(factor):
         np.testing.assert_array_equal(got.numpy(), before)
 
 
+@pytest.mark.parametrize("factor", [999.98, 3.0, 0.0, -0.0, float("nan")])
+def test_global_stats_are_caffes_float32_arithmetic(factor):
+    # Caffe: scale = factor == 0 ? 0 : 1 / factor (in float), then mean * scale, var * scale.
+    layer, _ = make_layer("", [(2, 3, 4)], type="BatchNorm", phase="TEST")
+    rng = np.random.default_rng(14)
+    mean, var = rng.standard_normal(3).astype(np.float32), rng.uniform(0.5, 2, 3).astype("f4")
+    with torch.no_grad():
+        for buf, value in zip(layer.param_blobs(), [mean, var, np.float32([factor])]):
+            buf.copy_(torch.from_numpy(value))
+    scale = np.float32(0) if factor == 0 else np.float32(1) / np.float32(factor)
+    got = layer.global_stats()
+    np.testing.assert_array_equal(got[0].numpy(), mean * scale)
+    np.testing.assert_array_equal(got[1].numpy(), var * scale)
+
+
 def test_use_global_stats_overrides_phase():
     rng = np.random.default_rng(13)
     shape = (3, 4, 2, 5)

@@ -190,6 +190,39 @@ def test_forward_max_ignores_nan_and_floors_at_flt_max():
     assert mask.tolist() == [[[[1.0, -1.0]]]]
 
 
+def test_under_autograd_max_pool_keeps_the_layout_and_skips_an_idle_floor():
+    # A training forward pools in the bottom's own layout, and with nothing to floor (no NaN,
+    # nothing <= -FLT_MAX) straight on the bottom: one autograd node. Values and gradients
+    # equal those of the channels_last kernel.
+    snippet = "pooling_param { pool: MAX kernel_size: 3 stride: 2 }"
+    layer, _ = make_layer(snippet, [(2, 3, 9, 8)], type="Pooling")
+    x = torch.randn(2, 3, 9, 8, requires_grad=True)
+    top = layer(x)
+    assert type(top.grad_fn).__name__ == "MaxPool2DWithIndicesBackward0"
+    assert top.grad_fn.next_functions[0][0].variable is x
+    assert top.is_contiguous()
+    x_cl = x.detach().contiguous(memory_format=torch.channels_last).requires_grad_()
+    want = layer(x_cl)
+    assert torch.equal(top, want)
+    g = torch.randn(top.shape)
+    top.backward(g)
+    want.backward(g)
+    assert torch.equal(x.grad, x_cl.grad)
+
+
+def test_under_autograd_max_pool_still_floors_nan_and_minus_inf():
+    x = torch.tensor([[[[math.nan, 1.0, -math.inf, -math.inf]]]], requires_grad=True)
+    layer, _ = make_layer(
+        "pooling_param { pool: MAX kernel_h: 1 kernel_w: 2 stride: 2 }",
+        [tuple(x.shape)],
+        type="Pooling",
+    )
+    top = layer(x)
+    assert top.tolist() == [[[[1.0, -FLT_MAX]]]]
+    top.sum().backward()
+    assert x.grad.tolist() == [[[[0.0, 1.0, 0.0, 0.0]]]]
+
+
 @pytest.mark.parametrize("snippet", [c.snippet for c in CASES[:4]])
 def test_gradient(snippet):
     layer, bottoms = make_layer(snippet, [(2, 3, 6, 7)], type="Pooling", dtype=torch.float64)

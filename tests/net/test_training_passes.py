@@ -5,16 +5,19 @@ program computes them (rtol 1e-4, atol 1e-5, the golden tolerance)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import torch
 from google.protobuf import text_format
 
 import torchcaffe
-from torchcaffe.net.passes import TRAINING_PASSES
+from torchcaffe.net.passes import TRAINING_PASSES, OptimizedProgram
+from torchcaffe.net.passes.training import bypass_splits_for_training
 from torchcaffe.proto import caffe_pb2
 
 FUSE, RELU = "fuse_batchnorm_scale_for_training", "inplace_relu_for_training"
+SPLIT = "bypass_splits_for_training"
 RTOL, ATOL = 1e-4, 1e-5
 
 NET = """
@@ -43,11 +46,25 @@ def _net() -> torchcaffe.TorchNet:
 def _step(net: torchcaffe.TorchNet, x: torch.Tensor, optimize: bool):
     net.optimize = optimize
     net.zero_grad()
+    x = x.detach().requires_grad_()
     out = net(data=x)["out"]
     (out * torch.arange(out.numel()).reshape(out.shape)).sum().backward()
     grads = {n: p.grad.clone() for n, p in net.named_parameters()}
+    grads["data"] = x.grad.clone()
     stats = {n: b.clone() for n, b in net.named_buffers()}
     return out.detach(), grads, stats
+
+
+def _assert_step_equal(net: torchcaffe.TorchNet, x: torch.Tensor) -> None:
+    """One optimized step of ``net`` equals one layer-by-layer step of a copy: outputs, every
+    param's and the input's gradient, the statistics."""
+    twin = copy.deepcopy(net)
+    got, want = _step(net, x, optimize=True), _step(twin, x, optimize=False)
+    for part in range(1, 3):
+        assert got[part].keys() == want[part].keys()
+        for name in want[part]:
+            _close(got[part][name], want[part][name])
+    _close(got[0], want[0])
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> None:
@@ -55,7 +72,7 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 def test_passes_are_listed_in_order():
-    assert [p.__name__ for p in TRAINING_PASSES] == [FUSE, RELU]
+    assert [p.__name__ for p in TRAINING_PASSES] == [FUSE, SPLIT, RELU]
 
 
 def test_training_passes_fire_and_keep_outputs_grads_and_statistics():
@@ -126,3 +143,73 @@ def test_global_statistics_pair_is_fused_too():
     _close(got[0], want[0])
     for name in want[1]:
         _close(got[1][name], want[1][name])
+
+
+# data is read twice (conv, the shortcut) and so is the ReLU's output r: Caffe inserts a Split
+# for each. The ReLU after the Eltwise SUM runs in place; the one after the PROD follows a
+# Sigmoid (whose backward reads its output), so it stays out of place.
+RESIDUAL = """
+name: "r"
+input: "data" input_shape { dim: 2 dim: 3 dim: 5 dim: 4 }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "c"
+  convolution_param { num_output: 3 kernel_size: 3 pad: 1
+    weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "sum" type: "Eltwise" bottom: "c" bottom: "data" top: "e"
+  eltwise_param { coeff: 1 coeff: -0.5 } }
+layer { name: "relu" type: "ReLU" bottom: "e" top: "e" }
+layer { name: "sig" type: "Sigmoid" bottom: "e" top: "g" }
+layer { name: "prod" type: "Eltwise" bottom: "e" bottom: "g" top: "r"
+  eltwise_param { operation: PROD } }
+layer { name: "relu_r" type: "ReLU" bottom: "r" top: "r" }
+layer { name: "ip" type: "InnerProduct" bottom: "r" top: "o1"
+  inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "ip2" type: "InnerProduct" bottom: "r" top: "o2"
+  inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "out" type: "Eltwise" bottom: "o1" bottom: "o2" top: "out" }
+"""
+
+
+def _residual(text: str = RESIDUAL) -> torchcaffe.TorchNet:
+    torch.manual_seed(0)
+    return torchcaffe.load(text_format.Parse(text, caffe_pb2.NetParameter()), phase="train")
+
+
+def test_splits_bypassed_and_relus_after_eltwise_in_place_keep_grads():
+    net = _residual()
+    assert sum(s.type == "Split" for s in net.steps) == 3  # data, e, r
+    program = net.training_program()
+    assert program.report[SPLIT] == 3
+    assert not any(s.type == "Split" for s in program.steps)
+    readers = [s.bottoms for s in program.steps if s.name in ("conv", "sum", "ip", "ip2")]
+    assert readers == [("data",), ("c", "data"), ("r",), ("r",)]
+    assert program.report[RELU] == 2  # relu (after SUM) and relu_r (after PROD)
+    _assert_step_equal(net, torch.randn(2, 3, 5, 4))
+
+
+def test_an_observable_split_top_is_kept():
+    net = _residual()
+    split = next(s for s in net.steps if s.type == "Split" and s.bottoms == ("r",))
+    program = net.training_program(["out", split.tops[0]])
+    assert program.report[SPLIT] == 2
+    assert [s for s in program.steps if s.type == "Split"] == [split]
+
+
+def test_relu_after_a_prod_with_caffes_unstable_gradient_stays_out_of_place():
+    net = _residual(
+        RESIDUAL.replace("operation: PROD }", "operation: PROD stable_prod_grad: false }")
+    )
+    relus = [s.name for s in net.training_program().steps if s.type == "ReLU+inplace"]
+    assert relus == ["relu"]  # relu_r's producer saves its top for backward
+    _assert_step_equal(net, torch.randn(2, 3, 5, 4))
+
+
+def test_a_split_whose_bottom_is_rewritten_before_its_readers_is_kept():
+    # Caffe's wiring never rewrites a Split's bottom while its tops are read (in-place readers
+    # get the Split's names), so the program is edited by hand: "sig" now overwrites e between
+    # the Split of e and the readers of its tops, which must still see the old e.
+    net = _residual()
+    steps = [dataclasses.replace(s, tops=("e",)) if s.name == "sig" else s for s in net.steps]
+    program = OptimizedProgram.unoptimized(steps, net.layers)
+    out = bypass_splits_for_training(program, frozenset({"out"}))
+    assert out.report[SPLIT] == 2  # data and r
+    assert [s.bottoms for s in out.steps if s.type == "Split"] == [("e",)]

@@ -208,7 +208,7 @@ class TorchNet(nn.Module):
         program = self._programs.get(key)
         if program is None:
             optimize = optimize_for_training if autograd else optimize_for_inference
-            program = optimize(self.steps, self.layers, seen)
+            program = optimize(self.steps, self.layers, seen).with_releases(seen)
             self._programs[key] = program
         return program
 
@@ -228,23 +228,27 @@ class TorchNet(nn.Module):
     ) -> dict[str, torch.Tensor]:
         """Run steps ``start..end`` (inclusive) over ``blobs`` in place; returns ``blobs``.
 
-        With ``program`` (a pass-optimized program, whole net only) its steps and runners run.
+        With ``program`` (a pass-optimized program, whole net only) its steps and runners run,
+        and the blobs it releases are dropped from ``blobs`` as soon as no later step reads
+        them.
         """
         if program is not None:
             runners = program.runners
-            for step in program.steps:
-                if step.is_input:
-                    continue
-                out = runners[step.key](
-                    *[
-                        blobs[b] if keep else blobs[b].detach()
-                        for b, keep in zip(step.bottoms, step.propagate_down)
-                    ]
-                )
-                if isinstance(out, tuple):
-                    blobs.update(zip(step.tops, out))
-                else:
-                    blobs[step.tops[0]] = out
+            releases = program.releases or [()] * len(program.steps)
+            for step, dead in zip(program.steps, releases):
+                if not step.is_input:
+                    out = runners[step.key](
+                        *[
+                            blobs[b] if keep else blobs[b].detach()
+                            for b, keep in zip(step.bottoms, step.propagate_down)
+                        ]
+                    )
+                    if isinstance(out, tuple):
+                        blobs.update(zip(step.tops, out))
+                    else:
+                        blobs[step.tops[0]] = out
+                for name in dead:  # no later step reads it, the caller does not observe it
+                    blobs.pop(name, None)
             return blobs
         end = len(self.steps) - 1 if end is None else end
         for step in self.steps[start : end + 1]:

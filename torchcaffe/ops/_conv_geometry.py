@@ -9,6 +9,7 @@ differentiates; layers use torch's fused ops where they exist and these only bey
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ class ConvGeometry:
     def num_spatial(self) -> int:
         return len(self.kernel)
 
-    @property
+    @functools.cached_property  # read on every forward (extra_pad)
     def extent(self) -> tuple[int, ...]:
         """Dilated kernel extent per spatial axis: dilation * (kernel - 1) + 1."""
         return tuple(d * (k - 1) + 1 for k, d in zip(self.kernel, self.dilation))
@@ -66,7 +67,12 @@ class ConvGeometry:
 
     def extra_pad(self, spatial: Sequence[int]) -> tuple[int, ...]:
         """Zeros to add after each axis so that floor rounding gives Caffe's output size
-        (non-zero only where in + 2 * pad < extent, which C's division rounds up to one output)."""
+        (non-zero only where in + 2 * pad < extent, which C's division rounds up to one output).
+
+        Runs on every forward, so the usual case (no short axis) returns before computing
+        output sizes."""
+        if all(i + 2 * p >= e for i, p, e in zip(spatial, self.pad, self.extent)):
+            return (0,) * len(self.kernel)
         out = self.conv_output(spatial)
         return tuple(
             max(0, (o - 1) * s + e - (i + 2 * p))

@@ -124,8 +124,10 @@ class BatchNormLayer(CaffeLayer):
 
     def global_stats(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The stored statistics times 1 / scale_factor (0 when it is 0), as Caffe reads them."""
-        stored = self.scale_factor[0]
-        factor = torch.where(stored == 0, torch.zeros_like(stored), 1 / stored)
+        # Five small ops (this runs per forward): 1 / 0 = inf is masked back to 0; a NaN factor
+        # stays NaN, as in Caffe.
+        stored = self.scale_factor
+        factor = stored.reciprocal().masked_fill_(stored.logical_not(), 0)
         return self.mean * factor, self.variance * factor
 
     def _normalize_single(self, x: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,11 @@ from .folding import fold_batchnorm_into_scale, fold_batchnorm_scale_into_produc
 from .inplace import inplace_relu
 from .layout import channels_last_layout, to_nchw
 from .program import OptimizedProgram
-from .training import fuse_batchnorm_scale_for_training, inplace_relu_for_training
+from .training import (
+    bypass_splits_for_training,
+    fuse_batchnorm_scale_for_training,
+    inplace_relu_for_training,
+)
 
 # The inference pipeline, in order: folds into producers first, then what they left (their
 # output is observable) into one multiply-add; in-place ReLU next, so a ReLU after a folded
@@ -32,8 +36,13 @@ INFERENCE_PASSES = (
 )
 
 
-# For runs autograd records: fuse BatchNorm + Scale first, so a ReLU after the pair sees it.
-TRAINING_PASSES = (fuse_batchnorm_scale_for_training, inplace_relu_for_training)
+# For runs autograd records: fuse BatchNorm + Scale first, so a ReLU after the pair sees it;
+# unobserved Splits are bypassed (their readers read the Split's bottom).
+TRAINING_PASSES = (
+    fuse_batchnorm_scale_for_training,
+    bypass_splits_for_training,
+    inplace_relu_for_training,
+)
 
 
 def optimize_for_inference(

@@ -8,11 +8,13 @@ reader, so no other blob aliases the storage.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from ..program import LayerStep
 from .program import OptimizedProgram, producer_of, readers_of
 
 PASS_NAME = "inplace_relu"
@@ -35,13 +37,19 @@ class InplaceReLU:
 
 
 def inplace_relu(program: OptimizedProgram, observable: frozenset[str]) -> OptimizedProgram:
-    return rewrite_relus_in_place(program, FRESH_PRODUCERS, PASS_NAME)
+    return rewrite_relus_in_place(program, lambda step: _kind(step) in FRESH_PRODUCERS, PASS_NAME)
+
+
+def _kind(step: LayerStep) -> str:
+    """The Caffe type of a step, or of the first layer of a fused step (``BatchNorm+Scale``)."""
+    return step.type.split("+")[0]
 
 
 def rewrite_relus_in_place(
-    program: OptimizedProgram, producers: frozenset[str], pass_name: str
+    program: OptimizedProgram, producer_ok: Callable[[LayerStep], bool], pass_name: str
 ) -> OptimizedProgram:
-    """Every in-place ReLU whose bottom a step of ``producers`` wrote fresh, for it alone."""
+    """Every in-place ReLU whose bottom a step passing ``producer_ok`` wrote fresh, for it
+    alone."""
     steps = program.steps
     new_steps, runners, count = list(steps), {}, 0
     for i, step in enumerate(steps):
@@ -49,7 +57,7 @@ def rewrite_relus_in_place(
             continue
         blob = step.bottoms[0]
         j = producer_of(steps, i, blob)
-        if j is None or steps[j].type.split("+")[0] not in producers:
+        if j is None or not producer_ok(steps[j]):
             continue
         if readers_of(steps, j, blob) != [i]:
             continue

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from torch import nn
@@ -18,11 +18,13 @@ class OptimizedProgram:
     """Steps to run and the callable for each step key (modules, or a pass's derived runner).
 
     ``report`` maps a pass name to how many steps it rewrote (tests read it to see a pass fired).
+    ``releases`` (see ``with_releases``) names, per step, the blobs to drop once it has run.
     """
 
     steps: tuple[LayerStep, ...]
     runners: Mapping[str, Runner]
     report: Mapping[str, int] = field(default_factory=dict)
+    releases: tuple[tuple[str, ...], ...] = ()
 
     @classmethod
     def unoptimized(
@@ -35,6 +37,22 @@ class OptimizedProgram:
     ) -> OptimizedProgram:
         runners = {s.key: new_runners.get(s.key) or self.runners[s.key] for s in steps}
         return OptimizedProgram(tuple(steps), runners, {**self.report, name: count})
+
+    def with_releases(self, observable: frozenset[str]) -> OptimizedProgram:
+        """This program with, per step, the blobs no later step reads or writes and the caller
+        does not observe. The run drops them after that step, so an intermediate is freed
+        when its last reader has run (as a torch model's locals are) instead of when the
+        forward returns: peak memory, and the fresh pages the allocator must fault in, stay
+        those of the hand-written model (autograd keeps what it saved either way)."""
+        last: dict[str, int] = {}
+        for i, step in enumerate(self.steps):
+            for blob in (*step.bottoms, *step.tops):
+                last[blob] = i
+        releases: list[list[str]] = [[] for _ in self.steps]
+        for blob, i in last.items():
+            if blob not in observable:
+                releases[i].append(blob)
+        return replace(self, releases=tuple(tuple(r) for r in releases))
 
 
 def readers_of(steps: tuple[LayerStep, ...], index: int, blob: str) -> list[int]:

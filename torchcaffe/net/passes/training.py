@@ -8,6 +8,11 @@ one pass. The BatchNorm's running statistics are updated exactly as the unfused 
 (the kernel's saved batch mean and unbiased variance feed Caffe's update). Legal when the
 BatchNorm's own top is not observable and neither step has a loss weight or stops a gradient.
 
+``bypass_splits_for_training``: the readers of an unobserved Split's tops read its bottom
+instead (Caffe's Split tops share its data too). Autograd then sums their gradients in place in
+one buffer, as for a tensor a torch model reads twice, instead of one view node and one
+out-of-place add per extra top.
+
 ``inplace_relu_for_training``: an in-place ReLU overwrites its bottom when the producer's
 backward does not read its own output (so no saved tensor changes under autograd; were one
 to, autograd's version check would raise rather than compute a wrong gradient).
@@ -22,11 +27,13 @@ import torch
 import torch.nn.functional as F
 
 from ...ops.base import CaffeLayer
+from ...ops.eltwise import EltwiseLayer, EltwiseOp
 from ..program import LayerStep
 from .inplace import rewrite_relus_in_place
 from .program import OptimizedProgram, readers_of
 
 FUSE_PASS = "fuse_batchnorm_scale_for_training"
+SPLIT_PASS = "bypass_splits_for_training"
 RELU_PASS = "inplace_relu_for_training"
 # Producers whose backward reads their inputs (or nothing), never their output.
 OUTPUT_FREE_BACKWARD = frozenset(
@@ -40,15 +47,16 @@ class TrainingBatchNormScale:
     def __init__(self, bn: Any, scale: Any) -> None:
         self.bn = bn
         self.scale = scale
+        self.bias_term = bool(scale.param.bias_term)  # read once: this runs per forward
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         bn, scale = self.bn, self.scale
-        bias = scale.bias if scale.param.bias_term else None
+        bias = scale.bias if self.bias_term else None
         if bn.uses_global_stats:  # frozen statistics (fine-tuning a deploy-style net)
             mean, var = bn.global_stats()
-            return F.batch_norm(
-                x, mean.to(x.dtype), var.to(x.dtype), scale.weight, bias, eps=bn.eps
-            )
+            if mean.dtype != x.dtype:
+                mean, var = mean.to(x.dtype), var.to(x.dtype)
+            return F.batch_norm(x, mean, var, scale.weight, bias, eps=bn.eps)
         if x.numel() // x.shape[1] <= 1:
             return scale(bn(x))  # one value per channel: the layer's own arithmetic
         batch_mean = torch.zeros(x.shape[1], dtype=x.dtype, device=x.device)
@@ -116,7 +124,50 @@ def fuse_batchnorm_scale_for_training(
     return program.rewritten(FUSE_PASS, new_steps, runners, len(replaced))
 
 
+def _split_ok(step: LayerStep, observable: frozenset[str]) -> bool:
+    return (
+        step.type == "Split"
+        and len(step.bottoms) == 1
+        and all(step.propagate_down)
+        and not any(step.loss_weights)
+        and not observable.intersection(step.tops)
+    )
+
+
+def bypass_splits_for_training(
+    program: OptimizedProgram, observable: frozenset[str]
+) -> OptimizedProgram:
+    steps = list(program.steps)
+    removed: set[int] = set()
+    for i, step in enumerate(steps):
+        if not _split_ok(step, observable):
+            continue
+        source = step.bottoms[0]
+        readers = {top: readers_of(tuple(steps), i, top) for top in step.tops}
+        last = max((j for js in readers.values() for j in js), default=i)
+        if any(source in steps[k].tops for k in range(i + 1, last + 1)):
+            continue  # the bottom is rewritten before a reader would read it
+        for top, js in readers.items():
+            for j in js:
+                bottoms = tuple(source if b == top else b for b in steps[j].bottoms)
+                steps[j] = dataclasses.replace(steps[j], bottoms=bottoms)
+        removed.add(i)
+    new_steps = [s for i, s in enumerate(steps) if i not in removed]
+    return program.rewritten(SPLIT_PASS, new_steps, {}, len(removed))
+
+
+def _backward_reads_no_output(program: OptimizedProgram, step: LayerStep) -> bool:
+    """Whether ``step``'s backward leaves its top alone: OUTPUT_FREE_BACKWARD, and Eltwise but
+    a PROD with Caffe's unstable gradient (top_diff * top / bottom reads the top)."""
+    runner = program.runners[step.key]
+    if step.type == "Eltwise" and isinstance(runner, EltwiseLayer):
+        return runner.operation != EltwiseOp.PROD or runner.stable_prod_grad
+    return step.type.split("+")[0] in OUTPUT_FREE_BACKWARD
+
+
 def inplace_relu_for_training(
     program: OptimizedProgram, observable: frozenset[str]
 ) -> OptimizedProgram:
-    return rewrite_relus_in_place(program, OUTPUT_FREE_BACKWARD, RELU_PASS)
+    return rewrite_relus_in_place(
+        program, lambda step: _backward_reads_no_output(program, step), RELU_PASS
+    )

@@ -1,0 +1,48 @@
+"""ConvGeometry.extra_pad: the zeros after each axis that make torch's floor rounding give
+Caffe's output size. It runs on every convolution forward, so the usual case (no axis with
+in + 2 * pad < extent) returns before computing output sizes; it must equal the formula."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from torchcaffe.ops._conv_geometry import ConvGeometry
+
+
+def _formula(g: ConvGeometry, spatial: tuple[int, ...]) -> tuple[int, ...]:
+    out = g.conv_output(spatial)
+    return tuple(
+        max(0, (o - 1) * s + e - (i + 2 * p))
+        for o, s, e, i, p in zip(out, g.stride, g.extent, spatial, g.pad)
+    )
+
+
+GEOMETRIES = [
+    ConvGeometry(1, (3, 3), (1, 1), (1, 1), (1, 1)),
+    ConvGeometry(1, (5, 3), (2, 1), (0, 1), (1, 2)),
+    ConvGeometry(1, (7,), (3,), (2,), (1,)),
+    ConvGeometry(1, (2, 4, 3), (1, 3, 2), (0, 1, 2), (2, 1, 1)),
+]
+
+
+@pytest.mark.parametrize("g", GEOMETRIES)
+def test_extra_pad_equals_the_formula(g):
+    for spatial in itertools.product(range(1, 12), repeat=g.num_spatial):
+        if all(o > 0 for o in g.conv_output(spatial)):  # sizes set-up accepts
+            assert g.extra_pad(spatial) == _formula(g, spatial), spatial
+
+
+def test_extra_pad_skips_output_sizes_when_no_axis_is_short(monkeypatch):
+    g = ConvGeometry(1, (5, 3), (2, 1), (0, 1), (1, 2))  # extents (5, 5)
+    assert g.extra_pad((4, 3)) == (1, 0)  # 4 + 0 < 5: Caffe's one output needs a zero
+
+    def fail(self, spatial):
+        raise AssertionError("conv_output computed on the fast path")
+
+    monkeypatch.setattr(ConvGeometry, "conv_output", fail)
+    assert g.extra_pad((5, 3)) == (0, 0)
+    assert g.extra_pad((9, 8)) == (0, 0)
+    with pytest.raises(AssertionError):
+        g.extra_pad((4, 3))

@@ -1,0 +1,88 @@
+"""Blob release (OptimizedProgram.with_releases): a program run drops each unobserved blob
+after its last reader, as a torch model drops its locals, so an intermediate is freed while
+the forward still runs. Outputs and gradients are those of the layer-by-layer run."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import numpy as np
+import torch
+from google.protobuf import text_format
+
+import torchcaffe
+from torchcaffe.proto import caffe_pb2
+
+# c is read by the Eltwise only (whose backward saves nothing), so nothing keeps it alive but
+# the run's blob dict; r is rewritten in place by the ReLU and read twice after.
+NET = """
+name: "r"
+input: "data" input_shape { dim: 2 dim: 3 dim: 5 dim: 4 }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "c"
+  convolution_param { num_output: 3 kernel_size: 3 pad: 1
+    weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "sum" type: "Eltwise" bottom: "c" bottom: "data" top: "r" }
+layer { name: "relu" type: "ReLU" bottom: "r" top: "r" }
+layer { name: "ip" type: "InnerProduct" bottom: "r" top: "o1"
+  inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "ip2" type: "InnerProduct" bottom: "r" top: "o2"
+  inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "out" type: "Eltwise" bottom: "o1" bottom: "o2" top: "out" }
+"""
+
+
+def _net() -> torchcaffe.TorchNet:
+    torch.manual_seed(0)
+    return torchcaffe.load(text_format.Parse(NET, caffe_pb2.NetParameter()), phase="train")
+
+
+def _names(program, step_name: str) -> set[str]:
+    i = next(k for k, s in enumerate(program.steps) if s.name == step_name)
+    return set(program.releases[i])
+
+
+def test_each_unobserved_blob_is_released_after_its_last_reader():
+    net = _net()
+    for program in (net.optimized_program(), net.training_program()):
+        assert "c" in _names(program, "sum")
+        assert {"o1", "o2"} <= _names(program, "out")
+        released = {b for names in program.releases for b in names}
+        assert "out" not in released  # observed
+    everything = net.optimized_program(net.blob_names)
+    assert not any(everything.releases)
+
+
+def test_an_intermediate_is_freed_before_the_forward_returns():
+    net = _net()
+    seen: dict[str, weakref.ref] = {}
+
+    def keep_conv_top(module, inputs, output):
+        seen["c"] = weakref.ref(output)
+
+    def check_at_ip2(module, inputs):
+        gc.collect()
+        seen["alive_at_ip2"] = seen["c"]() is not None
+
+    net.layers["conv"].register_forward_hook(keep_conv_top)
+    net.layers["ip2"].register_forward_pre_hook(check_at_ip2)
+    with torch.no_grad():
+        net(data=torch.randn(2, 3, 5, 4))
+    assert seen["alive_at_ip2"] is False
+
+
+def test_outputs_and_gradients_equal_the_unreleased_run():
+    net = _net()
+    x = torch.randn(2, 3, 5, 4)
+    got_x, want_x = x.clone().requires_grad_(), x.clone().requires_grad_()
+    got = net(data=got_x)["out"]
+    got.sum().backward()
+    got_grads = [p.grad.clone() for p in net.parameters()]
+    net.zero_grad()
+    net.optimize = False
+    want = net(data=want_x)["out"]
+    want.sum().backward()
+    np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-6)
+    np.testing.assert_allclose(got_x.grad.numpy(), want_x.grad.numpy(), rtol=1e-6)
+    for g, p in zip(got_grads, net.parameters()):
+        np.testing.assert_allclose(g.numpy(), p.grad.numpy(), rtol=1e-6)
