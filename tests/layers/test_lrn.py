@@ -100,3 +100,13 @@ def test_across_channels_keeps_channels_last(size, beta):
     assert y.is_contiguous(memory_format=torch.channels_last)
     want = ref_lrn(x.double().numpy(), size, 0.4, beta, 1.5, False)
     np.testing.assert_allclose(y.double().numpy(), want, rtol=1e-6, atol=1e-7)
+
+
+def test_channel_window_sum_compiled_matches_eager():
+    """Under torch.compile the window sum is a sum of shifted slices (one fused kernel)."""
+    from torchcaffe.ops.lrn import channel_window_sum
+
+    sq = torch.rand(2, 7, 5, 4)
+    compiled = torch.compile(channel_window_sum, fullgraph=True)
+    for n in (1, 3, 5, 9):
+        torch.testing.assert_close(compiled(sq, n), channel_window_sum(sq, n), rtol=1e-6, atol=1e-6)
