@@ -144,17 +144,18 @@ def test_take_adopts_an_unviewed_buffer_and_copies_into_a_viewed_one():
     assert not mem.take(torch.zeros(4, dtype=torch.float64))  # another dtype: copied
 
 
-def test_take_keeps_a_strided_value_until_a_side_is_read():
+def test_take_keeps_a_strided_value_until_a_side_is_read(copies):
     """A channels_last value (CPU pooling's gradients) is not copied into the flat buffer
     until someone reads it; a later take replaces it without that copy ever happening."""
     mem = SyncedMemory(2 * 3 * 2 * 2)
     mem.mutable_cpu_data()
     value = torch.arange(24.0).view(2, 3, 2, 2).contiguous(memory_format=torch.channels_last)
     assert mem.take(value)
-    assert mem._pending is value and mem._cpu is None and mem.head is Head.HEAD_AT_CPU
+    assert mem.deferred and mem.head is Head.HEAD_AT_CPU and copies == []
     later = torch.ones(2, 3, 2, 2).contiguous(memory_format=torch.channels_last)
-    assert mem.take(later) and mem._pending is later  # replaced, never copied
-    assert mem.cpu_data().tolist() == [1.0] * 24 and mem._pending is None
+    assert mem.take(later) and mem.deferred and copies == []  # replaced, never copied
+    assert mem.cpu_data().tolist() == [1.0] * 24 and not mem.deferred
+    assert copies == ["deferred"]  # one copy, on the read
     assert mem.take(value) and mem.mutable_cpu_data().view(2, 3, 2, 2).equal(value)
     held = mem.mutable_cpu_data().numpy()
     assert not mem.take(later)  # a held view: copied in at once, in Caffe's NCHW order
@@ -169,6 +170,6 @@ def test_deferred_and_taken_values_replace_each_other():
     assert mem.take(torch.full((8,), 7.0)) and not mem.deferred
     assert mem.cpu_data().tolist() == [7.0] * 8
     nhwc = torch.zeros(1, 2, 2, 2).contiguous(memory_format=torch.channels_last)
-    assert mem.take(nhwc) and mem._pending is nhwc
+    assert mem.take(nhwc) and mem.deferred
     mem.defer(lambda: torch.full((8,), 9.0))
-    assert mem._pending is None and mem.cpu_data().tolist() == [9.0] * 8
+    assert mem.cpu_data().tolist() == [9.0] * 8

@@ -2,9 +2,9 @@
 
 Used by the Caffe face, weights I/O and data layers; layers and Net.forward never see a Blob.
 Reshape keeps the buffers while the new count fits the capacity (reallocating only on growth),
-and ``data``/``diff`` are writable numpy views of the host side, as in pycaffe. The blob
-remembers (weakly) the data views it handed out, so a forward that defers writing a blob
-nobody reads (``SyncedMemory.defer``) still writes at once the blobs a live view shows.
+and ``data``/``diff`` are writable numpy views of the host side, as in pycaffe. A forward
+that defers writing a blob nobody reads (``SyncedMemory.defer``) still writes at once the blobs
+a live view shows (``has_live_views``).
 ``before_write`` (when set) runs before the data is handed out writable: a net whose deferred
 blobs are recomputed from its params settles them before a param may change.
 """
@@ -12,9 +12,7 @@ blobs are recomputed from its params settles them before a param may change.
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 import torch
@@ -67,7 +65,6 @@ class Blob:
         self.capacity = 0
         self._data = SyncedMemory(0, dtype, gpu_device)
         self._diff = SyncedMemory(0, dtype, gpu_device)
-        self._views: list[weakref.ref] = []  # data views handed out (numpy arrays, tensors)
         self.before_write: Callable[[], None] | None = None
         if shape is not None:  # Caffe: Blob() is empty; a 0-axis shape holds one scalar
             self.reshape(shape)
@@ -96,7 +93,6 @@ class Blob:
             self.capacity = count
             self._data = SyncedMemory(count, self.dtype, self.gpu_device)
             self._diff = SyncedMemory(count, self.dtype, self.gpu_device)
-            self._views = []  # they show the old buffer, as in Caffe
 
     def reshape_like(self, other: Blob) -> None:
         self.reshape(other.shape)
@@ -192,35 +188,25 @@ class Blob:
     def _view(self, flat: torch.Tensor) -> torch.Tensor:
         return flat[: self._count].view(self._shape)
 
-    def _watch(self, view: Any) -> Any:
-        """Remember a data view handed out (weakly), for ``has_live_views``."""
-        if len(self._views) >= 8:
-            self._views = [r for r in self._views if r() is not None]
-        self._views.append(weakref.ref(view))
-        return view
-
     def has_live_views(self) -> bool:
-        """Does someone still hold a data view (numpy or tensor) this blob handed out?"""
-        if not self._views:
-            return False
-        self._views = [r for r in self._views if r() is not None]
-        return bool(self._views)
+        """Does someone still hold a view (numpy or tensor) of this blob's data buffers?"""
+        return self._data.viewed()
 
     def cpu_data(self) -> torch.Tensor:
-        return self._watch(self._view(self._data.cpu_data()))
+        return self._view(self._data.cpu_data())
 
     def mutable_cpu_data(self) -> torch.Tensor:
         if self.before_write is not None:
             self.before_write()
-        return self._watch(self._view(self._data.mutable_cpu_data()))
+        return self._view(self._data.mutable_cpu_data())
 
     def gpu_data(self) -> torch.Tensor:
-        return self._watch(self._view(self._data.gpu_data()))
+        return self._view(self._data.gpu_data())
 
     def mutable_gpu_data(self) -> torch.Tensor:
         if self.before_write is not None:
             self.before_write()
-        return self._watch(self._view(self._data.mutable_gpu_data()))
+        return self._view(self._data.mutable_gpu_data())
 
     def cpu_diff(self) -> torch.Tensor:
         return self._view(self._diff.cpu_data())
@@ -286,7 +272,6 @@ class Blob:
             self._data = SyncedMemory(self._count, self.dtype, self.gpu_device)
             self._diff = SyncedMemory(self._count, self.dtype, self.gpu_device)
         self._data.set_cpu_data(flat)
-        self._views = []
 
     def share_data(self, other: Blob) -> None:
         """Use ``other``'s data memory (same count required), as Caffe's ShareData."""
@@ -297,7 +282,6 @@ class Blob:
                 got=other.count(),
             )
         self._data = other._data
-        self._views = []
 
     def share_diff(self, other: Blob) -> None:
         if other.count() != self._count:
@@ -360,9 +344,7 @@ class Blob:
     @property
     def data(self) -> np.ndarray:
         """Writable numpy view of the host data (marks the host side current)."""
-        if self.before_write is not None:
-            self.before_write()
-        return self._watch(self._view(self._data.mutable_cpu_data()).numpy())
+        return self.mutable_cpu_data().numpy()
 
     @data.setter
     def data(self, value) -> None:

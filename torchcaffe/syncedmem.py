@@ -60,7 +60,6 @@ class SyncedMemory:
         self._cpu: torch.Tensor | None = None
         self._gpu: torch.Tensor | None = None
         self._deferred: Callable[[], torch.Tensor] | None = None
-        self._pending: torch.Tensor | None = None  # a taken value not yet in a flat buffer
         self.head = Head.UNINITIALIZED
         self._head_before = Head.UNINITIALIZED  # under a deferred value
 
@@ -83,7 +82,6 @@ class SyncedMemory:
         """The current value is ``value()`` (at most ``count`` elements; on the device with
         ``on_gpu``, else on the host, which ``head`` names meanwhile), written into the
         buffer of the side first accessed."""
-        self._settle()  # a value taken earlier is older than this one: into its buffer
         if self._deferred is None:
             self._head_before = self.head
         self._deferred = value
@@ -97,37 +95,24 @@ class SyncedMemory:
 
     def _write_deferred(self, to_cpu: bool) -> None:
         """Write the deferred value straight into the side being read (one copy)."""
-        value, self._deferred = self._deferred, None
-        assert value is not None
-        flat = value().reshape(-1)
+        deferred, self._deferred = self._deferred, None
+        assert deferred is not None
+        value = deferred()
         with torch.inference_mode(False):  # a buffer later autograd-recording runs may write
             if to_cpu:
                 if self._cpu is None:
                     self._cpu = torch.zeros(self.count, dtype=self.dtype)
-                self._cpu[: flat.numel()].copy_(flat)
-                self.head = Head.HEAD_AT_CPU
+                buffer, self.head = self._cpu, Head.HEAD_AT_CPU
             else:
                 if self._gpu is None:
                     self._gpu = torch.zeros(self.count, dtype=self.dtype, device=self.gpu_device)
-                self._gpu[: flat.numel()].copy_(flat)
-                self.head = Head.HEAD_AT_GPU
+                buffer, self.head = self._gpu, Head.HEAD_AT_GPU
+            # through a view of the value's shape: a strided (channels_last) value is copied
+            # once, in Caffe's order
+            buffer[: value.numel()].view(value.shape).copy_(value)
         self._report("deferred")
 
-    def _settle(self) -> None:
-        """Copy a taken strided value (``take``) into a flat buffer on its side, now that
-        the side is read."""
-        value, self._pending = self._pending, None
-        if value is None:
-            return
-        buffer = torch.empty(self.count, dtype=self.dtype, device=value.device)
-        buffer.view(value.shape).copy_(value)
-        if value.device.type == "cpu":
-            self._cpu = buffer
-        else:
-            self._gpu = buffer
-
     def _to_cpu(self) -> None:
-        self._settle()
         if self._deferred is not None:
             self._write_deferred(to_cpu=True)
         if self.head is Head.UNINITIALIZED:
@@ -143,7 +128,6 @@ class SyncedMemory:
             self.head = Head.SYNCED
 
     def _to_gpu(self) -> None:
-        self._settle()
         if self._deferred is not None:
             self._write_deferred(to_cpu=False)
         if self.head is Head.UNINITIALIZED:
@@ -181,14 +165,12 @@ class SyncedMemory:
 
     def set_cpu_data(self, tensor: torch.Tensor) -> None:
         """Adopt ``tensor`` (flat, host) as the host side, as Caffe's set_cpu_data."""
-        self._settle()
         self._cpu = self._check_external(tensor, torch.device("cpu"))
         self._deferred = None
         self.head = Head.HEAD_AT_CPU
 
     def set_gpu_data(self, tensor: torch.Tensor) -> None:
         """Adopt ``tensor`` (flat, device) as the device side, as Caffe's set_gpu_data."""
-        self._settle()
         self._gpu = self._check_external(tensor, tensor.device)
         self._deferred = None
         if self._gpu_device is None:
@@ -201,32 +183,27 @@ class SyncedMemory:
         tell: when no view of the buffer is alive (a numpy array from ``Blob.data`` is one;
         it keeps seeing the buffer, as Caffe's fixed buffers are seen, so then the value is
         copied in), a contiguous ``tensor`` becomes the buffer, and a strided one (e.g.
-        channels_last) is kept and copied into a flat buffer only when that side is read.
+        channels_last) is deferred: copied into the buffer only when a side is read.
         The caller vouches that nothing else holds ``tensor``. Returns whether it was taken
         without a copy."""
         cpu = tensor.device.type == "cpu"
         self.drop_deferred()  # ``tensor`` replaces the whole value
-        if self._pending is not None and self._pending.device != tensor.device:
-            self._settle()
         old = self._cpu if cpu else self._gpu
-        free = self._pending is not None or (  # a pending value has no views: none was read
-            old is not None and old.device == tensor.device and not _viewed(old)
-        )
+        free = old is None or (old.device == tensor.device and not _viewed(old))
         if free and tensor.dtype == self.dtype and tensor.numel() == self.count:
-            self._pending = None
             if tensor.is_contiguous():
                 (self.set_cpu_data if cpu else self.set_gpu_data)(tensor.view(-1))
-                return True
-            if cpu:
-                self._cpu = None
             else:
-                self._gpu = None
-            self._pending = tensor
-            self.head = Head.HEAD_AT_CPU if cpu else Head.HEAD_AT_GPU
+                self.defer(lambda: tensor, on_gpu=not cpu)
             return True
         side = self.mutable_cpu_data() if cpu else self.mutable_gpu_data()
         side.view(tensor.shape).copy_(tensor)
         return False
+
+    def viewed(self) -> bool:
+        """Does anyone outside this object hold a view of either side's buffer (a numpy array
+        from ``Blob.data``, a tensor from ``cpu_data``)?"""
+        return any(b is not None and _viewed(b) for b in (self._cpu, self._gpu))
 
     def _check_external(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
         if tensor.numel() != self.count or tensor.dim() != 1:
