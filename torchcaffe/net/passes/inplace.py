@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..program import LayerStep
-from .program import OptimizedProgram, producer_of, readers_of
+from .program import OptimizedProgram, producer_of, readers_of, step_kind
 
 PASS_NAME = "inplace_relu"
 # Types whose forward returns a newly computed tensor (never a view of a bottom).
@@ -37,12 +37,9 @@ class InplaceReLU:
 
 
 def inplace_relu(program: OptimizedProgram, observable: frozenset[str]) -> OptimizedProgram:
-    return rewrite_relus_in_place(program, lambda step: _kind(step) in FRESH_PRODUCERS, PASS_NAME)
-
-
-def _kind(step: LayerStep) -> str:
-    """The Caffe type of a step, or of the first layer of a fused step (``BatchNorm+Scale``)."""
-    return step.type.split("+")[0]
+    return rewrite_relus_in_place(
+        program, lambda step: step_kind(step) in FRESH_PRODUCERS, PASS_NAME
+    )
 
 
 def rewrite_relus_in_place(

@@ -29,7 +29,8 @@ from typing import Any
 import torch
 
 from ...proto import caffe_pb2
-from .program import OptimizedProgram
+from ..program import LayerStep
+from .program import OptimizedProgram, step_kind
 
 PP = caffe_pb2.PoolingParameter
 
@@ -66,10 +67,10 @@ def _is_vectorized_pool(step_type: str, runner: Any) -> bool:
     return step_type == "Pooling" and pool in (PP.MAX, PP.AVE)
 
 
-def _conv2d_module(step_type: str, runner: Any) -> Any | None:
+def _conv2d_module(step: LayerStep, runner: Any) -> Any | None:
     """The Convolution layer (folded or not) over (N, C, H, W) with at least MIN_CHANNELS
     channels that ``runner`` runs, else None."""
-    if step_type.split("+")[0] != "Convolution":
+    if step_kind(step) != "Convolution":
         return None
     module = getattr(runner, "producer", None) or runner
     geom = getattr(module, "geom", None)
@@ -137,7 +138,7 @@ def channels_last_layout(program: OptimizedProgram, observable: frozenset[str]) 
     moved = 0  # steps that get channels_last input
     for i, step in enumerate(steps):
         runner = program.runners[step.key]
-        conv = _conv2d_module(step.type, runner)
+        conv = _conv2d_module(step, runner)
         if conv is not None:
             key = f"{step.key}+nhwc"
             depthwise = conv.group == conv.channels and conv.group > 1
@@ -167,6 +168,6 @@ def channels_last_layout(program: OptimizedProgram, observable: frozenset[str]) 
             maybe_nhwc.difference_update(step.tops)
         else:
             maybe_nhwc.difference_update(step.tops)
-    if not any(_conv2d_module(s.type, program.runners[s.key]) for s in steps):
+    if not any(_conv2d_module(s, program.runners[s.key]) for s in steps):
         return program.rewritten(PASS_NAME, list(steps), {}, 0)
     return program.rewritten(PASS_NAME, new_steps, runners, moved)

@@ -55,6 +55,11 @@ class OptimizedProgram:
         return replace(self, releases=tuple(tuple(r) for r in releases))
 
 
+def step_kind(step: LayerStep) -> str:
+    """The Caffe type of a step, or of the first layer of a fused one (``BatchNorm+Scale``)."""
+    return step.type.split("+")[0]
+
+
 def readers_of(steps: tuple[LayerStep, ...], index: int, blob: str) -> list[int]:
     """Steps that read the value step ``index`` wrote to ``blob`` (until ``blob`` is rewritten;
     an in-place writer reads it first, so it counts)."""

@@ -30,7 +30,7 @@ from ...ops.base import CaffeLayer
 from ...ops.eltwise import EltwiseLayer, EltwiseOp
 from ..program import LayerStep
 from .inplace import rewrite_relus_in_place
-from .program import OptimizedProgram, readers_of
+from .program import OptimizedProgram, readers_of, step_kind
 
 FUSE_PASS = "fuse_batchnorm_scale_for_training"
 SPLIT_PASS = "bypass_splits_for_training"
@@ -162,7 +162,7 @@ def _backward_reads_no_output(program: OptimizedProgram, step: LayerStep) -> boo
     runner = program.runners[step.key]
     if step.type == "Eltwise" and isinstance(runner, EltwiseLayer):
         return runner.operation != EltwiseOp.PROD or runner.stable_prod_grad
-    return step.type.split("+")[0] in OUTPUT_FREE_BACKWARD
+    return step_kind(step) in OUTPUT_FREE_BACKWARD
 
 
 def inplace_relu_for_training(
