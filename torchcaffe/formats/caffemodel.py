@@ -456,8 +456,7 @@ def copy_trained_layers(
         filled.append(record.name)
     written = {id(target) for target, _ in plan}
     _report_unfilled(net, written, path, strict)
-    for target, values in plan:
-        _assign(target, values)
+    _assign_all(plan)
     return filled
 
 
@@ -538,14 +537,15 @@ def _report_unfilled(net: TorchNet, written: set[int], path: str | None, strict:
     )
 
 
-def _assign(target: torch.Tensor, values: np.ndarray) -> None:
-    if target.device.type == "cpu" and target.is_contiguous():
-        target.detach().view(-1).numpy()[:] = values  # one copy: file view -> param
-        return
+def _assign_all(plan: list[tuple[torch.Tensor, np.ndarray]]) -> None:
+    """One copy per blob, file view -> param, by torch's ``copy_``: it splits a large copy over
+    the intra-op threads, and with it the page faults of a fresh blob's memory (numpy's
+    assignment runs on one: ResNet-152 load(proto, weights) at 2 threads, A/B in one process on
+    a busy machine, 0.37-0.39 -> 0.29-0.33 s). A double_data record is cast on the way."""
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # read-only view; only read from
-        source = torch.from_numpy(values)
-    target.copy_(source.view(target.shape).to(target.dtype))
+        warnings.simplefilter("ignore", UserWarning)  # read-only file views; only read from
+        for target, values in plan:
+            target.copy_(torch.from_numpy(values).view(target.shape))
 
 
 # -- saving -----------------------------------------------------------------------------------
