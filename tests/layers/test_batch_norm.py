@@ -134,7 +134,7 @@ def test_test_phase_uses_stored_statistics(factor):
         np.testing.assert_array_equal(got.numpy(), before)
 
 
-@pytest.mark.parametrize("factor", [999.98, 3.0, 0.0, -0.0, float("nan")])
+@pytest.mark.parametrize("factor", [999.98, 3.0, 1.0, 0.0, -0.0, float("nan")])
 def test_global_stats_are_caffes_float32_arithmetic(factor):
     # Caffe: scale = factor == 0 ? 0 : 1 / factor (in float), then mean * scale, var * scale.
     layer, _ = make_layer("", [(2, 3, 4)], type="BatchNorm", phase="TEST")
@@ -147,6 +147,8 @@ def test_global_stats_are_caffes_float32_arithmetic(factor):
     got = layer.global_stats()
     np.testing.assert_array_equal(got[0].numpy(), mean * scale)
     np.testing.assert_array_equal(got[1].numpy(), var * scale)
+    # factor 1 (a deploy net's): the blobs themselves, no arithmetic
+    assert (got[0] is layer.mean and got[1] is layer.variance) == (factor == 1.0)
 
 
 def test_use_global_stats_overrides_phase():

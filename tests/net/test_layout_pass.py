@@ -100,6 +100,27 @@ def test_dense_convolutions_switch_layout_by_input_positions():
     assert _seen_by(dense, small).is_contiguous()
 
 
+def test_strided_dense_convolutions_count_positions_at_their_stride():
+    strided = layout.ChannelsLastInput(lambda t: t, always=False, stride=(2, 2))
+    into_14x14 = torch.randn(1, 16, 28, 28).contiguous(memory_format=CL)  # 196 at stride 2
+    into_28x28 = torch.randn(1, 16, 56, 55)  # 28 * 28 = 784 at stride 2 (rounded up)
+    assert _seen_by(strided, into_14x14).is_contiguous()
+    seen = _seen_by(strided, into_28x28)
+    assert seen.is_contiguous(memory_format=CL) and not seen.is_contiguous()
+
+
+def test_the_pass_gives_each_convolution_its_stride():
+    strided = NET.replace(
+        "num_output: 16 kernel_size: 3 pad: 1 }", "num_output: 16 kernel_size: 3 pad: 1 stride: 2 }"
+    )
+    strided = strided.replace("pad: 1 group: 16 }", "pad: 1 group: 16 stride: 2 }")
+    net = torchcaffe.load(text_format.Parse(strided, caffe_pb2.NetParameter()), phase="test")
+    program = net.optimized_program()
+    runners = {s.key.split("+")[0]: program.runners[s.key] for s in program.steps}
+    assert runners["dense"].stride == (2, 2) and runners["dw"].stride == (2, 2)
+    assert runners["pw"].stride == (1, 1)
+
+
 def test_depthwise_convolutions_and_pooling_always_get_channels_last():
     always = layout.ChannelsLastInput(lambda t: t, always=True)
     seen = _seen_by(always, torch.randn(1, 16, 7, 7))

@@ -8,6 +8,7 @@ import copy
 import dataclasses
 
 import numpy as np
+import pytest
 import torch
 from google.protobuf import text_format
 
@@ -17,6 +18,7 @@ from torchcaffe.net.passes.training import bypass_splits_for_training
 from torchcaffe.proto import caffe_pb2
 
 FUSE, RELU = "fuse_batchnorm_scale_for_training", "inplace_relu_for_training"
+FOLD = "fold_frozen_batchnorm_for_training"
 SPLIT = "bypass_splits_for_training"
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -72,7 +74,7 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 def test_passes_are_listed_in_order():
-    assert [p.__name__ for p in TRAINING_PASSES] == [FUSE, SPLIT, RELU]
+    assert [p.__name__ for p in TRAINING_PASSES] == [FOLD, FUSE, SPLIT, RELU]
 
 
 def test_training_passes_fire_and_keep_outputs_grads_and_statistics():
@@ -126,8 +128,15 @@ def test_inference_and_training_programs_are_chosen_by_autograd():
     assert kinds == {False, True}
 
 
-def test_global_statistics_pair_is_fused_too():
-    text = NET.replace(
+SCALE = NET[NET.index('layer { name: "sc"') : NET.index('layer { name: "relu"')]
+BIAS = """layer { name: "sc" type: "Bias" bottom: "c" top: "c"
+  bias_param { filler { type: "uniform" min: -0.5 max: 0.5 } } }
+"""
+
+
+def _frozen(text: str = NET, factor: float = 2.0) -> torchcaffe.TorchNet:
+    """NET with the BatchNorm's statistics frozen (use_global_stats) and set."""
+    text = text.replace(
         'type: "BatchNorm" bottom: "c" top: "c" }',
         'type: "BatchNorm" bottom: "c" top: "c" batch_norm_param { use_global_stats: true } }',
     )
@@ -135,14 +144,61 @@ def test_global_statistics_pair_is_fused_too():
     with torch.no_grad():
         net.layers["bn"].mean.uniform_(-0.5, 0.5)
         net.layers["bn"].variance.uniform_(0.5, 1.5)
-        net.layers["bn"].scale_factor.fill_(2.0)
-    assert net.training_program().report[FUSE] == 1
+        net.layers["bn"].scale_factor.fill_(factor)
+    return net
+
+
+def test_frozen_batchnorm_and_scale_fold_into_the_convolution():
+    net = _frozen()
+    program = net.training_program()
+    assert program.report[FOLD] == 1 and program.report[FUSE] == 0
+    assert [s.type for s in program.steps][1] == "Convolution+BatchNorm+Scale"
+    assert program.report[RELU] == 1  # the folded convolution's backward keeps its output free
+    _assert_step_equal(net, torch.randn(4, 3, 6, 5))
+
+
+@pytest.mark.parametrize("factor", [1.0, 2.0])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        ("bias_term: false", "bias_term: true bias_filler { type: 'gaussian' std: 0.3 }"),
+        ("scale_param { bias_term: true", "scale_param { bias_term: false"),
+        (SCALE, BIAS),
+    ],
+    ids=["conv-bias", "scale-without-bias", "bias-instead-of-scale"],
+)
+def test_every_chain_shape_folds_with_the_same_gradients(edit, factor):
+    net = _frozen(NET.replace(*edit), factor)
+    assert net.training_program().report[FOLD] == 1
+    _assert_step_equal(net, torch.randn(4, 3, 6, 5))
+
+
+def test_batch_statistics_are_not_folded():
+    assert _net().training_program().report[FOLD] == 0
+
+
+def test_a_batchnorm_switched_to_batch_statistics_later_runs_the_chain():
+    net = _frozen()
+    net.layers["bn"].use_global_stats = None  # as if unset in the prototxt
+    net.layers["bn"].eval()
+    assert net.training_program().report[FOLD] == 1  # built while the statistics are global
+    net.layers["bn"].train()  # this layer alone: the cached program stays
     twin = copy.deepcopy(net)
     x = torch.randn(4, 3, 6, 5)
     got, want = _step(net, x, optimize=True), _step(twin, x, optimize=False)
     _close(got[0], want[0])
-    for name in want[1]:
-        _close(got[1][name], want[1][name])
+    for part in (1, 2):
+        for name in want[part]:
+            _close(got[part][name], want[part][name])
+    assert net.layers["bn"].scale_factor.item() > 2.0  # the batch statistics were taken
+
+
+def test_a_stopped_gradient_in_the_chain_is_not_folded():
+    text = NET.replace(
+        'name: "sc" type: "Scale" bottom: "c" top: "c"',
+        'name: "sc" type: "Scale" bottom: "c" top: "c" propagate_down: false',
+    )
+    assert _frozen(text).training_program().report[FOLD] == 0
 
 
 # data is read twice (conv, the shortcut) and so is the ReLU's output r: Caffe inserts a Split

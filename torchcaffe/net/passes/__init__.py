@@ -21,6 +21,7 @@ from .layout import channels_last_layout, to_nchw
 from .program import OptimizedProgram
 from .training import (
     bypass_splits_for_training,
+    fold_frozen_batchnorm_for_training,
     fuse_batchnorm_scale_for_training,
     inplace_relu_for_training,
 )
@@ -36,9 +37,11 @@ INFERENCE_PASSES = (
 )
 
 
-# For runs autograd records: fuse BatchNorm + Scale first, so a ReLU after the pair sees it;
-# unobserved Splits are bypassed (their readers read the Split's bottom).
+# For runs autograd records: frozen BatchNorm (+ Scale/Bias) into the Convolution before it,
+# then the BatchNorm + Scale pairs left fused, so a ReLU after either sees it; unobserved
+# Splits are bypassed (their readers read the Split's bottom).
 TRAINING_PASSES = (
+    fold_frozen_batchnorm_for_training,
     fuse_batchnorm_scale_for_training,
     bypass_splits_for_training,
     inplace_relu_for_training,

@@ -27,7 +27,7 @@ PRODUCERS = ("Convolution", "Deconvolution", "InnerProduct")
 LINKS = ("BatchNorm", "Scale", "Bias")  # the order a chain may take (each at most once)
 
 
-def _producer_ok(step: LayerStep, module: Any) -> bool:
+def producer_ok(step: LayerStep, module: Any) -> bool:
     if step.type not in PRODUCERS or len(step.bottoms) != 1 or len(step.tops) != 1:
         return False
     if step.type == "InnerProduct":
@@ -53,7 +53,7 @@ def _channels(step: LayerStep, module: Any) -> int:
     return int(module.param.num_output)
 
 
-def _collect_chain(
+def collect_chain(
     program: OptimizedProgram,
     at: int,
     blob: str,
@@ -102,7 +102,7 @@ def fold_batchnorm_into_scale(
         channels = int(stats.shape[0])
         if not _link_ok(step, module, channels) or any(step.loss_weights):
             continue
-        chain, blob = _collect_chain(program, i, step.tops[0], channels, 1, observable)
+        chain, blob = collect_chain(program, i, step.tops[0], channels, 1, observable)
         if not chain:
             continue
         links = {s.type: program.runners[s.key] for _, s in [(i, step), *chain]}
@@ -125,11 +125,11 @@ def fold_batchnorm_scale_into_producer(
     runners: dict[str, FoldedAffine] = {}
     for i, step in enumerate(steps):
         module = program.runners[step.key]
-        if i in removed or not isinstance(module, CaffeLayer) or not _producer_ok(step, module):
+        if i in removed or not isinstance(module, CaffeLayer) or not producer_ok(step, module):
             continue
         if any(step.loss_weights):
             continue
-        chain, blob = _collect_chain(
+        chain, blob = collect_chain(
             program, i, step.tops[0], _channels(step, module), 0, observable
         )
         if not chain:
@@ -180,7 +180,7 @@ class FoldedAffine:
         self.bias = links.get("Bias")
         self._key: tuple[Any, ...] | None = None
         self._folded: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.weight_cache = ChannelsLastWeight()
+        self.weight_cache: ChannelsLastWeight | None = ChannelsLastWeight()
 
     def sources(self) -> list[torch.Tensor]:
         """Every tensor the folded weights derive from (the caffemodel's blobs)."""

@@ -1,5 +1,18 @@
 """Passes for runs that autograd records (training, or any forward with grad enabled).
 
+``fold_frozen_batchnorm_for_training``: a Convolution followed by a BatchNorm with frozen
+(global) statistics and its Scale / Bias, as the inference fold takes them, runs as one
+convolution whose weights and bias autograd derives from the blobs on each call
+(w * gamma / std, (b - mean) * gamma / std + beta). The chain's per-channel arithmetic over
+the activations, forward and backward, becomes arithmetic over the weights, and autograd
+keeps no BatchNorm input: for a deploy-style net (``use_global_stats: true``) at batch 8, one
+thread, CPU time median of 16 (12) interleaved, MobileNetV2 forward+backward 797 -> 558 ms
+(hand-written torch 772), ResNet-50 2523 -> 2358 ms (2499). Gradients reach the same blobs
+(conv weight and bias, Scale and Bias params) with the rounding of another summation order
+(the golden cases' tolerances hold); the statistics get none, as in Caffe. A BatchNorm
+switched to batch statistics after the program was built (``train()`` on that layer alone)
+runs the literal chain.
+
 ``fuse_batchnorm_scale_for_training``: a BatchNorm (batch or global statistics) and the
 per-channel Scale that alone reads its top run as one ``F.batch_norm`` with the Scale's weight
 and bias,
@@ -29,9 +42,11 @@ import torch.nn.functional as F
 from ...ops.base import CaffeLayer
 from ...ops.eltwise import EltwiseLayer, EltwiseOp
 from ..program import LayerStep
+from .folding import FoldedAffine, collect_chain, producer_ok
 from .inplace import rewrite_relus_in_place
 from .program import OptimizedProgram, readers_of, step_kind
 
+FOLD_PASS = "fold_frozen_batchnorm_for_training"
 FUSE_PASS = "fuse_batchnorm_scale_for_training"
 SPLIT_PASS = "bypass_splits_for_training"
 RELU_PASS = "inplace_relu_for_training"
@@ -39,6 +54,85 @@ RELU_PASS = "inplace_relu_for_training"
 OUTPUT_FREE_BACKWARD = frozenset(
     {"Convolution", "Deconvolution", "InnerProduct", "BatchNorm", "Scale", "Bias"}
 )
+
+
+class FrozenBatchNormFold(FoldedAffine):
+    """A Convolution with its frozen BatchNorm / Scale / Bias folded in, differentiably."""
+
+    def __init__(self, producer: Any, links: dict[str, Any], chain: list[Any]) -> None:
+        super().__init__("Convolution", producer, links)
+        self.chain = chain  # the links in program order, for the literal fallback
+        self.weight_cache = None  # the weights are new tensors each call: nothing to key on
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bn is not None and not self.bn.uses_global_stats:
+            y = self.producer(x)  # batch statistics now: the layers one by one
+            for link in self.chain:
+                y = link(y)
+            return y
+        return super().__call__(x)
+
+    def folded_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(w * a, c) with y = conv(x, w) * a + c per output channel, in the blobs' dtype,
+        recorded by autograd (no cache: the params change every step)."""
+        p = self.producer
+        w = p.weight
+        c = p.bias if p.param.bias_term else None
+        a: torch.Tensor | None = None
+        if self.bn is not None:
+            mean, var = self.bn.global_stats()
+            std = torch.sqrt(var.to(w.dtype) + self.bn.eps)
+            a = 1 / std
+            c = (-mean.to(w.dtype) if c is None else c - mean.to(w.dtype)) / std
+        if self.scale is not None:
+            gamma = self.scale.weight
+            a = gamma if a is None else a * gamma
+            c = None if c is None else c * gamma
+            if self.scale.param.bias_term:
+                c = self.scale.bias if c is None else c + self.scale.bias
+        if self.bias is not None:
+            c = self.bias.bias if c is None else c + self.bias.bias
+        if c is None:
+            c = w.new_zeros(w.shape[0])
+        if a is not None:
+            w = w * a.reshape(-1, *([1] * (w.dim() - 1)))
+        return w, c
+
+
+def _fold_links_ok(chain: list[tuple[int, LayerStep]]) -> bool:
+    return all(all(s.propagate_down) for _, s in chain)
+
+
+def fold_frozen_batchnorm_for_training(
+    program: OptimizedProgram, observable: frozenset[str]
+) -> OptimizedProgram:
+    steps = program.steps
+    removed: set[int] = set()
+    replaced: dict[int, LayerStep] = {}
+    runners: dict[str, FrozenBatchNormFold] = {}
+    for i, step in enumerate(steps):
+        module = program.runners[step.key]
+        if i in removed or step.type != "Convolution" or not isinstance(module, CaffeLayer):
+            continue
+        if not producer_ok(step, module) or any(step.loss_weights):
+            continue
+        if not all(step.propagate_down):
+            continue
+        channels = int(module.param.num_output)
+        chain, blob = collect_chain(program, i, step.tops[0], channels, 0, observable)
+        if not any(s.type == "BatchNorm" for _, s in chain) or not _fold_links_ok(chain):
+            continue  # nothing frozen to fold: Scale alone stays (its own backward is cheap)
+        links = {s.type: program.runners[s.key] for _, s in chain}
+        key = f"{step.key}+frozen-folded"
+        runners[key] = FrozenBatchNormFold(
+            module, links, [program.runners[s.key] for _, s in chain]
+        )
+        replaced[i] = dataclasses.replace(
+            step, type="+".join([step.type] + [s.type for _, s in chain]), key=key, tops=(blob,)
+        )
+        removed.update(j for j, _ in chain)
+    new_steps = [replaced.get(i, s) for i, s in enumerate(steps) if i not in removed]
+    return program.rewritten(FOLD_PASS, new_steps, runners, len(replaced))
 
 
 class TrainingBatchNormScale:
