@@ -200,6 +200,10 @@ class SyncedMemory:
         side.view(tensor.shape).copy_(tensor)
         return False
 
+    def cpu_users(self) -> int:
+        """``storage_users`` of the host buffer (0 before there is one)."""
+        return 0 if self._cpu is None else storage_users(self._cpu)
+
     def viewed(self) -> bool:
         """Does anyone outside this object hold a view of either side's buffer (a numpy array
         from ``Blob.data``, a tensor from ``cpu_data``)?"""
@@ -226,4 +230,10 @@ def _viewed(buffer: torch.Tensor) -> bool:
     """Does anything besides ``buffer`` (and the base it views) reference its memory: a
     view, a numpy array? (The storage object asked here counts one more reference.)"""
     own = 2 + (buffer._base is not None)
-    return torch._C._storage_Use_Count(buffer.untyped_storage()._cdata) > own
+    return storage_users(buffer) > own
+
+
+def storage_users(buffer: torch.Tensor) -> int:
+    """How many tensors and numpy arrays reference ``buffer``'s memory, plus one for the
+    storage object this query makes."""
+    return torch._C._storage_Use_Count(buffer.untyped_storage()._cdata)

@@ -1,17 +1,19 @@
-"""Net surgery through the Caffe face's numpy views, then another forward (found, not fixed).
+"""Net surgery through the Caffe face's numpy views between forwards reaches the next forward.
 
-``FoldedAffine`` caches the folded weights on the source tensors' autograd versions; a write
-through ``net.params[name][i].data`` (a numpy view of the same memory) does not bump them, so
-the next forward still runs the old fold. Caffe would use the new params. Visible as an xfail
-until the Caffe face marks written params (e.g. bumping the version in ``before_write``
-without breaking a recorded backward).
+The inference program folds BatchNorm/Scale into the Convolution and caches the folded (and
+channels_last) weights on the source tensors' versions. A write through
+``net.params[name][i].data`` (a numpy view of the same memory) bumps no version, so the Caffe
+face tells the net (``TorchNet.params_changed``) before the next run; a held view keeps doing
+so until it is dropped. Caffe reads the params as they are at each forward.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
+import torchcaffe
 import torchcaffe as caffe
 
 NET = """
@@ -22,24 +24,70 @@ layer { name: "bn" type: "BatchNorm" bottom: "c" top: "c"
   batch_norm_param { use_global_stats: true } }
 layer { name: "s" type: "Scale" bottom: "c" top: "c" scale_param { bias_term: true } }
 """
+X = np.random.default_rng(0).standard_normal((2, 3, 4, 4)).astype(np.float32)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="folded weights are cached on tensor versions, which numpy writes leave unchanged",
-)
-def test_a_param_written_between_forwards_reaches_the_next_forward(tmp_path):
+def _want(net, mean: float) -> np.ndarray:
+    """Conv + BatchNorm (variance 1, factor 1) + Scale (gamma 1, beta 0) from the params now."""
+    w, b = net.params["c"][0].data.reshape(3, 3), net.params["c"][1].data
+    return (np.einsum("oc,nchw->nohw", w, X) + b[None, :, None, None] - mean) / np.sqrt(1 + 1e-5)
+
+
+@pytest.fixture
+def net(tmp_path):
     proto = tmp_path / "net.prototxt"
     proto.write_text(NET)
     net = caffe.Net(str(proto), caffe.TEST)
     net.params["bn"][1].data[...] = 1  # variance
     net.params["bn"][2].data[...] = 1  # scale factor
-    x = np.random.default_rng(0).standard_normal((2, 3, 4, 4)).astype(np.float32)
-    net.blobs["data"].data[...] = x
+    net.blobs["data"].data[...] = X
     net.forward()
+    assert net.module.optimized_program().report["fold_batchnorm_scale_into_producer"] == 1
+    return net
+
+
+def test_a_param_written_between_forwards_reaches_the_next_forward(net):
     net.params["c"][0].data[...] *= 2  # surgery between two forwards
     net.params["bn"][0].data[...] = 5.0  # mean
     got = net.forward()["c"]
-    w, b = net.params["c"][0].data.reshape(3, 3), net.params["c"][1].data
-    want = (np.einsum("oc,nchw->nohw", w, x) + b[None, :, None, None] - 5.0) / np.sqrt(1 + 1e-5)
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert not net._written_params  # no view held: later runs reuse the new fold
+    np.testing.assert_allclose(got, _want(net, 5.0), rtol=1e-4, atol=1e-5)
+
+
+def test_a_held_view_written_later_reaches_every_forward(net):
+    weight = net.params["c"][0].data  # kept, written after the next forward
+    net.forward()
+    weight[...] = 3.0
+    np.testing.assert_allclose(net.forward()["c"], _want(net, 0.0), rtol=1e-4, atol=1e-5)
+    weight[0] = -1.0
+    np.testing.assert_allclose(net.forward()["c"], _want(net, 0.0), rtol=1e-4, atol=1e-5)
+    del weight
+    net.forward()
+    assert not net._written_params  # the view is gone: the fold is kept again
+
+
+def test_the_fold_is_reused_when_no_param_was_handed_out(net, monkeypatch):
+    calls = []
+    monkeypatch.setattr(net.module, "params_changed", lambda: calls.append(1))
+    net.blobs["data"].data[...] = X  # an input blob, not a param
+    net.forward()
+    assert calls == []
+
+
+def test_torch_face_params_changed_after_a_write_through_data(tmp_path):
+    net = torchcaffe.load(torchcaffe.formats.prototxt.read_net(NET))
+    with torch.no_grad():
+        net.layer("bn").variance.fill_(1.0)
+        net.layer("bn").scale_factor.fill_(1.0)
+    x = torch.from_numpy(X)
+    with torch.inference_mode():
+        before = net(data=x)["c"]
+    net.layer("c").weight.data.mul_(2)  # .data: autograd's version counter does not see it
+    with torch.inference_mode():
+        stale = net(data=x)["c"]
+    assert torch.equal(stale, before)  # what params_changed is for
+    net.params_changed()
+    with torch.inference_mode():
+        fresh = net(data=x)["c"]
+    bias = net.layer("c").bias.view(1, 3, 1, 1)
+    torch.testing.assert_close(fresh - bias, 2 * (before - bias), rtol=1e-5, atol=1e-5)

@@ -19,7 +19,7 @@ from ..errors import BlobWiringError, LayerParamError, TorchCaffeError, UnknownN
 from ..ops.base import CaffeLayer, Shape
 from ..proto import caffe_pb2
 from .builder import build_net, set_requires_grad
-from .passes import OptimizedProgram, optimize_for_inference, optimize_for_training, to_nchw
+from .passes import FoldedAffine, OptimizedProgram, optimize_for_inference, optimize_for_training, to_nchw
 from .program import LayerStep, ParamInfo
 from .state import make_state
 
@@ -201,6 +201,20 @@ class TorchNet(nn.Module):
     def training_program(self, observable: Iterable[str] | None = None) -> OptimizedProgram:
         """The program (training passes applied) for a forward that autograd records."""
         return self._cached_program(observable, autograd=True)
+
+    def params_changed(self) -> None:
+        """Forget what was derived from the params and cached on their tensor versions: folded
+        weights, channels_last weight copies. Writes by torch ops bump those versions; call
+        this after a write that does not: through ``.data``, ``.numpy()`` or ``.detach()``.
+        The Caffe face calls it for writes through its param blobs."""
+        for module in self.layers.values():
+            cache = getattr(module, "weight_cache", None)
+            if cache is not None:
+                cache.forget()
+        for program in self._programs.values():
+            for runner in program.runners.values():
+                if isinstance(runner, FoldedAffine):
+                    runner.forget()
 
     def _cached_program(self, observable: Iterable[str] | None, autograd: bool) -> OptimizedProgram:
         seen = self._observe_outputs if observable is None else frozenset(observable)

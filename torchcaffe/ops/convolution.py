@@ -155,6 +155,10 @@ class ChannelsLastWeight:
             self._key = key
         return self._value
 
+    def forget(self) -> None:
+        """Drop the copy: the weight was written where its version does not show it."""
+        self._key, self._value = None, None
+
 
 def _is_channels_last(x: torch.Tensor) -> bool:
     return not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)

@@ -9,6 +9,8 @@ and blobs edited between calls behave as in Caffe.
 
 from __future__ import annotations
 
+import functools
+
 import os
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -138,6 +140,7 @@ class Net:
     def _bind_params(self) -> None:
         """One Blob per distinct param tensor, sharing memory with the module's tensors."""
         by_tensor: dict[int, Blob] = {}
+        self._param_users: dict[int, int] = {}  # param blob -> references to its memory, bare
         self.layers: list[LayerView] = []
         for step in self._net.steps:
             module = self._net.module_of(step)
@@ -146,13 +149,34 @@ class Net:
                 blob = by_tensor.get(id(tensor))
                 if blob is None:
                     blob = self._param_blob(tensor)
-                    blob.before_write = self._lazy.settle  # blobs recomputed use these params
+                    blob.before_write = functools.partial(self._param_may_change, blob)
                     by_tensor[id(tensor)] = blob
                 blobs.append(blob)
             self.layers.append(LayerView(step.name, step.type, module, blobs))
         self._param_blob_of = by_tensor
+        self._written_params: dict[int, Blob] = {}  # handed out writable since the last run
+        for blob in by_tensor.values():
+            self._param_users[id(blob)] = blob.data_memory.cpu_users()
         self._parameters = tuple(self._net.parameters())
         self._one_pass_cache: tuple[tuple[bool, ...], OnePassPlan | None] | None = None
+
+    def _param_may_change(self, blob: Blob) -> None:
+        """A param blob is handed out writable (a numpy view: net surgery). Blobs the lazy
+        forward would recompute from the old values are settled now; the next run forgets
+        the folds derived from the params (a write through numpy bumps no tensor version)."""
+        self._lazy.settle()
+        self._written_params[id(blob)] = blob
+
+    def _forget_written_params(self) -> None:
+        """Before a run: folds derived from params written since the last run are dropped. A
+        param whose numpy view someone still holds may be written again through it, so it
+        stays on the list (its folds are redone every run) until the view is gone."""
+        self._net.params_changed()
+        self._written_params = {
+            k: b
+            for k, b in self._written_params.items()
+            if b.data_memory.cpu_users() > self._param_users[k]
+        }
 
     def _param_blob(self, tensor: torch.Tensor) -> Blob:
         blob = Blob(tuple(tensor.shape), dtype=tensor.dtype)
@@ -254,6 +278,8 @@ class Net:
 
     # -- devices ----------------------------------------------------------------------------
     def _ensure_device(self) -> torch.device:
+        if self._written_params:
+            self._forget_written_params()
         device = runtime.compute_device()
         if device != self._device:
             self._lazy.settle()

@@ -15,7 +15,11 @@ from collections.abc import Mapping
 from torch import nn
 
 from ..program import LayerStep
-from .folding import fold_batchnorm_into_scale, fold_batchnorm_scale_into_producer
+from .folding import (
+    FoldedAffine,
+    fold_batchnorm_into_scale,
+    fold_batchnorm_scale_into_producer,
+)
 from .inplace import inplace_relu
 from .layout import channels_last_layout, to_nchw
 from .program import OptimizedProgram
@@ -73,6 +77,7 @@ def optimize_for_training(
 
 
 __all__ = [
+    "FoldedAffine",
     "INFERENCE_PASSES",
     "TRAINING_PASSES",
     "OptimizedProgram",

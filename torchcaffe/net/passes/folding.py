@@ -197,6 +197,13 @@ class FoldedAffine:
             self._key = key
         return self._folded
 
+    def forget(self) -> None:
+        """Drop the folded weights: a source was written where its version does not show it
+        (a numpy view, ``.data``); the next call folds again."""
+        self._key, self._folded = None, None
+        if self.weight_cache is not None:
+            self.weight_cache.forget()
+
     def _affine(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Without a producer: per-channel (a, c) with y = x * a + c, in float64."""
         assert self.bn is not None
