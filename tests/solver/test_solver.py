@@ -348,3 +348,19 @@ def test_grad_plus_zero_is_zero_plus_grad_bit_for_bit():
     fused = torch.add(g, 0.0)
     separate = torch.zeros_like(g).add_(g)
     assert torch.equal(fused.view(torch.int32), separate.view(torch.int32))
+
+
+def test_step_builds_no_progress_bar_it_would_not_show(setup, monkeypatch):
+    """``step(1)`` and ``progress=False`` construct no tqdm (its cost is paid per call);
+    ``progress=True`` over several iterations still shows one."""
+    from torchcaffe.solver import solver as solver_module
+
+    made = []
+    real = solver_module.tqdm
+    monkeypatch.setattr(solver_module, "tqdm", lambda *a, **k: made.append(k) or real(*a, **k))
+    name = setup.solver(SGD)
+    caffe.get_solver(name).step(1)
+    caffe.get_solver(name, progress=False).step(3)
+    assert made == []
+    caffe.get_solver(name, progress=True).step(3)
+    assert len(made) == 1 and made[0]["total"] == 3
