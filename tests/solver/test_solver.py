@@ -350,6 +350,44 @@ def test_grad_plus_zero_is_zero_plus_grad_bit_for_bit():
     assert torch.equal(fused.view(torch.int32), separate.view(torch.int32))
 
 
+def _diff_bits(solver):
+    return [b.diff.view(np.int32).copy() for v in solver.net.params.values() for b in v]
+
+
+def test_fused_step_adopts_autograd_gradients_as_the_param_diffs(setup, monkeypatch):
+    """The fused clear hands each param autograd's own gradient as ``.grad`` and diff (the
+    ``+ 0`` runs in place), with no copy into the old buffer; a diff someone holds a numpy
+    view of keeps its buffer and sees the values. Both end bit for bit as the separate
+    ClearParamDiffs + ForwardBackward leaves them."""
+    name = setup.solver(SGD)
+    fast, held, separate = (caffe.get_solver(name) for _ in range(3))
+    separate.add_callback(lambda: None, lambda: None)  # a callback keeps the separate clear
+    held_blobs = [b for v in held.net.params.values() for b in v]
+    views = [b.diff for b in held_blobs]
+    buffers = [b.diff_memory.cpu_data() for b in held_blobs]
+    returned = []
+    real = torch.autograd.grad
+    monkeypatch.setattr(
+        torch.autograd, "grad", lambda *a, **k: returned.extend(r := real(*a, **k)) or r
+    )
+    for solver in (fast, held, separate):
+        solver.step(3)
+    ptrs = {g.data_ptr() for g in returned if g is not None}
+    learned = [e.tensor for e in fast._learnables]
+    assert learned and all(p.grad.data_ptr() in ptrs for p in learned)  # adopted, not copied
+    for view, buffer, blob in zip(views, buffers, held_blobs):
+        assert blob.diff_memory.cpu_data() is buffer  # a held view: its buffer stays
+        np.testing.assert_array_equal(view, blob.diff)
+    for solver in (fast, held):
+        for got, want in zip(_diff_bits(solver), _diff_bits(separate)):
+            np.testing.assert_array_equal(got, want)  # -0 too
+        for got, want in zip(history(solver), history(separate)):
+            np.testing.assert_array_equal(got, want)
+        for name_, blobs in params(separate).items():
+            for got, want in zip(params(solver)[name_], blobs):
+                np.testing.assert_array_equal(got, want)
+
+
 def test_step_builds_no_progress_bar_it_would_not_show(setup, monkeypatch):
     """``step(1)`` and ``progress=False`` construct no tqdm (its cost is paid per call);
     ``progress=True`` over several iterations still shows one."""
