@@ -16,7 +16,9 @@ readers do not backpropagate) seeds the pass with its blob's diff, as Caffe's Ba
 it there.
 
 Blobs take the pass's tensors (``Blob.take_data``/``take_diff``) instead of copying them
-where no one holds a view of their buffers; a held numpy view keeps seeing the values.
+where no one holds a view of their buffers; a held numpy view keeps seeing the values. In a
+solver step (``clear``) the param diffs do the same with autograd's gradients, which then
+are also the params' ``.grad`` that the update reads.
 
 ``plan_one_pass`` says None for a net the one pass cannot reproduce exactly, which then takes
 the layer-by-layer path: a layer that needs backward but has no Backward in Caffe, a Python
