@@ -343,11 +343,16 @@ def test_fused_clear_runs_and_equals_the_separate_clear_bitwise(setup, monkeypat
 
 
 def test_grad_plus_zero_is_zero_plus_grad_bit_for_bit():
-    """The fused clear's arithmetic: ``grad + 0.0`` leaves what ``zeros.add_(grad)`` does."""
+    """The fused clear's arithmetic: ``grad + 0.0`` leaves what ``zeros.add_(grad)`` does,
+    as one tensor op and as the foreach op over adopted gradients (a large one included)."""
     g = torch.tensor([-0.0, 0.0, 1.5, -2.0, float("nan"), float("inf"), -1e-45])
-    fused = torch.add(g, 0.0)
     separate = torch.zeros_like(g).add_(g)
-    assert torch.equal(fused.view(torch.int32), separate.view(torch.int32))
+    fused = torch.add(g, 0.0)
+    in_place, large = g.clone(), torch.full((100_003,), -0.0)
+    torch._foreach_add_([in_place, large], 0.0)
+    for got in (fused, in_place):
+        assert torch.equal(got.view(torch.int32), separate.view(torch.int32))
+    assert not large.view(torch.int32).any()  # every -0 became +0
 
 
 def _diff_bits(solver):
