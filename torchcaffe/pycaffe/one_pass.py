@@ -280,7 +280,8 @@ def _write_param_diffs(
             continue
         written.add(id(p))
         if g.dtype == p.dtype and g.is_contiguous() and _sole(g, taken, views=True):
-            adopt.append((p, g.detach()))  # not a view: held views are counted by buffer
+            # not a view: a later take counts the views of this buffer (_viewed)
+            adopt.append((p, g if g._base is None else g.detach()))
         else:
             torch.add(g.view(p.shape), 0.0, out=blobs[id(p)].diff_at(device, mutable=True))
     if adopt:
