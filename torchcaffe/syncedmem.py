@@ -186,15 +186,18 @@ class SyncedMemory:
         channels_last) is deferred: copied into the buffer only when a side is read.
         The caller vouches that nothing else holds ``tensor``. Returns whether it was taken
         without a copy."""
-        cpu = tensor.device.type == "cpu"
-        self.drop_deferred()  # ``tensor`` replaces the whole value
+        cpu = tensor.is_cpu
+        if self._deferred is not None:
+            self.drop_deferred()  # ``tensor`` replaces the whole value
         old = self._cpu if cpu else self._gpu
         free = old is None or (old.device == tensor.device and not _viewed(old))
         if free and tensor.dtype == self.dtype and tensor.numel() == self.count:
-            if tensor.is_contiguous():
-                (self.set_cpu_data if cpu else self.set_gpu_data)(tensor.view(-1))
-            else:
+            if not tensor.is_contiguous():
                 self.defer(lambda: tensor, on_gpu=not cpu)
+            elif cpu:  # set_cpu_data's checks hold: one dense buffer of ``count``
+                self._cpu, self.head = tensor.view(-1), Head.HEAD_AT_CPU
+            else:
+                self.set_gpu_data(tensor.view(-1))
             return True
         side = self.mutable_cpu_data() if cpu else self.mutable_gpu_data()
         side.view(tensor.shape).copy_(tensor)

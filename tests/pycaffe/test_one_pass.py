@@ -62,6 +62,14 @@ layer {{ name: "sq" type: "Reduction" bottom: "ip" top: "sq" loss_weight: 0.5
   reduction_param {{ operation: SUMSQ }} }}
 """
 
+# An Accuracy (no backward) between recorded layers: the pass turns autograd off for it
+# and on again for the loss, whose bottom is a recorded top (a split of ip2).
+WITH_ACCURACY = CHAIN.replace(
+    'layer { name: "loss"',
+    'layer { name: "acc" type: "Accuracy" bottom: "ip2" bottom: "label" top: "acc" }\n'
+    'layer { name: "loss"',
+)
+
 # A ReLU that does not backpropagate, in place on one Slice top before its reader: Caffe hands
 # the Slice the diff ip2 wrote there, which is not what autograd would give it.
 STOPPED_IN_PLACE = f"""
@@ -138,11 +146,16 @@ def assert_same(fast: Net, slow: Net) -> None:
             np.testing.assert_array_equal(fast.params[name][i].diff, b.diff, err_msg=name)
 
 
-@pytest.mark.parametrize("text", [CHAIN, BRANCHES], ids=["chain", "branches"])
+@pytest.mark.parametrize(
+    "text", [CHAIN, BRANCHES, WITH_ACCURACY], ids=["chain", "branches", "accuracy"]
+)
 def test_one_pass_fires_and_equals_layer_by_layer(tmp_path, monkeypatch, text):
     fast = make_net(tmp_path, text, True, monkeypatch)
     slow = make_net(tmp_path, text, False, monkeypatch)
-    assert fast._one_pass_plan() is not None
+    plan = fast._one_pass_plan()
+    assert plan is not None
+    if text is WITH_ACCURACY:  # a step autograd does not record, then one it does
+        assert [r.record for r in plan.runs][-2:] == [False, True]
     calls = []
     real = Net._backward
     monkeypatch.setattr(

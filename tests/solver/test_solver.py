@@ -343,8 +343,72 @@ def test_fused_clear_runs_and_equals_the_separate_clear_bitwise(setup, monkeypat
 
 
 def test_grad_plus_zero_is_zero_plus_grad_bit_for_bit():
-    """The fused clear's arithmetic: ``grad + 0.0`` leaves what ``zeros.add_(grad)`` does."""
+    """The fused clear's arithmetic: ``grad + 0.0`` leaves what ``zeros.add_(grad)`` does,
+    as one tensor op and as the foreach op over adopted gradients (a large one included)."""
     g = torch.tensor([-0.0, 0.0, 1.5, -2.0, float("nan"), float("inf"), -1e-45])
-    fused = torch.add(g, 0.0)
     separate = torch.zeros_like(g).add_(g)
-    assert torch.equal(fused.view(torch.int32), separate.view(torch.int32))
+    fused = torch.add(g, 0.0)
+    in_place, large = g.clone(), torch.full((100_003,), -0.0)
+    torch._foreach_add_([in_place, large], 0.0)
+    for got in (fused, in_place):
+        assert torch.equal(got.view(torch.int32), separate.view(torch.int32))
+    assert not large.view(torch.int32).any()  # every -0 became +0
+
+
+def _diff_bits(solver):
+    return [b.diff.view(np.int32).copy() for v in solver.net.params.values() for b in v]
+
+
+def test_fused_step_adopts_autograd_gradients_as_the_param_diffs(setup, monkeypatch):
+    """The fused clear hands each param autograd's own gradient as ``.grad`` and diff (the
+    ``+ 0`` runs in place), with no copy into the old buffer; a diff someone holds a numpy
+    view of keeps its buffer and sees the values. Both end bit for bit as the separate
+    ClearParamDiffs + ForwardBackward leaves them."""
+    name = setup.solver(SGD)
+    fast, held, separate = (caffe.get_solver(name) for _ in range(3))
+    separate.add_callback(lambda: None, lambda: None)  # a callback keeps the separate clear
+    held_blobs = [b for v in held.net.params.values() for b in v]
+    views = [b.diff for b in held_blobs]
+    buffers = [b.diff_memory.cpu_data() for b in held_blobs]
+    returned = []  # per call, the gradients' addresses (holding them would be a view)
+    real = torch.autograd.grad
+
+    def grad(*args, **kwargs):
+        got = real(*args, **kwargs)
+        returned.append({g.data_ptr() for g in got if g is not None})
+        return got
+
+    monkeypatch.setattr(torch.autograd, "grad", grad)
+    fast.step(3)
+    last = returned[-1]  # the last step's gradients: adopted at every step, not only the first
+    learned = [e.tensor for e in fast._learnables]
+    assert learned and all(p.grad.data_ptr() in last for p in learned)  # adopted every step
+    for solver in (held, separate):
+        solver.step(3)
+    for view, buffer, blob in zip(views, buffers, held_blobs):
+        assert blob.diff_memory.cpu_data() is buffer  # a held view: its buffer stays
+        np.testing.assert_array_equal(view, blob.diff)
+    for solver in (fast, held):
+        for got, want in zip(_diff_bits(solver), _diff_bits(separate)):
+            np.testing.assert_array_equal(got, want)  # -0 too
+        for got, want in zip(history(solver), history(separate)):
+            np.testing.assert_array_equal(got, want)
+        for name_, blobs in params(separate).items():
+            for got, want in zip(params(solver)[name_], blobs):
+                np.testing.assert_array_equal(got, want)
+
+
+def test_step_builds_no_progress_bar_it_would_not_show(setup, monkeypatch):
+    """``step(1)`` and ``progress=False`` construct no tqdm (its cost is paid per call);
+    ``progress=True`` over several iterations still shows one."""
+    from torchcaffe.solver import solver as solver_module
+
+    made = []
+    real = solver_module.tqdm
+    monkeypatch.setattr(solver_module, "tqdm", lambda *a, **k: made.append(k) or real(*a, **k))
+    name = setup.solver(SGD)
+    caffe.get_solver(name).step(1)
+    caffe.get_solver(name, progress=False).step(3)
+    assert made == []
+    caffe.get_solver(name, progress=True).step(3)
+    assert len(made) == 1 and made[0]["total"] == 3

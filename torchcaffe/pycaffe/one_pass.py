@@ -16,7 +16,9 @@ readers do not backpropagate) seeds the pass with its blob's diff, as Caffe's Ba
 it there.
 
 Blobs take the pass's tensors (``Blob.take_data``/``take_diff``) instead of copying them
-where no one holds a view of their buffers; a held numpy view keeps seeing the values.
+where no one holds a view of their buffers; a held numpy view keeps seeing the values. In a
+solver step (``clear``) the param diffs do the same with autograd's gradients, which then
+are also the params' ``.grad`` that the update reads.
 
 ``plan_one_pass`` says None for a net the one pass cannot reproduce exactly, which then takes
 the layer-by-layer path: a layer that needs backward but has no Backward in Caffe, a Python
@@ -45,11 +47,25 @@ MAX_PARAM_USERS = 2  # a sum of two is the same in any order
 
 
 @dataclass(frozen=True)
+class StepRun:
+    """One non-Input step of the pass, with what depends only on the net's structure (worked
+    out once per plan, not per bottom and top on every pass)."""
+
+    index: int  # in the net's steps
+    step: LayerStep
+    record: bool  # autograd records its forward
+    edges: tuple[bool, ...]  # per bottom: does a diff flow to it (recorded, Caffe's need)?
+    clones: tuple[bool, ...]  # per bottom read from its blob: a later in-place layer writes it
+    loss_tops: tuple[tuple[int, float], ...]  # (top index, loss weight) of the weighted tops
+
+
+@dataclass(frozen=True)
 class OnePassPlan:
     """The steps whose forward autograd records, and the params whose diffs it returns."""
 
     recorded: frozenset[int]  # step indices with need_backward (all have a Caffe Backward)
     params: tuple[nn.Parameter, ...]  # distinct, in first-use order
+    runs: tuple[StepRun, ...]  # the non-Input steps, in order
 
 
 def plan_one_pass(net: Net) -> OnePassPlan | None:
@@ -78,7 +94,19 @@ def plan_one_pass(net: Net) -> OnePassPlan | None:
         return None
     if not recorded or not _top_diffs_match(tnet.steps, recorded):
         return None
-    return OnePassPlan(frozenset(recorded), tuple(params.values()))
+    runs = tuple(
+        StepRun(
+            i,
+            step,
+            i in recorded,
+            tuple(i in recorded and need for need in step.bottom_need_backward),
+            tuple(net._overwritten[i]),
+            tuple((k, w) for k, w in enumerate(step.loss_weights) if w),
+        )
+        for i, step in enumerate(tnet.steps)
+        if not step.is_input
+    )
+    return OnePassPlan(frozenset(recorded), tuple(params.values()), runs)
 
 
 def _top_diffs_match(steps: list[LayerStep], recorded: set[int]) -> bool:
@@ -127,7 +155,6 @@ def forward_backward_one_pass(net: Net, plan: OnePassPlan, clear: bool = False) 
     0`` (what zeroing then accumulating ``0 + grad`` leaves, bit for bit, -0 included), a
     param without a gradient is zeroed."""
     tnet = net.module
-    steps = tnet.steps
     device = net._ensure_device()
     net._records.clear()
     values: dict[str, torch.Tensor] = {}
@@ -136,45 +163,51 @@ def forward_backward_one_pass(net: Net, plan: OnePassPlan, clear: bool = False) 
     produced: list[tuple[str, torch.Tensor]] = []  # recorded tops autograd can reach
     live: set[int] = set()  # recorded steps with such a top (others write no diff)
     loss = 0.0
-    for i, step in enumerate(steps):
-        if step.is_input:
-            continue
-        record = i in plan.recorded
-        bottoms = []
-        for j, name in enumerate(step.bottoms):
-            t = values.get(name)
-            if t is None:  # an input blob: a later in-place layer may overwrite it
-                t = net.blobs[name].data_at(device)
-                t = t.clone() if net._overwritten[i][j] else t
-            if record and step.bottom_need_backward[j] and t.is_floating_point():
-                if t.requires_grad:
-                    read.add(id(t))
-                    t = t.view_as(t)
+    grad_mode = was_enabled = torch.is_grad_enabled()
+    try:
+        for run in plan.runs:
+            step, i = run.step, run.index
+            if run.record != grad_mode:  # switched only where it changes
+                grad_mode = run.record
+                torch.set_grad_enabled(grad_mode)
+            bottoms = []
+            for j, name in enumerate(step.bottoms):
+                t = values.get(name)
+                if t is None:  # an input blob: a later in-place layer may overwrite it
+                    t = net.blobs[name].data_at(device)
+                    t = t.clone() if run.clones[j] else t
+                if run.edges[j] and t.is_floating_point():
+                    if t.requires_grad:
+                        read.add(id(t))
+                        t = t.view_as(t)
+                    else:
+                        t = t.detach().requires_grad_(True)
+                    edges.append((i, j, t))
                 else:
-                    t = t.detach().requires_grad_(True)
-                edges.append((i, j, t))
-            else:
-                t = t.detach()
-            bottoms.append(t)
-        with torch.set_grad_enabled(record):
+                    t = t.detach()
+                bottoms.append(t)
             tops = tnet.run_step(step, bottoms)
-        if record:
-            net._record(i, bottoms, tops)
-        for name, t, w in zip(step.tops, tops, step.loss_weights):
-            values[name] = t
-            if w:
-                loss += w * float(t.detach().sum())
-            if record and t.requires_grad:
-                produced.append((name, t))
-                live.add(i)
+            for k, w in run.loss_tops:
+                loss += w * float(tops[k].detach().sum())
+            if run.record:
+                net._record(i, bottoms, tops)
+                for name, t in zip(step.tops, tops):
+                    values[name] = t
+                    if t.requires_grad:
+                        produced.append((name, t))
+                        live.add(i)
+            else:
+                values.update(zip(step.tops, tops))
+    finally:
+        torch.set_grad_enabled(was_enabled)
     taken: set[int] = set()
     for name, t in values.items():  # a blob ends with its last writer's top, as in Caffe
         fresh = t.grad_fn is not None and _sole(t, taken)  # an op's output, not a buffer
         net._store_top(name, t.detach(), device, adopt=fresh)
     seeds = [(name, t) for name, t in produced if id(t) not in read]
     edges = [e for e in edges if e[0] in live]
-    grads = _backward(net, plan, edges, seeds, device)
-    _write_param_diffs(net, plan, grads, device, clear)
+    grads, taken = _backward(net, plan, edges, seeds, device)
+    _write_param_diffs(net, plan, grads, device, clear, taken)
     return loss
 
 
@@ -184,13 +217,14 @@ def _backward(
     edges: list[tuple[int, int, torch.Tensor]],
     seeds: list[tuple[str, torch.Tensor]],
     device: torch.device,
-) -> list[torch.Tensor | None]:
+) -> tuple[list[torch.Tensor | None], set[int]]:
     """One autograd pass from ``seeds`` (top name, tensor); writes the bottom diffs (last
-    layer first) as Caffe's Backward leaves them; returns the params' gradients."""
+    layer first) as Caffe's Backward leaves them; returns the params' gradients and the
+    buffers blobs hold now (``_sole``'s ``taken``)."""
     steps = net.module.steps
     inputs = [t for _, _, t in edges] + list(plan.params)
     if not seeds or not inputs:
-        return [None] * len(plan.params)
+        return [None] * len(plan.params), set()
     got = torch.autograd.grad(
         [t for _, t in seeds],
         inputs,
@@ -199,10 +233,15 @@ def _backward(
         retain_graph=True,  # the records' graphs, for a later backward()
     )
     taken = {net.blobs[name].diff_at(device).data_ptr() for name, _ in seeds}
-    last: dict[str, int] = {}  # blob -> the edge whose write Caffe's Backward leaves there
-    for e in sorted(range(len(edges)), key=lambda e: (-edges[e][0], edges[e][1])):
-        i, j, _ = edges[e]
-        last[steps[i].bottoms[j]] = e
+    # blob -> the edge whose write Caffe's Backward (last layer first, each layer's bottoms
+    # in order) leaves there: the first layer that reads it, its last such bottom. The
+    # edges come in forward order, so no sort is needed.
+    last: dict[str, int] = {}
+    for e, (i, j, _) in enumerate(edges):
+        name = steps[i].bottoms[j]
+        first = last.get(name)
+        if first is None or edges[first][0] == i:
+            last[name] = e
     for name, e in last.items():
         blob, g = net.blobs[name], got[e]
         if g is None:
@@ -211,7 +250,7 @@ def _backward(
             blob.take_diff(g.reshape(blob.shape))
         else:
             blob.diff_at(device, mutable=True).copy_(g.view(blob.shape))
-    return list(got[len(edges) :])
+    return list(got[len(edges) :]), taken
 
 
 def _write_param_diffs(
@@ -220,24 +259,39 @@ def _write_param_diffs(
     grads: list[torch.Tensor | None],
     device: torch.device,
     clear: bool,
+    taken: set[int],
 ) -> None:
     """Accumulate each param's gradient into its diff (Caffe's param diffs add up); with
-    ``clear``, write ``grad + 0`` over every param diff instead (zero where none)."""
+    ``clear``, each diff becomes ``grad + 0`` instead (zero where no gradient).
+
+    With ``clear`` the ``+ 0`` runs in place on autograd's gradients (one foreach call), and
+    a diff no one holds a view of adopts its gradient as the param's ``.grad`` and the
+    blob's buffer (``_sole``, ``SyncedMemory.take``): no copy into the old buffer."""
     blobs = net._param_blob_of
+    if not clear:
+        for p, g in zip(plan.params, grads):
+            if g is not None:
+                blobs[id(p)].diff_at(device, mutable=True).add_(g.view(p.shape))
+        return
+    adopt: list[tuple[nn.Parameter, torch.Tensor]] = []
     written = set()
     for p, g in zip(plan.params, grads):
         if g is None:
             continue
-        diff = blobs[id(p)].diff_at(device, mutable=True)
-        if clear:
-            torch.add(g.view(p.shape), 0.0, out=diff)
-            written.add(id(p))
+        written.add(id(p))
+        if g.dtype == p.dtype and g.is_contiguous() and _sole(g, taken, views=True):
+            # not a view: a later take counts the views of this buffer (_viewed)
+            adopt.append((p, g if g._base is None else g.detach()))
         else:
-            diff.add_(g.view(p.shape))
-    if clear:
-        for key, blob in blobs.items():
-            if key not in written:
-                blob.diff_at(device, mutable=True).zero_()
+            torch.add(g.view(p.shape), 0.0, out=blobs[id(p)].diff_at(device, mutable=True))
+    if adopt:
+        torch._foreach_add_([g for _, g in adopt], 0.0)  # Caffe's 0 + grad, -0 included
+    for p, g in adopt:
+        if blobs[id(p)].take_diff(g):  # else a held view saw it copied into the old buffer
+            p.grad = g
+    for key, blob in blobs.items():
+        if key not in written:
+            blob.diff_at(device, mutable=True).zero_()
 
 
 def _sole(t: torch.Tensor, taken: set[int], views: bool = False) -> bool:
