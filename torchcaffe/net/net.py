@@ -19,7 +19,13 @@ from ..errors import BlobWiringError, LayerParamError, TorchCaffeError, UnknownN
 from ..ops.base import CaffeLayer, Shape
 from ..proto import caffe_pb2
 from .builder import build_net, set_requires_grad
-from .passes import FoldedAffine, OptimizedProgram, optimize_for_inference, optimize_for_training, to_nchw
+from .passes import (
+    FoldedAffine,
+    OptimizedProgram,
+    optimize_for_inference,
+    optimize_for_training,
+    to_nchw,
+)
 from .program import LayerStep, ParamInfo
 from .state import make_state
 

@@ -10,7 +10,6 @@ and blobs edited between calls behave as in Caffe.
 from __future__ import annotations
 
 import functools
-
 import os
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
