@@ -97,10 +97,11 @@ def traced() -> list[str]:
     return _calls(_graphs(_net(), _input()))
 
 
-def test_eager_program_does_convert_layouts():
-    """The eager program converts layouts: what the compiled one must leave out."""
+def test_eager_program_does_convert_layouts_and_fold():
+    """The eager program this file's net runs: what the compiled one must leave out."""
     report = _net().optimized_program().report
     assert report["channels_last_layout"] >= 3
+    assert report["fold_batchnorm_scale_into_producer"] == 1
 
 
 def test_compiled_net_keeps_torch_layouts(traced):
@@ -113,6 +114,13 @@ def test_compiled_max_pool_floors_with_one_where(traced):
     assert "nan_to_num" not in traced
     assert traced.count("max_pool2d") == 3
     assert traced.count("where") >= 3
+
+
+def test_compiled_fold_is_an_epilogue_not_new_weights(traced):
+    """The folded chain runs as conv with the caffemodel's weight, then one addcmul; the
+    weight-sized fold (a float64 pass over every weight) is not in the graph."""
+    assert traced.count("addcmul") == 1
+    assert "double" not in traced
 
 
 def _close(got: dict, want: dict, rtol: float, atol: float) -> None:
