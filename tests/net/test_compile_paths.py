@@ -116,11 +116,54 @@ def test_compiled_max_pool_floors_with_one_where(traced):
     assert traced.count("where") >= 3
 
 
-def test_compiled_fold_is_an_epilogue_not_new_weights(traced):
-    """The folded chain runs as conv with the caffemodel's weight, then one addcmul; the
-    weight-sized fold (a float64 pass over every weight) is not in the graph."""
+# A wide 3x3 convolution over 2x2 positions (more weights than top values) with BatchNorm +
+# Scale, and a 1x1 one over 6x6 (fewer): the first gets the epilogue, the second the fold.
+FOLDS = """
+input: "data" input_shape { dim: 1 dim: 8 dim: 2 dim: 2 }
+layer { name: "wide" type: "Convolution" bottom: "data" top: "w"
+  convolution_param { num_output: 32 kernel_size: 3 pad: 1 bias_term: false } }
+layer { name: "bn" type: "BatchNorm" bottom: "w" top: "w" }
+layer { name: "sc" type: "Scale" bottom: "w" top: "w" scale_param { bias_term: true } }
+layer { name: "up" type: "Deconvolution" bottom: "w" top: "u"
+  convolution_param { num_output: 4 kernel_size: 3 stride: 3 } }
+layer { name: "pw" type: "Convolution" bottom: "u" top: "p"
+  convolution_param { num_output: 5 kernel_size: 1 } }
+layer { name: "bn2" type: "BatchNorm" bottom: "p" top: "p" }
+layer { name: "sc2" type: "Scale" bottom: "p" top: "p" }
+"""
+
+
+def _folds_net() -> torchcaffe.TorchNet:
+    net = torchcaffe.load(text_format.Parse(FOLDS, caffe_pb2.NetParameter()), phase="test")
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for module in net.layers.values():
+            for t in module.param_blobs():
+                t.copy_(torch.rand(t.shape, generator=gen) + 0.5)
+    return net.eval()
+
+
+def test_compiled_folds_are_an_epilogue_or_a_fold_in_the_graph():
+    """Params are not frozen under compile, so the fold runs in every call: a wide
+    convolution keeps its weight and gets one addcmul (fused into its epilogue), a small one
+    gets its weight scaled in the graph (one multiply over the weight), never the float64
+    fold the eager cache uses."""
+    net = _folds_net()
+    assert net.optimized_program().report["fold_batchnorm_scale_into_producer"] == 2
+    traced = _calls(_graphs(net, torch.rand(1, 8, 2, 2)))
     assert traced.count("addcmul") == 1
+    assert traced.count("conv2d") == 2
     assert "double" not in traced
+
+
+def test_compiled_folds_equal_eager():
+    net, x = _folds_net(), torch.rand(1, 8, 2, 2)
+    with torch.inference_mode():
+        want = net(data=x)
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        got = torch.compile(net, backend="aot_eager", fullgraph=True)(data=x)
+    _close(got, want, rtol=1e-5, atol=1e-6)
 
 
 def _close(got: dict, want: dict, rtol: float, atol: float) -> None:

@@ -12,6 +12,7 @@ dtype, so loading weights, an optimizer step, ``.to()`` or ``.double()`` make th
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import torch
@@ -178,6 +179,8 @@ class FoldedAffine:
         self.bn = links.get("BatchNorm")
         self.scale = links.get("Scale")
         self.bias = links.get("Bias")
+        # read once: a proto field read in a compiled forward is one more guard per call
+        self.scale_has_bias = bool(self.scale is not None and self.scale.param.bias_term)
         self._key: tuple[Any, ...] | None = None
         self._folded: tuple[torch.Tensor, torch.Tensor] | None = None
         self.weight_cache = ChannelsLastWeight()
@@ -201,8 +204,13 @@ class FoldedAffine:
         """Per-channel (a, c) with chain(y) = y * a + c, where y is the producer's top (or the
         BatchNorm's bottom); computed in float64 (``wide``) or the links' dtype, returned in
         the links' dtype."""
-        first = next(m for m in (self.bn, self.scale, self.bias) if m is not None)
-        ref = first.param_blobs()[0]
+        if self.bn is not None:
+            ref = self.bn.mean
+        elif self.scale is not None:
+            ref = self.scale.weight
+        else:
+            assert self.bias is not None
+            ref = self.bias.bias
         dtype = torch.float64 if wide else ref.dtype
         a: torch.Tensor | float = 1.0
         c: torch.Tensor | float = 0.0
@@ -213,7 +221,7 @@ class FoldedAffine:
         if self.scale is not None:
             gamma = self.scale.weight.detach().to(dtype)
             a, c = gamma * a, gamma * c
-            if self.scale.param.bias_term:
+            if self.scale_has_bias:
                 c = self.scale.bias.detach().to(dtype) + c
         if self.bias is not None:
             c = self.bias.bias.detach().to(dtype) + c
@@ -230,6 +238,20 @@ class FoldedAffine:
         y = self.producer(x)
         view = (1, -1) + (1,) * (y.dim() - 2)
         return torch.addcmul(c.reshape(view), y, a.reshape(view))
+
+    def compiled_fold(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Under torch.compile, a Convolution's folded (weight, bias) in its own dtype when
+        its weight has fewer elements than one sample's top (the fold then costs less per
+        call than the epilogue); else None."""
+        p = self.producer
+        if self.producer_type != "Convolution":
+            return None
+        top = p.num_output * math.prod(p.top_spatial(tuple(x.shape[2:])))
+        if p.weight.numel() >= top:
+            return None
+        a, c = self._affine(wide=False)
+        w = p.weight * a.reshape((-1,) + (1,) * (p.weight.dim() - 1))
+        return w, (p.bias * a + c if p.bias_term else c)
 
     def _fold(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The chain as one BatchNorm (mean, var, eps, gamma, beta) fused by torch's helpers,
@@ -261,8 +283,12 @@ class FoldedAffine:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.producer is not None and torch.compiler.is_compiling():
-            return self.producer_then_affine(x)
-        w, b = self.folded_weights()
+            folded = self.compiled_fold(x)
+            if folded is None:
+                return self.producer_then_affine(x)
+            w, b = folded
+        else:
+            w, b = self.folded_weights()
         p = self.producer
         if p is None:  # BatchNorm (+ Scale/Bias) alone: one fused multiply-add over axis 1
             view = (1, -1) + (1,) * (x.dim() - 2)
