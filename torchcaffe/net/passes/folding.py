@@ -7,6 +7,9 @@ bottom blob is not observable (Caffe's usual ``conv -> bn -> scale`` in place ke
 whose final value the folded step computes). The folded weights are a derived view, computed
 with ``torch.nn.utils.fusion`` and cached on the source tensors' versions, storage, device and
 dtype, so loading weights, an optimizer step, ``.to()`` or ``.double()`` make them follow.
+Under torch.compile, which does not freeze params, nothing can be cached: a Convolution whose
+weight is smaller than one sample's top is folded in the graph (in its own dtype), and any
+other producer runs as it is, followed by the chain as one per-channel multiply-add.
 """
 
 from __future__ import annotations
@@ -162,8 +165,8 @@ def _fuse_affine(
     """Weights and bias of producer-then-BatchNorm-then-affine as one producer.
 
     The formula of ``torch.nn.utils.fusion.fuse_conv_bn_weights``, written out because that
-    helper wraps its results in ``nn.Parameter``, which dynamo cannot trace: the fold must also
-    run inside ``torch.compile`` (where freezing turns it into constants)."""
+    helper wraps its results in ``nn.Parameter``, which dynamo cannot trace. (A compiled net
+    does not call it: see ``FoldedAffine.compiled_fold`` and ``producer_then_affine``.)"""
     scale = gamma * torch.rsqrt(var + eps)
     view = [1] * w.dim()
     view[out_axis] = -1
