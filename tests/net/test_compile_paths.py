@@ -146,14 +146,16 @@ def _folds_net() -> torchcaffe.TorchNet:
 def test_compiled_folds_are_an_epilogue_or_a_fold_in_the_graph():
     """Params are not frozen under compile, so the fold runs in every call: a wide
     convolution keeps its weight and gets one addcmul (fused into its epilogue), a small one
-    gets its weight scaled in the graph (one multiply over the weight), never the float64
-    fold the eager cache uses."""
+    at batch 1 gets its weight scaled in the graph (one multiply over the weight), never the
+    float64 fold the eager cache uses."""
     net = _folds_net()
     assert net.optimized_program().report["fold_batchnorm_scale_into_producer"] == 2
     traced = _calls(_graphs(net, torch.rand(1, 8, 2, 2)))
     assert traced.count("addcmul") == 1
     assert traced.count("conv2d") == 2
     assert "double" not in traced
+    # at batch 2 both take the epilogue (the fold's bias would be copied into the top)
+    assert _calls(_graphs(net, torch.rand(2, 8, 2, 2))).count("addcmul") == 2
 
 
 def test_compiled_folds_equal_eager():

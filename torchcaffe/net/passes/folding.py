@@ -243,11 +243,14 @@ class FoldedAffine:
         return torch.addcmul(c.reshape(view), y, a.reshape(view))
 
     def compiled_fold(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Under torch.compile, a Convolution's folded (weight, bias) in its own dtype when
-        its weight has fewer elements than one sample's top (the fold then costs less per
-        call than the epilogue); else None."""
+        """Under torch.compile, a Convolution's folded (weight, bias) in its own dtype at batch
+        1 when its weight has fewer elements than the top; else None (the epilogue).
+
+        The fold adds a bias, which torch's im2col convolution copies into its top first:
+        MobileNetV2 b1, one thread, kernels 5.4 -> 0.9 ms for 0.8 ms of copies, but at b8
+        26.7 ms of copies for 10.6 ms of kernels saved."""
         p = self.producer
-        if self.producer_type != "Convolution":
+        if self.producer_type != "Convolution" or x.shape[0] != 1:
             return None
         top = p.num_output * math.prod(p.top_spatial(tuple(x.shape[2:])))
         if p.weight.numel() >= top:
