@@ -269,3 +269,24 @@ def test_a_split_whose_bottom_is_rewritten_before_its_readers_is_kept():
     out = bypass_splits_for_training(program, frozenset({"out"}))
     assert out.report[SPLIT] == 2  # data and r
     assert [s.bottoms for s in out.steps if s.type == "Split"] == [("e",)]
+
+
+def test_compiled_frozen_fold_keeps_every_gradient_at_batch_one():
+    """Under torch.compile the inference fold's batch-1 path folds detached links; the training
+    fold keeps its own differentiable weights there (the Scale's gradients reach it)."""
+    net = _frozen()
+    x = torch.randn(1, 3, 6, 5)
+    fold = net.training_program().runners["conv+frozen-folded"]
+    assert type(fold).__name__ == "FrozenBatchNormFold"
+    twin = copy.deepcopy(net)
+    want = _step(twin, x, optimize=False)
+    compiled = torch.compile(net, backend="aot_eager", fullgraph=True)
+    net.optimize = True
+    net.zero_grad()
+    xg = x.clone().requires_grad_()
+    out = compiled(data=xg)["out"]
+    (out * torch.arange(out.numel()).reshape(out.shape)).sum().backward()
+    _close(out.detach(), want[0])
+    for name, p in net.named_parameters():
+        _close(p.grad, want[1][name])
+    _close(xg.grad, want[1]["data"])

@@ -54,8 +54,10 @@ def _floor_at_flt_max(x: torch.Tensor) -> torch.Tensor:
     """NaN and values <= -FLT_MAX become -FLT_MAX: Caffe starts each MAX window there and
     compares with a strict >, so they never win. One nan_to_num pass where no gradient flows;
     under autograd a where, whose gradient (unlike nan_to_num's) reaches a winning +inf. On
-    CPU (no sync to pay) a bottom with nothing to floor skips the where and its backward."""
-    if _recorded(x):
+    CPU (no sync to pay) a bottom with nothing to floor skips the where and its backward.
+    Under torch.compile always the where: inductor fuses it into the pooling's loads as a
+    vector compare, where nan_to_num's isnan became a scalar loop per load."""
+    if _recorded(x) or torch.compiler.is_compiling():
         keep = x > -FLT_MAX
         if x.is_cpu and not torch.compiler.is_compiling() and bool(keep.all()):
             return x
@@ -136,12 +138,15 @@ def caffe_pool2d(
     (10-25x faster than its NCHW ones); a top is handed back in the bottom's memory format.
     Not under autograd: there the round trip copies twice more in backward and autograd keeps
     the channels_last copy (ResNet-50 fwd+bwd b8, 1 thread: 2558 -> 2474 ms without it;
-    GoogLeNet's pools: no change).
+    GoogLeNet's pools: no change), nor under torch.compile, where inductor picks the layout.
     """
     if method == PP.STOCHASTIC:
         return _stochastic_pool(x, kernel, stride, out, sample), None
     restore = (
-        x.is_cpu and not x.is_contiguous(memory_format=torch.channels_last) and not _recorded(x)
+        x.is_cpu
+        and not x.is_contiguous(memory_format=torch.channels_last)
+        and not _recorded(x)
+        and not torch.compiler.is_compiling()
     )
     if restore:
         x = x.contiguous(memory_format=torch.channels_last)

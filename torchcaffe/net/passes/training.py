@@ -70,7 +70,8 @@ class FrozenBatchNormFold(FoldedAffine):
             for link in self.chain:
                 y = link(y)
             return y
-        return super().__call__(x)
+        # Under torch.compile too: the inference fold's compiled paths detach the links.
+        return self.run_folded(x, *self.folded_weights())
 
     def folded_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(w * a, c) with y = conv(x, w) * a + c per output channel, in the blobs' dtype,
