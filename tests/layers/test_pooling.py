@@ -210,6 +210,28 @@ def test_under_autograd_max_pool_keeps_the_layout_and_skips_an_idle_floor():
     assert torch.equal(x.grad, x_cl.grad)
 
 
+def test_under_autograd_a_minus_inf_that_loses_its_window_needs_no_floor():
+    # The check is on the top: -inf (or -FLT_MAX) beaten by a larger value in its window, as
+    # after a masking op, leaves the bottom unfloored (one autograd node); values and gradient
+    # are those of the floored bottom.
+    x = torch.tensor([[[[-math.inf, 1.0, 2.0, -FLT_MAX]]]]).repeat(2, 3, 1, 1)
+    layer, _ = make_layer(
+        "pooling_param { pool: MAX kernel_h: 1 kernel_w: 2 stride: 2 }",
+        [tuple(x.shape)],
+        type="Pooling",
+    )
+    fast = x.clone().requires_grad_()
+    top = layer(fast)
+    assert type(top.grad_fn).__name__ == "MaxPool2DWithIndicesBackward0"
+    assert top.grad_fn.next_functions[0][0].variable is fast
+    floored = x.clone().requires_grad_()
+    with torch.no_grad():
+        want = layer(floored)
+    assert torch.equal(top, want)
+    top.sum().backward()
+    assert fast.grad[0, 0].tolist() == [[0.0, 1.0, 1.0, 0.0]]
+
+
 def test_under_autograd_max_pool_still_floors_nan_and_minus_inf():
     x = torch.tensor([[[[math.nan, 1.0, -math.inf, -math.inf]]]], requires_grad=True)
     layer, _ = make_layer(

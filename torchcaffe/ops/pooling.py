@@ -53,15 +53,11 @@ def _explicit_pad(hw: Pair, kernel: Pair, stride: Pair, pad: Pair, out: Pair) ->
 def _floor_at_flt_max(x: torch.Tensor) -> torch.Tensor:
     """NaN and values <= -FLT_MAX become -FLT_MAX: Caffe starts each MAX window there and
     compares with a strict >, so they never win. One nan_to_num pass where no gradient flows;
-    under autograd a where, whose gradient (unlike nan_to_num's) reaches a winning +inf. On
-    CPU (no sync to pay) a bottom with nothing to floor skips the where and its backward.
+    under autograd a where, whose gradient (unlike nan_to_num's) reaches a winning +inf.
     Under torch.compile always the where: inductor fuses it into the pooling's loads as a
     vector compare, where nan_to_num's isnan became a scalar loop per load."""
     if _recorded(x) or torch.compiler.is_compiling():
-        keep = x > -FLT_MAX
-        if x.is_cpu and not torch.compiler.is_compiling() and bool(keep.all()):
-            return x
-        return torch.where(keep, x, -FLT_MAX)
+        return torch.where(x > -FLT_MAX, x, -FLT_MAX)
     return torch.nan_to_num(x, nan=-FLT_MAX, posinf=math.inf, neginf=-FLT_MAX)
 
 
@@ -71,7 +67,20 @@ def _recorded(x: torch.Tensor) -> bool:
 
 
 def _max_pool(x, kernel, stride, pad, out, want_mask):
-    x = _floor_at_flt_max(x)
+    """Caffe's MAX pooling. Under autograd on the CPU (no sync to pay) the bottom is pooled as
+    it is first: torch's max pooling lets NaN win, so a top with every value > -FLT_MAX
+    (NaN fails the compare) had no NaN in any window and no window whose best is floored:
+    it is Caffe's, and the floor's where and its backward are skipped. Checked on the top,
+    not the bottom: a quarter of the reads at stride 2 (LeNet's pool1 at batch 64, forward +
+    backward, one thread, CPU time median of 200 interleaved: 6.07 -> 5.56 ms)."""
+    if _recorded(x) and x.is_cpu and not torch.compiler.is_compiling():
+        y, mask = _max_pool_windows(x, kernel, stride, pad, out, want_mask)
+        if bool((y > -FLT_MAX).all()):
+            return y, mask
+    return _max_pool_windows(_floor_at_flt_max(x), kernel, stride, pad, out, want_mask)
+
+
+def _max_pool_windows(x, kernel, stride, pad, out, want_mask):
     hw = (x.shape[2], x.shape[3])
     ceil = _torch_ceil_mode(hw, kernel, stride, pad, out)
     if ceil is not None:
