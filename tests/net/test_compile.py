@@ -117,3 +117,29 @@ def test_export_with_a_dynamic_batch_runs_at_two_batch_sizes():
 def test_export_needs_exactly_the_input_blobs():
     with pytest.raises(torchcaffe.errors.BlobWiringError, match="input blobs"):
         export_net(_small_net(), {"image": torch.randn(2, 3, 13, 11)})
+
+
+def test_inductor_can_cache_a_compiled_deploy_net(models_root):
+    """Dynamo names a param it reaches through the net's program cache by that dict's key;
+    a frozenset there made inductor's FX cache fail to pickle the key (a logged traceback and
+    no cache on every compile of MobileNetV2)."""
+    import logging
+
+    net = torchcaffe.load(models_root / REPRESENTATIVE[2], phase="test").eval()
+    messages: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    logger = logging.getLogger("torch._inductor.codecache")
+    handler = Collect()
+    logger.addHandler(handler)
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            torch.compile(net)(data=torch.randn(net.blob_shapes["data"]))
+    finally:
+        logger.removeHandler(handler)
+    assert not [m for m in messages if "Failed to pickle" in m]
+    assert all(isinstance(k[0], tuple) for k in net._programs)

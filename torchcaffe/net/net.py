@@ -73,9 +73,10 @@ class TorchNet(nn.Module):
         self.train(self.phase == caffe_pb2.TRAIN)
         # Passes (net/passes): inference ones when no autograd is recorded, training ones when
         # it is; off: Caffe's literal layer-by-layer program always. Programs are cached per
-        # observable set, mode and kind.
+        # observable set (as sorted names: dynamo names a param it reaches through this dict
+        # by the key, and inductor's cache cannot pickle a frozenset there), mode and kind.
         self.optimize = True
-        self._programs: dict[tuple[frozenset[str], bool, bool], OptimizedProgram] = {}
+        self._programs: dict[tuple[tuple[str, ...], bool, bool], OptimizedProgram] = {}
         self._observe_outputs = frozenset(self.output_names)
         self._observe_all = frozenset(self.blob_names)
 
@@ -224,7 +225,7 @@ class TorchNet(nn.Module):
 
     def _cached_program(self, observable: Iterable[str] | None, autograd: bool) -> OptimizedProgram:
         seen = self._observe_outputs if observable is None else frozenset(observable)
-        key = (seen, self.training, autograd)
+        key = (tuple(sorted(seen)), self.training, autograd)
         program = self._programs.get(key)
         if program is None:
             optimize = optimize_for_training if autograd else optimize_for_inference
