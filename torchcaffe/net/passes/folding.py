@@ -14,7 +14,6 @@ other producer runs as it is, followed by the chain as one per-channel multiply-
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -24,7 +23,7 @@ import torch.nn.functional as F
 from ...ops.base import CaffeLayer
 from ...ops.convolution import ChannelsLastWeight, conv2d
 from ..program import LayerStep
-from .program import OptimizedProgram, readers_of
+from .program import OptimizedProgram, StepMerges, readers_of
 
 PASS_NAME = "fold_batchnorm_scale_into_producer"
 PRODUCERS = ("Convolution", "Deconvolution", "InnerProduct")
@@ -94,13 +93,10 @@ def fold_batchnorm_into_scale(
     For chains the producer fold left (its output is observable, as in MobileNetV2's
     ``conv1 -> conv1/bn -> conv1/scale`` seen through the Caffe face).
     """
-    steps = program.steps
-    removed: set[int] = set()
-    replaced: dict[int, LayerStep] = {}
-    runners: dict[str, FoldedAffine] = {}
-    for i, step in enumerate(steps):
+    merges = StepMerges(program)
+    for i, step in enumerate(program.steps):
         module = program.runners[step.key]
-        if i in removed or step.type != "BatchNorm" or not isinstance(module, CaffeLayer):
+        if merges.absorbed(i) or step.type != "BatchNorm" or not isinstance(module, CaffeLayer):
             continue
         stats: Any = module.mean
         channels = int(stats.shape[0])
@@ -110,28 +106,19 @@ def fold_batchnorm_into_scale(
         if not chain:
             continue
         links = {s.type: program.runners[s.key] for _, s in [(i, step), *chain]}
-        key = f"{step.key}+folded"
-        runners[key] = FoldedAffine("BatchNorm", None, links)
-        replaced[i] = dataclasses.replace(
-            step, type="+".join([step.type] + [s.type for _, s in chain]), key=key, tops=(blob,)
-        )
-        removed.update(j for j, _ in chain)
-    new_steps = [replaced.get(i, s) for i, s in enumerate(steps) if i not in removed]
-    return program.rewritten("fold_batchnorm_into_scale", new_steps, runners, len(replaced))
+        merges.merge(i, chain, FoldedAffine("BatchNorm", None, links), "folded", (blob,))
+    return merges.result("fold_batchnorm_into_scale")
 
 
 def fold_batchnorm_scale_into_producer(
     program: OptimizedProgram, observable: frozenset[str]
 ) -> OptimizedProgram:
-    steps = program.steps
-    removed: set[int] = set()
-    replaced: dict[int, LayerStep] = {}
-    runners: dict[str, FoldedAffine] = {}
-    for i, step in enumerate(steps):
+    merges = StepMerges(program)
+    for i, step in enumerate(program.steps):
         module = program.runners[step.key]
-        if i in removed or not isinstance(module, CaffeLayer) or not producer_ok(step, module):
+        if merges.absorbed(i) or not isinstance(module, CaffeLayer):
             continue
-        if any(step.loss_weights):
+        if not producer_ok(step, module) or any(step.loss_weights):
             continue
         chain, blob = collect_chain(
             program, i, step.tops[0], _channels(step, module), 0, observable
@@ -139,17 +126,8 @@ def fold_batchnorm_scale_into_producer(
         if not chain:
             continue
         links = {s.type: program.runners[s.key] for _, s in chain}
-        key = f"{step.key}+folded"
-        runners[key] = FoldedAffine(step.type, module, links)
-        replaced[i] = dataclasses.replace(
-            step,
-            type="+".join([step.type] + [s.type for _, s in chain]),
-            key=key,
-            tops=(blob,),
-        )
-        removed.update(j for j, _ in chain)
-    new_steps = [replaced.get(i, s) for i, s in enumerate(steps) if i not in removed]
-    return program.rewritten(PASS_NAME, new_steps, runners, len(replaced))
+        merges.merge(i, chain, FoldedAffine(step.type, module, links), "folded", (blob,))
+    return merges.result(PASS_NAME)
 
 
 def _fuse_affine(

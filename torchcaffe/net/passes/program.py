@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -78,3 +78,39 @@ def producer_of(steps: tuple[LayerStep, ...], index: int, blob: str) -> int | No
         if blob in steps[j].tops:
             return j
     return None
+
+
+class StepMerges:
+    """One pass's rewrites that merge a step with steps after it (a fold, a fusion): step i
+    becomes one runner named after the merged types, with the last merged step's tops, and
+    the absorbed steps leave the program."""
+
+    def __init__(self, program: OptimizedProgram) -> None:
+        self.program = program
+        self._absorbed: set[int] = set()
+        self._merged: dict[int, LayerStep] = {}
+        self._runners: dict[str, Runner] = {}
+
+    def absorbed(self, i: int) -> bool:
+        return i in self._absorbed
+
+    def merge(
+        self,
+        i: int,
+        chain: Sequence[tuple[int, LayerStep]],
+        runner: Runner,
+        suffix: str,
+        tops: tuple[str, ...],
+    ) -> None:
+        """Step ``i`` and the (index, step) ``chain`` after it run as ``runner``."""
+        step = self.program.steps[i]
+        key = f"{step.key}+{suffix}"
+        self._runners[key] = runner
+        merged_type = "+".join([step.type] + [s.type for _, s in chain])
+        self._merged[i] = replace(step, type=merged_type, key=key, tops=tops)
+        self._absorbed.update(j for j, _ in chain)
+
+    def result(self, name: str) -> OptimizedProgram:
+        steps = self.program.steps
+        kept = [self._merged.get(i, s) for i, s in enumerate(steps) if i not in self._absorbed]
+        return self.program.rewritten(name, kept, self._runners, len(self._merged))

@@ -44,7 +44,7 @@ from ...ops.eltwise import EltwiseLayer, EltwiseOp
 from ..program import LayerStep
 from .folding import FoldedAffine, collect_chain, producer_ok
 from .inplace import rewrite_relus_in_place
-from .program import OptimizedProgram, readers_of, step_kind
+from .program import OptimizedProgram, StepMerges, readers_of, step_kind
 
 FOLD_PASS = "fold_frozen_batchnorm_for_training"
 FUSE_PASS = "fuse_batchnorm_scale_for_training"
@@ -107,13 +107,10 @@ def _fold_links_ok(chain: list[tuple[int, LayerStep]]) -> bool:
 def fold_frozen_batchnorm_for_training(
     program: OptimizedProgram, observable: frozenset[str]
 ) -> OptimizedProgram:
-    steps = program.steps
-    removed: set[int] = set()
-    replaced: dict[int, LayerStep] = {}
-    runners: dict[str, FrozenBatchNormFold] = {}
-    for i, step in enumerate(steps):
+    merges = StepMerges(program)
+    for i, step in enumerate(program.steps):
         module = program.runners[step.key]
-        if i in removed or step.type != "Convolution" or not isinstance(module, CaffeLayer):
+        if merges.absorbed(i) or step.type != "Convolution" or not isinstance(module, CaffeLayer):
             continue
         if not producer_ok(step, module) or any(step.loss_weights):
             continue
@@ -124,16 +121,9 @@ def fold_frozen_batchnorm_for_training(
         if not any(s.type == "BatchNorm" for _, s in chain) or not _fold_links_ok(chain):
             continue  # nothing frozen to fold: Scale alone stays (its own backward is cheap)
         links = {s.type: program.runners[s.key] for _, s in chain}
-        key = f"{step.key}+frozen-folded"
-        runners[key] = FrozenBatchNormFold(
-            module, links, [program.runners[s.key] for _, s in chain]
-        )
-        replaced[i] = dataclasses.replace(
-            step, type="+".join([step.type] + [s.type for _, s in chain]), key=key, tops=(blob,)
-        )
-        removed.update(j for j, _ in chain)
-    new_steps = [replaced.get(i, s) for i, s in enumerate(steps) if i not in removed]
-    return program.rewritten(FOLD_PASS, new_steps, runners, len(replaced))
+        fold = FrozenBatchNormFold(module, links, [program.runners[s.key] for _, s in chain])
+        merges.merge(i, chain, fold, "frozen-folded", (blob,))
+    return merges.result(FOLD_PASS)
 
 
 class TrainingBatchNormScale:
@@ -196,27 +186,17 @@ def _pair_ok(program: OptimizedProgram, i: int, observable: frozenset[str]) -> i
 def fuse_batchnorm_scale_for_training(
     program: OptimizedProgram, observable: frozenset[str]
 ) -> OptimizedProgram:
-    steps = program.steps
-    removed: set[int] = set()
-    replaced: dict[int, LayerStep] = {}
-    runners: dict[str, TrainingBatchNormScale] = {}
-    for i, step in enumerate(steps):
-        if i in removed:
+    merges = StepMerges(program)
+    for i, step in enumerate(program.steps):
+        if merges.absorbed(i):
             continue
         j = _pair_ok(program, i, observable)
         if j is None:
             continue
-        scale_step = steps[j]
-        key = f"{step.key}+{scale_step.key}+fused"
-        runners[key] = TrainingBatchNormScale(
-            program.runners[step.key], program.runners[scale_step.key]
-        )
-        replaced[i] = dataclasses.replace(
-            step, type="BatchNorm+Scale", key=key, tops=scale_step.tops
-        )
-        removed.add(j)
-    new_steps = [replaced.get(i, s) for i, s in enumerate(steps) if i not in removed]
-    return program.rewritten(FUSE_PASS, new_steps, runners, len(replaced))
+        scale_step = program.steps[j]
+        fused = TrainingBatchNormScale(program.runners[step.key], program.runners[scale_step.key])
+        merges.merge(i, [(j, scale_step)], fused, f"{scale_step.key}+fused", scale_step.tops)
+    return merges.result(FUSE_PASS)
 
 
 def _split_ok(step: LayerStep, observable: frozenset[str]) -> bool:
