@@ -17,6 +17,8 @@ from google.protobuf import text_format
 import torchcaffe
 from torchcaffe.proto import caffe_pb2
 
+from ..helpers.params import fill_params
+
 FLT_MAX = 3.4028234663852886e38
 
 # A conv (enough channels and positions for the layout pass) folded with BatchNorm + Scale,
@@ -48,13 +50,12 @@ layer { name: "pool_a" type: "Pooling" bottom: "a" top: "out_a"
 
 def _net() -> torchcaffe.TorchNet:
     net = torchcaffe.load(text_format.Parse(NET, caffe_pb2.NetParameter()), phase="test")
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for module in net.layers.values():
-            for t in module.param_blobs():
-                t.copy_(torch.rand(t.shape, generator=gen) + 0.5)
-                if t.dim() > 1:
-                    t.sub_(1.0).mul_(0.3)
+
+    def values(t, gen):
+        v = torch.rand(t.shape, generator=gen) + 0.5
+        return (v - 1.0) * 0.3 if t.dim() > 1 else v
+
+    fill_params(net, values)
     return net.eval()
 
 
@@ -135,11 +136,7 @@ layer { name: "sc2" type: "Scale" bottom: "p" top: "p" }
 
 def _folds_net() -> torchcaffe.TorchNet:
     net = torchcaffe.load(text_format.Parse(FOLDS, caffe_pb2.NetParameter()), phase="test")
-    gen = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for module in net.layers.values():
-            for t in module.param_blobs():
-                t.copy_(torch.rand(t.shape, generator=gen) + 0.5)
+    fill_params(net, lambda t, gen: torch.rand(t.shape, generator=gen) + 0.5, seed=2)
     return net.eval()
 
 

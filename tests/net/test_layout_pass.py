@@ -14,6 +14,8 @@ from torchcaffe.net.passes import layout
 from torchcaffe.ops.convolution import ChannelsLastWeight, conv2d
 from torchcaffe.proto import caffe_pb2
 
+from ..helpers.params import fill_params
+
 LAYOUT = "channels_last_layout"
 CL = torch.channels_last
 
@@ -41,11 +43,7 @@ layer { name: "prob" type: "Softmax" bottom: "q" top: "sm" }
 
 def _net() -> torchcaffe.TorchNet:
     net = torchcaffe.load(text_format.Parse(NET, caffe_pb2.NetParameter()), phase="test")
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for module in net.layers.values():
-            for t in module.param_blobs():
-                t.copy_(torch.randn(t.shape, generator=gen) * 0.3)
+    fill_params(net, lambda t, gen: torch.randn(t.shape, generator=gen) * 0.3)
     return net
 
 

@@ -15,6 +15,8 @@ import torchcaffe as caffe
 from torchcaffe.net.passes import INFERENCE_PASSES
 from torchcaffe.proto import caffe_pb2
 
+from ..helpers.params import fill_params
+
 FOLD, INPLACE = "fold_batchnorm_scale_into_producer", "inplace_relu"
 AFFINE = "fold_batchnorm_into_scale"
 LAYOUT = "channels_last_layout"
@@ -39,13 +41,11 @@ layer { name: "relu2" type: "ReLU" bottom: "d" top: "d" relu_param { negative_sl
 
 
 def _randomize(net: torchcaffe.TorchNet, seed: int = 0) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in net.layers.values():
-            for t in module.param_blobs():
-                t.copy_(torch.rand(t.shape, generator=gen) * 1.5 + 0.25)
-                if t.dim() > 1:
-                    t.sub_(1.0)
+    def values(t, gen):
+        v = torch.rand(t.shape, generator=gen) * 1.5 + 0.25
+        return v - 1.0 if t.dim() > 1 else v
+
+    fill_params(net, values, seed)
 
 
 def _net(text: str = CONV_BN_SCALE_RELU, phase: str = "test") -> torchcaffe.TorchNet:

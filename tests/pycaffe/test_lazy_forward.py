@@ -14,6 +14,8 @@ import torchcaffe as caffe
 from torchcaffe import syncedmem
 from torchcaffe.pycaffe.lazy_forward import replayable
 
+from ..helpers.params import fill_params
+
 FOLD = "fold_batchnorm_scale_into_producer"
 RTOL, ATOL = 1e-4, 1e-5  # the golden tolerance of the folds (tests/net/test_passes.py)
 
@@ -36,11 +38,7 @@ def net(tmp_path):
     path = tmp_path / "net.prototxt"
     path.write_text(NET)
     net = caffe.Net(str(path), caffe.TEST)
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for module in net.module.layers.values():
-            for t in module.param_blobs():
-                t.copy_(torch.rand(t.shape, generator=gen) * 1.5 + 0.25)
+    fill_params(net.module, lambda t, gen: torch.rand(t.shape, generator=gen) * 1.5 + 0.25)
     return net
 
 
