@@ -188,10 +188,11 @@ class FoldedAffine:
         if self.weight_cache is not None:
             self.weight_cache.forget()
 
-    def _affine(self, wide: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    def _affine(self, wide: bool = True, detach: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-channel (a, c) with chain(y) = y * a + c, where y is the producer's top (or the
         BatchNorm's bottom); computed in float64 (``wide``) or the links' dtype, returned in
-        the links' dtype."""
+        the links' dtype; recorded by autograd unless ``detach``."""
+        blob = torch.Tensor.detach if detach else (lambda t: t)
         if self.bn is not None:
             ref = self.bn.mean
         elif self.scale is not None:
@@ -204,15 +205,15 @@ class FoldedAffine:
         c: torch.Tensor | float = 0.0
         if self.bn is not None:
             m, v = self.bn.global_stats()
-            a = torch.rsqrt(v.detach().to(dtype) + self.bn.eps)
-            c = -m.detach().to(dtype) * a
+            a = torch.rsqrt(blob(v).to(dtype) + self.bn.eps)
+            c = -blob(m).to(dtype) * a
         if self.scale is not None:
-            gamma = self.scale.weight.detach().to(dtype)
+            gamma = blob(self.scale.weight).to(dtype)
             a, c = gamma * a, gamma * c
             if self.scale_has_bias:
-                c = self.scale.bias.detach().to(dtype) + c
+                c = blob(self.scale.bias).to(dtype) + c
         if self.bias is not None:
-            c = self.bias.bias.detach().to(dtype) + c
+            c = blob(self.bias.bias).to(dtype) + c
         ones = torch.ones(ref.shape[0], dtype=ref.dtype, device=ref.device)
         return (ones * a).to(ref.dtype), (ones * c).to(ref.dtype)
 
@@ -252,7 +253,13 @@ class FoldedAffine:
         top = p.num_output * math.prod(p.top_spatial(tuple(x.shape[2:])))
         if p.weight.numel() >= top:
             return None
-        a, c = self._affine(wide=False)
+        return self.weights_in_graph(detach=True)
+
+    def weights_in_graph(self, detach: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """A Convolution's (weight, bias) with the chain folded in, in the links' dtype, as ops
+        of the running graph: a compiled one, or autograd's unless ``detach``."""
+        p = self.producer
+        a, c = self._affine(wide=False, detach=detach)
         w = p.weight * a.reshape((-1,) + (1,) * (p.weight.dim() - 1))
         return w, (p.bias * a + c if p.bias_term else c)
 

@@ -74,30 +74,9 @@ class FrozenBatchNormFold(FoldedAffine):
         return self.run_folded(x, *self.folded_weights())
 
     def folded_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(w * a, c) with y = conv(x, w) * a + c per output channel, in the blobs' dtype,
-        recorded by autograd (no cache: the params change every step)."""
-        p = self.producer
-        w = p.weight
-        c = p.bias if p.param.bias_term else None
-        a: torch.Tensor | None = None
-        if self.bn is not None:
-            mean, var = self.bn.global_stats()
-            std = torch.sqrt(var.to(w.dtype) + self.bn.eps)
-            a = 1 / std
-            c = (-mean.to(w.dtype) if c is None else c - mean.to(w.dtype)) / std
-        if self.scale is not None:
-            gamma = self.scale.weight
-            a = gamma if a is None else a * gamma
-            c = None if c is None else c * gamma
-            if self.scale.param.bias_term:
-                c = self.scale.bias if c is None else c + self.scale.bias
-        if self.bias is not None:
-            c = self.bias.bias if c is None else c + self.bias.bias
-        if c is None:
-            c = w.new_zeros(w.shape[0])
-        if a is not None:
-            w = w * a.reshape(-1, *([1] * (w.dim() - 1)))
-        return w, c
+        """The folded (weight, bias), recorded by autograd (no cache: the params change every
+        step)."""
+        return self.weights_in_graph(detach=False)
 
 
 def _fold_links_ok(chain: list[tuple[int, LayerStep]]) -> bool:
