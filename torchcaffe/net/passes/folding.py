@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from ...ops.base import CaffeLayer
 from ...ops.convolution import ChannelsLastWeight, conv2d
 from ..program import LayerStep
+from . import onednn
 from .program import OptimizedProgram, StepMerges, readers_of
 
 PASS_NAME = "fold_batchnorm_scale_into_producer"
@@ -308,7 +309,7 @@ class FoldedAffine:
             view = (1, -1) + (1,) * (x.dim() - 2)
             return torch.addcmul(b.reshape(view), x, w.reshape(view))
         if self.producer_type == "InnerProduct":
-            return F.linear(x.reshape(x.shape[0], p.k), w, b)
+            return onednn.linear(x.reshape(x.shape[0], p.k), w, b)
         g = p.geom
         n = g.num_spatial
         if self.producer_type == "Deconvolution":
