@@ -104,15 +104,25 @@ def timings(fn: Callable[[], object], repeat: int, warmup: int = 2) -> list[floa
     return out
 
 
-def interleaved(a: Callable, b: Callable, repeat: int, warmup: int = 2) -> tuple[list, list]:
-    """Time ``a`` and ``b`` alternately, so that machine noise hits both alike."""
+def interleaved(
+    a: Callable, b: Callable, repeat: int, warmup: int = 2, settle: int = 0
+) -> tuple[list, list]:
+    """Time ``a`` and ``b`` alternately, so that machine noise hits both alike.
+
+    ``settle``: untimed calls of each before each of its timed ones. Two engines with their
+    own thread pools (torch's OpenMP, OpenCV's) slow each other when alternated: a pool's
+    workers spin-wait for several ms after a parallel region (libgomp's 300000 spins of
+    PAUSE, ~8 ms on this AMD CPU), taking a core from the other engine's first layers
+    (CaffeNet b1: OpenCV's conv1+conv2 7.6 -> 12.1 ms right after a torchcaffe forward whose
+    last layer ran on both threads). With a settling call each side is timed as it runs
+    back to back, as a program using only that engine runs it."""
     for _ in range(warmup):
         a()
         b()
     ta, tb = [], []
     for _ in range(repeat):
-        ta += timings(a, 1, 0)
-        tb += timings(b, 1, 0)
+        ta += timings(a, 1, settle)
+        tb += timings(b, 1, settle)
     return ta, tb
 
 
@@ -265,7 +275,7 @@ def bench_opencv(args, rows: list[Row]) -> None:
                 gap = abs(run_cv().reshape(batch, -1) - run_ours().reshape(batch, -1).numpy())
                 if gap.max() > 1e-3:
                     raise SystemExit(f"{name}: OpenCV disagrees ({gap.max():.2e})")
-                t_ours, t_cv = interleaved(run_ours, run_cv, args.repeat)
+                t_ours, t_cv = interleaved(run_ours, run_cv, args.repeat, settle=1)
                 rows.append(
                     Row(
                         "opencv",
