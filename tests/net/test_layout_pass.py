@@ -119,6 +119,23 @@ def test_the_pass_gives_each_convolution_its_stride():
     assert runners["pw"].stride == (1, 1)
 
 
+def test_pointwise_convolutions_keep_a_channels_last_input_at_any_size():
+    pointwise = layout.ChannelsLastInput(lambda t: t, always=False, keep=True)
+    small_cl = torch.randn(1, 16, 14, 14).contiguous(memory_format=CL)  # 196 positions
+    assert _seen_by(pointwise, small_cl) is small_cl  # a dense 3x3 would get NCHW
+    small = torch.randn(1, 16, 14, 14)
+    assert _seen_by(pointwise, small).is_contiguous()  # nor is an NCHW one moved
+    big = torch.randn(1, 16, 28, 28)
+    assert not _seen_by(pointwise, big).is_contiguous()  # at 784 positions, as a dense one
+
+
+def test_the_pass_lets_only_pointwise_convolutions_keep_their_layout():
+    program = _net().optimized_program()
+    runners = {s.key.split("+")[0]: program.runners[s.key] for s in program.steps}
+    assert runners["pw"].keep
+    assert not runners["dense"].keep and not runners["dw"].keep
+
+
 def test_depthwise_convolutions_and_pooling_always_get_channels_last():
     always = layout.ChannelsLastInput(lambda t: t, always=True)
     seen = _seen_by(always, torch.randn(1, 16, 7, 7))
