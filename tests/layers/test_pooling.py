@@ -13,6 +13,7 @@ from tests.helpers.cases import LayerCase
 from tests.helpers.gradcheck import check_layer_gradient
 from tests.helpers.harness import make_layer
 from torchcaffe.errors import LayerParamError
+from torchcaffe.ops import pooling
 
 FLT_MAX = float(np.finfo(np.float32).max)
 
@@ -224,12 +225,33 @@ def test_under_autograd_a_minus_inf_that_loses_its_window_needs_no_floor():
     top = layer(fast)
     assert type(top.grad_fn).__name__ == "MaxPool2DWithIndicesBackward0"
     assert top.grad_fn.next_functions[0][0].variable is fast
-    floored = x.clone().requires_grad_()
     with torch.no_grad():
-        want = layer(floored)
+        want = layer(pooling._floor_at_flt_max(x))
     assert torch.equal(top, want)
     top.sum().backward()
     assert fast.grad[0, 0].tolist() == [[0.0, 1.0, 1.0, 0.0]]
+
+
+@pytest.mark.parametrize("values", ["randn", "nan", "-inf wins"])
+def test_inference_floors_only_a_top_that_needs_it(values, monkeypatch):
+    # Without autograd too the bottom is pooled as it is; only a top whose minimum is NaN or
+    # <= -FLT_MAX sends it through the floor (whose result is then Caffe's).
+    x = torch.randn(2, 3, 6, 8)
+    if values == "nan":
+        x[1, 2, 3, 4] = math.nan
+    elif values == "-inf wins":
+        x[0, 1, 0:2, 0:2] = -math.inf
+    layer, _ = make_layer(
+        "pooling_param { pool: MAX kernel_size: 2 stride: 2 }", [tuple(x.shape)], type="Pooling"
+    )
+    floors = []
+    real = pooling._floor_at_flt_max
+    monkeypatch.setattr(pooling, "_floor_at_flt_max", lambda t: floors.append(1) or real(t))
+    with torch.inference_mode():
+        top = layer(x)
+    assert len(floors) == (values != "randn")
+    want, _ = ref_pool(x.double().numpy(), "MAX", (2, 2), (2, 2), (0, 0))
+    np.testing.assert_array_equal(top.double().numpy(), want.astype(np.float32))
 
 
 def test_under_autograd_max_pool_still_floors_nan_and_minus_inf():
