@@ -86,3 +86,35 @@ def test_outputs_and_gradients_equal_the_unreleased_run():
     np.testing.assert_allclose(got_x.grad.numpy(), want_x.grad.numpy(), rtol=1e-6)
     for g, p in zip(got_grads, net.parameters()):
         np.testing.assert_allclose(g.numpy(), p.grad.numpy(), rtol=1e-6)
+
+
+def test_walk_is_the_steps_as_plain_literals():
+    """What ``TorchNet.run`` reads per step, as strings, bools and None only: torch.compile
+    then guards the whole walk as one value (see OptimizedProgram.walk)."""
+    net = torchcaffe.load(text_format.Parse(_WALK_NET, caffe_pb2.NetParameter()), phase="test")
+    program = net.optimized_program()
+    assert len(program.walk) == len(program.steps)
+    for (key, bottoms, keeps, tops, dead), step, released in zip(
+        program.walk, program.steps, program.releases
+    ):
+        assert key == (None if step.is_input else step.key)
+        assert (bottoms, keeps) == (step.bottoms, step.propagate_down)
+        assert (tops, dead) == (step.tops, released)
+
+    def literal(v):
+        if isinstance(v, tuple):
+            return all(literal(x) for x in v)
+        return v is None or type(v) in (str, bool)
+
+    assert literal(program.walk)
+
+
+_WALK_NET = """
+input: "data" input_shape { dim: 1 dim: 2 dim: 3 dim: 3 }
+layer { name: "c" type: "Convolution" bottom: "data" top: "c"
+  convolution_param { num_output: 2 kernel_size: 1 } }
+layer { name: "r" type: "ReLU" bottom: "c" top: "c" }
+layer { name: "s" type: "Split" bottom: "c" top: "s1" top: "s2" }
+layer { name: "e" type: "Eltwise" bottom: "s1" bottom: "s2" top: "e" propagate_down: false
+  propagate_down: true }
+"""

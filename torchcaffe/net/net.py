@@ -255,19 +255,14 @@ class TorchNet(nn.Module):
         """
         if program is not None:
             runners = program.runners
-            releases = program.releases or [()] * len(program.steps)
-            for step, dead in zip(program.steps, releases):
-                if not step.is_input:
-                    out = runners[step.key](
-                        *[
-                            blobs[b] if keep else blobs[b].detach()
-                            for b, keep in zip(step.bottoms, step.propagate_down)
-                        ]
-                    )
+            for key, names, keeps, tops, dead in program.walk:
+                if key is not None:
+                    reads = [blobs[b] if k else blobs[b].detach() for b, k in zip(names, keeps)]
+                    out = runners[key](*reads)
                     if isinstance(out, tuple):
-                        blobs.update(zip(step.tops, out))
+                        blobs.update(zip(tops, out))
                     else:
-                        blobs[step.tops[0]] = out
+                        blobs[tops[0]] = out
                 for name in dead:  # no later step reads it, the caller does not observe it
                     blobs.pop(name, None)
             return blobs

