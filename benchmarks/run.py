@@ -535,7 +535,9 @@ def write_results(args, argv: list[str] | None, rows: list[Row], failed: list[st
         f"Machine: {machine()}.\n\n"
         f"Command: `{command.strip()}`{quick}.\n\n"
         "Medians after warm-up, range in brackets, torchcaffe and the baseline alternated in one "
-        "process with the same threads. Ratio = baseline / torchcaffe (time or bytes): above "
+        "process with the same threads (against OpenCV, each timed call follows an untimed one "
+        "of the same side, so neither pays for the other's spinning threads). "
+        "Ratio = baseline / torchcaffe (time or bytes): above "
         "1.00x torchcaffe is better. Build rows compare with the issue's target instead of a "
         "baseline run.\n\n" + text + "\n"
     )
