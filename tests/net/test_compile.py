@@ -95,6 +95,17 @@ def _close(got: dict, want: dict) -> None:
         torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6)
 
 
+def test_training_forward_builds_its_program_without_graph_breaks():
+    # The first compiled forward under grad builds the training program while dynamo traces
+    # it (data is read by two convolutions: a Split for bypass_splits_for_training).
+    net = _small_net()
+    x = torch.randn(2, 3, 13, 11)
+    torch._dynamo.reset()
+    report = torch._dynamo.explain(lambda: net(data=x)["prob"].sum())()
+    assert report.graph_break_count == 0, [str(b.reason)[:200] for b in report.break_reasons]
+    assert net.training_program().report["bypass_splits_for_training"] == 1
+
+
 def test_dynamic_compile_matches_eager_at_two_batch_sizes():
     net = _small_net()
     compiled = torch.compile(net, dynamic=True)

@@ -198,7 +198,9 @@ def bypass_splits_for_training(
             continue
         source = step.bottoms[0]
         readers = {top: readers_of(tuple(steps), i, top) for top in step.tops}
-        last = max((j for js in readers.values() for j in js), default=i)
+        # not max(..., default=i): a compiled forward may build this program while dynamo
+        # traces it, and dynamo breaks the graph on max's default
+        last = max([i, *(j for js in readers.values() for j in js)])
         if any(source in steps[k].tops for k in range(i + 1, last + 1)):
             continue  # the bottom is rewritten before a reader would read it
         for top, js in readers.items():
