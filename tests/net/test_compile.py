@@ -116,9 +116,10 @@ def test_dynamic_compile_matches_eager_at_two_batch_sizes():
             _close(compiled(data=x), net(data=x))
 
 
-def test_export_with_a_dynamic_batch_runs_at_two_batch_sizes():
+@pytest.mark.parametrize("example_batch", [2, 1])  # a batch-1 example is traced as 2
+def test_export_with_a_dynamic_batch_runs_at_two_batch_sizes(example_batch):
     net = _small_net()
-    program = export_net(net, {"data": torch.randn(2, 3, 13, 11)})
+    program = export_net(net, {"data": torch.randn(example_batch, 3, 13, 11)})
     with torch.no_grad():
         for batch in (1, 7):
             x = torch.randn(batch, 3, 13, 11)

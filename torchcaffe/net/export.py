@@ -28,7 +28,9 @@ def export_net(
     """``torch.export.export`` of ``net`` for these example inputs (by blob name).
 
     With ``dynamic_batch`` axis 0 of every input is one symbolic size (batch 1 and up), so
-    the exported program runs at any batch; other axes stay as in the example."""
+    the exported program runs at any batch; other axes stay as in the example. Examples of
+    batch 1 are traced as batch 2 (each repeated): torch.export specializes a size of 1 to a
+    constant and would refuse the dynamic batch; the program runs at batch 1 all the same."""
     missing = [n for n in net.input_names if n not in inputs]
     extra = [n for n in inputs if n not in net.input_names]
     if missing or extra:
@@ -41,6 +43,8 @@ def export_net(
     args = tuple(inputs[n] for n in net.input_names)
     shapes = None
     if dynamic_batch:
+        if all(a.dim() and a.shape[0] == 1 for a in args):
+            args = tuple(torch.cat([a, a]) for a in args)
         batch = torch.export.Dim("batch", min=1, max=max_batch)
         shapes = {"args": tuple({0: batch} for _ in args)}
     return torch.export.export(net, args, dynamic_shapes=shapes)
