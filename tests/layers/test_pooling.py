@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tests.helpers.cases import LayerCase
 from tests.helpers.gradcheck import check_layer_gradient
@@ -252,6 +253,55 @@ def test_inference_floors_only_a_top_that_needs_it(values, monkeypatch):
     assert len(floors) == (values != "randn")
     want, _ = ref_pool(x.double().numpy(), "MAX", (2, 2), (2, 2), (0, 0))
     np.testing.assert_array_equal(top.double().numpy(), want.astype(np.float32))
+
+
+@pytest.mark.parametrize(
+    "geometry", [((3, 3), (2, 2), (0, 0), True), ((2, 3), (1, 2), (1, 1), False)]
+)
+def test_floored_max_pool_function_equals_pooling_the_floored_bottom(geometry):
+    # _FlooredMaxPool2d (used under autograd) against autograd through where + max_pool2d:
+    # same top, indices and bottom gradient, with NaN, -inf, -FLT_MAX, +inf and whole
+    # windows of NaN in the bottom.
+    kernel, stride, pad, ceil = geometry
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, 9, 8, dtype=torch.float64, generator=gen)
+    x[0, 0, :3, :3] = math.nan
+    x[0, 1, 4, 4] = -math.inf
+    x[1, 2, 2:5, 1:4] = -FLT_MAX
+    x[1, 0, 7, 7] = math.inf
+    a = x.clone().requires_grad_()
+    y, idx = pooling._FlooredMaxPool2d.apply(a, kernel, stride, pad, ceil)
+    b = x.clone().requires_grad_()
+    floored = torch.where(b > -FLT_MAX, b, -FLT_MAX)
+    want, want_idx = F.max_pool2d(floored, kernel, stride, pad, 1, ceil, return_indices=True)
+    assert torch.equal(y, want) and torch.equal(idx, want_idx)
+    g = torch.randn(y.shape, dtype=torch.float64, generator=gen)
+    y.backward(g)
+    want.backward(g)
+    assert torch.equal(a.grad, b.grad)
+    assert (y == -FLT_MAX).any()  # some window's best was floored: its gradient went nowhere
+
+
+def test_compiled_training_max_pool_equals_eager():
+    x = torch.randn(2, 3, 9, 8, generator=torch.Generator().manual_seed(4))
+    x[0, 0, :3, :3] = math.nan
+    x[1, 1, 4, 4] = -math.inf
+    layer, _ = make_layer(
+        "pooling_param { pool: MAX kernel_size: 3 stride: 2 }",
+        [tuple(x.shape)],
+        type="Pooling",
+        n_tops=2,
+    )
+    g = torch.randn(2, 3, 4, 4)
+    runs = []
+    for fn in (layer, torch.compile(layer, backend="aot_eager", fullgraph=True)):
+        a = x.clone().requires_grad_()
+        top, mask = fn(a)
+        top.backward(g)
+        runs.append((top.detach(), mask, a.grad))
+    for want, got in zip(runs[0], runs[1]):
+        assert torch.equal(got, want)
+    assert (runs[0][1] == -1).any()  # the all-NaN window has no winner, as in Caffe
 
 
 def test_under_autograd_max_pool_still_floors_nan_and_minus_inf():
