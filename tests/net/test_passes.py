@@ -20,7 +20,6 @@ from ..helpers.params import fill_params
 FOLD, INPLACE = "fold_batchnorm_scale_into_producer", "inplace_relu"
 AFFINE = "fold_batchnorm_into_scale"
 LAYOUT = "channels_last_layout"
-ONEDNN = "inner_product_on_onednn"
 RTOL, ATOL = 1e-4, 1e-5
 
 CONV_BN_SCALE_RELU = """
@@ -69,13 +68,13 @@ def _assert_close(got, want):
 
 
 def test_passes_are_listed_in_order():
-    assert [p.__name__ for p in INFERENCE_PASSES] == [FOLD, AFFINE, ONEDNN, INPLACE, LAYOUT]
+    assert [p.__name__ for p in INFERENCE_PASSES] == [FOLD, AFFINE, INPLACE, LAYOUT]
 
 
 def test_fold_fires_on_conv_ip_and_deconv_chains():
     net = _net()
     program = net.optimized_program()  # observe the outputs (d, h) only
-    assert program.report == {FOLD: 3, AFFINE: 0, ONEDNN: 0, INPLACE: 2, LAYOUT: 0}  # 3 channels
+    assert program.report == {FOLD: 3, AFFINE: 0, INPLACE: 2, LAYOUT: 0}  # 3 channels
     types = [s.type for s in program.steps]
     assert "Convolution+BatchNorm+Scale" in types
     assert "InnerProduct+BatchNorm+Bias" in types
@@ -237,7 +236,7 @@ layer { name: "relu" type: "ReLU" bottom: "b" top: "b" }
     net = caffe.Net(str(proto), caffe.TEST)
     _randomize(net.module)
     report = net.module.optimized_program(net.blobs).report
-    assert report == {FOLD: 0, AFFINE: 1, ONEDNN: 0, INPLACE: 1, LAYOUT: 0}
+    assert report == {FOLD: 0, AFFINE: 1, INPLACE: 1, LAYOUT: 0}
     x = np.random.default_rng(2).standard_normal((2, 3, 5, 4)).astype(np.float32)
     net.blobs["data"].data[...] = x
     net.forward()

@@ -7,7 +7,7 @@ The outputs are compared with the reference Caffe's at the case's own tolerance 
 cases too: there BatchNorm uses batch statistics, so only the in-place passes apply).
 Each case runs twice more with the layout pass's thresholds at zero, so that every
 convolution, and every layer after one, runs on channels_last tensors, and with
-inner_product_on_onednn's at zero, so that every InnerProduct runs on oneDNN.
+onednn_linear.MIN_WEIGHTS at zero, so that every InnerProduct runs on oneDNN.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import torchcaffe
 from tests.helpers.compare import assert_blob_close
 from tests.helpers.golden import _Cwd, discover
 from tests.test_conformance import xfail_reason
-from torchcaffe.net.passes import layout, onednn
+from torchcaffe.net.passes import layout
+from torchcaffe.ops import onednn_linear
 
 ROOT = Path(__file__).resolve().parents[1] / "golden"
 CASES = [
@@ -55,7 +56,7 @@ def test_golden_outputs_with_passes_on(case, monkeypatch):
         runs = _runs(net, inputs, case.meta["phase"])
         monkeypatch.setattr(layout, "MIN_CHANNELS", 1)
         monkeypatch.setattr(layout, "MIN_PIXELS", 0)
-        monkeypatch.setattr(onednn, "MIN_WEIGHTS", 0)
+        monkeypatch.setattr(onednn_linear, "MIN_WEIGHTS", 0)
         net._programs.clear()  # rebuilt under the patched thresholds
         runs += _runs(net, inputs, case.meta["phase"])
     rtol, atol = case.meta["rtol"], case.meta["atol"]
@@ -74,8 +75,7 @@ def _runs(net, inputs, phase):
     return runs
 
 
-def test_every_pass_fires_on_some_golden_net(monkeypatch):
-    monkeypatch.setattr(onednn, "MIN_WEIGHTS", 0)  # golden InnerProducts are small
+def test_every_pass_fires_on_some_golden_net():
     fired: dict[str, int] = {}
     for case in CASES:
         with _Cwd(case.path):
@@ -90,5 +90,3 @@ def test_every_pass_fires_on_some_golden_net(monkeypatch):
     # fold_batchnorm_into_scale is exercised by tests/net/test_passes.py only.
     assert fired["fold_batchnorm_scale_into_producer"] and fired["inplace_relu"], fired
     assert fired["channels_last_layout"], fired
-    if onednn.available():
-        assert fired["inner_product_on_onednn"], fired

@@ -18,6 +18,7 @@ from tests.helpers.compare import assert_blob_close
 from tests.helpers.golden import _Cwd, discover
 from tests.net.test_passes_golden import ROOT, _build
 from tests.test_conformance import xfail_reason
+from torchcaffe.ops import onednn_linear
 
 CASES = [
     c
@@ -39,7 +40,16 @@ def _objective(net, outputs, arrays) -> torch.Tensor | None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_golden_diffs_with_training_passes_on(case):
+def test_golden_diffs_with_training_passes_on(case, monkeypatch):
+    net = _check(case)
+    if any(s.type == "InnerProduct" for s in net.steps):
+        # again with every InnerProduct on oneDNN, not only those of 2^18 weights
+        monkeypatch.setattr(onednn_linear, "MIN_WEIGHTS", 0)
+        _check(case)
+
+
+def _check(case):
+    """Run ``case`` forward and backward on a fresh net, compare with Caffe; returns the net."""
     with _Cwd(case.path):
         net, arrays, inputs = _build(case)
         if set(inputs) != set(net.input_names):
@@ -67,3 +77,4 @@ def test_golden_diffs_with_training_passes_on(case):
             elif blob.requires_grad:
                 got = torch.zeros_like(blob) if blob.grad is None else blob.grad
                 assert_blob_close(key, got.numpy(), want, rtol, atol)
+    return net

@@ -7,6 +7,7 @@ import math
 import torch
 
 from ..registry import register_layer
+from . import onednn_linear
 from .base import CaffeLayer, canonical_axis
 
 
@@ -52,7 +53,8 @@ class InnerProductLayer(CaffeLayer):
         return [(*shape[: self.axis], self.param.num_output)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(*x.shape[: self.axis], self.k)
+        """On oneDNN's matmul where the weight is large (``onednn_linear``)."""
+        lead = x.shape[: self.axis]
         weight = self.weight.t() if self.transpose else self.weight
         bias = self.bias if self.param.bias_term else None
-        return torch.nn.functional.linear(flat, weight, bias)
+        return onednn_linear.linear(x.reshape(-1, self.k), weight, bias).view(*lead, -1)

@@ -22,7 +22,6 @@ from .folding import (
 )
 from .inplace import inplace_relu
 from .layout import channels_last_layout, to_nchw
-from .onednn import inner_product_on_onednn
 from .program import OptimizedProgram
 from .training import (
     bypass_splits_for_training,
@@ -32,13 +31,11 @@ from .training import (
 )
 
 # The inference pipeline, in order: folds into producers first, then what they left (their
-# output is observable) into one multiply-add; the InnerProducts left unfolded onto oneDNN;
-# in-place ReLU next, so a ReLU after a folded chain sees a fresh producer; the memory
-# layout last, over the steps that will really run.
+# output is observable) into one multiply-add; in-place ReLU next, so a ReLU after a folded
+# chain sees a fresh producer; the memory layout last, over the steps that will really run.
 INFERENCE_PASSES = (
     fold_batchnorm_scale_into_producer,
     fold_batchnorm_into_scale,
-    inner_product_on_onednn,
     inplace_relu,
     channels_last_layout,
 )

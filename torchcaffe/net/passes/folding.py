@@ -20,10 +20,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ...ops import onednn_linear
 from ...ops.base import CaffeLayer
 from ...ops.convolution import ChannelsLastWeight, conv2d
 from ..program import LayerStep
-from . import onednn
 from .program import OptimizedProgram, StepMerges, readers_of
 
 PASS_NAME = "fold_batchnorm_scale_into_producer"
@@ -309,7 +309,7 @@ class FoldedAffine:
             view = (1, -1) + (1,) * (x.dim() - 2)
             return torch.addcmul(b.reshape(view), x, w.reshape(view))
         if self.producer_type == "InnerProduct":
-            return onednn.linear(x.reshape(x.shape[0], p.k), w, b)
+            return onednn_linear.linear(x.reshape(x.shape[0], p.k), w, b)
         g = p.geom
         n = g.num_spatial
         if self.producer_type == "Deconvolution":
