@@ -282,6 +282,23 @@ def test_floored_max_pool_function_equals_pooling_the_floored_bottom(geometry):
     assert (y == -FLT_MAX).any()  # some window's best was floored: its gradient went nowhere
 
 
+def test_floored_max_pool_allows_a_later_in_place_write_to_its_bottom():
+    # as autograd through the where did: the backward needs the bottom's layout, not its
+    # values (channels_last kept)
+    x = torch.randn(2, 3, 9, 8).contiguous(memory_format=torch.channels_last)
+    x[0, 0, 0, 0] = math.nan
+    a = x.clone().requires_grad_()
+    b = a * 1.0
+    y, _ = pooling._FlooredMaxPool2d.apply(b, (3, 3), (2, 2), (0, 0), True)
+    b.mul_(2.0)  # a later in-place layer writes the pooled blob
+    y.sum().backward()
+    c = x.clone().requires_grad_()
+    want, _ = pooling._FlooredMaxPool2d.apply(c * 1.0, (3, 3), (2, 2), (0, 0), True)
+    want.sum().backward()
+    assert torch.equal(a.grad, c.grad)
+    assert a.grad.is_contiguous(memory_format=torch.channels_last)
+
+
 def test_compiled_training_max_pool_equals_eager():
     x = torch.randn(2, 3, 9, 8, generator=torch.Generator().manual_seed(4))
     x[0, 0, :3, :3] = math.nan

@@ -73,18 +73,23 @@ class _FlooredMaxPool2d(torch.autograd.Function):
     def forward(ctx, x, kernel, stride, pad, ceil):  # type: ignore[override]
         floored = torch.where(x > -FLT_MAX, x, -FLT_MAX)
         y, idx = torch.ops.aten.max_pool2d_with_indices(floored, kernel, stride, pad, 1, ceil)
-        ctx.save_for_backward(x, y, idx)
+        ctx.save_for_backward(y, idx)
+        # the bottom's layout, not the bottom: its values are not needed, and saving it would
+        # refuse a backward after a later in-place write, which the where's autograd allowed
+        ctx.bottom = (x.shape, x.stride(), x.dtype, x.device)
         ctx.geometry = (kernel, stride, pad, ceil)
         ctx.mark_non_differentiable(idx)
         return y, idx
 
     @staticmethod
     def backward(ctx, grad_y, grad_idx):  # type: ignore[override]
-        x, y, idx = ctx.saved_tensors
+        y, idx = ctx.saved_tensors
+        shape, strides, dtype, device = ctx.bottom
+        like = torch.empty_strided(shape, strides, dtype=dtype, device=device)
         kernel, stride, pad, ceil = ctx.geometry
         grad_y = torch.where(y > -FLT_MAX, grad_y, 0.0)  # a floored best: Caffe's mask is -1
         grad_x = torch.ops.aten.max_pool2d_with_indices_backward(
-            grad_y, x, kernel, stride, pad, 1, ceil, idx
+            grad_y, like, kernel, stride, pad, 1, ceil, idx
         )
         return grad_x, None, None, None, None
 
