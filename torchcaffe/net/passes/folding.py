@@ -15,6 +15,7 @@ other producer runs as it is, followed by the chain as one per-channel multiply-
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -111,10 +112,13 @@ def fold_batchnorm_into_scale(
     return merges.result("fold_batchnorm_into_scale")
 
 
-def fold_batchnorm_scale_into_producer(
-    program: OptimizedProgram, observable: frozenset[str]
-) -> OptimizedProgram:
-    merges = StepMerges(program)
+def producer_chains(
+    merges: StepMerges, observable: frozenset[str]
+) -> Iterator[tuple[int, LayerStep, Any, list[tuple[int, LayerStep]], str]]:
+    """(index, step, module, chain, final blob) of every producer not yet merged with a legal
+    BatchNorm/Scale/Bias chain after it; lazily, so a merge made by the caller for one
+    producer is seen before the next is checked."""
+    program = merges.program
     for i, step in enumerate(program.steps):
         module = program.runners[step.key]
         if merges.absorbed(i) or not isinstance(module, CaffeLayer):
@@ -124,8 +128,15 @@ def fold_batchnorm_scale_into_producer(
         chain, blob = collect_chain(
             program, i, step.tops[0], _channels(step, module), 0, observable
         )
-        if not chain:
-            continue
+        if chain:
+            yield i, step, module, chain, blob
+
+
+def fold_batchnorm_scale_into_producer(
+    program: OptimizedProgram, observable: frozenset[str]
+) -> OptimizedProgram:
+    merges = StepMerges(program)
+    for i, step, module, chain, blob in producer_chains(merges, observable):
         links = {s.type: program.runners[s.key] for _, s in chain}
         merges.merge(i, chain, FoldedAffine(step.type, module, links), "folded", (blob,))
     return merges.result(PASS_NAME)

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from ...ops.base import CaffeLayer
 from ...ops.eltwise import EltwiseLayer, EltwiseOp
 from ..program import LayerStep
-from .folding import FoldedAffine, collect_chain, producer_ok
+from .folding import FoldedAffine, producer_chains
 from .inplace import rewrite_relus_in_place
 from .program import OptimizedProgram, StepMerges, readers_of, step_kind
 
@@ -87,16 +87,9 @@ def fold_frozen_batchnorm_for_training(
     program: OptimizedProgram, observable: frozenset[str]
 ) -> OptimizedProgram:
     merges = StepMerges(program)
-    for i, step in enumerate(program.steps):
-        module = program.runners[step.key]
-        if merges.absorbed(i) or step.type != "Convolution" or not isinstance(module, CaffeLayer):
+    for i, step, module, chain, blob in producer_chains(merges, observable):
+        if step.type != "Convolution" or not all(step.propagate_down):
             continue
-        if not producer_ok(step, module) or any(step.loss_weights):
-            continue
-        if not all(step.propagate_down):
-            continue
-        channels = int(module.param.num_output)
-        chain, blob = collect_chain(program, i, step.tops[0], channels, 0, observable)
         if not any(s.type == "BatchNorm" for _, s in chain) or not _fold_links_ok(chain):
             continue  # nothing frozen to fold: Scale alone stays (its own backward is cheap)
         links = {s.type: program.runners[s.key] for _, s in chain}
