@@ -8,8 +8,10 @@ any module. The Caffe face (``torchcaffe.pycaffe.Net``) drives the same program 
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import cast
 
 import torch
@@ -30,6 +32,22 @@ from .program import LayerStep, ParamInfo
 from .state import make_state
 
 PathLike = str | os.PathLike
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cycle collector paused while a net is built. A build allocates ~20 objects a
+    layer (each module's dicts) and frees none, so the collector finds nothing, but its
+    full passes, which ~100k allocations trigger, walk every object the program holds:
+    ResNet-152, one thread, 9-19 ms of a 230 ms ``load`` (more the more objects live)."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 class TorchNet(nn.Module):
@@ -57,7 +75,8 @@ class TorchNet(nn.Module):
         self.path = None if path is None else os.fspath(path)
         self.net_param = net_param
         self.state = state
-        built = build_net(net_param, state, path=self.path, input_shapes=input_shapes)
+        with _collector_paused():
+            built = build_net(net_param, state, path=self.path, input_shapes=input_shapes)
         self.name = built.name
         self.layers = nn.ModuleDict(built.modules)
         self.steps: list[LayerStep] = built.steps
