@@ -8,6 +8,7 @@ calls each layer became; one test runs inductor itself over a net with every suc
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -152,6 +153,23 @@ def test_compiled_folds_are_an_epilogue_or_a_fold_in_the_graph():
     assert "double" not in _calls(graphs)
     # at batch 2 both take the epilogue (the fold's bias would be copied into the top)
     assert _conv_weights(_graphs(net, torch.rand(2, 8, 2, 2))) == ["placeholder", "placeholder"]
+
+
+def test_compiled_epilogue_reads_the_affine_computed_once():
+    """Inductor inlines small pointwise inputs into their consumers; stacked, the chain's
+    per-channel (a, c) are computed in a kernel of their own (the rsqrt, BatchNorm's
+    scale_factor reciprocal), and each convolution's epilogue only reads them."""
+    from torch._inductor.utils import run_and_get_code
+
+    net = _folds_net()
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        _, code = run_and_get_code(torch.compile(net), data=torch.rand(2, 8, 2, 2))
+    kernels = set(re.findall(r"cpp_fused_\w+", "\n".join(code)))
+    epilogues = [k for k in kernels if "addcmul" in k]  # one per convolution
+    assert len(epilogues) == 2, kernels
+    assert not any("rsqrt" in k or "reciprocal" in k for k in epilogues), kernels
+    assert any("rsqrt" in k and "addcmul" not in k for k in kernels), kernels
 
 
 def _conv_weights(graphs: list[torch.fx.GraphModule]) -> list[str]:
