@@ -110,3 +110,36 @@ def test_channel_window_sum_compiled_matches_eager():
     compiled = torch.compile(channel_window_sum, fullgraph=True)
     for n in (1, 3, 5, 9):
         torch.testing.assert_close(compiled(sq, n), channel_window_sum(sq, n), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("beta", [0.75, 0.6])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_inference_reuses_the_square_and_gives_the_same_values(beta, channels_last):
+    """With nothing recorded for a backward, the power and the product run in place on the
+    square's buffer (aten's in-place forms, no out-of-place rsqrt or mul), bitwise equal to
+    the autograd path, and the top keeps the bottom's memory format."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Calls(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    snippet = f"lrn_param {{ local_size: 5 alpha: 0.4 beta: {beta} k: 1.5 }}"
+    layer, (x,) = make_layer(snippet, [(2, 7, 5, 4)], type="LRN")
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    want = layer(x.detach().requires_grad_(True)).detach()
+    with torch.inference_mode(), Calls() as calls:
+        got = layer(x)
+    assert torch.equal(got, want)
+    assert got.is_contiguous(memory_format=torch.channels_last) == channels_last
+    if beta == 0.75:
+        assert "rsqrt_.default" in calls.names and "rsqrt.default" not in calls.names
+    else:
+        assert "pow.Tensor_Scalar_out" in calls.names
+    assert calls.names[-1] == "mul_.Tensor"  # the top is the reused buffer times x
