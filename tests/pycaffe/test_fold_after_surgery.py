@@ -91,3 +91,26 @@ def test_torch_face_params_changed_after_a_write_through_data(tmp_path):
         fresh = net(data=x)["c"]
     bias = net.layer("c").bias.view(1, 3, 1, 1)
     torch.testing.assert_close(fresh - bias, 2 * (before - bias), rtol=1e-5, atol=1e-5)
+
+
+def test_surgery_reaches_a_fold_the_layout_pass_wrapped(tmp_path):
+    """A folded 3x3 conv over 16 channels and 784 positions runs inside channels_last_layout's
+    wrapper; params_changed still finds its fold (it used not to: a stale fold, silently)."""
+    text = NET.replace("dim: 2 dim: 3 dim: 4 dim: 4", "dim: 1 dim: 16 dim: 28 dim: 28")
+    text = text.replace("kernel_size: 1", "kernel_size: 3 pad: 1")
+    x = np.random.default_rng(1).standard_normal((1, 16, 28, 28)).astype(np.float32)
+    proto = tmp_path / "wide.prototxt"
+    proto.write_text(text)
+    net = caffe.Net(str(proto), caffe.TEST)
+    net.params["bn"][1].data[...] = 1
+    net.params["bn"][2].data[...] = 1
+    net.blobs["data"].data[...] = x
+    net.forward()
+    keys = {s.key for p in net.module._programs.values() for s in p.steps}
+    assert "c+folded+nhwc" in keys
+    net.params["bn"][0].data[...] = 5.0  # mean, through the numpy view
+    got = net.forward()["c"].copy()
+    w, b = (torch.from_numpy(net.params["c"][i].data).double() for i in (0, 1))
+    conv = torch.nn.functional.conv2d(torch.from_numpy(x).double(), w, b, padding=1)
+    want = (conv.numpy() - 5.0) / np.sqrt(1 + 1e-5)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

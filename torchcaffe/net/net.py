@@ -239,6 +239,8 @@ class TorchNet(nn.Module):
                 cache.forget()
         for program in self._programs.values():
             for runner in program.runners.values():
+                while hasattr(runner, "runner"):  # a layout pass's wrapper around the layer
+                    runner = runner.runner
                 if isinstance(runner, FoldedAffine):
                     runner.forget()
 
