@@ -19,7 +19,7 @@ from ..helpers.params import fill_params
 LAYOUT = "channels_last_layout"
 CL = torch.channels_last
 
-# rgb conv (3 channels: stays NCHW) -> pool (channels_last) -> Split into a dense 3x3 conv
+# rgb conv (3 channels, channels_last as any other) -> pool -> Split into a dense 3x3 conv
 # and a depthwise conv -> Eltwise -> 1x1 conv -> InnerProduct (reads NCHW) and Softmax over
 # the conv output.
 NET = """
@@ -56,11 +56,11 @@ def _reference(net: torchcaffe.TorchNet, x: torch.Tensor) -> dict[str, torch.Ten
         net.optimize = True
 
 
-def test_convolutions_with_channels_get_channels_last_and_others_nchw():
+def test_convolutions_and_pools_get_channels_last_and_others_nchw():
     program = _net().optimized_program()
     keys = {s.key.split("+")[0]: s.key for s in program.steps}
-    assert program.report[LAYOUT] == 4  # pool, dense, dw, pw; not rgb (3 channels)
-    assert keys["rgb"] == "rgb" and keys["pool"].endswith("+nhwc")
+    assert program.report[LAYOUT] == 5  # rgb (3 channels too), pool, dense, dw, pw
+    assert keys["rgb"].endswith("+nhwc") and keys["pool"].endswith("+nhwc")
     assert keys["dense"].endswith("+nhwc") and keys["dw"].endswith("+nhwc")
     assert keys["pw"].endswith("+nhwc")
     assert keys["ip"].endswith("+nchw") and keys["prob"].endswith("+nchw")
@@ -96,6 +96,8 @@ def test_dense_convolutions_switch_layout_by_input_positions():
     assert _seen_by(dense, big).is_contiguous(memory_format=CL)
     assert not _seen_by(dense, big).is_contiguous()
     assert _seen_by(dense, small).is_contiguous()
+    rgb = torch.randn(1, 3, 28, 28)  # 3 channels count as any other number
+    assert _seen_by(dense, rgb).is_contiguous(memory_format=CL)
 
 
 def test_strided_dense_convolutions_count_positions_at_their_stride():
@@ -140,8 +142,8 @@ def test_depthwise_convolutions_and_pooling_always_get_channels_last():
     always = layout.ChannelsLastInput(lambda t: t, always=True)
     seen = _seen_by(always, torch.randn(1, 16, 7, 7))
     assert seen.is_contiguous(memory_format=CL) and not seen.is_contiguous()
-    rgb = torch.randn(1, 3, 32, 32)  # too few channels: left as it is
-    assert _seen_by(always, rgb) is rgb
+    rgb = torch.randn(1, 3, 32, 32)  # an RGB input too
+    assert _seen_by(always, rgb).is_contiguous(memory_format=CL)
 
 
 def test_tensors_off_the_cpu_are_left_alone():

@@ -74,7 +74,7 @@ def test_passes_are_listed_in_order():
 def test_fold_fires_on_conv_ip_and_deconv_chains():
     net = _net()
     program = net.optimized_program()  # observe the outputs (d, h) only
-    assert program.report == {FOLD: 3, AFFINE: 0, INPLACE: 2, LAYOUT: 0}  # 3 channels
+    assert program.report == {FOLD: 3, AFFINE: 0, INPLACE: 2, LAYOUT: 1}  # the conv
     types = [s.type for s in program.steps]
     assert "Convolution+BatchNorm+Scale" in types
     assert "InnerProduct+BatchNorm+Bias" in types
@@ -236,7 +236,7 @@ layer { name: "relu" type: "ReLU" bottom: "b" top: "b" }
     net = caffe.Net(str(proto), caffe.TEST)
     _randomize(net.module)
     report = net.module.optimized_program(net.blobs).report
-    assert report == {FOLD: 0, AFFINE: 1, INPLACE: 1, LAYOUT: 0}
+    assert report == {FOLD: 0, AFFINE: 1, INPLACE: 1, LAYOUT: 1}
     x = np.random.default_rng(2).standard_normal((2, 3, 5, 4)).astype(np.float32)
     net.blobs["data"].data[...] = x
     net.forward()

@@ -54,7 +54,6 @@ def test_golden_outputs_with_passes_on(case, monkeypatch):
         if set(inputs) != set(net.input_names):
             pytest.xfail("inputs are not the net's input blobs (data layers)")
         runs = _runs(net, inputs, case.meta["phase"])
-        monkeypatch.setattr(layout, "MIN_CHANNELS", 1)
         monkeypatch.setattr(layout, "MIN_PIXELS", 0)
         monkeypatch.setattr(onednn_linear, "MIN_WEIGHTS", 0)
         net._programs.clear()  # rebuilt under the patched thresholds

@@ -22,12 +22,19 @@ batch 8 262 -> 203 ms, batch 1 21.0 -> 18.9 ms; ResNet-50 batch 8 909 -> 859 ms;
 GoogLeNet and CaffeNet at batch 1 within noise (+-5%). ``benchmarks/run.py --only layout``
 measures it again.
 
-The pass changes memory layout only, never values: each Convolution (or folded Convolution)
-with at least MIN_CHANNELS input channels gets the wrapper; layer types whose kernels accept
-any strides and keep their input's layout (LAYOUT_AGNOSTIC) pass such a tensor on; every
-other reader of a blob that may be channels_last gets it back as a contiguous NCHW tensor
-first, so no layer sees a layout it was not written for. ``TorchNet.forward`` hands back
-contiguous tensors. Tensors off the CPU are left alone (no measurement says it helps there).
+An RGB first layer counts as any other: oneDNN's kernel over its 3 channels is faster on a
+channels_last copy of the input than on NCHW (GoogLeNet's 7x7/2 conv1 at batch 1, 2 threads,
+1.9 -> 1.3 ms), and the layers after it then start channels_last. 2 threads, wall, median
+of 9-15 interleaved, against skipping inputs of under 8 channels: GoogLeNet batch 8 196 ->
+166 ms, batch 1 28.1 -> 27.8 ms; ResNet-50 batch 1 50.9 -> 49.6 ms, batch 8 385 -> 379 ms;
+MobileNetV2 batch 8 91.1 -> 88.8 ms; CaffeNet within 2%.
+
+The pass changes memory layout only, never values: each 2-D Convolution (or folded
+Convolution) gets the wrapper; layer types whose kernels accept any strides and keep their
+input's layout (LAYOUT_AGNOSTIC) pass such a tensor on; every other reader of a blob that
+may be channels_last gets it back as a contiguous NCHW tensor first, so no layer sees a
+layout it was not written for. ``TorchNet.forward`` hands back contiguous tensors. Tensors
+off the CPU are left alone (no measurement says it helps there).
 
 Under torch.compile the wrappers pass tensors through: inductor picks its own layouts, and a
 conversion traced here is a real transposing copy that also blocks its fusions (GoogLeNet
@@ -50,8 +57,6 @@ PP = caffe_pb2.PoolingParameter
 
 PASS_NAME = "channels_last_layout"
 CHANNELS_LAST = torch.channels_last
-# Below this many input channels (an RGB first layer) oneDNN's direct NCHW kernel is faster.
-MIN_CHANNELS = 8
 # Dense convolutions over fewer input positions (N * H * W, at their stride) than this, e.g.
 # ResNet's 14x14 and 7x7 stages at batch 1, run up to 2.7x slower in channels_last on one
 # thread (oneDNN).
@@ -83,15 +88,15 @@ def _is_vectorized_pool(step_type: str, runner: Any) -> bool:
 
 
 def _conv2d_module(step: LayerStep, runner: Any) -> Any | None:
-    """The Convolution layer (folded or not) over (N, C, H, W) with at least MIN_CHANNELS
-    channels that ``runner`` runs, else None."""
+    """The 2-D Convolution layer (folded or not) over (N, C, H, W) that ``runner`` runs, else
+    None."""
     if step_kind(step) != "Convolution":
         return None
     module = getattr(runner, "producer", None) or runner
     geom = getattr(module, "geom", None)
     if geom is None or geom.channel_axis != 1 or geom.num_spatial != 2:
         return None
-    return module if module.channels >= MIN_CHANNELS else None
+    return module
 
 
 def _is_pointwise(conv: Any) -> bool:
@@ -129,7 +134,7 @@ class ChannelsLastInput:
         return self.runner(*[self._layout(x) for x in bottoms])
 
     def _layout(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 4 or not x.is_cpu or x.shape[1] < MIN_CHANNELS:
+        if x.dim() != 4 or not x.is_cpu:
             return x
         if self.keep and x.is_contiguous(memory_format=CHANNELS_LAST):
             return x
