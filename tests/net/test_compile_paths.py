@@ -172,6 +172,34 @@ def test_compiled_epilogue_reads_the_affine_computed_once():
     assert any("rsqrt" in k and "addcmul" not in k for k in kernels), kernels
 
 
+# BatchNorm + Scale after a pooling: no producer to fold into, the chain runs alone.
+ALONE = """
+input: "data" input_shape { dim: 2 dim: 4 dim: 6 dim: 6 }
+layer { name: "pool" type: "Pooling" bottom: "data" top: "p"
+  pooling_param { pool: AVE kernel_size: 2 stride: 2 } }
+layer { name: "bn" type: "BatchNorm" bottom: "p" top: "p" }
+layer { name: "sc" type: "Scale" bottom: "p" top: "p" scale_param { bias_term: true } }
+"""
+
+
+def test_compiled_chain_without_producer_is_one_stacked_multiply_add():
+    """A chain alone runs as x * a + c with (a, c) stacked in the graph, in the links' dtype
+    (no float64 fold), and gives the eager values."""
+    net = torchcaffe.load(text_format.Parse(ALONE, caffe_pb2.NetParameter()), phase="test")
+    fill_params(net, lambda t, gen: torch.rand(t.shape, generator=gen) + 0.5, seed=3)
+    net.eval()
+    assert net.optimized_program().report["fold_batchnorm_into_scale"] == 1
+    x = torch.rand(2, 4, 6, 6)
+    calls = _calls(_graphs(net, x))
+    assert "stack" in calls and "addcmul" in calls and "double" not in calls
+    with torch.inference_mode():
+        want = net(data=x)
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        got = torch.compile(net, backend="aot_eager", fullgraph=True)(data=x)
+    _close(got, want, rtol=1e-5, atol=1e-6)
+
+
 def _conv_weights(graphs: list[torch.fx.GraphModule]) -> list[str]:
     """Per conv2d: ``placeholder`` when its weight is a param as it is, else the producing
     call (``mul``: a weight scaled in the graph)."""

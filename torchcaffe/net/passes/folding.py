@@ -184,8 +184,8 @@ class FoldedAffine:
         return [t for m in mods if m is not None for t in m.param_blobs()]
 
     def folded_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if torch.compiler.is_compiling():  # no producer: the chain alone
-            return self._fold() if self.producer is not None else self.affine_in_graph()
+        if torch.compiler.is_compiling():
+            return self._fold()
         key = tuple((t._version, t.data_ptr(), t.dtype, t.device) for t in self.sources())
         if key != self._key or self._folded is None:
             with torch.inference_mode(False), torch.no_grad():
@@ -258,12 +258,16 @@ class FoldedAffine:
         return ac[0], ac[1]
 
     def compiled_fold(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Under torch.compile, a Convolution's folded (weight, bias) in its own dtype at batch
-        1 when its weight has fewer elements than the top; else None (the epilogue).
+        """Under torch.compile, the (weight, bias) ``run_folded`` takes, in the links' dtype:
+        a chain without producer gets its per-channel (a, c); a Convolution its folded
+        weights at batch 1 when its weight has fewer elements than the top; else None (the
+        producer runs as it is, then the epilogue).
 
         The fold adds a bias, which torch's im2col convolution copies into its top first:
         MobileNetV2 b1, one thread, kernels 5.4 -> 0.9 ms for 0.8 ms of copies, but at b8
         26.7 ms of copies for 10.6 ms of kernels saved."""
+        if self.producer is None:
+            return self.affine_in_graph()
         p = self.producer
         if self.producer_type != "Convolution" or x.shape[0] != 1:
             return None
@@ -309,7 +313,7 @@ class FoldedAffine:
         return fw.to(dtype), fb.to(dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.producer is not None and torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():
             folded = self.compiled_fold(x)
             if folded is None:
                 return self.producer_then_affine(x)
