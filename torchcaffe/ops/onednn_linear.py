@@ -12,17 +12,17 @@ At one thread batch 1 is a tie (7.6 / 7.2 ms) and batch 8 still 1.5x faster. Bel
 MIN_WEIGHTS weights (LeNet's 10x500 classifier) oneDNN's ~20 us per call outweighs the gain.
 
 Under autograd the forward and the bottom's gradient, the same product with the weight read
-transposed, run on oneDNN, and the weight's gradient on
-torch's mm as before (``_OneDnnLinear``): CaffeNet's fc6 at batch 8, forward + backward,
-2 threads, 86 -> 72 ms, fc7 40 -> 33 ms.
+transposed, run on oneDNN, and the weight's gradient on torch's mm as before
+(``_OneDnnLinear``): CaffeNet's fc6 at batch 8, forward + backward, 2 threads, 86 -> 72 ms,
+fc7 40 -> 33 ms.
 
 The InnerProduct layer (and a folded one) calls it, so every path gets it: the torch face,
 the Caffe face's layer-by-layer forward and backward, and a solver's step. Only the order of
 the dot products' additions changes: the outputs and gradients stay within the golden
 tolerances (the conformance suite runs every golden case through it with MIN_WEIGHTS at
-zero). Any call oneDNN cannot take as it is (not the CPU, not
-float32, torch.compile, which handles ``F.linear`` itself, torch.jit's tracer, or
-``torch.backends.mkldnn`` off) runs ``F.linear``.
+zero). Any call oneDNN cannot take as it is (not the CPU, not float32, torch.compile, which
+handles ``F.linear`` itself, torch.jit's tracer, or ``torch.backends.mkldnn`` off) runs
+``F.linear``.
 """
 
 from __future__ import annotations
@@ -54,19 +54,18 @@ def available() -> bool:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for a 2-D ``x``, on oneDNN where it can run as is and
     ``weight`` has at least MIN_WEIGHTS elements."""
-    if _LINEAR is not None and weight.numel() >= MIN_WEIGHTS and _onednn_can_take(x, weight, bias):
-        tensors = (x, weight) if bias is None else (x, weight, bias)
+    tensors = (x, weight) if bias is None else (x, weight, bias)
+    if _LINEAR is not None and weight.numel() >= MIN_WEIGHTS and _onednn_can_take(tensors):
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             return _OneDnnLinear.apply(x, weight, bias)
         return _LINEAR(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
 
 
-def _onednn_can_take(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+def _onednn_can_take(tensors: tuple[torch.Tensor, ...]) -> bool:
     """CPU float32 tensors, oneDNN on, and not under torch.compile (inductor lowers the op
     only for frozen, constant weights) nor torch.jit's tracer (the TorchScript ONNX exporter
     cannot take the op)."""
-    tensors = (x, weight) if bias is None else (x, weight, bias)
     if not all(t.is_cpu and t.dtype == torch.float32 for t in tensors):
         return False
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
