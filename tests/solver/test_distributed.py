@@ -181,3 +181,25 @@ def test_hdf5_shards_interleave_the_single_stream(tmp_path, monkeypatch, world_s
         shard.set_shard(rank, world_size)
         got = torch.cat([shard.forward()[0] for _ in range(9)])
         torch.testing.assert_close(got, stream[rank::world_size], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("completed", [True, False])
+def test_leave_waits_for_every_rank_only_after_a_completed_run(monkeypatch, completed):
+    """A finished rank must not tear its connections down while rank 0 still writes the last
+    snapshot (a peer's transport can abort); after an error a barrier could hang."""
+    calls: list[str] = []
+    real_barrier, real_destroy = dist.barrier, dist.destroy_process_group
+    monkeypatch.setattr(
+        dist, "barrier", lambda *a, **k: (calls.append("barrier"), real_barrier())[1]
+    )
+    monkeypatch.setattr(
+        dist, "destroy_process_group", lambda *a, **k: (calls.append("destroy"), real_destroy())[1]
+    )
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+    )
+    distributed.leave(completed)
+    assert not dist.is_initialized()
+    assert calls == (["barrier", "destroy"] if completed else ["destroy"])
+    distributed.leave(completed)  # not in a group any more: nothing to do
+    assert len(calls) == (2 if completed else 1)

@@ -86,6 +86,7 @@ def main(args: argparse.Namespace) -> int:
         param.weights.append(args.weights)
     root = group is None or group.rank == 0
     cls = SOLVER_CLASSES.get(param.type, Solver)
+    completed = False
     try:
         solver = cls(
             param, path=args.solver, allow_python_layers=args.allow_python_layers, root=root
@@ -102,9 +103,10 @@ def main(args: argparse.Namespace) -> int:
                 log.info("Resuming from %s", args.snapshot)
             log.info("Starting Optimization")
             solver.solve(args.snapshot)
+        completed = True
     finally:
         if group is not None:
-            torch.distributed.destroy_process_group()
+            distributed.leave(completed)
     if root:
         print(
             f"trained {solver.net.name!r} to iteration {solver.iter}, "

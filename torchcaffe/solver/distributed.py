@@ -58,6 +58,18 @@ def init_from_env(backend: str) -> ProcessGroup:
     )
 
 
+def leave(completed: bool) -> None:
+    """Leave the process group. After a completed run every rank first waits at a barrier:
+    a rank tearing its connections down while a peer still works (rank 0 writing the last
+    snapshot) can take the peer's transport down with it. After an error no barrier is
+    entered, since the failed peer may never reach it."""
+    if not dist.is_initialized():
+        return
+    if completed:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
 def shard_data(module: torch.nn.Module, rank: int, world_size: int) -> int:
     """Call ``set_shard(rank, world_size)`` on every submodule that has it; returns how many."""
     count = 0
