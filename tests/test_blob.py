@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from torchcaffe.blob import Blob, BlobShapeError
+from torchcaffe.blob import Blob, BlobShapeError, memories_at
 from torchcaffe.proto import caffe_pb2
+from torchcaffe.syncedmem import Head
 
 
 def test_shape_count_and_legacy_accessors():
@@ -160,3 +161,15 @@ def test_before_write_runs_before_writable_data_only():
     b.mutable_cpu_data()
     b.set_cpu_data(torch.zeros(2))
     assert calls == [1, 1, 1]
+
+
+def test_memories_at_finds_each_side_with_that_head_and_follows_replaced_memories():
+    """The Caffe face syncs the param memories this names before each run."""
+    a, b = Blob((2,), gpu_device="cpu"), Blob((3,), gpu_device="cpu")
+    a.mutable_gpu_data()  # a's data is current on the device side only
+    b.mutable_gpu_diff()
+    assert memories_at([a, b], Head.HEAD_AT_GPU) == [a.data_memory, b.diff_memory]
+    assert memories_at([a, b], Head.UNINITIALIZED) == [a.diff_memory, b.data_memory]
+    b.share_data(Blob((3,), gpu_device="cpu"))  # a memory replaced after the first scan
+    b.data_memory.mutable_gpu_data()
+    assert memories_at([b], Head.HEAD_AT_GPU) == [b.data_memory, b.diff_memory]

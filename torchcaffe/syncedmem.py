@@ -210,7 +210,8 @@ class SyncedMemory:
     def viewed(self) -> bool:
         """Does anyone outside this object hold a view of either side's buffer (a numpy array
         from ``Blob.data``, a tensor from ``cpu_data``)?"""
-        return any(b is not None and _viewed(b) for b in (self._cpu, self._gpu))
+        cpu, gpu = self._cpu, self._gpu  # asked of every blob on each Caffe-face forward
+        return (cpu is not None and _viewed(cpu)) or (gpu is not None and _viewed(gpu))
 
     def _check_external(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
         if tensor.numel() != self.count or tensor.dim() != 1:

@@ -96,6 +96,7 @@ class LazyForward:
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._replayable: dict[bool, bool] = {}
         self._run: _Run | None = None
+        self._written: tuple[tuple[str, Blob], ...] | None = None  # every blob a run writes
         self.shares_params = False  # set by Net.share_with: the lazy path is off
 
     def settle(self) -> None:
@@ -126,11 +127,12 @@ class LazyForward:
         with torch.inference_mode():
             inputs = {n: blobs[n].data_at(device).clone() for n in net.input_names}
         shapes = self._shapes_for(inputs)
-        watched = {
-            name
-            for name, blob in blobs.items()
-            if name not in self._inputs and blob.has_live_views()
-        }
+        written = self._written
+        if written is None:  # the non-input blobs, in the net's order (fixed after build)
+            written = self._written = tuple(
+                (name, blob) for name, blob in blobs.items() if name not in self._inputs
+            )
+        watched = {name for name, blob in written if blob.data_memory.viewed()}
         seen = self._always | watched | self.read | frozenset(observe)
         self.read = set()
         program = net.optimized_program(seen)
@@ -139,9 +141,8 @@ class LazyForward:
             produced = net.run(dict(inputs), program=program)
         run = self._run = _Run(self, produced, inputs)
         on_gpu = device.type != "cpu"
-        for name, blob in blobs.items():
-            if name in self._inputs:
-                continue
+        computed, folded = run.computed, run.folded
+        for name, blob in written:
             kept = name in seen and name in produced
             shape = tuple(produced[name].shape) if kept else shapes[name]
             if blob.shape != shape:
@@ -151,9 +152,9 @@ class LazyForward:
                 blob.data_memory.drop_deferred()
                 blob.data_at(device, mutable=True).copy_(value)
             elif kept:
-                blob.data_memory.defer(partial(run.computed, name), on_gpu)
+                blob.data_memory.defer(partial(computed, name), on_gpu)
             else:
-                blob.data_memory.defer(partial(run.folded, name), on_gpu)
+                blob.data_memory.defer(partial(folded, name), on_gpu)
                 run.left_out = True
         loss = 0.0
         for name, w in self.loss_weights.items():

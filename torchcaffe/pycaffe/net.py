@@ -22,7 +22,7 @@ from torch import nn
 
 from .. import runtime
 from ..api import load, load_weights, save_weights
-from ..blob import Blob
+from ..blob import Blob, memories_at
 from ..errors import BlobWiringError, LayerParamError, UsageError
 from ..net.net import TorchNet
 from ..ops.base import CaffeLayer
@@ -293,10 +293,8 @@ class Net:
         # Synced through the flat buffers: no per-blob view is made (see SyncedMemory.take).
         stale = Head.HEAD_AT_GPU if device.type == "cpu" else Head.HEAD_AT_CPU
         sync = SyncedMemory.cpu_data if device.type == "cpu" else SyncedMemory.gpu_data
-        for blob in self._param_blob_of.values():
-            for memory in (blob.data_memory, blob.diff_memory):
-                if memory.head is stale:
-                    sync(memory)
+        for memory in memories_at(self._param_blob_of.values(), stale):
+            sync(memory)
         return device
 
     def _params_written_on_device(self, diff: bool = False) -> None:
