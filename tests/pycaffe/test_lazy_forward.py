@@ -236,3 +236,28 @@ def test_shapes_are_checked_once_per_input_shape(net, monkeypatch):
     net.blobs["data"].reshape(1, 3, 6, 5)
     net.forward(data=_x(12)[:1])
     assert len(calls) == 2 and net.blobs["prob"].shape == (1, 3)
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+def test_a_layer_in_place_on_the_input_leaves_its_top_there_as_caffe_does(tmp_path, lazy):
+    """Caffe's in-place layer writes the input Blob itself: after forward() the input holds
+    the layer's top, and a second forward() over it scales the data again."""
+    stats = "" if lazy else "batch_norm_param { use_global_stats: false }"
+    path = tmp_path / "net.prototxt"
+    path.write_text(f"""
+input: "data" input_shape {{ dim: 2 dim: 3 dim: 4 dim: 4 }}
+layer {{ name: "scale" type: "Power" bottom: "data" top: "data" power_param {{ scale: 2 }} }}
+layer {{ name: "conv" type: "Convolution" bottom: "data" top: "c"
+  convolution_param {{ num_output: 2 kernel_size: 1 }} }}
+layer {{ name: "bn" type: "BatchNorm" bottom: "c" top: "b" {stats} }}
+""")
+    net = caffe.Net(str(path), caffe.TEST)
+    fill_params(net.module, lambda t, gen: torch.rand(t.shape, generator=gen) + 0.5)
+    assert replayable(net.module) is lazy
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 4)).astype(np.float32)
+    net.blobs["data"].data[...] = x
+    for times in (2, 4):
+        net.forward()
+        np.testing.assert_allclose(net.blobs["data"].data, times * x, rtol=1e-6)
+        want = _caffe_values(net, times // 2 * x)
+        np.testing.assert_allclose(net.blobs["c"].data, want["c"], rtol=RTOL, atol=ATOL)

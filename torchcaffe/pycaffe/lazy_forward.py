@@ -29,6 +29,12 @@ from ..net.passes import OptimizedProgram
 IMPURE_TYPES = frozenset({"Python", "HDF5Output"})
 
 
+def layer_tops(net: TorchNet) -> frozenset[str]:
+    """The blobs some layer other than an Input writes (an input among them is overwritten
+    in place)."""
+    return frozenset(t for step in net.steps if not step.is_input for t in step.tops)
+
+
 def replayable(net: TorchNet) -> bool:
     """Can every blob be recomputed later from the inputs alone, with nothing changing?"""
     if net.training:
@@ -91,7 +97,9 @@ class LazyForward:
         self.replays = 0  # how many forwards had to recompute a left-out blob (tests read it)
         self.last_program: OptimizedProgram | None = None
         self._always = frozenset(net.output_names) | frozenset(self.loss_weights)
-        self._inputs = frozenset(net.input_names)
+        # input blobs no layer overwrites in place: a run leaves them as they were (one a
+        # layer overwrites ends with that layer's top, as Caffe's shared Blob does)
+        self._kept_inputs = frozenset(net.input_names) - layer_tops(net)
         self._input_shapes: dict[str, tuple[int, ...]] | None = None
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._replayable: dict[bool, bool] = {}
@@ -128,9 +136,9 @@ class LazyForward:
             inputs = {n: blobs[n].data_at(device).clone() for n in net.input_names}
         shapes = self._shapes_for(inputs)
         written = self._written
-        if written is None:  # the non-input blobs, in the net's order (fixed after build)
+        if written is None:  # the blobs layers write, in the net's order (fixed after build)
             written = self._written = tuple(
-                (name, blob) for name, blob in blobs.items() if name not in self._inputs
+                (name, blob) for name, blob in blobs.items() if name not in self._kept_inputs
             )
         watched = {name for name, blob in written if blob.data_memory.viewed()}
         seen = self._always | watched | self.read | frozenset(observe)

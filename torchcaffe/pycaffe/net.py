@@ -30,7 +30,7 @@ from ..ops.python_layer import PythonLayer
 from ..proto import caffe_pb2
 from ..syncedmem import Head, SyncedMemory
 from .backward_reads import TOP_DATA_BACKWARD, reads_bottom_data
-from .lazy_forward import LazyForward
+from .lazy_forward import LazyForward, layer_tops
 from .one_pass import OnePassPlan, forward_backward_one_pass, plan_one_pass
 
 
@@ -114,6 +114,7 @@ class Net:
         self._bind_params()
         self._records: dict[int, _Record] = {}
         self._overwritten = self._find_overwritten_bottoms()
+        self._layer_tops = layer_tops(self._net)  # what a forward writes (inputs: in place)
         self._data_source = self._find_split_sources()
         if weights is not None:
             self.copy_from(weights)
@@ -427,7 +428,7 @@ class Net:
                 values = {n: self.blobs[n].data_at(device) for n in net.input_names}
                 produced = net.run(values, program=program)
                 for name in self.blobs:
-                    if name in produced and name not in net.input_names:
+                    if name in produced and name in self._layer_tops:
                         self._store_top(name, produced[name], device)
             else:
                 for step in net.steps[start : end + 1]:
