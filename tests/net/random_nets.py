@@ -1,0 +1,259 @@
+"""Random small Caffe nets for differential tests of the passes.
+
+Each net is a seeded random DAG over one Input: convolutions (grouped, depthwise, dilated,
+strided), deconvolutions, inner products, BatchNorm/Scale/Bias chains after them (the folds'
+patterns), activations in place or not, pooling, LRN, Eltwise, Concat, Dropout and Power.
+Shapes follow Caffe's arithmetic so every generated net is valid; blobs read by several layers
+get Caffe's Splits, and the unread tops are the net's outputs.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+Shape = tuple[int, ...]
+
+
+@dataclass
+class RandomNet:
+    """The prototxt text, the input's shape and what the generator put in."""
+
+    text: str
+    input_shape: Shape
+    types: set[str] = field(default_factory=set)
+
+
+class _Builder:
+    def __init__(self, rng: random.Random, batch: int) -> None:
+        self.rng = rng
+        self.lines: list[str] = []
+        self.shapes: dict[str, Shape] = {}
+        self.order: list[str] = []  # blob names, newest last
+        self.read: set[str] = set()  # blobs whose current value some layer reads
+        self.types: set[str] = set()
+        self.count = 0
+        c = rng.choice([1, 2, 3, 4, 8])
+        h, w = rng.randint(4, 12), rng.randint(4, 12)
+        self.input_shape = (batch, c, h, w)
+        self._add_blob("data", self.input_shape)
+
+    def _add_blob(self, name: str, shape: Shape) -> None:
+        self.read.discard(name)  # a new value that nobody has read
+        self.shapes[name] = shape
+        if name in self.order:
+            self.order.remove(name)
+        self.order.append(name)
+
+    def _name(self, kind: str) -> str:
+        self.count += 1
+        return f"{kind}{self.count}"
+
+    def pick(self, want_4d: bool | None = None) -> str:
+        """Mostly the newest blob, sometimes an older one."""
+        names = [n for n in self.order if want_4d is None or (len(self.shapes[n]) == 4) == want_4d]
+        if not names:
+            return self.order[-1]
+        if self.rng.random() < 0.7:
+            return names[-1]
+        return self.rng.choice(names)
+
+    def layer(
+        self, kind: str, bottoms: list[str], shape: Shape, params: str = "", in_place: bool = False
+    ) -> str:
+        name = self._name(kind.lower())
+        # Caffe's splits give a blob read by several layers one copy per reader, so a layer
+        # may work in place only on a blob no other layer has read yet
+        in_place = in_place and bottoms[0] not in self.read
+        self.read.update(bottoms)
+        top = bottoms[0] if in_place else name
+        self.types.add(kind)
+        b = " ".join(f'bottom: "{x}"' for x in bottoms)
+        self.lines.append(f'layer {{ name: "{name}" type: "{kind}" {b} top: "{top}" {params} }}')
+        self._add_blob(top, shape)
+        return top
+
+    # -- layers ----------------------------------------------------------------------------
+    def convolution(self, bottom: str) -> str | None:
+        n, c, h, w = self.shapes[bottom]
+        rng = self.rng
+        k = rng.choice([1, 3, 3])
+        dilation = rng.choice([1, 1, 2]) if k == 3 else 1
+        pad = rng.choice([0, 1]) if k == 3 else 0
+        stride = rng.choice([1, 1, 2])
+        extent = dilation * (k - 1) + 1
+        oh, ow = (h + 2 * pad - extent) // stride + 1, (w + 2 * pad - extent) // stride + 1
+        if oh < 1 or ow < 1:
+            return None
+        num = rng.choice([2, 3, 4, 8])
+        group = 1
+        if c > 1 and rng.random() < 0.3:
+            group, num = c, c  # depthwise
+        elif c % 2 == 0 and num % 2 == 0 and rng.random() < 0.3:
+            group = 2
+        bias = rng.choice(["true", "false"])
+        p = (
+            f"convolution_param {{ num_output: {num} kernel_size: {k} pad: {pad} "
+            f"stride: {stride} dilation: {dilation} group: {group} bias_term: {bias} }}"
+        )
+        return self.layer("Convolution", [bottom], (n, num, oh, ow), p)
+
+    def deconvolution(self, bottom: str) -> str | None:
+        n, c, h, w = self.shapes[bottom]
+        k, stride = self.rng.choice([2, 3]), self.rng.choice([1, 2])
+        pad = self.rng.choice([0, 1]) if k == 3 else 0
+        oh, ow = stride * (h - 1) + k - 2 * pad, stride * (w - 1) + k - 2 * pad
+        if oh < 1 or ow < 1 or oh * ow > 400:
+            return None
+        num = self.rng.choice([2, 4])
+        bias = self.rng.choice(["true", "false"])
+        p = (
+            f"convolution_param {{ num_output: {num} kernel_size: {k} pad: {pad} "
+            f"stride: {stride} bias_term: {bias} }}"
+        )
+        return self.layer("Deconvolution", [bottom], (n, num, oh, ow), p)
+
+    def inner_product(self, bottom: str) -> str:
+        num = self.rng.choice([3, 5, 8])
+        bias = self.rng.choice(["true", "false"])
+        p = f"inner_product_param {{ num_output: {num} bias_term: {bias} }}"
+        return self.layer("InnerProduct", [bottom], (self.shapes[bottom][0], num), p)
+
+    def affine_chain(self, bottom: str) -> str:
+        """BatchNorm (sometimes frozen: global statistics in training too), then Scale (with
+        or without bias) or Bias, then maybe a ReLU: the chains the folds look for, each link
+        in place or not."""
+        shape = self.shapes[bottom]
+        rng = self.rng
+        frozen = "batch_norm_param { use_global_stats: true }" if rng.random() < 0.3 else ""
+        top = self.layer("BatchNorm", [bottom], shape, frozen, in_place=rng.random() < 0.6)
+        if rng.random() < 0.8:
+            bias = rng.choice(["true", "false"])
+            p = f"scale_param {{ bias_term: {bias} }}"
+            top = self.layer("Scale", [top], shape, p, in_place=rng.random() < 0.7)
+        elif rng.random() < 0.5:
+            top = self.layer("Bias", [top], shape, in_place=rng.random() < 0.7)
+        if rng.random() < 0.7:
+            top = self.activation(top, kinds=["ReLU"])
+        return top
+
+    def activation(self, bottom: str, kinds: list[str] | None = None) -> str:
+        rng = self.rng
+        kind = rng.choice(kinds or ["ReLU", "ReLU", "PReLU", "Sigmoid", "TanH", "Power"])
+        p = ""
+        if kind == "ReLU" and rng.random() < 0.3:
+            p = "relu_param { negative_slope: 0.1 }"
+        elif kind == "PReLU":
+            p = f"prelu_param {{ channel_shared: {rng.choice(['true', 'false'])} }}"
+        elif kind == "Power":
+            p = f"power_param {{ power: {rng.choice([1, 2])} scale: 0.5 shift: 0.25 }}"
+        return self.layer(kind, [bottom], self.shapes[bottom], p, in_place=rng.random() < 0.6)
+
+    def pooling(self, bottom: str) -> str | None:
+        n, c, h, w = self.shapes[bottom]
+        rng = self.rng
+        pool = rng.choice(["MAX", "AVE"])
+        if rng.random() < 0.2:
+            p = f"pooling_param {{ pool: {pool} global_pooling: true }}"
+            return self.layer("Pooling", [bottom], (n, c, 1, 1), p)
+        k, stride = rng.choice([2, 3]), rng.choice([1, 2])
+        pad = rng.choice([0, 1])
+        oh, ow = _pooled(h, k, stride, pad), _pooled(w, k, stride, pad)
+        if oh < 1 or ow < 1 or k > h + 2 * pad or k > w + 2 * pad:
+            return None
+        p = f"pooling_param {{ pool: {pool} kernel_size: {k} stride: {stride} pad: {pad} }}"
+        return self.layer("Pooling", [bottom], (n, c, oh, ow), p)
+
+    def lrn(self, bottom: str) -> str:
+        if self.rng.random() < 0.7:
+            p = f"lrn_param {{ local_size: {self.rng.choice([3, 5])} alpha: 0.5 beta: 0.75 }}"
+        else:
+            p = "lrn_param { local_size: 3 alpha: 0.5 beta: 0.75 norm_region: WITHIN_CHANNEL }"
+        return self.layer("LRN", [bottom], self.shapes[bottom], p)
+
+    def eltwise(self, bottom: str) -> str | None:
+        shape = self.shapes[bottom]
+        others = [n for n in self.order if n != bottom and self.shapes[n] == shape]
+        if not others:
+            return None
+        other = self.rng.choice(others)
+        op = self.rng.choice(["SUM", "SUM", "PROD", "MAX"])
+        p = f"eltwise_param {{ operation: {op} }}"
+        if op == "SUM" and self.rng.random() < 0.4:
+            p = "eltwise_param { operation: SUM coeff: 0.5 coeff: -1.5 }"
+        return self.layer("Eltwise", [bottom, other], shape, p)
+
+    def concat(self, bottom: str) -> str | None:
+        shape = self.shapes[bottom]
+        others = [
+            n
+            for n in self.order
+            if n != bottom
+            and len(self.shapes[n]) == len(shape)
+            and self.shapes[n][:1] + self.shapes[n][2:] == shape[:1] + shape[2:]
+        ]
+        if not others:
+            return None
+        other = self.rng.choice(others)
+        channels = shape[1] + self.shapes[other][1]
+        return self.layer("Concat", [bottom, other], (shape[0], channels, *shape[2:]))
+
+    def dropout(self, bottom: str) -> str:
+        p = "dropout_param { dropout_ratio: 0.3 }"
+        return self.layer("Dropout", [bottom], self.shapes[bottom], p, in_place=True)
+
+
+def _pooled(size: int, k: int, stride: int, pad: int) -> int:
+    """Caffe's pooled size: rounded up, and the last window must start inside the input."""
+    out = int(math.ceil((size + 2 * pad - k) / stride)) + 1
+    if pad and (out - 1) * stride >= size + pad:
+        out -= 1
+    return out
+
+
+def random_net(seed: int, batch: int = 2, dropout: bool = True) -> RandomNet:
+    """A valid random net of 5 to 14 layers (``dropout``: Dropout may appear)."""
+    rng = random.Random(seed)
+    b = _Builder(rng, batch)
+    target = rng.randint(5, 14)
+    while len(b.lines) < target:
+        four_d = rng.random() < 0.85
+        bottom = b.pick(want_4d=four_d)
+        is_4d = len(b.shapes[bottom]) == 4
+        choices = ["affine", "act", "act", "ip", "eltwise", "concat"]
+        if dropout:
+            choices.append("dropout")
+        if is_4d:
+            choices += ["conv", "conv", "conv", "deconv", "pool", "pool", "lrn"]
+        kind = rng.choice(choices)
+        if kind == "conv":
+            top = b.convolution(bottom)
+            if top is not None and rng.random() < 0.6:
+                b.affine_chain(top)
+        elif kind == "deconv":
+            top = b.deconvolution(bottom)
+            if top is not None and rng.random() < 0.5:
+                b.affine_chain(top)
+        elif kind == "ip":
+            top = b.inner_product(bottom)
+            if rng.random() < 0.5:
+                b.affine_chain(top)
+        elif kind == "affine":
+            b.affine_chain(bottom)
+        elif kind == "act":
+            b.activation(bottom)
+        elif kind == "pool":
+            b.pooling(bottom)
+        elif kind == "lrn":
+            b.lrn(bottom)
+        elif kind == "eltwise":
+            b.eltwise(bottom)
+        elif kind == "concat":
+            b.concat(bottom)
+        elif kind == "dropout":
+            b.dropout(bottom)
+    dims = " ".join(f"dim: {d}" for d in b.input_shape)
+    head = f'name: "random{seed}"\nlayer {{ name: "data" type: "Input" top: "data" '
+    head += f"input_param {{ shape {{ {dims} }} }} }}\n"
+    return RandomNet(head + "\n".join(b.lines) + "\n", b.input_shape, b.types)

@@ -1,0 +1,161 @@
+"""The passes against the layer-by-layer program on random nets (random_nets.py).
+
+For each seeded net, within the golden tolerance (rtol 1e-4, atol 1e-5):
+- the torch face's optimized outputs, and every blob of ``forward_all_blobs``, equal the
+  unoptimized program's;
+- the Caffe face's outputs and every blob (left-out blobs are recomputed on access) equal it
+  too, before and after net surgery through a param's numpy view;
+- an optimized training step (outputs, every gradient, BatchNorm's statistics) equals a
+  layer-by-layer one.
+The layout pass is tried at its own threshold and with every convolution in channels_last.
+``TORCHCAFFE_RANDOM_NETS=N`` runs N nets per check instead of the default.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from google.protobuf import text_format
+
+import torchcaffe
+import torchcaffe as caffe
+from torchcaffe.net.passes import INFERENCE_PASSES, TRAINING_PASSES, layout
+from torchcaffe.proto import caffe_pb2
+
+from ..helpers.params import fill_params
+from .random_nets import random_net
+
+RTOL, ATOL = 1e-4, 1e-5
+COUNT = int(os.environ.get("TORCHCAFFE_RANDOM_NETS", "40"))
+SEEDS = range(COUNT)
+
+
+def _values(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Weights in [-0.75, 0.75]; vectors (BatchNorm statistics, scales) in [0.25, 1.75]."""
+    v = torch.rand(t.shape, generator=gen) * 1.5 + 0.25
+    return v - 1.0 if t.dim() > 1 else v
+
+
+def _load(text: str, phase: str, seed: int) -> torchcaffe.TorchNet:
+    net = torchcaffe.load(text_format.Parse(text, caffe_pb2.NetParameter()), phase=phase)
+    fill_params(net, _values, seed)
+    return net
+
+
+def _literal(net: torchcaffe.TorchNet, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    net.optimize = False
+    try:
+        with torch.no_grad():
+            return {k: v.clone() for k, v in net.forward_all_blobs(data=x).items()}
+    finally:
+        net.optimize = True
+
+
+def _close(got, want, what: str) -> None:
+    got = got.detach().numpy() if isinstance(got, torch.Tensor) else got
+    np.testing.assert_allclose(got, want.numpy(), rtol=RTOL, atol=ATOL, err_msg=what)
+
+
+@pytest.fixture(params=["own threshold", "every conv channels_last"])
+def layout_threshold(request, monkeypatch):
+    if request.param != "own threshold":
+        monkeypatch.setattr(layout, "MIN_PIXELS", 0)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_torch_face_matches_the_layer_by_layer_program(seed, layout_threshold):
+    spec = random_net(seed)
+    net = _load(spec.text, "test", seed)
+    x = torch.randn(*spec.input_shape, generator=torch.Generator().manual_seed(seed))
+    want = _literal(net, x)
+    with torch.inference_mode():
+        outputs = net(data=x)
+        every = net.forward_all_blobs(data=x)
+    assert outputs.keys() == set(net.output_names)
+    for name, value in outputs.items():
+        _close(value, want[name], f"{spec.text}\noutput {name}")
+    assert every.keys() == want.keys()
+    for name, value in every.items():
+        _close(value, want[name], f"{spec.text}\nblob {name}")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_caffe_face_matches_before_and_after_surgery(seed, tmp_path, layout_threshold):
+    spec = random_net(seed)
+    path = tmp_path / "net.prototxt"
+    path.write_text(spec.text)
+    net = caffe.Net(str(path), caffe.TEST)
+    fill_params(net.module, _values, seed)
+    reference = _load(spec.text, "test", seed)
+    x = torch.randn(*spec.input_shape, generator=torch.Generator().manual_seed(seed))
+    for surgery in (False, True):
+        if surgery:
+            with_params = [name for name, blobs in net.params.items() if len(blobs)]
+            if not with_params:
+                return
+            name = with_params[seed % len(with_params)]
+            net.params[name][0].data[...] += 0.25  # through the numpy view
+            with torch.no_grad():
+                reference.layer(name).param_blobs()[0].add_(0.25)
+        want = _literal(reference, x)
+        net.blobs["data"].data[...] = x.numpy()
+        outputs = net.forward()
+        for name in net.outputs:
+            _close(outputs[name], want[name], f"{spec.text}\nsurgery {surgery}: output {name}")
+        for name, blob in net.blobs.items():
+            _close(blob.data, want[name], f"{spec.text}\nsurgery {surgery}: blob {name}")
+
+
+def _training_step(net: torchcaffe.TorchNet, x: torch.Tensor, optimize: bool):
+    net.optimize = optimize
+    net.zero_grad()
+    x = x.detach().requires_grad_()
+    outputs = net(data=x)
+    loss = sum(
+        (out * torch.linspace(-1.0, 1.0, out.numel(), dtype=out.dtype).reshape(out.shape)).sum()
+        for out in outputs.values()
+    )
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None}
+    if x.grad is not None:
+        grads["data"] = x.grad.clone()
+    stats = {n: b.clone() for n, b in net.named_buffers()}
+    return {k: v.detach() for k, v in outputs.items()}, grads, stats
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_training_step_matches_the_layer_by_layer_program(seed, layout_threshold):
+    spec = random_net(seed, batch=4, dropout=False)  # Dropout's masks would differ
+    # in float64: a gradient through batch statistics is a small difference of large terms
+    # (a bias before a BatchNorm gets exactly zero), so float32 rounding alone can exceed
+    # the tolerance, while a wrong pass is off by far more than float64's rounding
+    net = _load(spec.text, "train", seed).double()
+    twin = copy.deepcopy(net)
+    x = torch.randn(*spec.input_shape, generator=torch.Generator().manual_seed(seed))
+    x = x.double()
+    for step in range(2):  # the second step reads the statistics the first updated
+        got, want = _training_step(net, x, True), _training_step(twin, x, False)
+        for part, what in enumerate(("output", "gradient", "statistic")):
+            assert got[part].keys() == want[part].keys()
+            for name in want[part]:
+                _close(
+                    got[part][name], want[part][name], f"{spec.text}\nstep {step}: {what} {name}"
+                )
+
+
+def test_every_pass_fires_on_some_random_net():
+    """The checks above are only as good as the passes they reach."""
+    inference: Counter[str] = Counter()
+    training: Counter[str] = Counter()
+    for seed in SEEDS:
+        inference.update(_load(random_net(seed).text, "test", seed).optimized_program().report)
+        spec = random_net(seed, batch=4, dropout=False)
+        training.update(_load(spec.text, "train", seed).training_program().report)
+    assert set(inference) == {p.__name__ for p in INFERENCE_PASSES}
+    assert set(training) == {p.__name__ for p in TRAINING_PASSES}
+    assert all(inference.values()) and all(training.values()), (inference, training)
