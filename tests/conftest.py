@@ -13,6 +13,15 @@ GOLDEN = REPO / "tests" / "golden"
 SHARED = (REPO / ".." / "shared").resolve()
 MODELS = SHARED / "models"
 
+if (
+    os.environ.get("PYTEST_XDIST_WORKER")
+    and os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") != "1"
+):
+    # Several workers, each with as many torch threads as there are cores, oversubscribe
+    # the machine; OpenMP's spinning threads then wait on descheduled ones, and the small
+    # ops of these tests ran up to 8x slower (tests/net/test_passes_random.py: 65 s -> 8 s).
+    torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="session")
 def golden_root() -> Path:
