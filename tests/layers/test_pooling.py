@@ -439,3 +439,25 @@ def test_error_bottom_shape_change_checked_in_forward():
     )
     with pytest.raises(LayerParamError, match=r"layer 'p1' \(Pooling\).*output"):
         layer(torch.zeros(2, 3, 2, 2))
+
+
+@pytest.mark.parametrize(
+    "geometry, kernel, pad",
+    [("kernel_size: 2 stride: 2", 2, 0), ("kernel_size: 3 stride: 2 pad: 1", 3, 1)],
+)
+def test_compiled_training_ave_pool_with_overhanging_windows_equals_eager(geometry, kernel, pad):
+    """Caffe divides a window reaching past H + pad by its part up to there; inductor's own
+    avg_pool2d backward got that divisor wrong, so such windows take the explicit sums."""
+    x = torch.randn(2, 3, 5, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    param = f"pooling_param {{ pool: AVE {geometry} }}"
+    layer, _ = make_layer(param, [tuple(x.shape)], type="Pooling")
+    runs = []
+    for fn in (layer.double(), torch.compile(layer, fullgraph=True)):
+        a = x.clone().requires_grad_()
+        top = fn(a)
+        top.backward(torch.linspace(-1.0, 1.0, top.numel(), dtype=top.dtype).reshape(top.shape))
+        runs.append((top.detach(), a.grad))
+    out = tuple(runs[0][0].shape[2:])
+    assert pooling._overhangs((5, 6), (kernel, kernel), (2, 2), (pad, pad), out)
+    for want, got in zip(runs[0], runs[1]):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
