@@ -2,7 +2,8 @@
 
 Each net is a seeded random DAG over one Input: convolutions (grouped, depthwise, dilated,
 strided), deconvolutions, inner products, BatchNorm/Scale/Bias chains after them (the folds'
-patterns), activations in place or not, pooling, LRN, Eltwise, Concat, Dropout and Power.
+patterns), activations in place or not, pooling, LRN, Eltwise (two or three bottoms), Concat
+(channels or height), Slice, Flatten, Reshape, Softmax, ELU, AbsVal, Dropout and Power.
 Shapes follow Caffe's arithmetic so every generated net is valid; blobs read by several layers
 get Caffe's Splits, and the unread tops are the net's outputs.
 """
@@ -178,11 +179,15 @@ class _Builder:
         if not others:
             return None
         other = self.rng.choice(others)
+        bottoms = [bottom, other]
+        if len(others) > 1 and self.rng.random() < 0.3:
+            bottoms.append(self.rng.choice([n for n in others if n != other]))
         op = self.rng.choice(["SUM", "SUM", "PROD", "MAX"])
         p = f"eltwise_param {{ operation: {op} }}"
         if op == "SUM" and self.rng.random() < 0.4:
-            p = "eltwise_param { operation: SUM coeff: 0.5 coeff: -1.5 }"
-        return self.layer("Eltwise", [bottom, other], shape, p)
+            coeffs = " ".join(f"coeff: {c}" for c in (0.5, -1.5, 2.0)[: len(bottoms)])
+            p = f"eltwise_param {{ operation: SUM {coeffs} }}"
+        return self.layer("Eltwise", bottoms, shape, p)
 
     def concat(self, bottom: str) -> str | None:
         shape = self.shapes[bottom]
@@ -197,7 +202,46 @@ class _Builder:
             return None
         other = self.rng.choice(others)
         channels = shape[1] + self.shapes[other][1]
+        if len(shape) == 4 and self.shapes[other] == shape and self.rng.random() < 0.3:
+            p = "concat_param { axis: 2 }"  # along the height
+            return self.layer(
+                "Concat", [bottom, other], (shape[0], shape[1], 2 * shape[2], shape[3]), p
+            )
         return self.layer("Concat", [bottom, other], (shape[0], channels, *shape[2:]))
+
+    def view(self, bottom: str) -> str:
+        """Flatten or Reshape: views of Caffe's NCHW order, whatever layout the bottom has."""
+        shape = self.shapes[bottom]
+        flat = (shape[0], math.prod(shape[1:]))
+        if len(shape) != 4 or self.rng.random() < 0.5:
+            return self.layer("Flatten", [bottom], flat)
+        n, c, h, w = shape
+        p = f"reshape_param {{ shape {{ dim: 0 dim: -1 dim: {w} }} }}"
+        return self.layer("Reshape", [bottom], (n, c * h, w), p)
+
+    def slice(self, bottom: str) -> str | None:
+        """Slice along the channels into two tops (both stay available)."""
+        shape = self.shapes[bottom]
+        if shape[1] < 2:
+            return None
+        point = self.rng.randint(1, shape[1] - 1)
+        name = self._name("slice")
+        tops = [f"{name}a", f"{name}b"]
+        self.types.add("Slice")
+        self.read.add(bottom)
+        self.lines.append(
+            f'layer {{ name: "{name}" type: "Slice" bottom: "{bottom}" top: "{tops[0]}" '
+            f'top: "{tops[1]}" slice_param {{ axis: 1 slice_point: {point} }} }}'
+        )
+        self._add_blob(tops[0], (shape[0], point, *shape[2:]))
+        self._add_blob(tops[1], (shape[0], shape[1] - point, *shape[2:]))
+        return tops[self.rng.randint(0, 1)]
+
+    def pointwise(self, bottom: str) -> str:
+        """Softmax over the channels, ELU or AbsVal (layers the layout pass hands NCHW)."""
+        kind = self.rng.choice(["Softmax", "ELU", "AbsVal"])
+        in_place = kind == "ELU" and self.rng.random() < 0.5  # Caffe's AbsVal refuses it
+        return self.layer(kind, [bottom], self.shapes[bottom], in_place=in_place)
 
     def dropout(self, bottom: str) -> str:
         p = "dropout_param { dropout_ratio: 0.3 }"
@@ -221,7 +265,7 @@ def random_net(seed: int, batch: int = 2, dropout: bool = True) -> RandomNet:
         four_d = rng.random() < 0.85
         bottom = b.pick(want_4d=four_d)
         is_4d = len(b.shapes[bottom]) == 4
-        choices = ["affine", "act", "act", "ip", "eltwise", "concat"]
+        choices = ["affine", "act", "act", "ip", "eltwise", "concat", "view", "slice", "pw"]
         if dropout:
             choices.append("dropout")
         if is_4d:
@@ -253,6 +297,12 @@ def random_net(seed: int, batch: int = 2, dropout: bool = True) -> RandomNet:
             b.concat(bottom)
         elif kind == "dropout":
             b.dropout(bottom)
+        elif kind == "view":
+            b.view(bottom)
+        elif kind == "slice":
+            b.slice(bottom)
+        elif kind == "pw":
+            b.pointwise(bottom)
     dims = " ".join(f"dim: {d}" for d in b.input_shape)
     head = f'name: "random{seed}"\nlayer {{ name: "data" type: "Input" top: "data" '
     head += f"input_param {{ shape {{ {dims} }} }} }}\n"
