@@ -8,7 +8,9 @@ For each seeded net, within the golden tolerance (rtol 1e-4, atol 1e-5):
 - an optimized training step (outputs, every gradient, BatchNorm's statistics) equals a
   layer-by-layer one.
 The layout pass is tried at its own threshold and with every convolution in channels_last.
-``TORCHCAFFE_RANDOM_NETS=N`` runs N nets per check instead of the default.
+Two nets also go through torch.compile (inductor), inference and a training step.
+``TORCHCAFFE_RANDOM_NETS=N`` runs N nets per check instead of 40, and
+``TORCHCAFFE_RANDOM_COMPILED=N`` compiles N.
 """
 
 from __future__ import annotations
@@ -111,11 +113,12 @@ def test_caffe_face_matches_before_and_after_surgery(seed, tmp_path, layout_thre
             _close(blob.data, want[name], f"{spec.text}\nsurgery {surgery}: blob {name}")
 
 
-def _training_step(net: torchcaffe.TorchNet, x: torch.Tensor, optimize: bool):
+def _training_step(net: torchcaffe.TorchNet, x: torch.Tensor, optimize: bool, run=None):
+    """One forward and backward of ``net`` (through ``run``, e.g. its compiled module)."""
     net.optimize = optimize
     net.zero_grad()
     x = x.detach().requires_grad_()
-    outputs = net(data=x)
+    outputs = (net if run is None else run)(data=x)
     loss = sum(
         (out * torch.linspace(-1.0, 1.0, out.numel(), dtype=out.dtype).reshape(out.shape)).sum()
         for out in outputs.values()
@@ -159,3 +162,33 @@ def test_every_pass_fires_on_some_random_net():
     assert set(inference) == {p.__name__ for p in INFERENCE_PASSES}
     assert set(training) == {p.__name__ for p in TRAINING_PASSES}
     assert all(inference.values()) and all(training.values()), (inference, training)
+
+
+COMPILED = range(int(os.environ.get("TORCHCAFFE_RANDOM_COMPILED", "2")))
+
+
+@pytest.mark.parametrize("seed", COMPILED)
+def test_compiled_net_matches_the_layer_by_layer_program(seed):
+    """torch.compile (inductor) of a random net: inference outputs, and a training step's
+    outputs, gradients and statistics (float64), equal the unoptimized eager program's.
+    ``TORCHCAFFE_RANDOM_COMPILED=N`` compiles N nets (about 15 s each here)."""
+    torch._dynamo.reset()
+    spec = random_net(seed)
+    net = _load(spec.text, "test", seed)
+    x = torch.randn(*spec.input_shape, generator=torch.Generator().manual_seed(seed))
+    want = _literal(net, x)
+    with torch.inference_mode():
+        outputs = torch.compile(net)(data=x)
+    for name, value in outputs.items():
+        _close(value, want[name], f"{spec.text}\ncompiled output {name}")
+    spec = random_net(seed, batch=4, dropout=False)
+    net = _load(spec.text, "train", seed).double()
+    twin = copy.deepcopy(net)
+    x = torch.randn(*spec.input_shape, generator=torch.Generator().manual_seed(seed)).double()
+    compiled = torch.compile(net)
+    got = _training_step(net, x, True, run=compiled)
+    want_step = _training_step(twin, x, False)
+    for part, what in enumerate(("output", "gradient", "statistic")):
+        assert got[part].keys() == want_step[part].keys()
+        for name in want_step[part]:
+            _close(got[part][name], want_step[part][name], f"{spec.text}\ncompiled {what} {name}")
