@@ -261,6 +261,23 @@ def random_net(seed: int, batch: int = 2, dropout: bool = True) -> RandomNet:
     rng = random.Random(seed)
     b = _Builder(rng, batch)
     target = rng.randint(5, 14)
+    producers = {
+        "conv": (b.convolution, 0.6),
+        "deconv": (b.deconvolution, 0.5),
+        "ip": (b.inner_product, 0.5),
+    }
+    others = {
+        "affine": b.affine_chain,
+        "act": b.activation,
+        "pool": b.pooling,
+        "lrn": b.lrn,
+        "eltwise": b.eltwise,
+        "concat": b.concat,
+        "dropout": b.dropout,
+        "view": b.view,
+        "slice": b.slice,
+        "pw": b.pointwise,
+    }
     while len(b.lines) < target:
         four_d = rng.random() < 0.85
         bottom = b.pick(want_4d=four_d)
@@ -271,38 +288,13 @@ def random_net(seed: int, batch: int = 2, dropout: bool = True) -> RandomNet:
         if is_4d:
             choices += ["conv", "conv", "conv", "deconv", "pool", "pool", "lrn"]
         kind = rng.choice(choices)
-        if kind == "conv":
-            top = b.convolution(bottom)
-            if top is not None and rng.random() < 0.6:
+        if kind in producers:  # a convolution or inner product, maybe with a chain after it
+            make, chain_odds = producers[kind]
+            top = make(bottom)
+            if top is not None and rng.random() < chain_odds:
                 b.affine_chain(top)
-        elif kind == "deconv":
-            top = b.deconvolution(bottom)
-            if top is not None and rng.random() < 0.5:
-                b.affine_chain(top)
-        elif kind == "ip":
-            top = b.inner_product(bottom)
-            if rng.random() < 0.5:
-                b.affine_chain(top)
-        elif kind == "affine":
-            b.affine_chain(bottom)
-        elif kind == "act":
-            b.activation(bottom)
-        elif kind == "pool":
-            b.pooling(bottom)
-        elif kind == "lrn":
-            b.lrn(bottom)
-        elif kind == "eltwise":
-            b.eltwise(bottom)
-        elif kind == "concat":
-            b.concat(bottom)
-        elif kind == "dropout":
-            b.dropout(bottom)
-        elif kind == "view":
-            b.view(bottom)
-        elif kind == "slice":
-            b.slice(bottom)
-        elif kind == "pw":
-            b.pointwise(bottom)
+        else:
+            others[kind](bottom)
     dims = " ".join(f"dim: {d}" for d in b.input_shape)
     head = f'name: "random{seed}"\nlayer {{ name: "data" type: "Input" top: "data" '
     head += f"input_param {{ shape {{ {dims} }} }} }}\n"

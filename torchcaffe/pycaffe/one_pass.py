@@ -188,7 +188,7 @@ def forward_backward_one_pass(net: Net, plan: OnePassPlan, clear: bool = False) 
                 # dense, as the layer-by-layer path reads it from the blob: a strided view
                 # (a Slice or Crop top) takes other kernel paths, whose exp and friends can
                 # round one ulp apart
-                bottoms.append(t if t.is_contiguous() else t.contiguous())
+                bottoms.append(t.contiguous())
             tops = tnet.run_step(step, bottoms)
             for k, w in run.loss_tops:
                 loss += w * float(tops[k].detach().sum())
