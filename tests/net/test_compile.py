@@ -155,3 +155,28 @@ def test_inductor_can_cache_a_compiled_deploy_net(models_root):
         logger.removeHandler(handler)
     assert not [m for m in messages if "Failed to pickle" in m]
     assert all(isinstance(k[0], tuple) for k in net._programs)
+
+
+FLATTEN_ARGMAX = """
+name: "flatten_argmax"
+layer { name: "data" type: "Input" top: "data"
+  input_param { shape { dim: 2 dim: 3 dim: 5 dim: 4 } } }
+layer { name: "flat" type: "Flatten" bottom: "data" top: "flat" }
+layer { name: "lift" type: "Flatten" bottom: "data" top: "lift"
+  flatten_param { axis: 2 end_axis: 1 } }
+layer { name: "top2" type: "ArgMax" bottom: "flat" top: "top2"
+  argmax_param { top_k: 2 out_max_val: true } }
+layer { name: "per_row" type: "ArgMax" bottom: "lift" top: "per_row" argmax_param { axis: 3 } }
+"""
+
+
+def test_export_keeps_the_batch_dynamic_through_flatten_and_argmax():
+    """Both computed their tops' shapes with int() of each size, which pinned the batch."""
+    from google.protobuf import text_format
+
+    net = torchcaffe.load(text_format.Parse(FLATTEN_ARGMAX, caffe_pb2.NetParameter()))
+    program = export_net(net, {"data": torch.randn(2, 3, 5, 4)})
+    with torch.no_grad():
+        for batch in (1, 7):
+            x = torch.randn(batch, 3, 5, 4)
+            _close(program.module()(x), net(data=x))

@@ -70,7 +70,6 @@ class ArgMaxLayer(CaffeLayer):
         return [tuple(top)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        top_shape = self.output_shapes([tuple(x.shape)])[0]
         x = x.detach()
         if self.has_axis:
             axis = canonical_axis(self, self.param.axis, x.dim())
@@ -79,4 +78,7 @@ class ArgMaxLayer(CaffeLayer):
             return out.movedim(-1, axis).contiguous()
         values, idx = _topk_caffe(x.reshape(x.shape[0], -1), self.top_k)
         parts = [idx.to(x.dtype)] + ([values] if self.out_max_val else [])
-        return torch.stack(parts, dim=1).reshape(top_shape)
+        # output_shapes's (N, 1 or 2, top_k, 1, ...), with N as x has it: output_shapes
+        # takes int() of each size, which would pin a symbolic batch under torch.export
+        ones = (1,) * (max(3, x.dim()) - 3)
+        return torch.stack(parts, dim=1).reshape(x.shape[0], len(parts), self.top_k, *ones)

@@ -46,4 +46,9 @@ class FlattenLayer(CaffeLayer):
         return [shape[:start] + (math.prod(shape[start : end + 1]),) + shape[end + 1 :]]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.reshape(self.output_shapes([tuple(x.shape)])[0])
+        # from the axes, not from output_shapes: its int() of each size would pin a symbolic
+        # batch to its example value under torch.export and dynamic compiles
+        p = self.param
+        start = canonical_axis(self, p.axis, x.dim())
+        end = canonical_axis(self, p.end_axis, x.dim(), "end_axis")
+        return x.unsqueeze(start) if end + 1 == start else x.flatten(start, end)
