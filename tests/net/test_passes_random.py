@@ -6,7 +6,8 @@ For each seeded net, within the golden tolerance (rtol 1e-4, atol 1e-5):
 - the Caffe face's outputs and every blob (left-out blobs are recomputed on access) equal it
   too, before and after net surgery through a param's numpy view;
 - an optimized training step (outputs, every gradient, BatchNorm's statistics) equals a
-  layer-by-layer one.
+  layer-by-layer one;
+- ``torch.export`` with a dynamic batch runs at other batch sizes and equals it there.
 The layout pass is tried at its own threshold and with every convolution in channels_last.
 Two nets also go through torch.compile (inductor), inference and a training step.
 ``TORCHCAFFE_RANDOM_NETS=N`` runs N nets per check instead of 40, and
@@ -26,6 +27,7 @@ from google.protobuf import text_format
 
 import torchcaffe
 import torchcaffe as caffe
+from torchcaffe.net.export import export_net
 from torchcaffe.net.passes import INFERENCE_PASSES, TRAINING_PASSES, layout
 from torchcaffe.proto import caffe_pb2
 
@@ -111,6 +113,25 @@ def test_caffe_face_matches_before_and_after_surgery(seed, tmp_path, layout_thre
             _close(outputs[name], want[name], f"{spec.text}\nsurgery {surgery}: output {name}")
         for name, blob in net.blobs.items():
             _close(blob.data, want[name], f"{spec.text}\nsurgery {surgery}: blob {name}")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_exported_net_with_a_dynamic_batch_matches_at_other_batches(seed):
+    """torch.export (export_net: the batch is dynamic) of a random net runs at batch sizes
+    other than the example's and equals the layer-by-layer program there."""
+    spec = random_net(seed)
+    net = _load(spec.text, "test", seed)
+    program = export_net(net, {"data": torch.randn(*spec.input_shape)})
+    for batch in (1, 5):
+        x = torch.randn(
+            batch, *spec.input_shape[1:], generator=torch.Generator().manual_seed(batch)
+        )
+        want = _literal(net, x)
+        with torch.no_grad():
+            outputs = program.module()(x)
+        assert outputs.keys() == set(net.output_names)
+        for name, value in outputs.items():
+            _close(value, want[name], f"{spec.text}\nexported, batch {batch}: {name}")
 
 
 def _training_step(net: torchcaffe.TorchNet, x: torch.Tensor, optimize: bool, run=None):
