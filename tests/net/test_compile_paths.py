@@ -192,12 +192,7 @@ def test_compiled_chain_without_producer_is_one_stacked_multiply_add():
     x = torch.rand(2, 4, 6, 6)
     calls = _calls(_graphs(net, x))
     assert "stack" in calls and "addcmul" in calls and "double" not in calls
-    with torch.inference_mode():
-        want = net(data=x)
-    torch._dynamo.reset()
-    with torch.inference_mode():
-        got = torch.compile(net, backend="aot_eager", fullgraph=True)(data=x)
-    _close(got, want, rtol=1e-5, atol=1e-6)
+    _close(*_compiled_and_eager(net, x), rtol=1e-5, atol=1e-6)
 
 
 def _conv_weights(graphs: list[torch.fx.GraphModule]) -> list[str]:
@@ -214,12 +209,17 @@ def _conv_weights(graphs: list[torch.fx.GraphModule]) -> list[str]:
 
 def test_compiled_folds_equal_eager():
     net, x = _folds_net(), torch.rand(1, 8, 2, 2)
+    _close(*_compiled_and_eager(net, x), rtol=1e-5, atol=1e-6)
+
+
+def _compiled_and_eager(net: torchcaffe.TorchNet, x: torch.Tensor) -> tuple[dict, dict]:
+    """The outputs of ``net(data=x)`` compiled whole (aot_eager) and eager, for inference."""
     with torch.inference_mode():
         want = net(data=x)
     torch._dynamo.reset()
     with torch.inference_mode():
         got = torch.compile(net, backend="aot_eager", fullgraph=True)(data=x)
-    _close(got, want, rtol=1e-5, atol=1e-6)
+    return got, want
 
 
 def _close(got: dict, want: dict, rtol: float, atol: float) -> None:
