@@ -173,3 +173,19 @@ def test_deferred_and_taken_values_replace_each_other():
     assert mem.take(nhwc) and mem.deferred
     mem.defer(lambda: torch.full((8,), 9.0))
     assert mem.cpu_data().tolist() == [9.0] * 8
+
+
+@pytest.mark.parametrize("gpu", SECOND_DEVICES)
+def test_release_drops_both_sides_unless_a_buffer_is_viewed(gpu, copies):
+    mem = SyncedMemory(4, gpu_device=gpu)
+    mem.mutable_cpu_data().fill_(3.0)
+    mem.gpu_data()  # both sides hold the value
+    mem.defer(lambda: torch.ones(4))
+    assert mem.release()
+    assert mem.head is Head.UNINITIALIZED and mem._cpu is None and mem._gpu is None
+    assert mem.cpu_data().tolist() == [0.0] * 4  # fresh memory again: zeros, no copy
+    view = mem.cpu_data()[1:]  # someone holds the buffer now
+    mem.mutable_cpu_data().fill_(2.0)
+    assert not mem.release()
+    assert mem.head is Head.HEAD_AT_CPU and view.tolist() == [2.0] * 3
+    assert copies == ["cpu->gpu"]  # the deferred value was never computed

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from google.protobuf import text_format
 
 import torchcaffe
@@ -270,3 +271,45 @@ def test_layers_over_a_strided_view_match_layer_by_layer_bitwise(tmp_path, monke
     assert fast._one_pass_plan() is not None
     assert run(fast, steps=1) == run(slow, steps=1)
     assert_same(fast, slow)
+
+
+def test_the_pass_releases_what_it_replaces_before_making_it(tmp_path, monkeypatch):
+    """The data the forward rewrites and the diffs the backward rewrites hold no buffer
+    while the new values are made (one set of activations at a time); the input blobs, the
+    loss's diff (the seed the backward reads) and a buffer someone views keep theirs."""
+    net = make_net(tmp_path, CHAIN, True, monkeypatch)
+    slow = make_net(tmp_path, CHAIN, False, monkeypatch)
+    run(net, 1), run(slow, 1)
+    held = net.blobs["ave"].data  # a numpy view of the buffer
+    heads: dict[str, dict[str, syncedmem.Head]] = {}
+    run_step, grad = net.module.run_step, torch.autograd.grad
+
+    def spy_run_step(step, bottoms):
+        heads.setdefault("data", {n: b.data_memory.head for n, b in net.blobs.items()})
+        return run_step(step, bottoms)
+
+    def spy_grad(*args, **kwargs):
+        heads["diff"] = {n: b.diff_memory.head for n, b in net.blobs.items()}
+        return grad(*args, **kwargs)
+
+    monkeypatch.setattr(net.module, "run_step", spy_run_step)
+    monkeypatch.setattr(torch.autograd, "grad", spy_grad)
+    run(net, 2)
+    monkeypatch.undo()
+    run(slow, 2)
+    gone = syncedmem.Head.UNINITIALIZED
+    assert [n for n, h in heads["data"].items() if h is gone] == [
+        "conv", "pool", "ip1", "ip2", "loss"
+    ]  # fmt: skip
+    assert [n for n, h in heads["diff"].items() if h is gone] == [
+        "data",
+        "label",
+        "conv",
+        "pool",
+        "ave",
+        "ip1",
+        "ip2",
+    ]  # fmt: skip (the inputs' diffs: never written, as nothing backpropagates to them)
+    assert net.blobs["data"].diff_memory.head is gone
+    np.testing.assert_array_equal(held, slow.blobs["ave"].data)  # the view saw the new value
+    assert_same(net, slow)

@@ -18,7 +18,10 @@ it there.
 Blobs take the pass's tensors (``Blob.take_data``/``take_diff``) instead of copying them
 where no one holds a view of their buffers; a held numpy view keeps seeing the values. In a
 solver step (``clear``) the param diffs do the same with autograd's gradients, which then
-are also the params' ``.grad`` that the update reads.
+are also the params' ``.grad`` that the update reads. The old values the pass replaces
+whole (the data of the blobs it makes, the diffs its backward writes) are released before
+the new ones are made (``SyncedMemory.release``), so a step holds one set of activations
+at a time, as a plain torch loop does, not two.
 
 ``plan_one_pass`` says None for a net the one pass cannot reproduce exactly, which then takes
 the layer-by-layer path: a layer that needs backward but has no Backward in Caffe, a Python
@@ -66,6 +69,7 @@ class OnePassPlan:
     recorded: frozenset[int]  # step indices with need_backward (all have a Caffe Backward)
     params: tuple[nn.Parameter, ...]  # distinct, in first-use order
     runs: tuple[StepRun, ...]  # the non-Input steps, in order
+    made: tuple[str, ...]  # blobs the pass writes before any layer reads them
 
 
 def plan_one_pass(net: Net) -> OnePassPlan | None:
@@ -106,7 +110,19 @@ def plan_one_pass(net: Net) -> OnePassPlan | None:
         for i, step in enumerate(tnet.steps)
         if not step.is_input
     )
-    return OnePassPlan(frozenset(recorded), tuple(params.values()), runs)
+    return OnePassPlan(frozenset(recorded), tuple(params.values()), runs, _made(runs, net))
+
+
+def _made(runs: tuple[StepRun, ...], net: Net) -> tuple[str, ...]:
+    """The blobs whose first use in ``runs`` is as a top: the pass reads none of their old
+    values (an input blob is read from its Blob; a top, from the tensor the pass made)."""
+    seen: set[str] = set(net.inputs)
+    made: list[str] = []
+    for run in runs:
+        seen.update(run.step.bottoms)
+        made.extend(top for top in run.step.tops if top not in seen)
+        seen.update(run.step.tops)
+    return tuple(made)
 
 
 def _top_diffs_match(steps: list[LayerStep], recorded: set[int]) -> bool:
@@ -157,6 +173,8 @@ def forward_backward_one_pass(net: Net, plan: OnePassPlan, clear: bool = False) 
     tnet = net.module
     device = net._ensure_device()
     net._records.clear()
+    for name in plan.made:  # their memory holds the new values (SyncedMemory.release)
+        net.blobs[name].data_memory.release()
     values: dict[str, torch.Tensor] = {}
     edges: list[tuple[int, int, torch.Tensor]] = []  # (step, bottom index, what it read)
     read: set[int] = set()  # ids of the tops some edge read
@@ -228,14 +246,6 @@ def _backward(
     inputs = [t for _, _, t in edges] + list(plan.params)
     if not seeds or not inputs:
         return [None] * len(plan.params), set()
-    got = torch.autograd.grad(
-        [t for _, t in seeds],
-        inputs,
-        [net.blobs[name].diff_at(device).view(t.shape).to(t.dtype) for name, t in seeds],
-        allow_unused=True,
-        retain_graph=True,  # the records' graphs, for a later backward()
-    )
-    taken = {net.blobs[name].diff_at(device).data_ptr() for name, _ in seeds}
     # blob -> the edge whose write Caffe's Backward (last layer first, each layer's bottoms
     # in order) leaves there: the first layer that reads it, its last such bottom. The
     # edges come in forward order, so no sort is needed.
@@ -245,6 +255,20 @@ def _backward(
         first = last.get(name)
         if first is None or edges[first][0] == i:
             last[name] = e
+    seed_diffs = [net.blobs[name].diff_at(device) for name, _ in seeds]
+    seeded = {name for name, _ in seeds}
+    for name in last:  # the gradients' memory (SyncedMemory.release); seeds are read
+        if name not in seeded:
+            net.blobs[name].diff_memory.release()
+    got = torch.autograd.grad(
+        [t for _, t in seeds],
+        inputs,
+        [d.view(t.shape).to(t.dtype) for d, (_, t) in zip(seed_diffs, seeds)],
+        allow_unused=True,
+        retain_graph=True,  # the records' graphs, for a later backward()
+    )
+    taken = {d.data_ptr() for d in seed_diffs}
+    del seed_diffs  # views: a blob taking a gradient counts the views of its buffer
     for name, e in last.items():
         blob, g = net.blobs[name], got[e]
         if g is None:
