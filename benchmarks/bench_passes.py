@@ -28,9 +28,7 @@ sys.path.insert(0, str(REPO))
 import torchcaffe  # noqa: E402
 import torchcaffe as caffe  # noqa: E402
 
-MODELS = REPO.parent.parent / "shared" / "models"
-if not MODELS.exists():
-    MODELS = Path("/work/shared/models")
+MODELS = (REPO / ".." / "shared" / "models").resolve()  # the shared folder beside the checkout
 NETS = {
     "resnet50": MODELS / "resnet50_kaiminghe" / "ResNet-50-deploy.prototxt",
     "mobilenet_v2": MODELS / "mobilenet_v2" / "mobilenet_v2_deploy.prototxt",
