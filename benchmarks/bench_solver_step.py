@@ -2,7 +2,7 @@
 
     python benchmarks/bench_solver_step.py [--nets lenet,caffenet] [--repeat 10]
                                            [--lenet-batch 64] [--caffenet-batch 16] [--threads N]
-                                           [--clock wall|cpu]
+                                           [--clock wall|cpu] [--heap default|fixed]
 
 Caffe side: ``caffe.SGDSolver`` (momentum 0.9, weight decay 5e-4, the nets' own lr_mult and
 decay_mult) running ``step(1)``: Caffe's layer-by-layer forward/backward over blobs plus its
@@ -20,12 +20,15 @@ fault and a zeroing. Run alone (1 thread, LeNet b64), a loop step took none, a s
 0 to ~900 depending on the process (glibc grows the heap and trims it back when what the
 solver keeps in its blobs and records fragments it), ~2-3 ms of CPU at ~800. In turns in one
 process the two sides change each other's heap, so read the counts as a clue, not a
-property of one side.
+property of one side. ``--heap fixed`` takes that lottery out for both sides alike: it fixes
+glibc's thresholds (mallopt: nothing above 32 MiB is mmapped, the heap top is trimmed only past
+1 GiB), so neither side faults and the ratio is the two steps' own cost.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import statistics
 import sys
 import time
@@ -47,7 +50,7 @@ import torchcaffe as caffe  # noqa: E402
 from torchcaffe.formats.prototxt import read_net  # noqa: E402
 from torchcaffe.proto import caffe_pb2  # noqa: E402
 
-MODELS = Path("/work/shared/models")
+MODELS = (REPO / ".." / "shared" / "models").resolve()  # the shared folder beside the checkout
 NETS = {  # train_val prototxt, data shape after the transform, classes
     "lenet": (MODELS / "lenet_mnist" / "lenet_train_test.prototxt", (1, 28, 28), 10),
     "caffenet": (MODELS / "bvlc_reference_caffenet" / "train_val.prototxt", (3, 227, 227), 1000),
@@ -86,6 +89,18 @@ def solver_param(net: caffe_pb2.NetParameter) -> caffe_pb2.SolverParameter:
 
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers
+
+
+def fix_heap() -> bool:
+    """Fix glibc's malloc thresholds for this process (``--heap fixed``); False where the C
+    library has no mallopt (not glibc) or refuses."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    return bool(mallopt(M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(M_TRIM_THRESHOLD, 1 << 30))
 
 
 def minor_faults() -> int:
@@ -156,10 +171,16 @@ def main() -> None:
     p.add_argument("--caffenet-batch", type=int, default=16)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
+    p.add_argument("--heap", choices=["default", "fixed"], default="default")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU, {args.clock} clock")
+    if args.heap == "fixed" and not fix_heap():
+        sys.exit("--heap fixed: this C library has no mallopt (glibc only)")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU, {args.clock} clock, "
+        f"{args.heap} heap"
+    )
     for name in args.nets.split(","):
         bench(name, getattr(args, f"{name}_batch"), args.repeat, CLOCKS[args.clock])
 

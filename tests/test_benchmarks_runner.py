@@ -7,6 +7,10 @@ and the results file names the machine.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from benchmarks import run
@@ -55,3 +59,18 @@ def test_hand_written_baseline_computes_the_same_net(models_root, name):
     # architecture (e.g. a stride at another block) cannot hide behind a saturated softmax.
     net, hand, out, size, _ = run.prepare(name)
     assert out == "prob" and size in (224, 227)
+
+
+def test_solver_step_benchmark_fixes_the_heap_for_both_sides(models_root):
+    """``--heap fixed`` runs (in its own process: mallopt changes the whole process) and
+    prints the ratio line."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_solver_step.py"
+    args = ["--nets", "lenet", "--repeat", "1", "--lenet-batch", "2", "--threads", "1"]
+    done = subprocess.run(
+        [sys.executable, str(script), *args, "--heap", "fixed"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "fixed heap" in done.stdout and "ratio torch/solver" in done.stdout
