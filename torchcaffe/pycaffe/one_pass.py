@@ -18,10 +18,12 @@ it there.
 Blobs take the pass's tensors (``Blob.take_data``/``take_diff``) instead of copying them
 where no one holds a view of their buffers; a held numpy view keeps seeing the values. In a
 solver step (``clear``) the param diffs do the same with autograd's gradients, which then
-are also the params' ``.grad`` that the update reads. The old values the pass replaces
-whole (the data of the blobs it makes, the diffs its backward writes) are released before
-the new ones are made (``SyncedMemory.release``), so a step holds one set of activations
-at a time, as a plain torch loop does, not two.
+are also the params' ``.grad`` that the update reads. The old diffs the backward replaces
+whole are released before autograd makes the new ones (``SyncedMemory.release``), so the
+step's peak (the backward) holds one set of diffs, not two, and the gradients reuse that
+memory at once. (Releasing the old data before the forward as well saves little more,
+since the forward's peak is below the backward's, and the heap then churns: glibc trims
+and faults back more pages.)
 
 ``plan_one_pass`` says None for a net the one pass cannot reproduce exactly, which then takes
 the layer-by-layer path: a layer that needs backward but has no Backward in Caffe, a Python
@@ -69,7 +71,6 @@ class OnePassPlan:
     recorded: frozenset[int]  # step indices with need_backward (all have a Caffe Backward)
     params: tuple[nn.Parameter, ...]  # distinct, in first-use order
     runs: tuple[StepRun, ...]  # the non-Input steps, in order
-    made: tuple[str, ...]  # blobs the pass writes before any layer reads them
 
 
 def plan_one_pass(net: Net) -> OnePassPlan | None:
@@ -110,19 +111,7 @@ def plan_one_pass(net: Net) -> OnePassPlan | None:
         for i, step in enumerate(tnet.steps)
         if not step.is_input
     )
-    return OnePassPlan(frozenset(recorded), tuple(params.values()), runs, _made(runs, net))
-
-
-def _made(runs: tuple[StepRun, ...], net: Net) -> tuple[str, ...]:
-    """The blobs whose first use in ``runs`` is as a top: the pass reads none of their old
-    values (an input blob is read from its Blob; a top, from the tensor the pass made)."""
-    seen: set[str] = set(net.inputs)
-    made: list[str] = []
-    for run in runs:
-        seen.update(run.step.bottoms)
-        made.extend(top for top in run.step.tops if top not in seen)
-        seen.update(run.step.tops)
-    return tuple(made)
+    return OnePassPlan(frozenset(recorded), tuple(params.values()), runs)
 
 
 def _top_diffs_match(steps: list[LayerStep], recorded: set[int]) -> bool:
@@ -173,8 +162,6 @@ def forward_backward_one_pass(net: Net, plan: OnePassPlan, clear: bool = False) 
     tnet = net.module
     device = net._ensure_device()
     net._records.clear()
-    for name in plan.made:  # their memory holds the new values (SyncedMemory.release)
-        net.blobs[name].data_memory.release()
     values: dict[str, torch.Tensor] = {}
     edges: list[tuple[int, int, torch.Tensor]] = []  # (step, bottom index, what it read)
     read: set[int] = set()  # ids of the tops some edge read
