@@ -205,11 +205,10 @@ class SyncedMemory:
 
     def release(self) -> bool:
         """Drop both sides' buffers, because the caller replaces the whole value next and
-        their memory can then hold it: holding the old value while the new one is made
-        would double the memory, and the heap would grow and shrink on every pass (glibc
-        trims its top and then faults the pages in again). A buffer someone views is kept,
-        and False returned: the view must keep seeing this memory. Read before it is
-        written again, the value is zeros (UNINITIALIZED), as Caffe's fresh memory."""
+        their memory can then hold it (holding the old value while the new one is made
+        would take twice the memory). A buffer someone views is kept, and False returned:
+        the view must keep seeing this memory. Read before it is written again, the value
+        is zeros (UNINITIALIZED), as Caffe's fresh memory."""
         if self.viewed():
             return False
         self._cpu = self._gpu = self._deferred = None
