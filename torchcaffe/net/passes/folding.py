@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.fusion import fuse_conv_bn_weights
 
 from ...ops import onednn_linear
 from ...ops.base import CaffeLayer
@@ -140,27 +141,6 @@ def fold_batchnorm_scale_into_producer(
         links = {s.type: program.runners[s.key] for _, s in chain}
         merges.merge(i, chain, FoldedAffine(step.type, module, links), "folded", (blob,))
     return merges.result(PASS_NAME)
-
-
-def _fuse_affine(
-    w: torch.Tensor,
-    b: torch.Tensor,
-    mean: torch.Tensor,
-    var: torch.Tensor,
-    eps: float,
-    gamma: torch.Tensor,
-    beta: torch.Tensor,
-    out_axis: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weights and bias of producer-then-BatchNorm-then-affine as one producer.
-
-    The formula of ``torch.nn.utils.fusion.fuse_conv_bn_weights``, written out because that
-    helper wraps its results in ``nn.Parameter``, which dynamo cannot trace. (A compiled net
-    does not call it: see ``FoldedAffine.compiled_fold`` and ``producer_then_affine``.)"""
-    scale = gamma * torch.rsqrt(var + eps)
-    view = [1] * w.dim()
-    view[out_axis] = -1
-    return w * scale.reshape(view), (b - mean) * scale + beta
 
 
 class FoldedAffine:
@@ -308,9 +288,9 @@ class FoldedAffine:
                 beta = self.scale.bias.detach().double()
         if self.bias is not None:
             beta = beta + self.bias.bias.detach().double()
-        out_axis = 1 if self.producer_type == "Deconvolution" else 0
-        fw, fb = _fuse_affine(w64, b, mean, var, eps, gamma, beta, out_axis)
-        return fw.to(dtype), fb.to(dtype)
+        deconv = self.producer_type == "Deconvolution"  # output channels on axis 1
+        fw, fb = fuse_conv_bn_weights(w64, b, mean, var, eps, gamma, beta, transpose=deconv)
+        return fw.detach().to(dtype), fb.detach().to(dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
