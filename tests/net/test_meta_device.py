@@ -1,0 +1,122 @@
+"""Device discipline without a GPU: nets run on the "meta" device, where any host tensor an
+op builds and mixes into the computation fails ("expected all tensors to be on the same
+device"), as it would on CUDA. Values are meaningless there; only the devices are checked.
+
+Covered: the torch face (forward and backward, passes on and off, TRAIN and TEST) on random
+nets and three zoo deploy nets, and the Caffe face in GPU mode (the compute device and
+SyncedMemory's device side patched to meta) through solver steps of every type, forward,
+backward, partial passes, a reshape and a param edit. Meta has no values, so the host-side
+reads a real device would answer (a loss's ``float()``, ``torch.equal``, device -> host
+copies) are answered with zeros here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from google.protobuf import text_format
+
+import torchcaffe
+import torchcaffe as caffe
+from torchcaffe import runtime, syncedmem
+from torchcaffe.proto import caffe_pb2
+
+from ..pycaffe.test_one_pass import _random_training_net
+from .random_nets import random_net
+
+META = torch.device("meta")
+ZOO = [
+    "bvlc_googlenet/deploy.prototxt",
+    "resnet50_kaiminghe/ResNet-50-deploy.prototxt",
+    "mobilenet_v2/mobilenet_v2_deploy.prototxt",
+]
+SOLVER_TYPES = ["SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta", "Adam"]
+
+
+def _net(text: str, phase: str) -> torchcaffe.TorchNet:
+    return torchcaffe.load(text_format.Parse(text, caffe_pb2.NetParameter()), phase=phase)
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("phase", ["train", "test"])
+def test_random_net_runs_forward_and_backward_on_meta(seed, phase):
+    net = _net(_random_training_net(seed), phase).to(META)
+    x = torch.empty(random_net(seed, batch=4).input_shape, device=META, requires_grad=True)
+    for optimize in (True, False):
+        net.optimize = optimize
+        blobs = net.forward_all_blobs(data=x)
+        assert all(t.device == META for t in blobs.values())
+        net.total_loss(blobs).backward()
+    assert all(p.grad is None or p.grad.device == META for p in net.parameters())
+
+
+@pytest.mark.parametrize("proto", ZOO)
+def test_zoo_deploy_net_runs_on_meta(models_root, proto):
+    net = torchcaffe.load(str(models_root / proto), phase="test").to(META)
+    inputs = {n: torch.empty(net.blob_shapes[n], device=META) for n in net.input_names}
+    for optimize in (True, False):
+        net.optimize = optimize
+        with torch.no_grad():
+            out = net(**inputs)
+        assert all(t.device == META for t in out.values())
+
+
+@pytest.fixture
+def meta_gpu_mode(monkeypatch):
+    """The Caffe face computing on meta, as in GPU mode on CUDA; host reads of meta values
+    answer zeros."""
+    monkeypatch.setattr(runtime, "compute_device", lambda: META)
+    monkeypatch.setattr(syncedmem, "default_gpu_device", lambda: META)
+    to_float, item, equal, copy = (
+        torch.Tensor.__float__,
+        torch.Tensor.item,
+        torch.equal,
+        torch.Tensor.copy_,
+    )
+    monkeypatch.setattr(torch.Tensor, "__float__", lambda t: 0.0 if t.is_meta else to_float(t))
+    monkeypatch.setattr(torch.Tensor, "item", lambda t: 0.0 if t.is_meta else item(t))
+    monkeypatch.setattr(torch, "equal", lambda a, b: (a.is_meta or b.is_meta) or equal(a, b))
+
+    def copy_(dst, src, non_blocking=False):
+        if isinstance(src, torch.Tensor) and src.is_meta and not dst.is_meta:
+            return dst  # meta holds no values to copy to the host
+        return copy(dst, src, non_blocking)
+
+    monkeypatch.setattr(torch.Tensor, "copy_", copy_)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_caffe_face_in_gpu_mode_keeps_every_tensor_on_the_device(meta_gpu_mode, seed):
+    param = caffe_pb2.SolverParameter(
+        type=SOLVER_TYPES[seed], base_lr=0.01, lr_policy="fixed", weight_decay=5e-4
+    )
+    param.momentum = 0.0 if param.type in ("AdaGrad", "RMSProp") else 0.9
+    param.iter_size = 2 if seed % 3 == 0 else 1
+    param.clip_gradients = 1.0 if seed % 2 else -1.0
+    param.max_iter, param.display, param.snapshot = 100, 0, 0
+    param.snapshot_after_train = False
+    param.net_param.CopyFrom(
+        text_format.Parse(_random_training_net(seed), caffe_pb2.NetParameter())
+    )
+    solver = caffe.get_solver(param)
+    net = solver.net
+    shape = net.blobs["data"].shape
+    for _ in range(2):
+        net.blobs["data"].data[...] = np.ones(shape, np.float32)
+        solver.step(1)
+    assert all(p.device == META for p in net.module.parameters())
+    for blob in net.blobs.values():  # reading the host side copies from the device side
+        assert blob.data.shape == blob.diff.shape == blob.shape
+    net.forward()
+    net.backward()
+    names = list(net.layer_dict)
+    middle = names[len(names) // 2]
+    net.forward(start=middle)
+    net.backward(end=middle)
+    net.blobs["data"].reshape(2, *shape[1:])
+    net.reshape()
+    net.forward()
+    next(iter(net.params.values()))[0].data[...] += 1  # an edit on the host side
+    solver.step(1)
+    assert all(p.device == META for p in net.module.parameters())
