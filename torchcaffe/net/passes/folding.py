@@ -164,8 +164,9 @@ class FoldedAffine:
         return [t for m in mods if m is not None for t in m.param_blobs()]
 
     def folded_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if torch.compiler.is_compiling():
-            return self._fold()
+        """The eager fold, cached on its sources. Never under torch.compile: ``__call__``
+        takes ``compiled_fold`` there (``_fold`` builds nn.Parameters, which dynamo cannot
+        trace, and the version key would break the graph)."""
         key = tuple((t._version, t.data_ptr(), t.dtype, t.device) for t in self.sources())
         if key != self._key or self._folded is None:
             with torch.inference_mode(False), torch.no_grad():
