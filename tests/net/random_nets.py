@@ -14,6 +14,11 @@ import math
 import random
 from dataclasses import dataclass, field
 
+from google.protobuf import text_format
+
+import torchcaffe
+from torchcaffe.proto import caffe_pb2
+
 Shape = tuple[int, ...]
 
 
@@ -299,3 +304,18 @@ def random_net(seed: int, batch: int = 2, dropout: bool = True) -> RandomNet:
     head = f'name: "random{seed}"\nlayer {{ name: "data" type: "Input" top: "data" '
     head += f"input_param {{ shape {{ {dims} }} }} }}\n"
     return RandomNet(head + "\n".join(b.lines) + "\n", b.input_shape, b.types)
+
+
+def random_training_net(seed: int) -> str:
+    """``random_net(seed, batch=4)`` with a weighted SUMSQ loss on each output,
+    every other one with force_backward (data diffs too)."""
+    spec = random_net(seed, batch=4)
+    parsed = text_format.Parse(spec.text, caffe_pb2.NetParameter())
+    outputs = torchcaffe.load(parsed, phase="test").output_names  # the tops no layer reads
+    text = spec.text if seed % 2 else "force_backward: true\n" + spec.text
+    for i, name in enumerate(outputs):
+        text += (
+            f'layer {{ name: "loss{i}" type: "Reduction" bottom: "{name}" top: "loss{i}" '
+            f"loss_weight: {0.01 * (i + 1)} reduction_param {{ operation: SUMSQ }} }}\n"
+        )
+    return text

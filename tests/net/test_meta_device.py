@@ -22,8 +22,7 @@ import torchcaffe as caffe
 from torchcaffe import runtime, syncedmem
 from torchcaffe.proto import caffe_pb2
 
-from ..pycaffe.test_one_pass import _random_training_net
-from .random_nets import random_net
+from .random_nets import random_net, random_training_net
 
 META = torch.device("meta")
 ZOO = [
@@ -41,7 +40,7 @@ def _net(text: str, phase: str) -> torchcaffe.TorchNet:
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("phase", ["train", "test"])
 def test_random_net_runs_forward_and_backward_on_meta(seed, phase):
-    net = _net(_random_training_net(seed), phase).to(META)
+    net = _net(random_training_net(seed), phase).to(META)
     x = torch.empty(random_net(seed, batch=4).input_shape, device=META, requires_grad=True)
     for optimize in (True, False):
         net.optimize = optimize
@@ -96,9 +95,7 @@ def test_caffe_face_in_gpu_mode_keeps_every_tensor_on_the_device(meta_gpu_mode, 
     param.clip_gradients = 1.0 if seed % 2 else -1.0
     param.max_iter, param.display, param.snapshot = 100, 0, 0
     param.snapshot_after_train = False
-    param.net_param.CopyFrom(
-        text_format.Parse(_random_training_net(seed), caffe_pb2.NetParameter())
-    )
+    param.net_param.CopyFrom(text_format.Parse(random_training_net(seed), caffe_pb2.NetParameter()))
     solver = caffe.get_solver(param)
     net = solver.net
     shape = net.blobs["data"].shape

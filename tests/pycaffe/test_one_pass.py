@@ -8,15 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from google.protobuf import text_format
 
-import torchcaffe
 import torchcaffe as caffe
 import torchcaffe.syncedmem as syncedmem
-from torchcaffe.proto import caffe_pb2
 from torchcaffe.pycaffe.net import Net
 
-from ..net.random_nets import random_net
+from ..net.random_nets import random_training_net
 
 INPUTS = """
 layer { name: "in" type: "Input" top: "data" top: "label"
@@ -221,24 +218,9 @@ def test_backward_after_one_pass_replays_from_the_blobs(tmp_path, monkeypatch):
     np.testing.assert_array_equal(fast.blobs["data"].diff, slow.blobs["data"].diff)
 
 
-def _random_training_net(seed: int) -> str:
-    """A random net (tests/net/random_nets.py) with a weighted SUMSQ loss on each output,
-    every other one with force_backward (data diffs too)."""
-    spec = random_net(seed, batch=4)
-    parsed = text_format.Parse(spec.text, caffe_pb2.NetParameter())
-    outputs = torchcaffe.load(parsed, phase="test").output_names  # the tops no layer reads
-    text = spec.text if seed % 2 else "force_backward: true\n" + spec.text
-    for i, name in enumerate(outputs):
-        text += (
-            f'layer {{ name: "loss{i}" type: "Reduction" bottom: "{name}" top: "loss{i}" '
-            f"loss_weight: {0.01 * (i + 1)} reduction_param {{ operation: SUMSQ }} }}\n"
-        )
-    return text
-
-
 @pytest.mark.parametrize("seed", range(20))
 def test_one_pass_equals_layer_by_layer_on_random_nets(tmp_path, monkeypatch, seed):
-    text = _random_training_net(seed)
+    text = random_training_net(seed)
     fast = make_net(tmp_path, text, True, monkeypatch)
     slow = make_net(tmp_path, text, False, monkeypatch)
     assert fast._one_pass_plan() is not None
