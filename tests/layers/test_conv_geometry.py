@@ -1,4 +1,4 @@
-"""ConvGeometry.extra_pad: the zeros after each axis that make torch's floor rounding give
+"""c_div and ConvGeometry.extra_pad: the zeros after each axis that make torch's floor rounding give
 Caffe's output size. It runs on every convolution forward, so the usual case (no axis with
 in + 2 * pad < extent) returns before computing output sizes; it must equal the formula."""
 
@@ -7,8 +7,9 @@ from __future__ import annotations
 import itertools
 
 import pytest
+import torch
 
-from torchcaffe.ops._conv_geometry import ConvGeometry
+from torchcaffe.ops._conv_geometry import ConvGeometry, c_div
 
 
 def _formula(g: ConvGeometry, spatial: tuple[int, ...]) -> tuple[int, ...]:
@@ -46,3 +47,20 @@ def test_extra_pad_skips_output_sizes_when_no_axis_is_short(monkeypatch):
     assert g.extra_pad((9, 8)) == (0, 0)
     with pytest.raises(AssertionError):
         g.extra_pad((4, 3))
+
+
+def test_c_div_truncates_toward_zero_without_torch_ops_on_plain_ints(monkeypatch):
+    # dynamo before torch 2.13 broke the graph on torch.sym_max of two ints (18 breaks in
+    # ResNet-50 on torch 2.11): plain sizes take builtin arithmetic
+    def refuse(*args):
+        raise AssertionError(f"torch.sym_max{args} on plain ints")
+
+    monkeypatch.setattr(torch, "sym_max", refuse)
+    assert [c_div(a, b) for a, b in [(7, 2), (-7, 2), (7, -2), (-7, -2), (0, 3), (-1, 3)]] == [
+        3,
+        -3,
+        -3,
+        3,
+        0,
+        0,
+    ]

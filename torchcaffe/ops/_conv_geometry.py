@@ -23,15 +23,18 @@ from .base import CaffeLayer, canonical_axis
 def c_div(a: int, b: int) -> int:
     """C integer division (truncates toward zero), as Caffe's output-size formulas use.
 
-    Written without branching on the sign of ``a`` so that a symbolic size (a SymInt under
-    ``torch.compile(dynamic=True)`` or ``torch.export``) stays symbolic: the positive part
-    floors down and the negative part floors toward zero. Under jit tracing (the legacy ONNX
-    exporter) sizes arrive as 0-d tensors and are read as ints."""
+    A symbolic size (a SymInt under ``torch.compile(dynamic=True)`` or ``torch.export``) is
+    divided without branching on its sign, so that it stays symbolic: the positive part floors
+    down and the negative part floors toward zero. Plain ints take builtin ``max``: dynamo
+    before torch 2.13 breaks the graph on ``torch.sym_max`` of two ints. Under jit tracing (the
+    legacy ONNX exporter) sizes arrive as 0-d tensors and are read as ints."""
     if isinstance(a, torch.Tensor):
         a = int(a)
     if b < 0:
         return -c_div(a, -b)
-    return torch.sym_max(a, 0) // b - torch.sym_max(-a, 0) // b
+    if isinstance(a, torch.SymInt):
+        return torch.sym_max(a, 0) // b - torch.sym_max(-a, 0) // b
+    return max(a, 0) // b - max(-a, 0) // b
 
 
 @dataclass(frozen=True)
