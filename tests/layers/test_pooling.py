@@ -461,3 +461,39 @@ def test_compiled_training_ave_pool_with_overhanging_windows_equals_eager(geomet
     assert pooling._overhangs((5, 6), (kernel, kernel), (2, 2), (pad, pad), out)
     for want, got in zip(runs[0], runs[1]):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_compiled_max_pool_beside_other_consumers_has_eager_gradients():
+    # torch 2.11's inductor got this bottom's gradient 0.16 off through _FlooredMaxPool2d
+    # (a global MAX pool beside a convolution and a third consumer); on such a torch the
+    # compiled pool takes autograd's own path (COMPILED_FLOORED_POOL)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 4, 10, 4, dtype=torch.float64, generator=gen)
+    w = torch.randn(3, 4, 3, 3, dtype=torch.float64, generator=gen)
+    layer, _ = make_layer(
+        "pooling_param { pool: MAX global_pooling: true }", [x.shape], type="Pooling"
+    )
+
+    def step(bottom):
+        s = torch.sigmoid(bottom)
+        top = layer(s)
+        top = top[0] if isinstance(top, tuple) else top
+        return F.conv2d(s, w).sum() * 1.5 + (s.abs() * 0.3).sum() + (top * 2.0).sum()
+
+    want = x.clone().requires_grad_()
+    step(want).backward()
+    got = x.clone().requires_grad_()
+    torch._dynamo.reset()
+    torch.compile(step)(got).backward()
+    torch.testing.assert_close(got.grad, want.grad, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("gate", [True, False])
+def test_compiled_max_pool_uses_the_function_only_where_inductor_compiles_it(gate, monkeypatch):
+    monkeypatch.setattr(pooling, "COMPILED_FLOORED_POOL", gate)
+    x = torch.randn(2, 3, 9, 8, requires_grad=True)
+    eager, _ = pooling._max_pool(x, (3, 3), (2, 2), (0, 0), (4, 4), False)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    compiled, _ = pooling._max_pool(x, (3, 3), (2, 2), (0, 0), (4, 4), False)
+    assert "FlooredMaxPool2d" not in type(eager.grad_fn).__name__  # no -FLT_MAX: no floor
+    assert ("FlooredMaxPool2d" in type(compiled.grad_fn).__name__) == gate

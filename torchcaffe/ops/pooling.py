@@ -13,6 +13,10 @@ from .base import Between, CaffeLayer
 
 PP = caffe_pb2.PoolingParameter
 FLT_MAX = 3.4028234663852886e38  # Caffe starts every MAX window at -FLT_MAX
+# Inductor before torch 2.13 miscompiles _FlooredMaxPool2d's backward where the bottom has
+# other consumers (torch 2.11: a global MAX pool beside a convolution and another layer got
+# the bottom's gradient 0.16 off); compiled on such a torch, autograd's own path is taken.
+COMPILED_FLOORED_POOL = torch.torch_version.TorchVersion(torch.__version__) >= "2.13"
 Pair = tuple[int, int]
 
 
@@ -114,7 +118,11 @@ def _max_pool(x, kernel, stride, pad, out, want_mask):
         if y.numel() == 0 or bool(y.amin() > -FLT_MAX):
             return y, mask
     ceil = _torch_ceil_mode((x.shape[2], x.shape[3]), kernel, stride, pad, out)
-    if ceil is not None and _recorded(x):
+    if (
+        ceil is not None
+        and _recorded(x)
+        and (COMPILED_FLOORED_POOL or not torch.compiler.is_compiling())
+    ):
         y, idx = _FlooredMaxPool2d.apply(x, kernel, stride, pad, ceil)
         return y, (_mask(y, idx) if want_mask else None)
     return _max_pool_windows(_floor_at_flt_max(x), kernel, stride, pad, out, want_mask)
