@@ -40,6 +40,7 @@ from .net.net import TorchNet
 from .net_spec import NetSpec, to_proto
 from .ops._python_substitutes import NativeSubstituteWarning
 from .ops.base import CaffeLayer
+from .precision import caffe_float32
 from .proto import caffe_pb2
 from .pycaffe.layer import Layer
 from .pycaffe.net import Net
@@ -68,6 +69,7 @@ __all__ = [
     "ExportError",
     "save_weights",
     "param_groups",
+    "caffe_float32",
     "Net",
     "Layer",
     "TorchNet",

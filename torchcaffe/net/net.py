@@ -19,6 +19,7 @@ from torch import nn
 
 from ..errors import BlobWiringError, LayerParamError, TorchCaffeError, UnknownNameError
 from ..ops.base import CaffeLayer, Shape
+from ..precision import caffe_float32, on_cuda
 from ..proto import caffe_pb2
 from .builder import build_net, set_requires_grad
 from .passes import (
@@ -272,8 +273,28 @@ class TorchNet(nn.Module):
 
         With ``program`` (a pass-optimized program, whole net only) its steps and runners run,
         and the blobs it releases are dropped from ``blobs`` as soon as no later step reads
-        them.
+        them. On CUDA it runs in Caffe's IEEE float32 (``caffe_float32``); traced by dynamo,
+        under the settings the compiled call runs with.
         """
+        if not torch.compiler.is_compiling() and on_cuda(self._device_of(blobs)):
+            with caffe_float32():
+                return self._run(blobs, start, end, program)
+        return self._run(blobs, start, end, program)
+
+    def _device_of(self, blobs: dict[str, torch.Tensor]) -> torch.device | None:
+        """Where a run over ``blobs`` computes: its first input's device, else (a net fed by
+        data layers) its first parameter's."""
+        for t in blobs.values():
+            return t.device
+        return next((p.device for p in self.parameters()), None)
+
+    def _run(
+        self,
+        blobs: dict[str, torch.Tensor],
+        start: int,
+        end: int | None,
+        program: OptimizedProgram | None,
+    ) -> dict[str, torch.Tensor]:
         if program is not None:
             runners = program.runners
             for key, names, keeps, tops, dead in program.walk:

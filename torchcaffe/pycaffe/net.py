@@ -27,6 +27,7 @@ from ..errors import BlobWiringError, LayerParamError, UsageError
 from ..net.net import TorchNet
 from ..ops.base import CaffeLayer
 from ..ops.python_layer import PythonLayer
+from ..precision import caffe_float32, on_cuda
 from ..proto import caffe_pb2
 from ..syncedmem import Head, SyncedMemory
 from .backward_reads import TOP_DATA_BACKWARD, reads_bottom_data
@@ -40,6 +41,18 @@ class _Record:
     tops: tuple[torch.Tensor, ...]
     # the bottom blobs' data when the forward ended, for layers whose Caffe Backward reads it
     seen: list[torch.Tensor] | None = None
+
+
+def _in_caffe_float32(method):
+    """Run a compute method in Caffe's IEEE float32 (``caffe_float32``) when the mode
+    computes on CUDA."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with caffe_float32(on_cuda(runtime.compute_device())):
+            return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 class LayerView:
@@ -308,6 +321,7 @@ class Net:
                 blob.diff_memory.head = side
 
     # -- forward / backward -----------------------------------------------------------------
+    @_in_caffe_float32
     def _forward(self, start: int, end: int, observe: Sequence[str] = ()) -> float:
         """Run layers ``start..end``; ``observe``: blobs the caller reads right after."""
         steps = self._net.steps
@@ -467,6 +481,7 @@ class Net:
         if dest.data_ptr() != t.data_ptr() or dest.stride() != t.stride():
             dest.copy_(t)
 
+    @_in_caffe_float32
     def _backward(self, start: int, end: int, check_edits: bool = True) -> None:
         device = self._ensure_device()
         steps = self._net.steps
@@ -645,6 +660,7 @@ class Net:
             )
         first.reset(data, labels)
 
+    @_in_caffe_float32
     def forward_backward(self) -> float:
         """Caffe's Net::ForwardBackward: forward, then backward; returns the loss. Nothing can
         edit a blob in between, so where exact this is one autograd pass (one_pass.py)."""
@@ -655,6 +671,7 @@ class Net:
         self._backward(len(self._net.steps) - 1, 0, check_edits=False)
         return loss
 
+    @_in_caffe_float32
     def _clear_and_forward_backward(self) -> float:
         """ClearParamDiffs then ForwardBackward (a solver iteration of one pass); on the one
         pass each param diff is written once instead of zeroed and then added to."""

@@ -1,0 +1,109 @@
+"""caffe_float32: Caffe's IEEE float32 on CUDA, scoped to the nets' own entry points.
+
+torch runs cuDNN float32 convolutions in TF32 by default on Ampere and later (a 3-D dilated
+Deconvolution was 3e-3 off on an H200). The switches are process-wide, so the tests read
+them from inside a layer's forward (a hook) and check that the caller's settings return.
+Without a GPU the nets are told they compute on CUDA (``on_cuda`` patched)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from google.protobuf import text_format
+
+import torchcaffe
+import torchcaffe.net.net as net_module
+import torchcaffe.pycaffe.net as pycaffe_net
+from torchcaffe import precision
+from torchcaffe.proto import caffe_pb2
+
+NET = """
+name: "p"
+layer { name: "data" type: "Input" top: "data"
+        input_param { shape { dim: 2 dim: 3 dim: 6 dim: 6 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "gaussian" } } }
+layer { name: "ip" type: "InnerProduct" bottom: "conv" top: "ip"
+        inner_product_param { num_output: 2 weight_filler { type: "gaussian" } } }
+layer { name: "t" type: "Input" top: "target" input_param { shape { dim: 2 dim: 2 } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "target" top: "loss" }
+"""
+
+
+def _switches() -> list:
+    return [getattr(owner, name) for owner, name, _ in precision._settings()]
+
+
+def _ieee() -> list:
+    return [ieee for _, _, ieee in precision._settings()]
+
+
+@pytest.fixture
+def tf32_on():
+    """The caller's own settings: TF32 allowed for both (restored after the test)."""
+    settings = precision._settings()
+    saved = _switches()
+    tf32 = "tf32" if isinstance(saved[0], str) else True
+    for owner, name, _ in settings:
+        setattr(owner, name, tf32)
+    yield _switches()
+    for (owner, name, _), value in zip(settings, saved):
+        setattr(owner, name, value)
+
+
+def test_the_context_sets_ieee_and_restores_the_callers_settings(tf32_on):
+    with precision.caffe_float32():
+        assert _switches() == _ieee()
+    assert _switches() == tf32_on
+    with pytest.raises(RuntimeError), precision.caffe_float32():
+        raise RuntimeError("a failing layer")
+    assert _switches() == tf32_on
+    with precision.caffe_float32(enabled=False):
+        assert _switches() == tf32_on
+
+
+def _seen_during_conv(net: torchcaffe.TorchNet) -> list:
+    seen: list = []
+    net.layers["conv"].register_forward_pre_hook(lambda *_: seen.append(_switches()))
+    return seen
+
+
+def test_torch_face_forward_on_cuda_runs_in_ieee(tf32_on, monkeypatch):
+    net = torchcaffe.load(text_format.Parse(NET, caffe_pb2.NetParameter()), phase="test")
+    seen = _seen_during_conv(net)
+    x = torch.randn(2, 3, 6, 6)
+    net(data=x, target=torch.zeros(2, 2))
+    assert seen == [tf32_on]  # on the CPU nothing is touched
+    monkeypatch.setattr(net_module, "on_cuda", lambda device: device is not None)
+    net(data=x, target=torch.zeros(2, 2))
+    assert seen[1] == _ieee() and _switches() == tf32_on
+
+
+def test_caffe_face_forward_backward_and_solver_step_run_in_ieee(tf32_on, monkeypatch, tmp_path):
+    (tmp_path / "net.prototxt").write_text(NET)
+    monkeypatch.setattr(pycaffe_net, "on_cuda", lambda device: True)
+    net = torchcaffe.Net(str(tmp_path / "net.prototxt"), torchcaffe.TRAIN)
+    seen = _seen_during_conv(net.module)
+    grads: list = []
+    net.module.layers["conv"].weight.register_hook(lambda g: grads.append(_switches()))
+    net.blobs["data"].data[...] = np.random.default_rng(0).standard_normal((2, 3, 6, 6))
+    net.forward()
+    net.backward()
+    net.forward_backward()
+    assert seen == [_ieee(), _ieee()] and grads == [_ieee(), _ieee()]
+    assert _switches() == tf32_on
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="TF32 needs a CUDA GPU")
+def test_cuda_convolution_matches_the_cpu_with_tf32_allowed(tf32_on):
+    # 64 -> 64 channels, 3x3: TF32's 10-bit products would be ~1e-3 off
+    text = NET.replace("num_output: 4", "num_output: 64").replace("dim: 3 dim: 6", "dim: 64 dim: 6")
+    net = torchcaffe.load(text_format.Parse(text, caffe_pb2.NetParameter()), phase="test")
+    x = torch.randn(2, 64, 6, 6)
+    with torch.no_grad():
+        want = net.forward_all_blobs(data=x, target=torch.zeros(2, 2))["conv"]
+        net.cuda()
+        got = net.forward_all_blobs(data=x.cuda(), target=torch.zeros(2, 2).cuda())["conv"]
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    assert _switches() == tf32_on

@@ -1,0 +1,53 @@
+"""Caffe's float32 on CUDA: IEEE products in cuDNN convolutions and cuBLAS matmuls.
+
+torch lets cuDNN run float32 convolutions in TF32 on Ampere and later GPUs by default (and
+matmuls too after ``torch.set_float32_matmul_precision("high")``): inputs rounded to 10
+mantissa bits, about 1e-3 relative error. Caffe's float32 is IEEE (a 3-D dilated
+Deconvolution on an H200 was 3e-3 off the CPU's result in TF32). The nets' own entry points
+(the torch face's eager forward, the Caffe face's forward, backward and solver steps) run
+under ``caffe_float32``; it restores the caller's settings on exit, so other models keep
+theirs. A torch-face ``loss.backward()`` or a ``torch.compile``d net runs under whatever is
+set when it is called: wrap those calls in ``torchcaffe.caffe_float32()`` for Caffe's
+numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+
+def _settings() -> list[tuple[object, str, object]]:
+    """(owner, attribute, IEEE value) for each TF32 switch this torch has. torch 2.9 added
+    per-backend ``fp32_precision``; mixing it with the legacy ``allow_tf32`` flags makes torch
+    raise, so only one family is touched."""
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    matmul = torch.backends.cuda.matmul
+    if conv is not None and hasattr(conv, "fp32_precision") and hasattr(matmul, "fp32_precision"):
+        return [(conv, "fp32_precision", "ieee"), (matmul, "fp32_precision", "ieee")]
+    return [(torch.backends.cudnn, "allow_tf32", False), (matmul, "allow_tf32", False)]
+
+
+@contextlib.contextmanager
+def caffe_float32(enabled: bool = True) -> Iterator[None]:
+    """Within: float32 convolutions and matmuls on CUDA in IEEE arithmetic, as Caffe's;
+    on exit the previous settings come back. ``enabled=False`` changes nothing."""
+    if not enabled:
+        yield
+        return
+    settings = _settings()
+    saved = [getattr(owner, name) for owner, name, _ in settings]
+    for owner, name, ieee in settings:
+        setattr(owner, name, ieee)
+    try:
+        yield
+    finally:
+        for (owner, name, _), value in zip(settings, saved):
+            setattr(owner, name, value)
+
+
+def on_cuda(device: torch.device | None) -> bool:
+    """Whether work on ``device`` needs ``caffe_float32`` (only CUDA has TF32)."""
+    return device is not None and device.type == "cuda"
