@@ -10,6 +10,9 @@ import pytest
 
 import torchcaffe as caffe
 from torchcaffe.cli.__main__ import main
+from torchcaffe.cli.train import rank_gpu
+from torchcaffe.errors import DeviceError
+from torchcaffe.solver import distributed
 
 CASE = Path(__file__).resolve().parents[1] / "golden" / "solvers" / "sgd_momentum_step"
 
@@ -76,3 +79,20 @@ def test_gpu_solver_mode_without_cuda_falls_back_to_cpu(case, capsys, monkeypatc
     text = (case / "solver.prototxt").read_text().replace("solver_mode: CPU", "solver_mode: GPU")
     (case / "solver.prototxt").write_text(text)
     assert main(["train", "--solver", "solver.prototxt", "--quiet"]) == 0
+
+
+@pytest.mark.parametrize(
+    "gpus, local_rank, per_host, want",
+    [([], 1, "2", None), ([3, 5], 1, "2", 5), ([2], 0, "1", 2), ([0, 1, 2], 2, "3", 2)],
+)
+def test_each_local_rank_takes_its_own_gpu(gpus, local_rank, per_host, want, monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", per_host)
+    group = distributed.ProcessGroup(local_rank, int(per_host), local_rank)
+    assert rank_gpu(gpus, group) == want
+
+
+def test_more_ranks_than_gpus_on_a_host_is_refused_before_nccl(monkeypatch):
+    # two ranks on one GPU failed deep in NCCL ("Duplicate GPU detected") on a 1-GPU machine
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(DeviceError, match="2 training processes on this host but 1 GPU"):
+        rank_gpu([0], distributed.ProcessGroup(1, 2, 1))

@@ -43,7 +43,7 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: 
 SOLVER = (
     'net: "net{b}.prototxt" type: "SGD" base_lr: 0.1 momentum: 0.9 weight_decay: 0.01 '
     'lr_policy: "fixed" max_iter: {n} random_seed: 3 snapshot: 2 snapshot_prefix: "s{b}" '
-    "snapshot_after_train: true"
+    "snapshot_after_train: true solver_mode: CPU"  # gloo; Caffe's default mode is GPU
 )
 ITERS = 5
 

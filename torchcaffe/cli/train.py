@@ -33,7 +33,7 @@ from collections.abc import Iterator
 import torch
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from ..errors import SolverError
+from ..errors import DeviceError, SolverError
 from ..formats.prototxt import read_solver
 from ..proto import caffe_pb2
 from ..pycaffe.solver import SOLVER_CLASSES
@@ -75,7 +75,7 @@ def main(args: argparse.Namespace) -> int:
     group = None
     if distributed.launched_by_torchrun():
         group = distributed.init_from_env("nccl" if gpus else "gloo")
-    gpu = gpus[group.local_rank % len(gpus)] if gpus and group else (gpus[0] if gpus else None)
+    gpu = rank_gpu(gpus, group)
     use_device(gpu)
     if gpu is not None:
         param.device_id = gpu
@@ -123,6 +123,25 @@ def _gpus(param: caffe_pb2.SolverParameter, flag: str) -> list[int]:
             return []
         return [param.device_id]
     return requested_gpus(flag)
+
+
+def rank_gpu(gpus: list[int], group: distributed.ProcessGroup | None) -> int | None:
+    """The GPU this process trains on: under torchrun, local rank r takes the r-th named
+    GPU. Two ranks on one GPU would fail deep in NCCL ("Duplicate GPU detected"), so more
+    processes per host than named GPUs is refused here."""
+    if not gpus:
+        return None
+    if group is None:
+        return gpus[0]
+    per_host = int(os.environ.get("LOCAL_WORLD_SIZE", group.world_size))
+    if per_host > len(gpus):
+        raise DeviceError(
+            f"{per_host} training processes on this host but {len(gpus)} GPU(s) named: "
+            "NCCL needs one GPU per process",
+            expected=f"-gpu with {per_host} ids (e.g. -gpu {','.join(map(str, range(per_host)))})",
+            hint="or train on the CPU: solver_mode: CPU in the solver, and no -gpu",
+        )
+    return gpus[group.local_rank]
 
 
 def _spawn(args: argparse.Namespace, gpus: list[int]) -> int:
