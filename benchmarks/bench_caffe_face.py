@@ -20,8 +20,15 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import torchcaffe  # noqa: E402
 from benchmarks.handwritten import NETS  # noqa: E402
-from benchmarks.run import MODELS, calibrate_batchnorm_, interleaved, random_weights_  # noqa: E402
+from benchmarks.run import (  # noqa: E402
+    MODELS,
+    calibrate_batchnorm_,
+    interleaved,
+    random_weights_,
+    synced,
+)
 from torchcaffe.pycaffe import Net  # noqa: E402
 
 
@@ -36,26 +43,39 @@ def caffe_face(name: str, batch: int) -> tuple[Net, torch.Tensor, str]:
     return net, torch.randn(batch, 3, size, size), out
 
 
-def measure(name: str, batch: int, repeat: int) -> tuple[list[float], list[float]]:
+def measure(
+    name: str, batch: int, repeat: int, device: torch.device | str = "cpu"
+) -> tuple[list[float], list[float]]:
+    """Caffe-face and torch-face seconds per forward. On a CUDA ``device`` the Caffe face runs
+    in GPU mode (its forward returns host arrays, as pycaffe's does) and the torch face's
+    timed call ends with a synchronize."""
+    device = torch.device(device)
     net, x, out = caffe_face(name, batch)
     torch_net = net.module
     array = x.numpy()
+    if device.type == "cuda":
+        torchcaffe.set_mode_gpu()
+        torchcaffe.set_device(device.index or 0)
+        x = x.to(device)
+    try:
 
-    def run_caffe() -> None:
-        net.blobs["data"].data[...] = array
-        net.forward()
+        def run_caffe() -> None:
+            net.blobs["data"].data[...] = array
+            net.forward()
 
-    def run_torch() -> None:
+        def run_torch() -> None:
+            with torch.inference_mode():
+                torch_net(data=x)
+
+        run_caffe()  # in GPU mode, this moves the module to the device
         with torch.inference_mode():
-            torch_net(data=x)
-
-    run_caffe()
-    with torch.inference_mode():
-        want = torch_net(data=x)[out]
-    gap = float((torch.from_numpy(net.blobs[out].data) - want).abs().max())
-    if gap > 1e-5:
-        raise SystemExit(f"{name}: Caffe face and torch face disagree ({gap:.2e})")
-    return interleaved(run_caffe, run_torch, repeat)
+            want = torch_net(data=x)[out].cpu()
+        gap = float((torch.from_numpy(net.blobs[out].data) - want).abs().max())
+        if gap > 1e-5:
+            raise SystemExit(f"{name}: Caffe face and torch face disagree ({gap:.2e})")
+        return interleaved(run_caffe, synced(run_torch, device), repeat)
+    finally:
+        torchcaffe.set_mode_cpu()
 
 
 def main() -> None:

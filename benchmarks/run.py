@@ -3,7 +3,7 @@
     python benchmarks/run.py [--quick]
                              [--only handwritten,opencv,layout,caffe_face,load,build,memory]
                              [--nets CaffeNet,GoogLeNet,ResNet-50,MobileNetV2] [--no-compile]
-                             [--threads N]
+                             [--threads N] [--device cuda]
     python -m benchmarks ...   (the same)
 
 Every row compares torchcaffe with a named baseline timed in the same run, in the same
@@ -22,6 +22,9 @@ parity, above 1 is better. Sections:
   build        build time of ResNet-50 and ResNet-152 (no weights), and ResNet-152 with its
                241 MB caffemodel vs a raw read of that file
   memory       activation memory (bytes saved for backward) of forward+backward vs hand-written
+``--device cuda`` runs the handwritten, layout, caffe_face and memory sections on the GPU (the
+Caffe face in GPU mode); each timed call then ends with a device synchronize. The opencv,
+load and build sections measure the host and run as on the CPU.
 It writes benchmarks/results.md (``--out``) naming the machine. ``--quick`` runs a small
 subset with few repeats to show the runner works; its figures are not the table of record.
 """
@@ -90,6 +93,20 @@ def _fmt(values: list[float], unit: str) -> str:
     if len(values) == 1:
         return f"{med} {unit}"
     return f"{med} {unit} [{_num(min(values) * scale)}-{_num(max(values) * scale)}]"
+
+
+def synced(fn: Callable[[], object], device: torch.device) -> Callable[[], object]:
+    """``fn`` followed by a wait for ``device``'s queued kernels, so that a timer around it
+    measures the work and not only its launch (a no-op on the CPU)."""
+    if device.type != "cuda":
+        return fn
+
+    def run() -> object:
+        result = fn()
+        torch.cuda.synchronize(device)
+        return result
+
+    return run
 
 
 def timings(fn: Callable[[], object], repeat: int, warmup: int = 2) -> list[float]:
@@ -173,7 +190,11 @@ def calibrate_batchnorm_(net: torchcaffe.TorchNet, x: torch.Tensor) -> None:
             handle.remove()
 
 
-def prepare(name: str) -> tuple[torchcaffe.TorchNet, torch.nn.Module, str, int, Path]:
+def prepare(
+    name: str, device: torch.device | str = "cpu"
+) -> tuple[torchcaffe.TorchNet, torch.nn.Module, str, int, Path]:
+    """The compiled net and its hand-written twin with the same random, calibrated weights,
+    checked to agree on the CPU, then moved to ``device``."""
     rel, cls, out, size = NETS[name]
     net = torchcaffe.load(MODELS / rel, phase="test").eval()
     random_weights_(net)
@@ -186,19 +207,19 @@ def prepare(name: str) -> tuple[torchcaffe.TorchNet, torch.nn.Module, str, int, 
     gap = (a - b).abs().max().item()
     if gap > 1e-4:
         raise SystemExit(f"{name}: hand-written model disagrees with the compiled net ({gap:.2e})")
-    return net, hand, out, size, MODELS / rel
+    return net.to(device), hand.to(device), out, size, MODELS / rel
 
 
 def bench_handwritten(args, rows: list[Row]) -> None:
     for name in args.nets:
-        net, hand, out, size, _ = prepare(name)
+        net, hand, out, size, _ = prepare(name, args.device)
         modes = [("eager", net, hand)]
         if not args.no_compile:
             torch._dynamo.reset()
             modes.append(("compiled", torch.compile(net), torch.compile(hand)))
         for mode, ours, base in modes:
             for batch in args.batches:
-                x = torch.randn(batch, 3, size, size)
+                x = torch.randn(batch, 3, size, size, device=args.device)
 
                 def run_ours(m=ours, x=x):
                     with torch.inference_mode():
@@ -208,7 +229,9 @@ def bench_handwritten(args, rows: list[Row]) -> None:
                     with torch.inference_mode():
                         m(x)
 
-                t_ours, t_base = interleaved(run_ours, run_base, args.repeat)
+                t_ours, t_base = interleaved(
+                    synced(run_ours, args.device), synced(run_base, args.device), args.repeat
+                )
                 rows.append(
                     Row(
                         "handwritten",
@@ -219,8 +242,8 @@ def bench_handwritten(args, rows: list[Row]) -> None:
                     )
                 )
             batch = args.train_batch
-            x = torch.randn(batch, 3, size, size)
-            w = torch.randn(batch, 1000)
+            x = torch.randn(batch, 3, size, size, device=args.device)
+            w = torch.randn(batch, 1000, device=args.device)
 
             def step_ours(m=ours, x=x, w=w, net=net, out=out):
                 net.zero_grad(set_to_none=True)
@@ -230,7 +253,9 @@ def bench_handwritten(args, rows: list[Row]) -> None:
                 hand.zero_grad(set_to_none=True)
                 (m(x).reshape(len(x), -1) * w).sum().backward()
 
-            t_ours, t_base = interleaved(step_ours, step_base, args.repeat)
+            t_ours, t_base = interleaved(
+                synced(step_ours, args.device), synced(step_base, args.device), args.repeat
+            )
             rows.append(
                 Row(
                     "handwritten",
@@ -290,7 +315,7 @@ def bench_opencv(args, rows: list[Row]) -> None:
 def bench_layout(args, rows: list[Row]) -> None:
     """The evidence for channels_last_layout: the same net with and without that pass."""
     for name in args.nets:
-        net, _, out, size, _ = prepare(name)
+        net, _, out, size, _ = prepare(name, args.device)
         seen = frozenset([out])
         with_layout = net.optimized_program([out])
         without = OptimizedProgram.unoptimized(net.steps, net.layers)
@@ -298,7 +323,7 @@ def bench_layout(args, rows: list[Row]) -> None:
             if apply_pass is not channels_last_layout:
                 without = apply_pass(without, seen)
         for batch in args.batches:
-            x = torch.randn(batch, 3, size, size)
+            x = torch.randn(batch, 3, size, size, device=args.device)
 
             def run_with(p=with_layout, x=x, net=net, out=out):
                 with torch.inference_mode():
@@ -308,7 +333,9 @@ def bench_layout(args, rows: list[Row]) -> None:
                 with torch.inference_mode():
                     return net.run({"data": x}, program=p)[out]
 
-            t_with, t_without = interleaved(run_with, run_without, args.repeat)
+            t_with, t_without = interleaved(
+                synced(run_with, args.device), synced(run_without, args.device), args.repeat
+            )
             rows.append(
                 Row(
                     "layout",
@@ -325,7 +352,7 @@ def bench_caffe_face(args, rows: list[Row]) -> None:
 
     for name in args.nets:
         for batch in args.batches:
-            t_caffe, t_torch = measure(name, batch, args.repeat)
+            t_caffe, t_torch = measure(name, batch, args.repeat, args.device)
             rows.append(
                 Row(
                     "caffe_face",
@@ -428,9 +455,9 @@ def saved_bytes(fn: Callable[[], None]) -> float:
 
 def bench_memory(args, rows: list[Row]) -> None:
     for name in args.nets:
-        net, hand, out, size, _ = prepare(name)
+        net, hand, out, size, _ = prepare(name, args.device)
         batch = args.train_batch
-        x = torch.randn(batch, 3, size, size)
+        x = torch.randn(batch, 3, size, size, device=args.device)
         ours = saved_bytes(lambda n=net, x=x, o=out: n(data=x)[o].sum().backward())
         base = saved_bytes(lambda h=hand, x=x: h(x).sum().backward())
         rows.append(
@@ -457,6 +484,8 @@ def machine() -> str:
         f"({torch.get_num_threads()} threads), Python {platform.python_version()}, "
         f"{platform.system()} {platform.release()}"
     ]
+    if torch.cuda.is_available():
+        parts.append(f"GPU {torch.cuda.get_device_name()}, CUDA {torch.version.cuda}")
     with contextlib.suppress(ImportError):
         import cv2
 
@@ -479,8 +508,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile rows")
     parser.add_argument("--repeat", type=int, default=None)
     parser.add_argument("--threads", type=int, default=None, help="torch (and OpenCV) threads")
+    parser.add_argument("--device", type=torch.device, default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results.md")
     args = parser.parse_args(argv)
+    if args.device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: CUDA is not available on this machine")
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
