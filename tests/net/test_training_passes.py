@@ -10,6 +10,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from google.protobuf import text_format
 
 import torchcaffe
@@ -290,3 +291,28 @@ def test_compiled_frozen_fold_keeps_every_gradient_at_batch_one():
     for name, p in net.named_parameters():
         _close(p.grad, want[1][name])
     _close(xg.grad, want[1]["data"])
+
+
+def test_frozen_fold_off_the_cpu_runs_the_convolution_then_one_batch_norm(monkeypatch):
+    """On a GPU the differentiable fold's small ops bound the step by their launches: there
+    the convolution runs, then BatchNorm + Scale as one F.batch_norm, with the same step."""
+    net = _frozen()
+    fold = net.training_program().runners["conv+frozen-folded"]
+    assert not fold.launch_bound(torch.randn(1, 3, 6, 5))  # the CPU keeps the fold
+    assert fold.launch_bound(torch.randn(1, 3, 6, 5, device="meta"))
+    monkeypatch.setattr(type(fold), "launch_bound", lambda self, x: True)
+
+    def no_fold(self):
+        raise AssertionError("folded the weights")
+
+    monkeypatch.setattr(type(fold), "folded_weights", no_fold)
+    with_scale = []  # F.batch_norm calls given the Scale's weight (the literal's have none)
+    batch_norm = F.batch_norm
+
+    def counted(x, mean, var, weight=None, *args, **kwargs):
+        with_scale.append(weight is not None)
+        return batch_norm(x, mean, var, weight, *args, **kwargs)
+
+    monkeypatch.setattr(F, "batch_norm", counted)
+    _assert_step_equal(net, torch.randn(2, 3, 6, 5))
+    assert sum(with_scale) == 1
