@@ -23,8 +23,9 @@ parity, above 1 is better. Sections:
                241 MB caffemodel vs a raw read of that file
   memory       activation memory (bytes saved for backward) of forward+backward vs hand-written
 ``--device cuda`` runs the handwritten, layout, caffe_face and memory sections on the GPU (the
-Caffe face in GPU mode); each timed call then ends with a device synchronize. The opencv,
-load and build sections measure the host and run as on the CPU.
+Caffe face in GPU mode), both sides in IEEE float32 (``caffe_float32``: no TF32); each timed
+call then ends with a device synchronize. The opencv, load and build sections measure the
+host and run as on the CPU.
 It writes benchmarks/results.md (``--out``) naming the machine. ``--quick`` runs a small
 subset with few repeats to show the runner works; its figures are not the table of record.
 """
@@ -544,7 +545,10 @@ def main(argv: list[str] | None = None) -> None:
     for section in sections:
         start = time.perf_counter()
         try:
-            run[section](args, rows)
+            # on CUDA both sides in IEEE float32, as Caffe computes: torch's default lets the
+            # hand-written model's cuDNN convolutions run in TF32
+            with torchcaffe.caffe_float32(args.device.type == "cuda"):
+                run[section](args, rows)
         except (Exception, SystemExit) as err:  # report it, keep the other sections' rows
             failed.append(f"{section}: {type(err).__name__}: {err}")
             print(f"[{section} FAILED: {err}]", file=sys.stderr, flush=True)

@@ -97,13 +97,16 @@ def test_caffe_face_forward_backward_and_solver_step_run_in_ieee(tf32_on, monkey
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="TF32 needs a CUDA GPU")
 def test_cuda_convolution_matches_the_cpu_with_tf32_allowed(tf32_on):
-    # 64 -> 64 channels, 3x3: TF32's 10-bit products would be ~1e-3 off
+    # 64 -> 64 channels, 3x3, unit weights: tops of ~24, where TF32's 10-bit products would
+    # be ~1e-2 off and IEEE float32's ~1e-5
     text = NET.replace("num_output: 4", "num_output: 64").replace("dim: 3 dim: 6", "dim: 64 dim: 6")
+    text = text.replace('type: "gaussian" }', 'type: "gaussian" std: 1 }', 1)
     net = torchcaffe.load(text_format.Parse(text, caffe_pb2.NetParameter()), phase="test")
     x = torch.randn(2, 64, 6, 6)
     with torch.no_grad():
         want = net.forward_all_blobs(data=x, target=torch.zeros(2, 2))["conv"]
         net.cuda()
         got = net.forward_all_blobs(data=x.cuda(), target=torch.zeros(2, 2).cuda())["conv"]
-    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    assert want.abs().max() > 10
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
     assert _switches() == tf32_on
