@@ -110,3 +110,33 @@ def test_cuda_convolution_matches_the_cpu_with_tf32_allowed(tf32_on):
     assert want.abs().max() > 10
     torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
     assert _switches() == tf32_on
+
+
+def test_overlapping_threads_leave_the_callers_settings(tf32_on):
+    # thread A enters, B enters, A leaves, B leaves: B computes in IEEE until it leaves, and
+    # the settings found before A entered come back (not the IEEE ones B found)
+    import threading
+
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen = []
+
+    def a():
+        with precision.caffe_float32():
+            a_in.set()
+            b_in.wait()
+        a_out.set()
+
+    def b():
+        a_in.wait()
+        with precision.caffe_float32():
+            b_in.set()
+            a_out.wait()
+            seen.append(_switches())
+
+    threads = [threading.Thread(target=f) for f in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert seen == [_ieee()]
+    assert _switches() == tf32_on

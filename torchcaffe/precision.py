@@ -14,6 +14,7 @@ numbers.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 
 import torch
@@ -30,22 +31,36 @@ def _settings() -> list[tuple[object, str, object]]:
     return [(torch.backends.cudnn, "allow_tf32", False), (matmul, "allow_tf32", False)]
 
 
+_lock = threading.Lock()
+_depth = 0  # callers inside caffe_float32, all threads together
+_saved: list[object] = []  # the settings the first of them found
+
+
 @contextlib.contextmanager
 def caffe_float32(enabled: bool = True) -> Iterator[None]:
     """Within: float32 convolutions and matmuls on CUDA in IEEE arithmetic, as Caffe's;
-    on exit the previous settings come back. ``enabled=False`` changes nothing."""
+    when the last caller (of any thread) leaves, the settings the first found come back, so
+    that two threads' nets cannot restore each other's values. ``enabled=False`` changes
+    nothing."""
+    global _depth, _saved
     if not enabled:
         yield
         return
     settings = _settings()
-    saved = [getattr(owner, name) for owner, name, _ in settings]
-    for owner, name, ieee in settings:
-        setattr(owner, name, ieee)
+    with _lock:
+        if _depth == 0:
+            _saved = [getattr(owner, name) for owner, name, _ in settings]
+            for owner, name, ieee in settings:
+                setattr(owner, name, ieee)
+        _depth += 1
     try:
         yield
     finally:
-        for (owner, name, _), value in zip(settings, saved):
-            setattr(owner, name, value)
+        with _lock:
+            _depth -= 1
+            if _depth == 0:
+                for (owner, name, _), value in zip(settings, _saved):
+                    setattr(owner, name, value)
 
 
 def on_cuda(device: torch.device | None) -> bool:

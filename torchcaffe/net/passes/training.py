@@ -65,9 +65,10 @@ class FrozenBatchNormFold(FoldedAffine):
         self.chain = chain  # the links in program order, for the literal fallback
         self.weight_cache = None  # the weights are new tensors each call: nothing to key on
         channels = None if self.bn is None else self.bn.mean.shape
-        self.one_batch_norm = self.scale is None or (
-            self.scale.weight.shape == channels
-            and (not self.scale_has_bias or self.scale.bias.shape == channels)
+        scale = self.scale
+        self.one_batch_norm = scale is None or (
+            scale.weight.shape == channels
+            and (not self.scale_has_bias or scale.bias.shape == channels)
         )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
