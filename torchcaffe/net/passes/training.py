@@ -65,11 +65,8 @@ class FrozenBatchNormFold(FoldedAffine):
         self.chain = chain  # the links in program order, for the literal fallback
         self.weight_cache = None  # the weights are new tensors each call: nothing to key on
         channels = None if self.bn is None else self.bn.mean.shape
-        scale = self.scale
-        self.one_batch_norm = scale is None or (
-            scale.weight.shape == channels
-            and (not self.scale_has_bias or scale.bias.shape == channels)
-        )
+        scale_shapes = [] if self.scale is None else [t.shape for t in self.scale.param_blobs()]
+        self.one_batch_norm = all(shape == channels for shape in scale_shapes)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.bn is not None and not self.bn.uses_global_stats:
@@ -100,8 +97,10 @@ class FrozenBatchNormFold(FoldedAffine):
         assert self.bn is not None
         y = self.producer(x)
         mean, var = self.bn.global_stats()
-        weight = self.scale.weight if self.scale is not None else None
-        bias = self.scale.bias if self.scale_has_bias else None
+        scale, weight, bias = self.scale, None, None
+        if scale is not None:
+            weight = scale.weight
+            bias = scale.bias if self.scale_has_bias else None
         y = F.batch_norm(y, mean.to(y.dtype), var.to(y.dtype), weight, bias, eps=self.bn.eps)
         return self.bias(y) if self.bias is not None else y
 
