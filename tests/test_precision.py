@@ -1,7 +1,7 @@
 """caffe_float32: Caffe's IEEE float32 on CUDA, scoped to the nets' own entry points.
 
-torch runs cuDNN float32 convolutions in TF32 by default on Ampere and later (a 3-D dilated
-Deconvolution was 3e-3 off on an H200). The switches are process-wide, so the tests read
+torch runs cuDNN float32 convolutions in TF32 by default on Ampere and later (an H200's
+profile showed the TF32 kernels). The switches are process-wide, so the tests read
 them from inside a layer's forward (a hook) and check that the caller's settings return.
 Without a GPU the nets are told they compute on CUDA (``on_cuda`` patched)."""
 

@@ -135,8 +135,8 @@ def test_cuda_matches_cpu(case):
     if not case.deterministic:
         return
     twin, _ = case.build()  # data layers advance their cursor: the twin starts where it did
-    # in IEEE float32, as the nets run their layers on CUDA: under torch's default TF32 a 3-D
-    # dilated Deconvolution was 3e-3 off on an H200
+    # in IEEE float32, as the nets run their layers on CUDA (under torch's defaults, which allow
+    # TF32, a 3-D dilated Deconvolution was 3e-3 off on an H200; not yet rerun under IEEE)
     with torch.no_grad(), torchcaffe.caffe_float32():
         want = run(layer, bottoms)
         got = run(twin.cuda(), [b.cuda() for b in bottoms])
