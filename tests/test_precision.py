@@ -80,6 +80,25 @@ def test_torch_face_forward_on_cuda_runs_in_ieee(tf32_on, monkeypatch):
     assert seen[1] == _ieee() and _switches() == tf32_on
 
 
+def test_torch_face_backward_on_cuda_runs_in_ieee(tf32_on, monkeypatch):
+    # loss.backward() runs after forward returned: the outputs' gradient hooks enter IEEE and
+    # the engine's end-of-pass callback leaves it, once per backward pass
+    net = torchcaffe.load(text_format.Parse(NET, caffe_pb2.NetParameter()), phase="train")
+    monkeypatch.setattr(net_module, "on_cuda", lambda device: device is not None)
+    in_backward: list = []
+    net.layers["conv"].weight.register_hook(lambda g: in_backward.append(_switches()))
+    x = torch.randn(2, 3, 6, 6)
+    out = net(data=x, target=torch.zeros(2, 2))
+    assert _switches() == tf32_on
+    out["loss"].backward(retain_graph=True)
+    assert _switches() == tf32_on
+    out["loss"].backward()
+    assert in_backward == [_ieee(), _ieee()] and _switches() == tf32_on
+    assert precision._depth == 0
+    with torch.no_grad():  # nothing to hook
+        assert not net(data=x, target=torch.zeros(2, 2))["loss"].requires_grad
+
+
 def test_caffe_face_forward_backward_and_solver_step_run_in_ieee(tf32_on, monkeypatch, tmp_path):
     (tmp_path / "net.prototxt").write_text(NET)
     monkeypatch.setattr(pycaffe_net, "on_cuda", lambda device: True)
@@ -109,6 +128,22 @@ def test_cuda_convolution_matches_the_cpu_with_tf32_allowed(tf32_on):
         got = net.forward_all_blobs(data=x.cuda(), target=torch.zeros(2, 2).cuda())["conv"]
     assert want.abs().max() > 10
     torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
+    assert _switches() == tf32_on
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="TF32 needs a CUDA GPU")
+def test_cuda_torch_face_backward_matches_the_cpu_with_tf32_allowed(tf32_on):
+    # the convolution's weight gradient sums 2 x 4 x 4 products of unit-scale inputs and top
+    # gradients: TF32 would be ~1e-3 relative off
+    text = NET.replace("dim: 3 dim: 6", "dim: 64 dim: 6")
+    net = torchcaffe.load(text_format.Parse(text, caffe_pb2.NetParameter()), phase="train")
+    x, t = torch.randn(2, 64, 6, 6), torch.randn(2, 2)
+    grads = []
+    for device in ("cpu", "cuda"):
+        net.to(device).zero_grad()
+        net(data=x.to(device), target=t.to(device))["loss"].backward()
+        grads.append(net.layers["conv"].weight.grad.cpu())
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
     assert _switches() == tf32_on
 
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from ..errors import BlobWiringError, LayerParamError, TorchCaffeError, UnknownNameError
 from ..ops.base import CaffeLayer, Shape
-from ..precision import caffe_float32, on_cuda
+from ..precision import caffe_float32, caffe_float32_backward, on_cuda
 from ..proto import caffe_pb2
 from .builder import build_net, set_requires_grad
 from .passes import (
@@ -323,7 +323,7 @@ class TorchNet(nn.Module):
         """``net(data=x)`` -> {output blob name: tensor} (Caffe's net outputs, sorted by name)."""
         program = self._program_for(self._observe_outputs)
         blobs = self.run(self.bind_inputs(args, inputs), program=program)
-        return {name: to_nchw(blobs[name]) for name in self.output_names}
+        return self._backward_in_ieee({name: to_nchw(blobs[name]) for name in self.output_names})
 
     def forward_all_blobs(
         self, *args: torch.Tensor, **inputs: torch.Tensor
@@ -331,7 +331,15 @@ class TorchNet(nn.Module):
         """Like ``forward`` but returns every blob (in-place blobs hold their last value)."""
         program = self._program_for(self._observe_all)
         blobs = self.run(self.bind_inputs(args, inputs), program=program)
-        return {name: to_nchw(t) for name, t in blobs.items()}
+        return self._backward_in_ieee({name: to_nchw(t) for name, t in blobs.items()})
+
+    def _backward_in_ieee(self, outputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``outputs``, whose backward (on CUDA, eagerly recorded) runs in IEEE float32."""
+        if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            first = next(iter(outputs.values()), None)
+            if first is not None and on_cuda(first.device):
+                caffe_float32_backward(outputs.values())
+        return outputs
 
     def extra_repr(self) -> str:
         return (
