@@ -74,3 +74,10 @@ def test_solver_step_benchmark_fixes_the_heap_for_both_sides(models_root):
     )
     assert done.returncode == 0, done.stderr
     assert "fixed heap" in done.stdout and "ratio torch/solver" in done.stdout
+
+
+def test_runner_refuses_cuda_without_a_gpu(capsys, monkeypatch):
+    monkeypatch.setattr(run.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        run.main(["--device", "cuda", "--only", "handwritten"])
+    assert "CUDA is not available" in capsys.readouterr().err
