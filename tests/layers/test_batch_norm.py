@@ -259,3 +259,49 @@ def test_error_channels_change():
     layer, _ = make_layer("", [(2, 3, 4)], type="BatchNorm", name="bn1")
     with pytest.raises(LayerParamError, match=r"layer 'bn1' \(BatchNorm\).*channels"):
         layer.output_shapes([(2, 4, 4)])  # once per input shape, not inside forward
+
+
+def _ops_run(fn) -> list[str]:
+    """The aten ops ``fn`` dispatches (on the meta device: what a GPU would launch)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    ops: list[str] = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        fn()
+    return ops
+
+
+def test_global_stats_off_the_cpu_are_computed_once_per_change_of_the_blobs():
+    """Off the CPU the factor cannot be read without a sync, so the five small ops run once and
+    their result is kept until a blob changes: not again on every forward."""
+    layer, _ = make_layer("", [(2, 3, 4)], type="BatchNorm", phase="TEST")
+    layer.to("meta")
+    first = layer.global_stats()
+    assert not _ops_run(layer.global_stats)
+    assert layer.global_stats()[0] is first[0]
+    with torch.no_grad():
+        layer.scale_factor.mul_(2)  # an in-place write bumps the version: computed again
+    assert "aten.reciprocal.default" in _ops_run(layer.global_stats)
+    again = layer.global_stats()
+    layer.stats_cache.forget()  # a write the version does not show (TorchNet.params_changed)
+    assert layer.global_stats()[0] is not again[0]
+
+
+def test_cached_global_stats_are_the_same_arithmetic_and_take_no_grad():
+    layer, _ = make_layer("", [(2, 3, 4)], type="BatchNorm", phase="TEST")
+    with torch.no_grad():
+        layer.mean.copy_(torch.tensor([1.0, -2.0, 3.0]))
+        layer.variance.copy_(torch.tensor([0.5, 2.0, 4.0]))
+        layer.scale_factor.fill_(3.0)
+    sources = (layer.mean, layer.variance, layer.scale_factor)
+    with torch.inference_mode():  # a later training run reads what inference cached
+        cached = layer.stats_cache.get(sources, layer._scaled_stats)
+    for got, want in zip(cached, layer.global_stats()):
+        assert torch.equal(got, want)
+        assert not got.is_inference() and not got.requires_grad

@@ -114,3 +114,14 @@ def test_surgery_reaches_a_fold_the_layout_pass_wrapped(tmp_path):
     conv = torch.nn.functional.conv2d(torch.from_numpy(x).double(), w, b, padding=1)
     want = (conv.numpy() - 5.0) / np.sqrt(1 + 1e-5)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_params_changed_forgets_a_batchnorms_cached_statistics():
+    """Off the CPU a BatchNorm keeps its scaled statistics on the blobs' versions, which a
+    write through ``.data`` does not bump."""
+    net = torchcaffe.load(torchcaffe.formats.prototxt.read_net(NET)).to("meta")
+    bn = net.layer("bn")
+    first = bn.global_stats()
+    assert bn.global_stats()[0] is first[0]
+    net.params_changed()
+    assert bn.global_stats()[0] is not first[0]

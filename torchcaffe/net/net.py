@@ -231,13 +231,15 @@ class TorchNet(nn.Module):
 
     def params_changed(self) -> None:
         """Forget what was derived from the params and cached on their tensor versions: folded
-        weights, channels_last weight copies. Writes by torch ops bump those versions; call
-        this after a write that does not: through ``.data``, ``.numpy()`` or ``.detach()``.
-        The Caffe face calls it for writes through its param blobs."""
+        weights, channels_last weight copies, a BatchNorm's scaled statistics (off the CPU).
+        Writes by torch ops bump those versions; call this after a write that does not:
+        through ``.data``, ``.numpy()`` or ``.detach()``. The Caffe face calls it for writes
+        through its param blobs."""
         for module in self.layers.values():
-            cache = getattr(module, "weight_cache", None)
-            if cache is not None:
-                cache.forget()
+            for name in ("weight_cache", "stats_cache"):
+                cache = getattr(module, name, None)
+                if cache is not None:
+                    cache.forget()
         for program in self._programs.values():
             for runner in program.runners.values():
                 while hasattr(runner, "runner"):  # a layout pass's wrapper around the layer

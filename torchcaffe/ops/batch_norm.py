@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from ..registry import register_layer
+from ._derived import DerivedCache
 from .base import CaffeLayer, Shape
 
 
@@ -56,6 +57,7 @@ class BatchNormLayer(CaffeLayer):
         self.add_blob("mean", (channels,), learnable=False)
         self.add_blob("variance", (channels,), learnable=False)
         self.add_blob("scale_factor", (1,), learnable=False)
+        self.stats_cache: DerivedCache[tuple[torch.Tensor, torch.Tensor]] = DerivedCache()
 
     def _check_param(self, p, layer_param) -> None:
         """BVLC's checks: no affine part, and the statistics masked from the solver."""
@@ -125,15 +127,27 @@ class BatchNormLayer(CaffeLayer):
     def global_stats(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The stored statistics times 1 / scale_factor (0 when it is 0), as Caffe reads them.
 
-        A host factor of exactly 1 (every deploy net's) returns the blobs themselves, as
+        On the CPU a factor of exactly 1 (every deploy net's) returns the blobs themselves, as
         ``nn.BatchNorm2d`` passes its buffers: x * 1 == x, and a forward under autograd
-        (no fold) skips five small ops per layer (5.7 -> 0.4 us, one thread).
+        (no fold) skips five small ops per layer (5.7 -> 0.4 us, one thread). Elsewhere
+        reading the factor would sync with the device, so the scaled statistics are cached
+        on the blobs' versions (``stats_cache``): five kernel launches per BatchNorm and
+        forward fewer, 265 in ResNet-50's training forward on a GPU.
         """
         stored = self.scale_factor
-        if stored.is_cpu and not torch.compiler.is_compiling() and stored.item() == 1.0:
-            return self.mean, self.variance
+        if torch.compiler.is_compiling():
+            return self._scaled_stats()
+        if stored.is_cpu:
+            if stored.item() == 1.0:
+                return self.mean, self.variance
+            return self._scaled_stats()
+        sources = (self.mean, self.variance, stored)
+        return self.stats_cache.get(sources, self._scaled_stats)
+
+    def _scaled_stats(self) -> tuple[torch.Tensor, torch.Tensor]:
         # Five small ops (device tensors: no host sync): 1 / 0 = inf is masked back to 0; a
         # NaN factor stays NaN, as in Caffe.
+        stored = self.scale_factor
         factor = stored.reciprocal().masked_fill_(stored.logical_not(), 0)
         return self.mean * factor, self.variance * factor
 

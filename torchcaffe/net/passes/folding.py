@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch.nn.utils.fusion import fuse_conv_bn_weights
 
 from ...ops import onednn_linear
+from ...ops._derived import DerivedCache
 from ...ops.base import CaffeLayer
 from ...ops.convolution import ChannelsLastWeight, conv2d
 from ..program import LayerStep
@@ -154,8 +155,7 @@ class FoldedAffine:
         self.bias = links.get("Bias")
         # read once: a proto field read in a compiled forward is one more guard per call
         self.scale_has_bias = bool(self.scale is not None and self.scale.param.bias_term)
-        self._key: tuple[Any, ...] | None = None
-        self._folded: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._folded: DerivedCache[tuple[torch.Tensor, torch.Tensor]] = DerivedCache()
         self.weight_cache: ChannelsLastWeight | None = ChannelsLastWeight()
 
     def sources(self) -> list[torch.Tensor]:
@@ -167,17 +167,12 @@ class FoldedAffine:
         """The eager fold, cached on its sources. Never under torch.compile: ``__call__``
         takes ``compiled_fold`` there (``_fold`` builds nn.Parameters, which dynamo cannot
         trace, and the version key would break the graph)."""
-        key = tuple((t._version, t.data_ptr(), t.dtype, t.device) for t in self.sources())
-        if key != self._key or self._folded is None:
-            with torch.inference_mode(False), torch.no_grad():
-                self._folded = self._fold()
-            self._key = key
-        return self._folded
+        return self._folded.get(self.sources(), self._fold)
 
     def forget(self) -> None:
         """Drop the folded weights: a source was written where its version does not show it
         (a numpy view, ``.data``); the next call folds again."""
-        self._key, self._folded = None, None
+        self._folded.forget()
         if self.weight_cache is not None:
             self.weight_cache.forget()
 
