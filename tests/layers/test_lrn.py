@@ -143,3 +143,51 @@ def test_inference_reuses_the_square_and_gives_the_same_values(beta, channels_la
     else:
         assert "pow.Tensor_Scalar_out" in calls.names
     assert calls.names[-1] == "mul_.Tensor"  # the top is the reused buffer times x
+
+
+def _launch_bound_lrn(monkeypatch):
+    """Run the LRN in the form it takes off the CPU (one sum pooling, one pow) on the CPU."""
+    from torchcaffe.ops import lrn
+
+    monkeypatch.setattr(lrn, "launch_bound", lambda t: True)
+
+
+@pytest.mark.parametrize("size", [1, 3, 5, 9])
+@pytest.mark.parametrize("beta", [0.75, 1.5])
+def test_the_launch_bound_form_matches_the_reference(monkeypatch, size, beta):
+    _launch_bound_lrn(monkeypatch)
+    snippet = f"lrn_param {{ local_size: {size} alpha: 0.4 beta: {beta} k: 1.5 }}"
+    layer, (x,) = make_layer(snippet, [(2, 7, 5, 6)], type="LRN", dtype=torch.float64)
+    want = ref_lrn(x.numpy(), size, np.float32(0.4).item(), beta, 1.5, False)
+    np.testing.assert_allclose(layer(x).numpy(), want, rtol=1e-12)
+    with torch.inference_mode():
+        np.testing.assert_allclose(layer(x).numpy(), want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_the_launch_bound_form_has_the_gradient(monkeypatch, case):
+    _launch_bound_lrn(monkeypatch)
+    layer, bottoms = case.build()
+    check_layer_gradient(layer, bottoms)
+
+
+def test_off_the_cpu_the_window_is_one_pooling_and_autograd_copies_nothing():
+    """On the meta device (what a GPU would launch): no slice updates forward, and no copies
+    of slices back in the backward."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    names: list[str] = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    layer, _ = make_layer("lrn_param { local_size: 5 }", [(2, 7, 5, 4)], type="LRN")
+    x = torch.randn(2, 7, 5, 4, device="meta", requires_grad=True)
+    with Record():
+        layer(x).sum().backward()
+    assert names.count("avg_pool3d.default") == 1
+    assert not {"slice.Tensor", "copy_.default", "as_strided.default"} & set(names)
+    assert names.count("avg_pool3d_backward.default") == 1
+    assert len(names) <= 21, names  # the slice-update form: 123
