@@ -87,3 +87,17 @@ def test_incompatible_input_size_on_reshape():
     layer, _ = make_layer("inner_product_param { num_output: 2 }", [(2, 3, 4)], type="InnerProduct")
     with pytest.raises(LayerParamError, match=r"\(InnerProduct\).*incompatible.*got 15"):
         layer.output_shapes([(2, 3, 5)])  # once per input shape, not inside forward
+
+
+def test_a_two_axis_top_is_the_product_itself_not_a_view():
+    """An in-place ReLU on a view of the product would make autograd copy it back in the
+    backward (CopySlices): where the top has the product's shape, it is the product."""
+    import torch
+
+    layer, (x,) = make_layer(
+        "inner_product_param { num_output: 4 }", [(3, 2, 5)], type="InnerProduct"
+    )
+    y = layer(x.requires_grad_())
+    assert y._base is None
+    torch.relu_(y)
+    assert type(y.grad_fn).__name__ == "ReluBackward0"

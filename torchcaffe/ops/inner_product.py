@@ -53,8 +53,11 @@ class InnerProductLayer(CaffeLayer):
         return [(*shape[: self.axis], self.param.num_output)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """On oneDNN's matmul where the weight is large (``onednn_linear``)."""
+        """On oneDNN's matmul where the weight is large (``onednn_linear``). The product is
+        returned itself where it has the top's shape (axis 1): an in-place ReLU on a view of
+        it would make autograd copy it back in the backward."""
         lead = x.shape[: self.axis]
         weight = self.weight.t() if self.transpose else self.weight
         bias = self.bias if self.param.bias_term else None
-        return onednn_linear.linear(x.reshape(-1, self.k), weight, bias).view(*lead, -1)
+        y = onednn_linear.linear(x.reshape(-1, self.k), weight, bias)
+        return y if len(lead) == 1 else y.view(*lead, -1)
