@@ -497,3 +497,21 @@ def test_compiled_max_pool_uses_the_function_only_where_inductor_compiles_it(gat
     compiled, _ = pooling._max_pool(x, (3, 3), (2, 2), (0, 0), (4, 4), False)
     assert "FlooredMaxPool2d" not in type(eager.grad_fn).__name__  # no -FLT_MAX: no floor
     assert ("FlooredMaxPool2d" in type(compiled.grad_fn).__name__) == gate
+
+
+def test_floored_max_pool_floors_in_one_op():
+    """Inside the function autograd records nothing, so the floor is one nan_to_num (one
+    kernel on a GPU) rather than a compare and a where."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    names: list[str] = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(2, 3, 9, 8, device="meta", requires_grad=True)
+    with Record():
+        pooling._FlooredMaxPool2d.apply(x, (3, 3), (2, 2), (0, 0), True)
+    assert names[:2] == ["nan_to_num.default", "max_pool2d_with_indices.default"], names

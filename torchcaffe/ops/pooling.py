@@ -75,7 +75,7 @@ class _FlooredMaxPool2d(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, kernel, stride, pad, ceil):  # type: ignore[override]
-        floored = torch.where(x > -FLT_MAX, x, -FLT_MAX)
+        floored = _floor_at_flt_max(x)  # autograd records nothing here: one nan_to_num
         y, idx = torch.ops.aten.max_pool2d_with_indices(floored, kernel, stride, pad, 1, ceil)
         ctx.save_for_backward(y, idx)
         # the bottom's layout, not the bottom: its values are not needed, and saving it would
