@@ -1,7 +1,8 @@
 """The one benchmark command: every comparison of issue 14 in one process, one table of ratios.
 
     python benchmarks/run.py [--quick]
-                             [--only handwritten,opencv,layout,caffe_face,load,build,memory]
+                             [--only handwritten,opencv,layout,caffe_face,load,build,memory,
+                                     dispatch]
                              [--nets CaffeNet,GoogLeNet,ResNet-50,MobileNetV2] [--no-compile]
                              [--threads N] [--device cuda]
     python -m benchmarks ...   (the same)
@@ -22,6 +23,9 @@ parity, above 1 is better. Sections:
   build        build time of ResNet-50 and ResNet-152 (no weights), and ResNet-152 with its
                241 MB caffemodel vs a raw read of that file
   memory       activation memory (bytes saved for backward) of forward+backward vs hand-written
+  dispatch     aten ops that allocate or compute (no views) in one inference at batch 1 and one
+               forward+backward at batch 8, run on the meta device: what a GPU would launch,
+               where eager runs are bound by launches; a count, machine-independent
 ``--device cuda`` runs the handwritten, layout, caffe_face and memory sections on the GPU (the
 Caffe face in GPU mode), both sides in IEEE float32 (``caffe_float32``: no TF32); each timed
 call then ends with a device synchronize. The opencv, load and build sections measure the
@@ -45,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -57,7 +62,16 @@ from torchcaffe.net.passes import INFERENCE_PASSES, OptimizedProgram  # noqa: E4
 from torchcaffe.net.passes.layout import channels_last_layout  # noqa: E402
 
 MODELS = (REPO / ".." / "shared" / "models").resolve()
-SECTIONS = ("handwritten", "opencv", "layout", "caffe_face", "load", "build", "memory")
+SECTIONS = (
+    "handwritten",
+    "opencv",
+    "layout",
+    "caffe_face",
+    "load",
+    "build",
+    "memory",
+    "dispatch",
+)
 
 
 @dataclass
@@ -89,6 +103,8 @@ def _num(v: float) -> str:
 
 
 def _fmt(values: list[float], unit: str) -> str:
+    if unit == "ops":
+        return f"{statistics.median(values):.0f} ops"
     scale = {"ms": 1e3, "s": 1.0, "MiB": 1 / 2**20}[unit]
     med = _num(statistics.median(values) * scale)
     if len(values) == 1:
@@ -473,6 +489,67 @@ def bench_memory(args, rows: list[Row]) -> None:
         )
 
 
+class _CountOps(TorchDispatchMode):
+    """Counts the aten ops dispatched that are not views (those launch no kernel)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def dispatched_ops(fn: Callable[[], object]) -> float:
+    """Non-view aten ops ``fn`` dispatches (after a warm-up call that builds the programs)."""
+    fn()
+    with _CountOps() as counter:
+        fn()
+    return float(counter.count)
+
+
+def bench_dispatch(args, rows: list[Row]) -> None:
+    meta = torch.device("meta")
+    for name in args.nets:
+        net, hand, out, size, _ = prepare(name, meta)
+        x1 = torch.randn(1, 3, size, size, device=meta)
+        ours = dispatched_ops(lambda n=net, x=x1: _infer(lambda: n(data=x)))
+        base = dispatched_ops(lambda h=hand, x=x1: _infer(lambda: h(x)))
+        rows.append(
+            Row("dispatch", f"{name} inference b1 ops", [ours], "hand-written torch", [base], "ops")
+        )
+        batch = args.train_batch
+        x = torch.randn(batch, 3, size, size, device=meta)
+        w = torch.randn(batch, 1000, device=meta)
+
+        def step_ours(n=net, x=x, w=w, o=out) -> None:
+            n.zero_grad(set_to_none=True)
+            (n(data=x)[o].reshape(len(x), -1) * w).sum().backward()
+
+        def step_base(h=hand, x=x, w=w) -> None:
+            h.zero_grad(set_to_none=True)
+            (h(x).reshape(len(x), -1) * w).sum().backward()
+
+        ours, base = dispatched_ops(step_ours), dispatched_ops(step_base)
+        rows.append(
+            Row(
+                "dispatch",
+                f"{name} fwd+bwd b{batch} ops",
+                [ours],
+                "hand-written torch",
+                [base],
+                "ops",
+            )
+        )
+
+
+def _infer(fn: Callable[[], object]) -> None:
+    with torch.inference_mode():
+        fn()
+
+
 def machine() -> str:
     cpu = platform.processor() or "unknown CPU"
     with contextlib.suppress(OSError):
@@ -540,6 +617,7 @@ def main(argv: list[str] | None = None) -> None:
         "load": bench_load,
         "build": bench_build,
         "memory": bench_memory,
+        "dispatch": bench_dispatch,
     }
     failed: list[str] = []
     for section in sections:
