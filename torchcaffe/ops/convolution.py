@@ -108,8 +108,9 @@ class ConvolutionBase(CaffeLayer, metaclass=abc.ABCMeta):
         return tops
 
     def forward(self, *bottoms: torch.Tensor):
-        tops = tuple(self._one(x) for x in bottoms)
-        return tops if len(tops) > 1 else tops[0]
+        if len(bottoms) == 1:
+            return self._one(bottoms[0])
+        return tuple(self._one(x) for x in bottoms)
 
     def _one(self, x: torch.Tensor) -> torch.Tensor:
         axis = self.geom.channel_axis

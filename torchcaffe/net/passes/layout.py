@@ -129,7 +129,7 @@ class ChannelsLastInput:
         self.keep = keep
 
     def __call__(self, *bottoms: torch.Tensor) -> Any:
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or not bottoms[0].is_cpu:
             return self.runner(*bottoms)
         return self.runner(*[self._layout(x) for x in bottoms])
 
