@@ -11,6 +11,7 @@ from google.protobuf import text_format
 
 import torchcaffe
 from torchcaffe.net.passes import layout
+from torchcaffe.ops import onednn_linear
 from torchcaffe.ops.convolution import ChannelsLastWeight, conv2d
 from torchcaffe.proto import caffe_pb2
 
@@ -165,6 +166,52 @@ def test_pointwise_conv_of_channels_last_is_one_channels_last_gemm(bias):
     want = F.conv2d(x.contiguous(), w, b)
     assert got.is_contiguous(memory_format=CL) and not got.is_contiguous()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture
+def onednn_calls(monkeypatch):
+    """How many products ran on oneDNN's matmul."""
+    count = [0]
+    real = onednn_linear._LINEAR
+    if real is None:
+        pytest.skip("this torch build has no oneDNN linear op")
+
+    def counted(*args):
+        count[0] += 1
+        return real(*args)
+
+    monkeypatch.setattr(onednn_linear, "_LINEAR", counted)
+    return count
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_pointwise_conv_in_inference_adds_its_bias_in_onednns_epilogue(bias, onednn_calls):
+    """addmm would first copy the bias into every output row: one more pass over the top."""
+    x = torch.randn(2, 24, 9, 7).contiguous(memory_format=CL)
+    w, b = torch.randn(12, 24, 1, 1), torch.randn(12) if bias else None
+    want = F.conv2d(x.contiguous(), w, b)
+    with torch.inference_mode():
+        got = conv2d(x, w, b, (1, 1), (0, 0), (1, 1), 1)
+    assert onednn_calls[0] == 1
+    assert got.is_contiguous(memory_format=CL)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    w.requires_grad_()
+    conv2d(x, w, b, (1, 1), (0, 0), (1, 1), 1).sum().backward()  # recorded: addmm's autograd
+    assert onednn_calls[0] == 1
+    assert w.grad is not None
+
+
+@pytest.mark.parametrize("layout", [CL, torch.contiguous_format])
+def test_pointwise_conv_over_one_pixel_is_one_gemm(layout, onednn_calls):
+    """MobileNetV2's classifier (a 1x1 convolution over pooled 1x1 features): torch would
+    send it to its im2col kernel."""
+    x = torch.randn(3, 40, 1, 1).contiguous(memory_format=layout)
+    w, b = torch.randn(30, 40, 1, 1), torch.randn(30)
+    with torch.inference_mode():
+        got = conv2d(x, w, b, (1, 1), (0, 0), (1, 1), 1)
+    assert onednn_calls[0] == 1
+    assert got.shape == (3, 30, 1, 1)
+    torch.testing.assert_close(got, F.conv2d(x, w, b), rtol=1e-5, atol=1e-5)
 
 
 def test_pass_is_a_no_op_without_convolutions():

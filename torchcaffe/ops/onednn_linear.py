@@ -62,6 +62,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     return F.linear(x, weight, bias)
 
 
+def pixel_rows_product(
+    rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``rows @ weight.T + bias``: a dense 1x1 convolution over a channels_last bottom, whose
+    (N*H*W, C) pixel rows are a free view. On oneDNN's matmul, with the bias added in its
+    epilogue, where it can take the call and autograd records nothing; else ``addmm``, which
+    first copies the bias into every row of its output, one more pass over the top.
+
+    In-net, 2 threads, batch 1, median of 40 interleaved: MobileNetV2 and ResNet-50 4% faster
+    (ResNet-50's addmm bias copies alone took 3.4 of its 60 ms); batch 8: 12-13%. Every
+    size: oneDNN splits the pixel rows over the threads where MKL's sgemm runs a 49-row
+    product (7x7) on one, 0.82 -> 0.62 ms for ResNet-50's 2048 -> 512 at batch 1."""
+    tensors = (rows, weight) if bias is None else (rows, weight, bias)
+    recorded = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    if _LINEAR is not None and not recorded and _onednn_can_take(tensors):
+        return _LINEAR(rows, weight, bias, "none", [], "")
+    return rows @ weight.t() if bias is None else torch.addmm(bias, rows, weight.t())
+
+
 def _onednn_can_take(tensors: tuple[torch.Tensor, ...]) -> bool:
     """CPU float32 tensors, oneDNN on, and not under torch.compile (inductor lowers the op
     only for frozen, constant weights) nor torch.jit's tracer (the TorchScript ONNX exporter
