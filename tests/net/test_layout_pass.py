@@ -11,8 +11,9 @@ from google.protobuf import text_format
 
 import torchcaffe
 from torchcaffe.net.passes import layout
-from torchcaffe.ops import onednn_linear
-from torchcaffe.ops.convolution import ChannelsLastWeight, conv2d
+from torchcaffe.ops import onednn_conv, onednn_linear
+from torchcaffe.ops.convolution import conv2d
+from torchcaffe.ops.onednn_conv import PackedConvWeight
 from torchcaffe.proto import caffe_pb2
 
 from ..helpers.params import fill_params
@@ -81,6 +82,19 @@ def test_outputs_match_the_unoptimized_net_and_are_contiguous(monkeypatch):
         assert got[name].is_contiguous()
         np.testing.assert_allclose(got[name].numpy(), want[name].numpy(), rtol=1e-5, atol=1e-6)
     assert all(t.is_contiguous() for t in every.values())
+
+
+def test_with_packed_weights_every_dense_convolution_gets_channels_last(packs):
+    """Packed for oneDNN a dense convolution is as fast or faster on channels_last at any
+    size, so a small one (here 16x16 positions at batch 1, under MIN_PIXELS) gets it too,
+    and runs packed."""
+    program = _net().optimized_program()
+    dense = program.runners[next(s.key for s in program.steps if s.key.startswith("dense"))]
+    assert dense.always
+    net = _net()
+    with torch.inference_mode():
+        net(data=torch.randn(1, 3, 32, 32))
+    assert packs[0] >= 2  # rgb and dense at least (the depthwise one too)
 
 
 def _seen_by(runner_wrapper: layout.ChannelsLastInput, x: torch.Tensor) -> torch.Tensor:
@@ -221,26 +235,63 @@ def test_pass_is_a_no_op_without_convolutions():
     assert net.optimized_program().report[LAYOUT] == 0
 
 
-def test_channels_last_weight_is_cached_until_the_weight_changes():
-    cache = ChannelsLastWeight()
+@pytest.fixture
+def packs(monkeypatch):
+    """How many times a convolution weight was packed for oneDNN."""
+    if not onednn_conv.available():
+        pytest.skip("this torch build has no oneDNN packed convolution")
+    count = [0]
+    pack, conv = onednn_conv._OPS
+
+    def counted(*args):
+        count[0] += 1
+        return pack(*args)
+
+    monkeypatch.setattr(onednn_conv, "_OPS", (counted, conv))
+    return count
+
+
+@pytest.mark.parametrize("groups", [1, 2, 8])
+def test_inference_convolution_runs_on_the_packed_weight(packs, groups):
+    x = torch.randn(1, 8, 7, 9).contiguous(memory_format=CL)
+    w, b = torch.randn(16, 8 // groups, 3, 3), torch.randn(16)
+    cache = PackedConvWeight()
+    with torch.inference_mode():
+        got = conv2d(x, w, b, (1, 2), (1, 0), (1, 1), groups, cache)
+        again = conv2d(x, w, b, (1, 2), (1, 0), (1, 1), groups, cache)
+        nchw = conv2d(x.contiguous(), w, b, (1, 2), (1, 0), (1, 1), groups, cache)
+    assert packs[0] == 1  # packed once, reused; an NCHW bottom runs torch's own
+    assert got.is_contiguous(memory_format=CL) and nchw.is_contiguous()
+    want = F.conv2d(x.contiguous(), w, b, (1, 2), (1, 0), (1, 1), groups)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(again, got) and torch.equal(nchw, want)
+
+
+def test_the_packed_weight_follows_the_weight_and_the_input_shape(packs):
+    cache = PackedConvWeight()
     w = torch.randn(8, 16, 3, 3)
-    with torch.no_grad():
-        first = cache(w)
-        assert first.is_contiguous(memory_format=CL) and torch.equal(first, w)
-        assert cache(w) is first  # no reorder on the next call
-        w.mul_(2)  # an edit (a new caffemodel, a solver step) bumps the version
-        second = cache(w)
-        assert second is not first and torch.equal(second, w)
-    assert cache(w) is w  # under autograd the parameter itself (its gradient must flow)
-
-
-def test_conv_of_channels_last_input_uses_the_cached_weight(monkeypatch):
     x = torch.randn(1, 16, 9, 9).contiguous(memory_format=CL)
-    w, b = torch.randn(8, 16, 3, 3), torch.randn(8)
-    seen = []
-    real = F.conv2d
-    monkeypatch.setattr(F, "conv2d", lambda x, w, *a: seen.append(w) or real(x, w, *a))
     with torch.no_grad():
-        got = conv2d(x, w, b, (1, 1), (1, 1), (1, 1), 1, ChannelsLastWeight())
-    assert seen[0].is_contiguous(memory_format=CL) and not seen[0].is_contiguous()
-    torch.testing.assert_close(got, real(x.contiguous(), w, b, 1, 1), rtol=1e-5, atol=1e-5)
+        conv2d(x, w, None, (1, 1), (1, 1), (1, 1), 1, cache)
+        w.mul_(2)  # an edit (a new caffemodel, a solver step) bumps the version
+        got = conv2d(x, w, None, (1, 1), (1, 1), (1, 1), 1, cache)
+        assert packs[0] == 2
+        torch.testing.assert_close(got, F.conv2d(x, w, None, 1, 1), rtol=1e-5, atol=1e-5)
+        conv2d(x[:, :, :5], w, None, (1, 1), (1, 1), (1, 1), 1, cache)  # another shape
+        assert packs[0] == 3
+        w.data.mul_(2)  # bumps no version: what forget (TorchNet.params_changed) is for
+        cache.forget()
+        got = conv2d(x, w, None, (1, 1), (1, 1), (1, 1), 1, cache)
+        torch.testing.assert_close(got, F.conv2d(x, w, None, 1, 1), rtol=1e-5, atol=1e-5)
+
+
+def test_a_recorded_convolution_runs_torchs_own(packs):
+    """Autograd records F.conv2d (the gradient must reach the weight); float64 too."""
+    x = torch.randn(1, 16, 9, 9).contiguous(memory_format=CL)
+    w = torch.randn(8, 16, 3, 3, requires_grad=True)
+    y = conv2d(x, w, None, (1, 1), (1, 1), (1, 1), 1, PackedConvWeight())
+    y.sum().backward()
+    assert w.grad is not None and packs[0] == 0
+    with torch.no_grad():
+        conv2d(x.double(), w.double(), None, (1, 1), (1, 1), (1, 1), 1, PackedConvWeight())
+    assert packs[0] == 0

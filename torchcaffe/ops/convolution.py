@@ -12,6 +12,7 @@ from ..registry import register_layer
 from . import onednn_linear
 from ._conv_geometry import ConvGeometry, conv_geometry, im2col_nd
 from .base import AtLeast, CaffeLayer
+from .onednn_conv import PackedConvWeight, conv2d_or_packed
 
 
 class ConvolutionBase(CaffeLayer, metaclass=abc.ABCMeta):
@@ -38,7 +39,7 @@ class ConvolutionBase(CaffeLayer, metaclass=abc.ABCMeta):
         self.geom, self.num_output, self.group = self.setup_geometry(shape)
         self.channels = shape[self.geom.channel_axis]
         self.bias_term = p.bias_term
-        self.weight_cache = ChannelsLastWeight()
+        self.weight_cache = PackedConvWeight()
         for i, other in enumerate(self.bottom_shapes[1:], 1):
             if other != shape:
                 raise self.error(
@@ -131,37 +132,6 @@ class ConvolutionBase(CaffeLayer, metaclass=abc.ABCMeta):
         return y + self.bias.view(-1, *([1] * (y.dim() - 2)))
 
 
-class ChannelsLastWeight:
-    """A weight's channels_last copy, kept until the weight changes (inference on the CPU).
-
-    Given a channels_last input and an NCHW weight, oneDNN reorders the weight on every call:
-    20-25% of a 3x3 512->512 convolution over 7x7 at batch 1. The copy doubles the weight's
-    memory; it is made only when a channels_last input arrives, and never under autograd.
-    """
-
-    def __init__(self) -> None:
-        self._key: tuple[int, int] | None = None
-        self._value: torch.Tensor | None = None
-
-    def __call__(self, weight: torch.Tensor) -> torch.Tensor:
-        if (
-            torch.is_grad_enabled()
-            or torch.compiler.is_compiling()
-            or not weight.is_cpu
-            or weight.is_contiguous(memory_format=torch.channels_last)
-        ):
-            return weight
-        key = (weight.data_ptr(), weight._version)
-        if key != self._key or self._value is None:
-            self._value = weight.detach().contiguous(memory_format=torch.channels_last)
-            self._key = key
-        return self._value
-
-    def forget(self) -> None:
-        """Drop the copy: the weight was written where its version does not show it."""
-        self._key, self._value = None, None
-
-
 def _is_channels_last(x: torch.Tensor) -> bool:
     return not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
 
@@ -174,16 +144,15 @@ def conv2d(
     pad: tuple[int, ...],
     dilation: tuple[int, ...],
     groups: int,
-    weight_cache: ChannelsLastWeight | None = None,
+    weight_cache: PackedConvWeight | None = None,
 ) -> torch.Tensor:
-    """``F.conv2d``, except for a channels_last input: a dense 1x1 convolution is one GEMM,
-    and other kernels take the weight from ``weight_cache`` already in channels_last. A dense
-    1x1 convolution over a 1x1 bottom (MobileNetV2's classifier) is one GEMM in any layout:
-    torch sends it to its im2col kernel, 0.41 ms in-net for 1280 -> 1000 at batch 1.
+    """``F.conv2d``, on oneDNN with the weight packed once into ``weight_cache`` where it can
+    take the call (``onednn_conv``), except for a dense 1x1 convolution (stride 1, no pad):
 
-    For such a tensor the (N*H*W, C) matrix is a free view and the product is channels_last
-    too. torch would instead send it (one thread, batch under 16) to its im2col kernel, which
-    copies the input to NCHW and returns NCHW, so the layers after it mix layouts.
+    - over a channels_last input it is one GEMM, the (N*H*W, C) matrix a free view and the
+      product channels_last too;
+    - over a 1x1 bottom (MobileNetV2's classifier) it is one GEMM in any layout: torch sends
+      it to its im2col kernel, 0.41 ms in-net for 1280 -> 1000 at batch 1.
     """
     pointwise = (
         weight.shape[2:] == (1, 1) and groups == 1 and all(v == 1 for v in stride) and not any(pad)
@@ -191,16 +160,12 @@ def conv2d(
     if pointwise and x.shape[2] == x.shape[3] == 1:  # a classifier over pooled features
         y = onednn_linear.pixel_rows_product(x.reshape(x.shape[0], -1), weight.flatten(1), bias)
         return y.reshape(*y.shape, 1, 1)
-    if not _is_channels_last(x):
-        return F.conv2d(x, weight, bias, stride, pad, dilation, groups)
-    if pointwise:
+    if pointwise and _is_channels_last(x):
         n, c, h, w = x.shape
         rows = x.permute(0, 2, 3, 1).reshape(n * h * w, c)
         y = onednn_linear.pixel_rows_product(rows, weight.reshape(weight.shape[0], c), bias)
         return y.reshape(n, h, w, -1).permute(0, 3, 1, 2)
-    if weight_cache is not None:
-        weight = weight_cache(weight)
-    return F.conv2d(x, weight, bias, stride, pad, dilation, groups)
+    return conv2d_or_packed(x, weight, bias, stride, pad, dilation, groups, weight_cache)
 
 
 @register_layer("Convolution")

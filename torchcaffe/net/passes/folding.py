@@ -25,7 +25,8 @@ from torch.nn.utils.fusion import fuse_conv_bn_weights
 from ...ops import onednn_linear
 from ...ops._derived import DerivedCache
 from ...ops.base import CaffeLayer
-from ...ops.convolution import ChannelsLastWeight, conv2d
+from ...ops.convolution import conv2d
+from ...ops.onednn_conv import PackedConvWeight
 from ..program import LayerStep
 from .program import OptimizedProgram, StepMerges, readers_of
 
@@ -156,7 +157,7 @@ class FoldedAffine:
         # read once: a proto field read in a compiled forward is one more guard per call
         self.scale_has_bias = bool(self.scale is not None and self.scale.param.bias_term)
         self._folded: DerivedCache[tuple[torch.Tensor, torch.Tensor]] = DerivedCache()
-        self.weight_cache: ChannelsLastWeight | None = ChannelsLastWeight()
+        self.weight_cache: PackedConvWeight | None = PackedConvWeight()
 
     def sources(self) -> list[torch.Tensor]:
         """Every tensor the folded weights derive from (the caffemodel's blobs)."""

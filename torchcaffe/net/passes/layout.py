@@ -2,25 +2,25 @@
 channels_last (NHWC) tensors where that is faster (inference only).
 
 oneDNN reads and writes channels_last tensors as they are, its depthwise kernels are 2-4x
-faster on them, and torch's pooling kernels vectorize over channels there; but a dense
-convolution over few positions (ResNet's 7x7 stage at batch 1) is up to 2.7x slower. So a
-depthwise convolution always gets channels_last input, a dense one once its input has
-MIN_PIXELS positions (N * H * W) at its stride (N * ceil(H / sh) * ceil(W / sw)), decided per
-call. Counting at the stride keeps a strided convolution into a small stage (ResNet-50's
-28x28 -> 14x14 at batch 1) from handing that stage a channels_last tensor which every later
-dense convolution there copies back and every Eltwise adds to an NCHW one: ResNet-50 batch 1,
-one thread, CPU time median of 20 interleaved, 112.9 -> 108.9 ms (batch 8 unchanged). MAX
-and AVE pooling always get channels_last too: caffe_pool2d would convert to channels_last and
-back anyway; this way its top stays so. A dense 1x1 convolution (stride 1, no pad) that is
-handed a channels_last input keeps it at any size: ``conv2d`` runs it as one GEMM, where
-moving it to NCHW costs a copy and torch's batch-1 NCHW kernel (im2col) is slower. So
-MobileNetV2's 14x14 and 7x7 stages at batch 1 stay channels_last between its depthwise
-convolutions: 17.8 -> 16.5 ms of CPU at one thread, 13.4 -> 12.6 ms at two (median of 15,
-interleaved); ResNet-50 and GoogLeNet, whose small stages run NCHW, within 1%.
-Measured on one thread, CPU time, median of 5-10, interleaved with the pass off: MobileNetV2
-batch 8 262 -> 203 ms, batch 1 21.0 -> 18.9 ms; ResNet-50 batch 8 909 -> 859 ms; ResNet-50,
-GoogLeNet and CaffeNet at batch 1 within noise (+-5%). ``benchmarks/run.py --only layout``
-measures it again.
+faster on them, and torch's pooling kernels vectorize over channels there. With the weight
+packed once for oneDNN (``ops/onednn_conv``, which takes channels_last bottoms only) a dense
+convolution is as fast or faster on channels_last at every size, so every 2-D convolution
+gets a channels_last input. In-net, 2 threads, batch 1, median of 30 interleaved, against
+the earlier rule below (both with packed weights): GoogLeNet 30.1 -> 26.4 ms, CaffeNet 17.8
+-> 16.2, ResNet-50 54.4 -> 47.1, MobileNetV2 within 1%; batch 8 GoogLeNet and ResNet-50
+1.5-2.4% faster.
+
+Where the torch build has no packed convolution, the earlier rule holds: a dense convolution
+over few positions (ResNet's 7x7 stage at batch 1) is up to 2.7x slower on channels_last
+there, so it gets a channels_last input once that has MIN_PIXELS positions (N * H * W) at its
+stride (N * ceil(H / sh) * ceil(W / sw)), decided per call. Counting at the stride keeps a
+strided convolution into a small stage (ResNet-50's 28x28 -> 14x14 at batch 1) from handing
+that stage a channels_last tensor which every later dense convolution there copies back and
+every Eltwise adds to an NCHW one. MAX and AVE pooling always get channels_last too:
+caffe_pool2d would convert to channels_last and back anyway; this way its top stays so. A
+dense 1x1 convolution (stride 1, no pad) that is handed a channels_last input keeps it at any
+size: ``conv2d`` runs it as one GEMM, where moving it to NCHW costs a copy and torch's
+batch-1 NCHW kernel (im2col) is slower.
 
 An RGB first layer counts as any other: oneDNN's kernel over its 3 channels is faster on a
 channels_last copy of the input than on NCHW (GoogLeNet's 7x7/2 conv1 at batch 1, 2 threads,
@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from ...ops import onednn_conv
 from ...proto import caffe_pb2
 from ..program import LayerStep
 from .program import OptimizedProgram, step_kind
@@ -57,9 +58,9 @@ PP = caffe_pb2.PoolingParameter
 
 PASS_NAME = "channels_last_layout"
 CHANNELS_LAST = torch.channels_last
-# Dense convolutions over fewer input positions (N * H * W, at their stride) than this, e.g.
-# ResNet's 14x14 and 7x7 stages at batch 1, run up to 2.7x slower in channels_last on one
-# thread (oneDNN).
+# Without packed oneDNN weights, dense convolutions over fewer input positions (N * H * W, at
+# their stride) than this, e.g. ResNet's 14x14 and 7x7 stages at batch 1, run up to 2.7x
+# slower in channels_last on one thread.
 MIN_PIXELS = 784
 # Kernels that accept any strides and whose top keeps the bottom's memory format.
 LAYOUT_AGNOSTIC = frozenset(
@@ -189,7 +190,8 @@ def channels_last_layout(program: OptimizedProgram, observable: frozenset[str]) 
             depthwise = conv.group == conv.channels and conv.group > 1
             stride = (conv.geom.stride[0], conv.geom.stride[1])
             keep = _is_pointwise(conv)
-            runners[key] = ChannelsLastInput(runner, always=depthwise, stride=stride, keep=keep)
+            always = depthwise or onednn_conv.available()
+            runners[key] = ChannelsLastInput(runner, always=always, stride=stride, keep=keep)
             new_steps[i] = dataclasses.replace(step, key=key)
             maybe_nhwc.update(step.tops)
             moved += 1
