@@ -22,17 +22,17 @@ class DerivedCache(Generic[T]):
     autograd, so the value can be read by a later run that autograd records."""
 
     def __init__(self) -> None:
-        self._key: tuple[Any, ...] | None = None
-        self._value: T | None = None
+        # (key, value) in one attribute: two threads running the net read a consistent pair
+        self._entry: tuple[tuple[Any, ...], T] | None = None
 
     def get(self, sources: Sequence[torch.Tensor], compute: Callable[[], T]) -> T:
         key = tuple((t._version, t.data_ptr(), t.dtype, t.device) for t in sources)
-        if key != self._key or self._value is None:
+        entry = self._entry
+        if entry is None or entry[0] != key:
             with torch.inference_mode(False), torch.no_grad():
-                self._value = compute()
-            self._key = key
-        return self._value
+                entry = self._entry = (key, compute())
+        return entry[1]
 
     def forget(self) -> None:
         """Drop the value: a source was written where its version does not show it."""
-        self._key, self._value = None, None
+        self._entry = None

@@ -63,8 +63,9 @@ class PackedConvWeight:
     weight or the shape changes (``conv2d`` runs on it)."""
 
     def __init__(self) -> None:
-        self._key: tuple[Any, ...] | None = None
-        self._value: torch.Tensor | None = None
+        # (key, packed weight) in one attribute: two threads running the net read a
+        # consistent pair
+        self._entry: tuple[tuple[Any, ...], torch.Tensor] | None = None
 
     def conv2d(
         self,
@@ -82,15 +83,18 @@ class PackedConvWeight:
         pack, conv = _OPS
         pad_, stride_, dilation_ = list(pad), list(stride), list(dilation)
         key = (weight.data_ptr(), weight._version, tuple(x.shape), stride_, pad_, dilation_, groups)
-        if key != self._key or self._value is None:
+        entry = self._entry
+        if entry is None or entry[0] != key:
             plain = weight.detach().contiguous().to_mkldnn()
-            self._value = pack(plain, pad_, stride_, dilation_, groups, list(x.shape))
-            self._key = key
-        return conv(x, self._value, bias, pad_, stride_, dilation_, groups, "none", [], "")
+            entry = self._entry = (
+                key,
+                pack(plain, pad_, stride_, dilation_, groups, list(x.shape)),
+            )
+        return conv(x, entry[1], bias, pad_, stride_, dilation_, groups, "none", [], "")
 
     def forget(self) -> None:
         """Drop the packed copy: the weight was written where its version does not show it."""
-        self._key, self._value = None, None
+        self._entry = None
 
 
 def conv2d_or_packed(
