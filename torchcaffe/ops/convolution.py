@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from ..registry import register_layer
-from . import onednn_linear
+from . import onednn_conv, onednn_linear
 from ._conv_geometry import ConvGeometry, conv_geometry, im2col_nd
 from .base import AtLeast, CaffeLayer
-from .onednn_conv import PackedConvWeight, conv2d_or_packed
+from .onednn_conv import PackedConvWeight
 
 
 class ConvolutionBase(CaffeLayer, metaclass=abc.ABCMeta):
@@ -165,7 +165,9 @@ def conv2d(
         rows = x.permute(0, 2, 3, 1).reshape(n * h * w, c)
         y = onednn_linear.pixel_rows_product(rows, weight.reshape(weight.shape[0], c), bias)
         return y.reshape(n, h, w, -1).permute(0, 3, 1, 2)
-    return conv2d_or_packed(x, weight, bias, stride, pad, dilation, groups, weight_cache)
+    if weight_cache is not None and onednn_conv.can_take(x, weight, bias):
+        return weight_cache.conv2d(x, weight, bias, stride, pad, dilation, groups)
+    return F.conv2d(x, weight, bias, stride, pad, dilation, groups)
 
 
 @register_layer("Convolution")

@@ -23,7 +23,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 
 def _onednn_ops() -> tuple[Any, Any] | None:
@@ -95,19 +94,3 @@ class PackedConvWeight:
     def forget(self) -> None:
         """Drop the packed copy: the weight was written where its version does not show it."""
         self._entry = None
-
-
-def conv2d_or_packed(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    stride: tuple[int, ...],
-    pad: tuple[int, ...],
-    dilation: tuple[int, ...],
-    groups: int,
-    packed: PackedConvWeight | None,
-) -> torch.Tensor:
-    """On ``packed``'s weight where oneDNN can take the call, else ``F.conv2d``."""
-    if packed is not None and can_take(x, weight, bias):
-        return packed.conv2d(x, weight, bias, stride, pad, dilation, groups)
-    return F.conv2d(x, weight, bias, stride, pad, dilation, groups)
