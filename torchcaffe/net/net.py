@@ -231,7 +231,7 @@ class TorchNet(nn.Module):
 
     def params_changed(self) -> None:
         """Forget what was derived from the params and cached on their tensor versions: folded
-        weights, channels_last weight copies, a BatchNorm's scaled statistics (off the CPU).
+        weights, packed convolution weights, a BatchNorm's scaled statistics (off the CPU).
         Writes by torch ops bump those versions; call this after a write that does not:
         through ``.data``, ``.numpy()`` or ``.detach()``. The Caffe face calls it for writes
         through its param blobs."""
