@@ -295,3 +295,19 @@ def test_a_recorded_convolution_runs_torchs_own(packs):
     with torch.no_grad():
         conv2d(x.double(), w.double(), None, (1, 1), (1, 1), (1, 1), 1, PackedConvWeight())
     assert packs[0] == 0
+
+
+def test_a_net_that_ran_inference_can_be_deep_copied(packs):
+    """The packed weight is oneDNN's opaque tensor, which has no storage to copy: a copy of
+    the net starts without it and packs again."""
+    import copy
+
+    net = _net()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.inference_mode():
+        want = net(data=x)
+    twin = copy.deepcopy(net)
+    with torch.inference_mode():
+        got = twin(data=x)
+    for name in want:
+        assert torch.equal(got[name], want[name])

@@ -94,3 +94,8 @@ class PackedConvWeight:
     def forget(self) -> None:
         """Drop the packed copy: the weight was written where its version does not show it."""
         self._entry = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy (``copy.deepcopy`` of the net, pickling) starts without the packed weight,
+        which it packs again on its first call: oneDNN's opaque tensor has no storage to copy."""
+        return {"_entry": None}
