@@ -311,3 +311,27 @@ def test_a_net_that_ran_inference_can_be_deep_copied(packs):
         got = twin(data=x)
     for name in want:
         assert torch.equal(got[name], want[name])
+
+
+def test_a_net_built_under_inference_mode_runs_without_caches():
+    """Its params are inference tensors, which keep no version counter: nothing derived from
+    them (packed or folded weights) can be kept, so each run derives them afresh."""
+    text = NET.replace(
+        'layer { name: "relu"',
+        'layer { name: "bn" type: "BatchNorm" bottom: "a" top: "a" '
+        "batch_norm_param { use_global_stats: true } }\n"
+        'layer { name: "relu"',
+    )
+    param = text_format.Parse(text, caffe_pb2.NetParameter())
+    x = torch.randn(2, 3, 32, 32)
+    with torch.inference_mode():
+        net = torchcaffe.load(param, phase="test")
+        fill_params(net, lambda t, gen: torch.rand(t.shape, generator=gen) + 0.5)
+        got = net(data=x)
+        assert net.optimized_program().report["fold_batchnorm_scale_into_producer"] == 1
+    ref = torchcaffe.load(param, phase="test")
+    ref.load_state_dict(net.state_dict())
+    with torch.inference_mode():
+        want = ref(data=x)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-5)

@@ -26,6 +26,11 @@ class DerivedCache(Generic[T]):
         self._entry: tuple[tuple[Any, ...], T] | None = None
 
     def get(self, sources: Sequence[torch.Tensor], compute: Callable[[], T]) -> T:
+        if any(t.is_inference() for t in sources):
+            # made under inference_mode (a net built there): no version counter tells a
+            # change, so nothing is kept
+            with torch.no_grad():
+                return compute()
         key = tuple((t._version, t.data_ptr(), t.dtype, t.device) for t in sources)
         entry = self._entry
         if entry is None or entry[0] != key:

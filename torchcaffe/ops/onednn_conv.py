@@ -54,6 +54,8 @@ def can_take(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
         return False  # oneDNN's top is channels_last: the bottom must be, so layouts stay put
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return False
+    if weight.is_inference():
+        return False  # made under inference_mode: no version counter to key the copy on
     return not (torch.compiler.is_compiling() or torch.jit.is_tracing())
 
 
