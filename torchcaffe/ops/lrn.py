@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from .. import limits
 from ..proto import caffe_pb2
 from ..registry import register_layer
+from ._launches import launch_bound
 from .base import CaffeLayer
 
 LP = caffe_pb2.LRNParameter
@@ -75,12 +76,6 @@ class LRNLayer(CaffeLayer):
             return neg_power(scale, self.beta, out=sq).mul_(x)
         window = F.avg_pool2d(x * x, n, 1, (n - 1) // 2, ceil_mode=True, count_include_pad=True)
         return x * neg_power(1 + self.alpha * window, self.beta)
-
-
-def launch_bound(t: torch.Tensor) -> bool:
-    """Whether ops on ``t`` are costed in kernel launches (off the CPU, eagerly), so the LRN
-    takes the form with the fewest ops rather than the fastest CPU loops."""
-    return not t.is_cpu and not torch.compiler.is_compiling()
 
 
 def channel_window_sum(sq: torch.Tensor, n: int) -> torch.Tensor:

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ...ops._launches import launch_bound
 from ...ops.base import CaffeLayer
 from ...ops.eltwise import EltwiseLayer, EltwiseOp
 from ..program import LayerStep
@@ -84,12 +85,7 @@ class FrozenBatchNormFold(FoldedAffine):
         the differentiable fold's ~14 small kernels per layer, forward and backward, kept
         ResNet-50's batch-8 forward+backward on an H200 bound by their launches: 34 ms of
         host time against 12 ms for the hand-written model (1929 kernels against 656)."""
-        return (
-            not x.is_cpu
-            and self.bn is not None
-            and self.one_batch_norm
-            and not torch.compiler.is_compiling()
-        )
+        return launch_bound(x) and self.bn is not None and self.one_batch_norm
 
     def producer_then_batch_norm(self, x: torch.Tensor) -> torch.Tensor:
         """The convolution, then BatchNorm and its Scale as one ``F.batch_norm`` on the
