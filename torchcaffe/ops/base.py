@@ -21,6 +21,7 @@ from .. import limits
 from ..errors import BlobWiringError, LayerParamError, TorchCaffeError
 from ..formats import user_schema
 from ..proto import caffe_pb2
+from . import opaque_conv
 from ._fill_skip import will_be_loaded
 from ._zero_blobs import zero_blob
 from .fillers import check_filler, fill_
@@ -104,6 +105,13 @@ class CaffeLayer(nn.Module):
         self._user_schema = user_schema.active()  # a fork's caffe.proto, for its param fields
         self._fork_param = None
         self.train(self.phase == caffe_pb2.TRAIN)
+        # how a compiled graph's opaque op names this layer (``opaque_conv``)
+        self.graph_handle = opaque_conv.register(self)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A copy (``copy.deepcopy``, unpickling) is a layer of its own for compiled graphs."""
+        super().__setstate__(state)
+        self.graph_handle = opaque_conv.register(self)
 
     def __setattr__(self, name: str, value: Any) -> None:
         """A plain value (not a tensor or module) under a name that is not a param, buffer or

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import abc
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from ..registry import register_layer
-from . import onednn_conv, onednn_linear
+from . import onednn_conv, onednn_linear, opaque_conv
 from ._conv_geometry import ConvGeometry, conv_geometry, im2col_nd
 from .base import AtLeast, CaffeLayer
 from .onednn_conv import PackedConvWeight
@@ -181,8 +182,30 @@ class ConvolutionLayer(ConvolutionBase):
     window reads zeros past the end); any number of spatial axes (>3 via im2col).
     """
 
+    def __init__(self, layer_param, bottom_shapes):
+        super().__init__(layer_param, bottom_shapes)
+        # this convolution with a chain folded in, as a compiled graph's opaque op runs it
+        # (``opaque_conv``), by the handles of the chain's layers
+        self.graph_folds: dict[tuple[int, ...], Any] = {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.graph_folds = {}  # keyed by the original's handles
+
+    def sources(self) -> list[torch.Tensor]:
+        """The tensors the top derives from besides the bottom (``opaque_conv``)."""
+        return [self.weight, self.bias] if self.bias_term else [self.weight]
+
+    def top_shape(self, x: torch.Tensor) -> tuple[Any, ...]:
+        return (x.shape[0], self.num_output, *self.top_spatial(tuple(x.shape[2:])))
+
+    def eager_top(self, x: torch.Tensor) -> torch.Tensor:
+        return self.compute(x, tuple(x.shape[2:]))
+
     def compute(self, x: torch.Tensor, spatial: tuple[int, ...]) -> torch.Tensor:
         g, n = self.geom, self.geom.num_spatial
+        if opaque_conv.wanted(self, x, self.sources()):
+            return opaque_conv.call(x, self.sources(), [self])
         weight = self.weight
         if n == 0:  # no spatial axes: a 1x1 convolution over a length-1 axis
             y = F.conv1d(x.unsqueeze(-1), weight.unsqueeze(-1), groups=self.group)

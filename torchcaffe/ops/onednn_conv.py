@@ -47,6 +47,8 @@ def can_take(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
     pass hands every 2-D convolution one on the CPU) and nothing recorded by autograd."""
     if _OPS is None or not torch.backends.mkldnn.enabled:
         return False
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return False  # first: the checks below are not all traceable
     tensors = (x, weight) if bias is None else (x, weight, bias)
     if not all(t.is_cpu and t.dtype == torch.float32 and not t.is_mkldnn for t in tensors):
         return False
@@ -54,9 +56,8 @@ def can_take(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
         return False  # oneDNN's top is channels_last: the bottom must be, so layouts stay put
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return False
-    if weight.is_inference():
-        return False  # made under inference_mode: no version counter to key the copy on
-    return not (torch.compiler.is_compiling() or torch.jit.is_tracing())
+    # made under inference_mode: no version counter to key the copy on
+    return not weight.is_inference()
 
 
 class PackedConvWeight:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.fusion import fuse_conv_bn_weights
 
-from ...ops import onednn_linear
+from ...ops import onednn_linear, opaque_conv
 from ...ops._derived import DerivedCache
 from ...ops.base import CaffeLayer
 from ...ops.convolution import conv2d
@@ -159,6 +159,10 @@ class FoldedAffine:
         self._folded: DerivedCache[tuple[torch.Tensor, torch.Tensor]] = DerivedCache()
         self.weight_cache: PackedConvWeight | None = PackedConvWeight()
 
+    def layers(self) -> list[Any]:
+        """The producer, then the links, in LINKS order."""
+        return [m for m in (self.producer, self.bn, self.scale, self.bias) if m is not None]
+
     def sources(self) -> list[torch.Tensor]:
         """Every tensor the folded weights derive from (the caffemodel's blobs)."""
         mods = [self.producer, self.bn, self.scale, self.bias]
@@ -289,8 +293,20 @@ class FoldedAffine:
         fw, fb = fuse_conv_bn_weights(w64, b, mean, var, eps, gamma, beta, transpose=deconv)
         return fw.detach().to(dtype), fb.detach().to(dtype)
 
+    def eager_top(self, x: torch.Tensor) -> torch.Tensor:
+        return self.run_folded(x, *self.folded_weights())
+
+    def _opaque_in_graph(self, x: torch.Tensor) -> bool:
+        """Under torch.compile on the CPU: run as ``opaque_conv``'s op, with the folded and
+        packed weights cached, instead of folding in the graph."""
+        if self.producer_type != "Convolution":
+            return False
+        return opaque_conv.wanted(self.producer, x, self.sources())
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
+            if self._opaque_in_graph(x):
+                return opaque_conv.call(x, self.sources(), self.layers())
             folded = self.compiled_fold(x)
             if folded is None:
                 return self.producer_then_affine(x)
@@ -319,3 +335,11 @@ class FoldedAffine:
             return conv2d(x, w, b, g.stride, g.pad, g.dilation, p.group, self.weight_cache)
         conv = F.conv1d if n == 1 else F.conv3d
         return conv(x, w, b, g.stride, g.pad, g.dilation, p.group)
+
+
+def _fold_for_graph(producer: Any, links: dict[str, Any]) -> FoldedAffine:
+    """The eager fold a compiled graph's opaque op runs (``opaque_conv``)."""
+    return FoldedAffine("Convolution", producer, links)
+
+
+opaque_conv.fold_builder = _fold_for_graph

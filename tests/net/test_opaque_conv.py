@@ -1,0 +1,165 @@
+"""Large convolutions in a compiled CPU inference graph run as one opaque op on the eager,
+cached path (``ops/opaque_conv``): which ones, their values, and what the op refuses."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from google.protobuf import text_format
+
+import torchcaffe
+from torchcaffe.errors import TorchCaffeError
+from torchcaffe.ops import onednn_conv, opaque_conv
+from torchcaffe.proto import caffe_pb2
+
+from ..helpers.params import fill_params
+
+pytestmark = pytest.mark.skipif(
+    opaque_conv._CACHED_CONV2D is None, reason="this torch build has no oneDNN packed convolution"
+)
+
+OP = "torchcaffe.cached_conv2d.default"
+
+# conv1 (64 -> 512, 3x3: 294912 weights) folded with BatchNorm + Scale, conv2 (1x1, 512 ->
+# 512: 262144) alone: both take the op. conv3 (512 -> 16, 3x3: 73728) is too small, and the
+# classifier runs over one pixel: both stay torch's.
+NET = """
+input: "data" input_shape { dim: 2 dim: 64 dim: 6 dim: 6 }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "c1"
+  convolution_param { num_output: 512 kernel_size: 3 pad: 1 bias_term: false } }
+layer { name: "bn1" type: "BatchNorm" bottom: "c1" top: "c1" }
+layer { name: "sc1" type: "Scale" bottom: "c1" top: "c1" scale_param { bias_term: true } }
+layer { name: "relu1" type: "ReLU" bottom: "c1" top: "c1" }
+layer { name: "conv2" type: "Convolution" bottom: "c1" top: "c2"
+  convolution_param { num_output: 512 kernel_size: 1 } }
+layer { name: "conv3" type: "Convolution" bottom: "c2" top: "c3"
+  convolution_param { num_output: 16 kernel_size: 3 } }
+layer { name: "pool" type: "Pooling" bottom: "c2" top: "p"
+  pooling_param { pool: AVE global_pooling: true } }
+layer { name: "fc" type: "Convolution" bottom: "p" top: "fc"
+  convolution_param { num_output: 600 kernel_size: 1 } }
+"""
+
+
+def _net() -> torchcaffe.TorchNet:
+    net = torchcaffe.load(text_format.Parse(NET, caffe_pb2.NetParameter()), phase="test")
+
+    def values(t, gen):
+        v = torch.rand(t.shape, generator=gen) + 0.5
+        return (v - 1.0) * 0.1 if t.dim() > 1 else v
+
+    fill_params(net, values)
+    return net.eval()
+
+
+def _input(batch: int = 2) -> torch.Tensor:
+    return torch.randn(batch, 64, 6, 6, generator=torch.Generator().manual_seed(3))
+
+
+def _op_calls(net: torchcaffe.TorchNet, x: torch.Tensor, grad: bool = False) -> int:
+    """How many times dynamo's graph of ``net(data=x)`` calls the op."""
+    graphs: list[torch.fx.GraphModule] = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.set_grad_enabled(grad):
+        torch.compile(net, backend=record, fullgraph=True)(data=x)
+    return sum(
+        str(node.target) == OP
+        for gm in graphs
+        for node in gm.graph.nodes
+        if node.op == "call_function"
+    )
+
+
+def _close(got: dict, want: dict) -> None:
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-5)
+
+
+def test_the_two_large_convolutions_become_the_op():
+    assert _op_calls(_net(), _input()) == 2
+
+
+def test_no_op_while_autograd_records_or_mkldnn_is_off():
+    net = _net()
+    assert _op_calls(net, _input(), grad=True) == 0
+    with torch.backends.mkldnn.flags(enabled=False):
+        assert _op_calls(net, _input()) == 0
+
+
+def test_inductor_values_equal_eager_and_follow_new_weights():
+    net, x = _net(), _input()
+    torch._dynamo.reset()
+    compiled = torch.compile(net)
+    with torch.inference_mode():
+        _close(compiled(data=x), net(data=x))
+        conv1 = net.layers["conv1"]
+        assert len(conv1.graph_folds) == 1  # the op built the fold and keeps it
+        with torch.no_grad():  # a new BatchNorm variance and conv2 weight, in place
+            net.layers["bn1"].param_blobs()[1].mul_(4.0)
+            net.layers["conv2"].weight.mul_(-1.0)
+        _close(compiled(data=x), net(data=x))
+
+
+def test_dynamic_batch_compile_runs_the_op_at_two_sizes():
+    net = _net()
+    torch._dynamo.reset()
+    compiled = torch.compile(net, dynamic=True)
+    with torch.inference_mode():
+        for batch in (1, 3):
+            x = _input(batch)
+            _close(compiled(data=x), net(data=x))
+
+
+def test_export_keeps_torchs_convolutions():
+    net = _net()
+    with torch.no_grad():
+        program = torch.export.export(net, (), {"data": _input()})
+    targets = [str(node.target) for node in program.graph.nodes if node.op == "call_function"]
+    assert not any("torchcaffe" in t for t in targets)
+
+
+def test_a_copied_layer_has_its_own_handle():
+    layer = _net().layers["conv2"]
+    twin = copy.deepcopy(layer)
+    assert twin.graph_handle != layer.graph_handle
+    assert opaque_conv._layer(twin.graph_handle) is twin
+
+
+def test_the_op_refuses_a_dead_layer_or_tensors_not_its_own():
+    net, x = _net(), _input().contiguous(memory_format=torch.channels_last)
+    conv2 = net.layers["conv2"]
+    x2 = torch.randn(2, 512, 6, 6)
+    with torch.inference_mode():
+        y = torch.ops.torchcaffe.cached_conv2d(x2, conv2.sources(), [conv2.graph_handle])
+        torch.testing.assert_close(y, conv2(x2), rtol=1e-5, atol=1e-5)
+        with pytest.raises(TorchCaffeError, match="not its layers'"):
+            torch.ops.torchcaffe.cached_conv2d(
+                x2, [conv2.weight.clone(), conv2.bias], [conv2.graph_handle]
+            )
+        handle = opaque_conv.register(torch.nn.Module())  # dies at once
+        with pytest.raises(TorchCaffeError, match="no longer exists"):
+            torch.ops.torchcaffe.cached_conv2d(x, conv2.sources(), [handle])
+
+
+def test_the_fold_in_the_op_runs_on_packed_weights(monkeypatch):
+    """The op's fold reaches oneDNN's packed convolution (what it is there for)."""
+    packed = []
+    real = onednn_conv.PackedConvWeight.conv2d
+
+    def spy(self, *args):
+        packed.append(tuple(args[1].shape))
+        return real(self, *args)
+
+    monkeypatch.setattr(onednn_conv.PackedConvWeight, "conv2d", spy)
+    net = _net()
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        torch.compile(net)(data=_input())
+    assert (512, 64, 3, 3) in packed

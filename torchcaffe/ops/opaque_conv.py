@@ -1,0 +1,154 @@
+"""Inside a torch.compile graph on the CPU, a large 2-D convolution's inference as one opaque
+op that runs the eager path: weights folded and packed once (``onednn_conv``), not per call.
+
+torch.compile does not freeze params, so a compiled graph can keep nothing derived from them:
+inductor sends each convolution to oneDNN with its plain weight, which oneDNN reorders on
+every call, and a folded BatchNorm is recomputed in the graph. That is where the eager net
+beat its own compiled form: ResNet-50 batch 1, 2 threads, eager 47-51 ms, compiled 58-66 ms
+(the hand-written model compiled: 60-65 ms). Here such a Convolution, alone or with its
+BatchNorm/Scale/Bias chain folded in, traces to one custom op,
+``torchcaffe::cached_conv2d(x, sources, handles)``: its inputs are the bottom and every tensor
+the weights derive from (so the graph orders it after any write to them), ``handles`` name
+the producer and link layers, whose eager fold (``FoldedAffine``, built at the first call and
+kept on the producer) computes it with its caches. Inductor fuses the ops around it as it
+would around its own convolution.
+
+Every layer gets a handle when it is built or copied (``register``): a graph traced while the
+net builds its program cannot itself record new objects, since dynamo applies such effects
+after the graph's first run. The op checks that the tensors it is given are still those
+layers' and raises otherwise rather than compute with weights the graph did not name.
+The op is used only where the eager path would pack (``wanted``) and never by torch.export,
+whose program must stand alone.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..errors import TorchCaffeError
+from . import onednn_conv
+
+# Weights (out * in * kh * kw) from which the op pays: below, its call (~20 us) and the
+# channels_last copies it starts outweigh packing a small weight (MobileNetV2 batch 1, every
+# dense convolution as the op: 0.76-0.77x the hand-written model compiled, 0.90-0.97x as now).
+MIN_WEIGHTS = 1 << 18
+
+_LAYERS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+_HANDLES = itertools.count(1)
+
+# (producer, {link type: link layer}) -> the fold's eager step; set by net.passes.folding,
+# which builds on this package
+fold_builder: Callable[[Any, dict[str, Any]], Any] | None = None
+
+
+def register(layer: Any) -> int:
+    """A new handle for ``layer`` (held weakly: a graph does not keep a layer alive)."""
+    handle = next(_HANDLES)
+    _LAYERS[handle] = layer
+    return handle
+
+
+def _layer(handle: int) -> Any:
+    layer = _LAYERS.get(handle)
+    if layer is None:
+        raise TorchCaffeError(
+            "a compiled graph calls a convolution whose layer no longer exists",
+            hint="compile the net again (torch._dynamo.reset())",
+        )
+    return layer
+
+
+def _step(handles: list[int], sources: list[torch.Tensor]) -> Any:
+    """What computes the top: the Convolution layer itself, or its fold with the links, once
+    ``sources`` are seen to be those layers' own tensors."""
+    layers = [_layer(h) for h in handles]
+    producer = layers[0]
+    step = producer
+    if len(layers) > 1:
+        key = tuple(handles)
+        step = producer.graph_folds.get(key)
+        if step is None:
+            assert fold_builder is not None
+            step = fold_builder(producer, {layer.caffe_type: layer for layer in layers[1:]})
+            producer.graph_folds[key] = step
+    mine = step.sources()
+    if len(mine) != len(sources) or any(
+        a.data_ptr() != b.data_ptr() for a, b in zip(mine, sources)
+    ):
+        raise TorchCaffeError(
+            "a compiled graph passes a convolution weights that are not its layers'",
+            layer=producer.name,
+            expected="the tensors the graph was traced with",
+            got="other tensors",
+            hint="compile the net again (torch._dynamo.reset())",
+        )
+    return step
+
+
+def _channels_last(shape: tuple[Any, ...], like: torch.Tensor) -> torch.Tensor:
+    return torch.empty(
+        shape, dtype=like.dtype, device=like.device, memory_format=torch.channels_last
+    )
+
+
+def _op() -> Any | None:
+    """The custom op where this torch build can define one (torch >= 2.4), else None."""
+    if not onednn_conv.available() or not hasattr(torch.library, "custom_op"):
+        return None
+    if not hasattr(torch.compiler, "is_exporting"):
+        return None
+
+    @torch.library.custom_op("torchcaffe::cached_conv2d", mutates_args=())
+    def cached_conv2d(
+        x: torch.Tensor, sources: list[torch.Tensor], handles: list[int]
+    ) -> torch.Tensor:
+        step = _step(handles, sources)
+        y = step.eager_top(x.contiguous(memory_format=torch.channels_last))
+        expected = _channels_last(tuple(y.shape), y)
+        if y.stride() != expected.stride():  # the layout the graph was promised
+            y = expected.copy_(y)
+        return y
+
+    @cached_conv2d.register_fake
+    def _(x: torch.Tensor, sources: list[torch.Tensor], handles: list[int]) -> torch.Tensor:
+        return _channels_last(tuple(_layer(handles[0]).top_shape(x)), x)
+
+    return cached_conv2d
+
+
+_CACHED_CONV2D = _op()
+
+
+def wanted(conv: Any, x: torch.Tensor, sources: list[torch.Tensor]) -> bool:
+    """Whether a compiled graph should call the op for Convolution layer ``conv`` over this
+    bottom: under torch.compile but not torch.export, a dense 2-D convolution with at least
+    MIN_WEIGHTS weights over more than one pixel, on CPU float32 tensors, with nothing
+    recorded by autograd (the eager path then packs its weight; the op hands it a
+    channels_last copy of an NCHW bottom)."""
+    if _CACHED_CONV2D is None or not torch.backends.mkldnn.enabled:
+        return False
+    if not torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return False
+    g = conv.geom
+    if g.num_spatial != 2 or g.channel_axis != 1 or x.dim() != 4:
+        return False
+    if x.shape[2] == x.shape[3] == 1:
+        return False  # a classifier over pooled features: a GEMM with nothing to pack
+    if conv.group != 1 or conv.weight.numel() < MIN_WEIGHTS:
+        return False
+    tensors = [x, *sources]
+    if not all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors):
+        return False
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+
+
+def call(x: torch.Tensor, sources: list[torch.Tensor], layers: list[Any]) -> torch.Tensor:
+    """The op over bottom ``x`` for ``layers`` (a Convolution, then the links folded into it,
+    whose tensors are ``sources``); the caller checked ``wanted``."""
+    assert _CACHED_CONV2D is not None
+    return _CACHED_CONV2D(x, sources, [layer.graph_handle for layer in layers])
