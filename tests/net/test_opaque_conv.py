@@ -163,3 +163,28 @@ def test_the_fold_in_the_op_runs_on_packed_weights(monkeypatch):
     with torch.inference_mode():
         torch.compile(net)(data=_input())
     assert (512, 64, 3, 3) in packed
+
+
+def test_params_changed_reaches_the_ops_folds():
+    """A write the tensor versions do not show (a numpy view), then ``params_changed``."""
+    net, x = _net(), _input()
+    torch._dynamo.reset()
+    compiled = torch.compile(net)
+    with torch.inference_mode():
+        compiled(data=x)
+    net.layers["bn1"].param_blobs()[1].detach().numpy()[:] *= 9.0
+    net.params_changed()
+    with torch.inference_mode():
+        _close(compiled(data=x), net(data=x))
+
+
+def test_the_op_shares_the_eager_programs_fold():
+    """A net that ran eagerly first keeps one folded, packed copy of conv1's weights."""
+    net, x = _net(), _input()
+    with torch.inference_mode():
+        net(data=x)
+    (eager_fold,) = net.layers["conv1"].graph_folds.values()
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        torch.compile(net)(data=x)
+    assert list(net.layers["conv1"].graph_folds.values()) == [eager_fold]

@@ -240,6 +240,8 @@ class TorchNet(nn.Module):
                 cache = getattr(module, name, None)
                 if cache is not None:
                     cache.forget()
+            for fold in getattr(module, "graph_folds", {}).values():  # a compiled graph's
+                fold.forget()
         for program in self._programs.values():
             for runner in program.runners.values():
                 while hasattr(runner, "runner"):  # a layout pass's wrapper around the layer

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -148,6 +148,8 @@ def fold_batchnorm_scale_into_producer(
 class FoldedAffine:
     """Runs a producer with BatchNorm/Scale/Bias folded into its weights (inference only)."""
 
+    shares_with_graph: ClassVar[bool] = True  # may a compiled graph's op run it (inference)?
+
     def __init__(self, producer_type: str, producer: Any, links: dict[str, Any]) -> None:
         self.producer_type = producer_type
         self.producer = producer
@@ -158,6 +160,15 @@ class FoldedAffine:
         self.scale_has_bias = bool(self.scale is not None and self.scale.param.bias_term)
         self._folded: DerivedCache[tuple[torch.Tensor, torch.Tensor]] = DerivedCache()
         self.weight_cache: PackedConvWeight | None = PackedConvWeight()
+        if (
+            self.shares_with_graph
+            and producer_type == "Convolution"
+            and not torch.compiler.is_compiling()
+        ):
+            # a compiled graph's op for these layers runs this fold, sharing its caches
+            # (one built in a trace is not kept: ``opaque_conv`` builds its own)
+            key = tuple(layer.graph_handle for layer in self.layers())
+            producer.graph_folds.setdefault(key, self)
 
     def layers(self) -> list[Any]:
         """The producer, then the links, in LINKS order."""

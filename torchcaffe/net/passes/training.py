@@ -61,6 +61,8 @@ OUTPUT_FREE_BACKWARD = frozenset(
 class FrozenBatchNormFold(FoldedAffine):
     """A Convolution with its frozen BatchNorm / Scale / Bias folded in, differentiably."""
 
+    shares_with_graph = False  # no packed weight: a compiled inference graph builds its own
+
     def __init__(self, producer: Any, links: dict[str, Any], chain: list[Any]) -> None:
         super().__init__("Convolution", producer, links)
         self.chain = chain  # the links in program order, for the literal fallback
