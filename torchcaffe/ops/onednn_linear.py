@@ -20,9 +20,10 @@ The InnerProduct layer (and a folded one) calls it, so every path gets it: the t
 the Caffe face's layer-by-layer forward and backward, and a solver's step. Only the order of
 the dot products' additions changes: the outputs and gradients stay within the golden
 tolerances (the conformance suite runs every golden case through it with MIN_WEIGHTS at
-zero). Any call oneDNN cannot take as it is (not the CPU, not float32, torch.compile, which
-handles ``F.linear`` itself, torch.jit's tracer, or ``torch.backends.mkldnn`` off) runs
-``F.linear``.
+zero). Under torch.compile the product is the opaque op ``torchcaffe::onednn_linear``
+(``_graph_op``, forward and backward as above), except for torch.export, whose program must
+stand alone. Any call oneDNN cannot take as it is (not the CPU, not float32, torch.export,
+torch.jit's tracer, or ``torch.backends.mkldnn`` off) runs ``F.linear``.
 """
 
 from __future__ import annotations
@@ -55,11 +56,69 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     """``F.linear(x, weight, bias)`` for a 2-D ``x``, on oneDNN where it can run as is and
     ``weight`` has at least MIN_WEIGHTS elements."""
     tensors = (x, weight) if bias is None else (x, weight, bias)
-    if _LINEAR is not None and weight.numel() >= MIN_WEIGHTS and _onednn_can_take(tensors):
-        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-            return _OneDnnLinear.apply(x, weight, bias)
-        return _LINEAR(x, weight, bias, "none", [], "")
+    if _LINEAR is None or weight.numel() < MIN_WEIGHTS:
+        return F.linear(x, weight, bias)
+    recorded = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    if _onednn_can_take(tensors):
+        return (
+            _OneDnnLinear.apply(x, weight, bias)
+            if recorded
+            else _LINEAR(x, weight, bias, "none", [], "")
+        )
+    if _GRAPH_LINEAR is not None and _graph_can_take(tensors):
+        return _GRAPH_LINEAR(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+def _graph_can_take(tensors: tuple[torch.Tensor, ...]) -> bool:
+    """Under torch.compile but not torch.export, CPU float32 tensors, oneDNN on."""
+    if not torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return False
+    if not all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors):
+        return False
+    return bool(torch.backends.mkldnn.enabled)
+
+
+def _graph_op() -> Any | None:
+    """oneDNN's product as an opaque op of a compiled inference graph: inductor lowers
+    ``mkldnn::_linear_pointwise`` only for frozen weights and sends ``F.linear`` to MKL's
+    sgemm, whose batch-1 product runs on one thread (CaffeNet compiled, batch 1: the eager
+    net's 16 ms against 19 ms)."""
+    if _LINEAR is None or not hasattr(torch.library, "custom_op"):
+        return None
+    if not hasattr(torch.compiler, "is_exporting"):
+        return None
+
+    @torch.library.custom_op("torchcaffe::onednn_linear", mutates_args=())
+    def onednn_linear(
+        x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        return _LINEAR(x, weight, bias, "none", [], "")  # type: ignore[misc]
+
+    @onednn_linear.register_fake
+    def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return x.new_empty((x.shape[0], weight.shape[0]))
+
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+        x, weight, _bias = inputs
+        ctx.save_for_backward(x, weight)
+
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        """As ``_OneDnnLinear``'s: the bottom's gradient on oneDNN (the weight read
+        transposed), the weight's and the bias's as F.linear's backward has them."""
+        x, weight = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad
+        grad = grad.contiguous()
+        grad_x = onednn_linear(grad, weight.t(), None) if need_x else None
+        grad_w = grad.t() @ x if need_w else None
+        grad_b = grad.sum(0) if need_b else None
+        return grad_x, grad_w, grad_b
+
+    onednn_linear.register_autograd(backward, setup_context=setup_context)
+    return onednn_linear
+
+
+_GRAPH_LINEAR = _graph_op()
 
 
 def pixel_rows_product(

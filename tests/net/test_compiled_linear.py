@@ -1,0 +1,84 @@
+"""A large InnerProduct in a compiled CPU graph runs on oneDNN's product as an opaque op
+(``ops/onednn_linear``), forward and backward, with the eager net's values."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from google.protobuf import text_format
+
+import torchcaffe
+from torchcaffe.ops import onednn_linear
+from torchcaffe.proto import caffe_pb2
+
+from ..helpers.params import fill_params
+
+pytestmark = pytest.mark.skipif(
+    onednn_linear._GRAPH_LINEAR is None, reason="this torch build has no oneDNN linear op"
+)
+
+OP = "torchcaffe.onednn_linear.default"
+
+# ip1: 512 * 600 = 307200 weights (>= MIN_WEIGHTS), ip2: 600 * 10 (below it, torch's)
+NET = """
+input: "data" input_shape { dim: 3 dim: 512 }
+layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "a"
+  inner_product_param { num_output: 600 } }
+layer { name: "relu" type: "ReLU" bottom: "a" top: "a" }
+layer { name: "ip2" type: "InnerProduct" bottom: "a" top: "out"
+  inner_product_param { num_output: 10 } }
+"""
+
+
+def _net() -> torchcaffe.TorchNet:
+    net = torchcaffe.load(text_format.Parse(NET, caffe_pb2.NetParameter()), phase="test")
+    fill_params(net, lambda t, gen: (torch.rand(t.shape, generator=gen) - 0.5) * 0.2)
+    return net
+
+
+def _input() -> torch.Tensor:
+    return torch.randn(3, 512, generator=torch.Generator().manual_seed(2))
+
+
+def _op_calls(net: torchcaffe.TorchNet, grad: bool) -> int:
+    graphs: list[torch.fx.GraphModule] = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.set_grad_enabled(grad):
+        torch.compile(net, backend=record, fullgraph=True)(data=_input())
+    return sum(
+        str(n.target) == OP for gm in graphs for n in gm.graph.nodes if n.op == "call_function"
+    )
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+def test_only_the_large_product_becomes_the_op(grad):
+    assert _op_calls(_net(), grad) == 1
+
+
+def test_inductor_forward_and_backward_equal_eager():
+    net, x = _net(), _input()
+    w = torch.randn(3, 10, generator=torch.Generator().manual_seed(5))
+
+    def grads(run):
+        net.zero_grad(set_to_none=True)
+        out = run(data=x)["out"]
+        (out * w).sum().backward()
+        return out.detach(), [p.grad.clone() for p in net.parameters()]
+
+    want_out, want = grads(net)
+    torch._dynamo.reset()
+    got_out, got = grads(torch.compile(net))
+    torch.testing.assert_close(got_out, want_out, rtol=1e-5, atol=1e-5)
+    for g, e in zip(got, want, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+
+
+def test_export_keeps_torchs_product():
+    with torch.no_grad():
+        program = torch.export.export(_net(), (), {"data": _input()})
+    assert not any("torchcaffe" in str(n.target) for n in program.graph.nodes)
