@@ -86,6 +86,16 @@ def test_the_two_large_convolutions_become_the_op():
     assert _op_calls(_net(), _input()) == 2
 
 
+def test_a_pointwise_convolution_takes_the_op_only_inside_a_channels_last_region():
+    """conv2 (1x1) follows conv1's op, whose top is channels_last; alone over the NCHW input
+    it would pack nothing and only start a layout change."""
+    alone = NET.replace('bottom: "c1" top: "c2"', 'bottom: "data" top: "c2"')
+    alone = alone.replace("dim: 64", "dim: 512")
+    net = torchcaffe.load(text_format.Parse(alone, caffe_pb2.NetParameter()), phase="test")
+    x = torch.randn(2, 512, 6, 6)
+    assert _op_calls(net.eval(), x) == 1  # conv1 (now 512 -> 512, 3x3) only
+
+
 def test_no_op_while_autograd_records_or_mkldnn_is_off():
     net = _net()
     assert _op_calls(net, _input(), grad=True) == 0
