@@ -11,6 +11,7 @@ import torchcaffe
 from torchcaffe.ops import onednn_linear
 from torchcaffe.proto import caffe_pb2
 
+from ..helpers.graphs import calls_of
 from ..helpers.params import fill_params
 
 pytestmark = pytest.mark.skipif(
@@ -40,24 +41,9 @@ def _input() -> torch.Tensor:
     return torch.randn(3, 512, generator=torch.Generator().manual_seed(2))
 
 
-def _op_calls(net: torchcaffe.TorchNet, grad: bool) -> int:
-    graphs: list[torch.fx.GraphModule] = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    with torch.set_grad_enabled(grad):
-        torch.compile(net, backend=record, fullgraph=True)(data=_input())
-    return sum(
-        str(n.target) == OP for gm in graphs for n in gm.graph.nodes if n.op == "call_function"
-    )
-
-
 @pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
 def test_only_the_large_product_becomes_the_op(grad):
-    assert _op_calls(_net(), grad) == 1
+    assert calls_of(_net(), OP, grad, data=_input()) == 1
 
 
 def test_inductor_forward_and_backward_equal_eager():

@@ -14,6 +14,7 @@ from torchcaffe.errors import TorchCaffeError
 from torchcaffe.ops import onednn_conv, opaque_conv
 from torchcaffe.proto import caffe_pb2
 
+from ..helpers.graphs import calls_of
 from ..helpers.params import fill_params
 
 pytestmark = pytest.mark.skipif(
@@ -59,22 +60,7 @@ def _input(batch: int = 2) -> torch.Tensor:
 
 
 def _op_calls(net: torchcaffe.TorchNet, x: torch.Tensor, grad: bool = False) -> int:
-    """How many times dynamo's graph of ``net(data=x)`` calls the op."""
-    graphs: list[torch.fx.GraphModule] = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    with torch.set_grad_enabled(grad):
-        torch.compile(net, backend=record, fullgraph=True)(data=x)
-    return sum(
-        str(node.target) == OP
-        for gm in graphs
-        for node in gm.graph.nodes
-        if node.op == "call_function"
-    )
+    return calls_of(net, OP, grad, data=x)
 
 
 def _close(got: dict, want: dict) -> None:
