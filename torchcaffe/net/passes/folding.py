@@ -168,7 +168,7 @@ class FoldedAffine:
             # a compiled graph's op for these layers runs this fold, sharing its caches
             # (one built in a trace is not kept: ``opaque_conv`` builds its own)
             key = tuple(layer.graph_handle for layer in self.layers())
-            producer.graph_folds.setdefault(key, self)
+            getattr(producer, "graph_folds", {}).setdefault(key, self)
 
     def layers(self) -> list[Any]:
         """The producer, then the links, in LINKS order."""
