@@ -113,10 +113,12 @@ def test_dynamic_batch_compile_runs_the_op_at_two_sizes():
             _close(compiled(data=x), net(data=x))
 
 
-def test_export_keeps_torchs_convolutions():
+@pytest.mark.parametrize("strict", [False, True], ids=["non-strict", "strict"])
+def test_export_keeps_torchs_convolutions(strict):
+    """An exported program stands alone: torch's ops, in both tracing modes."""
     net = _net()
     with torch.no_grad():
-        program = torch.export.export(net, (), {"data": _input()})
+        program = torch.export.export(net, (), {"data": _input()}, strict=strict)
     targets = [str(node.target) for node in program.graph.nodes if node.op == "call_function"]
     assert not any("torchcaffe" in t for t in targets)
 

@@ -28,6 +28,7 @@ torch.jit's tracer, or ``torch.backends.mkldnn`` off) runs ``F.linear``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -65,13 +66,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
             if recorded
             else _LINEAR(x, weight, bias, "none", [], "")
         )
-    if _GRAPH_LINEAR is not None and _graph_can_take(tensors):
+    if _GRAPH_LINEAR is not None and graph_can_take(tensors):
         return _GRAPH_LINEAR(x, weight, bias)
     return F.linear(x, weight, bias)
 
 
-def _graph_can_take(tensors: tuple[torch.Tensor, ...]) -> bool:
-    """Under torch.compile but not torch.export, CPU float32 tensors, oneDNN on."""
+def graph_can_take(tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether a torch.compile trace may call one of our opaque CPU ops (this module's and
+    ``opaque_conv``'s) on ``tensors``: compiling but not exporting (torch.export also turns
+    oneDNN off while it traces), CPU float32 tensors, oneDNN on."""
     if not torch.compiler.is_compiling() or torch.compiler.is_exporting():
         return False
     if not all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors):
@@ -80,7 +83,7 @@ def _graph_can_take(tensors: tuple[torch.Tensor, ...]) -> bool:
 
 
 def _graph_op() -> Any | None:
-    """oneDNN's product as an opaque op of a compiled inference graph: inductor lowers
+    """oneDNN's product as an opaque op of a compiled graph (with a backward): inductor lowers
     ``mkldnn::_linear_pointwise`` only for frozen weights and sends ``F.linear`` to MKL's
     sgemm, whose batch-1 product runs on one thread (CaffeNet compiled, batch 1: the eager
     net's 16 ms against 19 ms)."""

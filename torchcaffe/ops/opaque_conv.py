@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from ..errors import TorchCaffeError
-from . import onednn_conv
+from . import onednn_conv, onednn_linear
 
 # Weights (out * in * kh * kw) from which the op pays: below, its call (~20 us) and the
 # channels_last copies it starts outweigh packing a small weight (MobileNetV2 batch 1, every
@@ -135,9 +135,7 @@ def wanted(conv: Any, x: torch.Tensor, sources: list[torch.Tensor]) -> bool:
     a region of ops (ResNet-50 b1: 1.02-1.06x the hand-written model without them, 1.21-1.29x
     with), and starting one costs more than it saves (MobileNetV2 b1: 0.86-0.90x, 0.95-0.96x
     without)."""
-    if _CACHED_CONV2D is None or not torch.backends.mkldnn.enabled:
-        return False
-    if not torch.compiler.is_compiling() or torch.compiler.is_exporting():
+    if _CACHED_CONV2D is None or not onednn_linear.graph_can_take([x, *sources]):
         return False
     g = conv.geom
     if g.num_spatial != 2 or g.channel_axis != 1 or x.dim() != 4:
@@ -148,11 +146,8 @@ def wanted(conv: Any, x: torch.Tensor, sources: list[torch.Tensor]) -> bool:
         return False
     pointwise = tuple(g.kernel) == (1, 1) and all(v == 1 for v in g.stride) and not any(g.pad)
     if pointwise and (x.is_contiguous() or not x.is_contiguous(memory_format=CHANNELS_LAST)):
-        return False  # it packs nothing: it only pays by keeping a channels_last region so
-    tensors = [x, *sources]
-    if not all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors):
-        return False
-    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+        return False  # it packs nothing; it pays only inside a channels_last region
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in [x, *sources]))
 
 
 def call(x: torch.Tensor, sources: list[torch.Tensor], layers: list[Any]) -> torch.Tensor:
