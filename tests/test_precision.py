@@ -142,7 +142,8 @@ def test_cuda_torch_face_backward_matches_the_cpu_with_tf32_allowed(tf32_on):
     for device in ("cpu", "cuda"):
         net.to(device).zero_grad()
         net(data=x.to(device), target=t.to(device))["loss"].backward()
-        grads.append(net.layers["conv"].weight.grad.cpu())
+        # a copy: moving the net to CUDA moves a param's grad tensor with it, in place
+        grads.append(net.layers["conv"].weight.grad.to("cpu", copy=True))
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
     assert _switches() == tf32_on
 
