@@ -166,6 +166,25 @@ def test_tensors_off_the_cpu_are_left_alone():
     assert _seen_by(layout.ChannelsLastInput(lambda t: t, always=True), meta) is meta
 
 
+def test_programs_off_the_cpu_leave_the_pass_out(monkeypatch):
+    # off the CPU the wrappers would only pass tensors through, at a host cost per layer
+    net = _net()
+    assert net.optimized_program().report[LAYOUT] == 5
+    program = net.optimized_program(device=torch.device("meta"))
+    assert LAYOUT not in program.report
+    assert not any(s.key.endswith(("+nhwc", "+nchw")) for s in program.steps)
+    calls = []
+    wrapped = layout.ChannelsLastInput.__call__
+    monkeypatch.setattr(
+        layout.ChannelsLastInput, "__call__", lambda self, *b: calls.append(1) or wrapped(self, *b)
+    )
+    with torch.inference_mode():
+        net(data=torch.randn(2, 3, 32, 32))
+        assert len(calls) == 5
+        net.to("meta")(data=torch.randn(2, 3, 32, 32, device="meta"))  # its inputs pick it
+    assert len(calls) == 5
+
+
 def test_split_tops_are_the_bottom_itself():
     x = torch.randn(1, 16, 5, 5).contiguous(memory_format=CL)
     tops = layout.SharedTops(3)(x)

@@ -94,9 +94,10 @@ class TorchNet(nn.Module):
         # Passes (net/passes): inference ones when no autograd is recorded, training ones when
         # it is; off: Caffe's literal layer-by-layer program always. Programs are cached per
         # observable set (as sorted names: dynamo names a param it reaches through this dict
-        # by the key, and inductor's cache cannot pickle a frozenset there), mode and kind.
+        # by the key, and inductor's cache cannot pickle a frozenset there), mode, kind and
+        # whether it runs on the CPU (some passes are for the CPU's kernels alone).
         self.optimize = True
-        self._programs: dict[tuple[tuple[str, ...], bool, bool], OptimizedProgram] = {}
+        self._programs: dict[tuple[tuple[str, ...], bool, bool, bool], OptimizedProgram] = {}
         self._observe_outputs = frozenset(self.output_names)
         self._observe_all = frozenset(self.blob_names)
 
@@ -220,14 +221,19 @@ class TorchNet(nn.Module):
         out = self.layers[step.key](*bottoms)
         return out if isinstance(out, tuple) else (out,)
 
-    def optimized_program(self, observable: Iterable[str] | None = None) -> OptimizedProgram:
-        """The inference program (every pass applied) for a run whose caller reads the blobs
-        ``observable`` afterwards (default: the net's outputs); see ``net/passes``."""
-        return self._cached_program(observable, autograd=False)
+    def optimized_program(
+        self, observable: Iterable[str] | None = None, device: torch.device | None = None
+    ) -> OptimizedProgram:
+        """The inference program (every pass applied) for a run on ``device`` (default: where
+        the params are) whose caller reads the blobs ``observable`` afterwards (default: the
+        net's outputs); see ``net/passes``."""
+        return self._cached_program(observable, autograd=False, device=device)
 
-    def training_program(self, observable: Iterable[str] | None = None) -> OptimizedProgram:
+    def training_program(
+        self, observable: Iterable[str] | None = None, device: torch.device | None = None
+    ) -> OptimizedProgram:
         """The program (training passes applied) for a forward that autograd records."""
-        return self._cached_program(observable, autograd=True)
+        return self._cached_program(observable, autograd=True, device=device)
 
     def params_changed(self) -> None:
         """Forget what was derived from the params and cached on their tensor versions: folded
@@ -249,22 +255,30 @@ class TorchNet(nn.Module):
                 if isinstance(runner, FoldedAffine):
                     runner.forget()
 
-    def _cached_program(self, observable: Iterable[str] | None, autograd: bool) -> OptimizedProgram:
+    def _cached_program(
+        self, observable: Iterable[str] | None, autograd: bool, device: torch.device | None
+    ) -> OptimizedProgram:
         seen = self._observe_outputs if observable is None else frozenset(observable)
-        key = (tuple(sorted(seen)), self.training, autograd)
+        if device is None:
+            device = next((p.device for p in self.parameters()), None)
+        on_cpu = device is None or device.type == "cpu"
+        key = (tuple(sorted(seen)), self.training, autograd, on_cpu)
         program = self._programs.get(key)
         if program is None:
-            optimize = optimize_for_training if autograd else optimize_for_inference
-            program = optimize(self.steps, self.layers, seen).with_releases(seen)
+            if autograd:
+                program = optimize_for_training(self.steps, self.layers, seen)
+            else:
+                program = optimize_for_inference(self.steps, self.layers, seen, on_cpu)
+            program = program.with_releases(seen)
             self._programs[key] = program
         return program
 
-    def _program_for(self, observable: frozenset[str]) -> OptimizedProgram | None:
+    def _program_for(
+        self, observable: frozenset[str], device: torch.device | None
+    ) -> OptimizedProgram | None:
         if not self.optimize:
             return None
-        if torch.is_grad_enabled():
-            return self.training_program(observable)
-        return self.optimized_program(observable)
+        return self._cached_program(observable, torch.is_grad_enabled(), device)
 
     def run(
         self,
@@ -325,16 +339,18 @@ class TorchNet(nn.Module):
 
     def forward(self, *args: torch.Tensor, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         """``net(data=x)`` -> {output blob name: tensor} (Caffe's net outputs, sorted by name)."""
-        program = self._program_for(self._observe_outputs)
-        blobs = self.run(self.bind_inputs(args, inputs), program=program)
+        blobs = self.bind_inputs(args, inputs)
+        program = self._program_for(self._observe_outputs, self._device_of(blobs))
+        blobs = self.run(blobs, program=program)
         return self._backward_in_ieee({name: to_nchw(blobs[name]) for name in self.output_names})
 
     def forward_all_blobs(
         self, *args: torch.Tensor, **inputs: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         """Like ``forward`` but returns every blob (in-place blobs hold their last value)."""
-        program = self._program_for(self._observe_all)
-        blobs = self.run(self.bind_inputs(args, inputs), program=program)
+        blobs = self.bind_inputs(args, inputs)
+        program = self._program_for(self._observe_all, self._device_of(blobs))
+        blobs = self.run(blobs, program=program)
         return self._backward_in_ieee({name: to_nchw(t) for name, t in blobs.items()})
 
     def _backward_in_ieee(self, outputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -39,6 +39,10 @@ INFERENCE_PASSES = (
     inplace_relu,
     channels_last_layout,
 )
+# Passes for the CPU's kernels alone. Elsewhere they would only wrap each layer in a call that
+# passes its tensors through: on a GPU, where a run is bound by the host's work per layer,
+# that costs time for nothing.
+CPU_ONLY_PASSES = frozenset({channels_last_layout})
 
 
 # For runs autograd records: frozen BatchNorm (+ Scale/Bias) into the Convolution before it,
@@ -56,11 +60,14 @@ def optimize_for_inference(
     steps: list[LayerStep],
     modules: Mapping[str, nn.Module] | nn.ModuleDict,
     observable: frozenset[str],
+    on_cpu: bool = True,
 ) -> OptimizedProgram:
-    """Run every inference pass over ``steps``; the report counts what each pass did."""
+    """Run every inference pass over ``steps`` (off the CPU, those not in CPU_ONLY_PASSES);
+    the report counts what each pass did."""
     program = OptimizedProgram.unoptimized(steps, modules)
     for apply_pass in INFERENCE_PASSES:
-        program = apply_pass(program, observable)
+        if on_cpu or apply_pass not in CPU_ONLY_PASSES:
+            program = apply_pass(program, observable)
     return program
 
 
@@ -78,6 +85,7 @@ def optimize_for_training(
 
 __all__ = [
     "FoldedAffine",
+    "CPU_ONLY_PASSES",
     "INFERENCE_PASSES",
     "TRAINING_PASSES",
     "OptimizedProgram",
