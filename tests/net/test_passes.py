@@ -18,7 +18,7 @@ from torchcaffe.proto import caffe_pb2
 from ..helpers.params import fill_params
 
 FOLD, INPLACE = "fold_batchnorm_scale_into_producer", "inplace_relu"
-AFFINE = "fold_batchnorm_into_scale"
+AFFINE, SPLITS = "fold_batchnorm_into_scale", "bypass_splits"
 LAYOUT = "channels_last_layout"
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -68,19 +68,21 @@ def _assert_close(got, want):
 
 
 def test_passes_are_listed_in_order():
-    assert [p.__name__ for p in INFERENCE_PASSES] == [FOLD, AFFINE, INPLACE, LAYOUT]
+    assert [p.__name__ for p in INFERENCE_PASSES] == [FOLD, AFFINE, SPLITS, INPLACE, LAYOUT]
 
 
 def test_fold_fires_on_conv_ip_and_deconv_chains():
     net = _net()
     program = net.optimized_program()  # observe the outputs (d, h) only
-    assert program.report == {FOLD: 3, AFFINE: 0, INPLACE: 2, LAYOUT: 1}  # the conv
+    # the conv's output feeds ip and de through a Split, which they now bypass
+    assert program.report == {FOLD: 3, AFFINE: 0, SPLITS: 1, INPLACE: 2, LAYOUT: 1}
     types = [s.type for s in program.steps]
     assert "Convolution+BatchNorm+Scale" in types
     assert "InnerProduct+BatchNorm+Bias" in types
     assert "Deconvolution+Scale" in types
     assert types.count("ReLU+inplace") == 2
-    assert len(program.steps) == len(net.steps) - 5
+    assert len(program.steps) == len(net.steps) - 6
+    assert "Split" not in types
 
 
 def test_folded_outputs_equal_unfolded():
@@ -222,6 +224,38 @@ def test_caffe_face_partial_forward_matches(tmp_path, optimize):
         np.testing.assert_allclose(net.blobs[name].data, want[name].numpy(), rtol=RTOL, atol=ATOL)
 
 
+FAN_OUT = """
+input: "data" input_shape { dim: 2 dim: 3 dim: 6 dim: 6 }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "a"
+  convolution_param { num_output: 4 kernel_size: 3 pad: 1 } }
+layer { name: "pool" type: "Pooling" bottom: "a" top: "p"
+  pooling_param { pool: AVE kernel_size: 2 stride: 2 } }
+layer { name: "conv2" type: "Convolution" bottom: "a" top: "b"
+  convolution_param { num_output: 4 kernel_size: 3 pad: 1 } }
+layer { name: "relu" type: "ReLU" bottom: "b" top: "b" }
+layer { name: "sum" type: "Eltwise" bottom: "a" bottom: "b" top: "s" }
+"""
+
+
+def test_unobserved_splits_are_bypassed_and_outputs_hold():
+    net = _net(FAN_OUT)  # a has three readers: one Split
+    assert [s.type for s in net.steps].count("Split") == 1
+    program = net.optimized_program()
+    assert program.report[SPLITS] == 1
+    assert "Split" not in [s.type for s in program.steps]
+    readers = {s.name for s in program.steps if "a" in s.bottoms}
+    assert {"pool", "conv2", "sum"} <= readers
+    assert program.report[INPLACE] == 1  # b's ReLU, on conv2's fresh top, still in place
+    x = torch.randn(2, 3, 6, 6)
+    want = _unoptimized(net, data=x)
+    with torch.inference_mode():
+        got = net(data=x)
+    for name in ("p", "s"):
+        _assert_close(got[name], want[name])
+    # a caller who reads the Split's tops gets them
+    assert net.optimized_program(net.blob_names).report[SPLITS] == 0
+
+
 def test_caffe_face_folds_batchnorm_into_scale_when_the_conv_output_is_a_blob(tmp_path):
     """MobileNetV2's pattern: conv -> c, BatchNorm c -> b, Scale b -> b (in place)."""
     proto = tmp_path / "net.prototxt"
@@ -236,7 +270,7 @@ layer { name: "relu" type: "ReLU" bottom: "b" top: "b" }
     net = caffe.Net(str(proto), caffe.TEST)
     _randomize(net.module)
     report = net.module.optimized_program(net.blobs).report
-    assert report == {FOLD: 0, AFFINE: 1, INPLACE: 1, LAYOUT: 1}
+    assert report == {FOLD: 0, AFFINE: 1, SPLITS: 0, INPLACE: 1, LAYOUT: 1}
     x = np.random.default_rng(2).standard_normal((2, 3, 5, 4)).astype(np.float32)
     net.blobs["data"].data[...] = x
     net.forward()

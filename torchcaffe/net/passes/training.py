@@ -34,7 +34,6 @@ to, autograd's version check would raise rather than compute a wrong gradient).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
@@ -47,6 +46,7 @@ from ..program import LayerStep
 from .folding import FoldedAffine, producer_chains
 from .inplace import rewrite_relus_in_place
 from .program import OptimizedProgram, StepMerges, readers_of, step_kind
+from .splits import bypass_unobserved_splits
 
 FOLD_PASS = "fold_frozen_batchnorm_for_training"
 FUSE_PASS = "fuse_batchnorm_scale_for_training"
@@ -200,38 +200,10 @@ def fuse_batchnorm_scale_for_training(
     return merges.result(FUSE_PASS)
 
 
-def _split_ok(step: LayerStep, observable: frozenset[str]) -> bool:
-    return (
-        step.type == "Split"
-        and len(step.bottoms) == 1
-        and all(step.propagate_down)
-        and not any(step.loss_weights)
-        and not observable.intersection(step.tops)
-    )
-
-
 def bypass_splits_for_training(
     program: OptimizedProgram, observable: frozenset[str]
 ) -> OptimizedProgram:
-    steps = list(program.steps)
-    removed: set[int] = set()
-    for i, step in enumerate(steps):
-        if not _split_ok(step, observable):
-            continue
-        source = step.bottoms[0]
-        readers = {top: readers_of(tuple(steps), i, top) for top in step.tops}
-        # not max(..., default=i): a compiled forward may build this program while dynamo
-        # traces it, and dynamo breaks the graph on max's default
-        last = max([i, *(j for js in readers.values() for j in js)])
-        if any(source in steps[k].tops for k in range(i + 1, last + 1)):
-            continue  # the bottom is rewritten before a reader would read it
-        for top, js in readers.items():
-            for j in js:
-                bottoms = tuple(source if b == top else b for b in steps[j].bottoms)
-                steps[j] = dataclasses.replace(steps[j], bottoms=bottoms)
-        removed.add(i)
-    new_steps = [s for i, s in enumerate(steps) if i not in removed]
-    return program.rewritten(SPLIT_PASS, new_steps, {}, len(removed))
+    return bypass_unobserved_splits(program, observable, SPLIT_PASS)
 
 
 def _backward_reads_no_output(program: OptimizedProgram, step: LayerStep) -> bool:
