@@ -158,6 +158,7 @@ class FoldedAffine:
         self.bias = links.get("Bias")
         # read once: a proto field read in a compiled forward is one more guard per call
         self.scale_has_bias = bool(self.scale is not None and self.scale.param.bias_term)
+        self._layers = self.layers()
         self._folded: DerivedCache[tuple[torch.Tensor, torch.Tensor]] = DerivedCache()
         self.weight_cache: PackedConvWeight | None = PackedConvWeight()
         if (
@@ -175,9 +176,9 @@ class FoldedAffine:
         return [m for m in (self.producer, self.bn, self.scale, self.bias) if m is not None]
 
     def sources(self) -> list[torch.Tensor]:
-        """Every tensor the folded weights derive from (the caffemodel's blobs)."""
-        mods = [self.producer, self.bn, self.scale, self.bias]
-        return [t for m in mods if m is not None for t in m.param_blobs()]
+        """Every tensor the folded weights derive from (the caffemodel's blobs), read on every
+        call (a param replaced since shows)."""
+        return [t for m in self._layers for t in m.param_blobs()]
 
     def folded_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The eager fold, cached on its sources. Never under torch.compile: ``__call__``
