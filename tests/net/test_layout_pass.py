@@ -250,6 +250,20 @@ def test_pointwise_conv_over_one_pixel_is_one_gemm(layout, onednn_calls):
     torch.testing.assert_close(got, F.conv2d(x, w, b), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("layout", [CL, torch.contiguous_format])
+def test_off_the_cpu_conv2d_is_torchs_own(layout, monkeypatch):
+    # the GEMM forms are the CPU's; a GPU's runs are bound by the host's work per layer
+    def no_gemm(*args):
+        raise AssertionError("a CPU form off the CPU")
+
+    monkeypatch.setattr(onednn_linear, "pixel_rows_product", no_gemm)
+    w = torch.empty(30, 40, 1, 1, device="meta")
+    for size in (1, 5):
+        x = torch.empty(3, 40, size, size, device="meta").contiguous(memory_format=layout)
+        with torch.inference_mode():
+            assert conv2d(x, w, None, (1, 1), (0, 0), (1, 1), 1).shape == (3, 30, size, size)
+
+
 def test_pass_is_a_no_op_without_convolutions():
     text = 'input: "x" input_shape { dim: 1 dim: 4 } '
     text += 'layer { name: "r" type: "ReLU" bottom: "x" top: "y" }'

@@ -155,6 +155,8 @@ def conv2d(
     - over a 1x1 bottom (MobileNetV2's classifier) it is one GEMM in any layout: torch sends
       it to its im2col kernel, 0.41 ms in-net for 1280 -> 1000 at batch 1.
     """
+    if not x.is_cpu:  # the layouts and GEMM forms below are the CPU's
+        return F.conv2d(x, weight, bias, stride, pad, dilation, groups)
     pointwise = (
         weight.shape[2:] == (1, 1) and groups == 1 and all(v == 1 for v in stride) and not any(pad)
     )
