@@ -189,3 +189,20 @@ def test_release_drops_both_sides_unless_a_buffer_is_viewed(gpu, copies):
     assert not mem.release()
     assert mem.head is Head.HEAD_AT_CPU and view.tolist() == [2.0] * 3
     assert copies == ["cpu->gpu"]  # the deferred value was never computed
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="page-locked memory needs CUDA")
+@pytest.mark.parametrize("mode", ["gpu", "cpu"])
+def test_host_side_is_page_locked_in_gpu_mode_as_caffes(mode):
+    import torchcaffe
+
+    (torchcaffe.set_mode_gpu if mode == "gpu" else torchcaffe.set_mode_cpu)()
+    try:
+        mem = SyncedMemory(8, gpu_device="cuda")
+        mem.mutable_gpu_data().fill_(2)
+        assert mem.cpu_data().is_pinned() == (mode == "gpu")
+        assert mem.cpu_data().tolist() == [2.0] * 8
+        fresh = SyncedMemory(8, gpu_device="cuda")
+        assert fresh.mutable_cpu_data().is_pinned() == (mode == "gpu")
+    finally:
+        torchcaffe.set_mode_cpu()

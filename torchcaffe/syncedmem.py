@@ -69,6 +69,15 @@ class SyncedMemory:
             self._gpu_device = default_gpu_device()
         return self._gpu_device
 
+    def _host_buffer(self) -> torch.Tensor:
+        """A new host side (uninitialized): page-locked while Caffe's mode is GPU, as Caffe's
+        CaffeMallocHost allocates it, so that copies to and from the device go by DMA
+        without a staging copy through pageable memory."""
+        from . import runtime
+
+        pin = runtime.mode() == runtime.GPU and torch.cuda.is_available()
+        return torch.empty(self.count, dtype=self.dtype, pin_memory=pin)
+
     def _report(self, direction: str) -> None:
         for hook in list(copy_hooks):
             hook(self, direction)
@@ -101,7 +110,7 @@ class SyncedMemory:
         with torch.inference_mode(False):  # a buffer later autograd-recording runs may write
             if to_cpu:
                 if self._cpu is None:
-                    self._cpu = torch.zeros(self.count, dtype=self.dtype)
+                    self._cpu = self._host_buffer().zero_()
                 buffer, self.head = self._cpu, Head.HEAD_AT_CPU
             else:
                 if self._gpu is None:
@@ -116,12 +125,12 @@ class SyncedMemory:
         if self._deferred is not None:
             self._write_deferred(to_cpu=True)
         if self.head is Head.UNINITIALIZED:
-            self._cpu = torch.zeros(self.count, dtype=self.dtype)
+            self._cpu = self._host_buffer().zero_()
             self.head = Head.HEAD_AT_CPU
         elif self.head is Head.HEAD_AT_GPU:
             assert self._gpu is not None
             if self._cpu is None:
-                self._cpu = torch.empty(self.count, dtype=self.dtype)
+                self._cpu = self._host_buffer()
             if not self._gpu.is_meta:  # a meta "device" (tests) holds no values to copy
                 self._cpu.copy_(self._gpu)
             self._report("gpu->cpu")
