@@ -18,7 +18,9 @@ parity, above 1 is better. Sections:
   opencv       inference vs OpenCV dnn's Caffe importer on the same prototxt and weights
   layout       eager inference with every pass vs every pass but channels_last_layout
   caffe_face   pycaffe's ``blobs['data'].data[...] = x; forward()`` vs ``net(data=x)`` on the
-               same net (the torch face is the baseline: 0.91x is the issue's 1.1x limit)
+               same net (the torch face is the baseline: 0.91x is the issue's 1.1x limit; on
+               a GPU it also copies the numpy input there and the outputs back, as the Caffe
+               face must)
   load         caffemodel load (>= 500 MB, VGG16-shaped) vs a raw read, peak RSS vs weights
   build        build time of ResNet-50 and ResNet-152 (no weights), and ResNet-152 with its
                241 MB caffemodel vs a raw read of that file
