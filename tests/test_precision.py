@@ -134,17 +134,24 @@ def test_cuda_convolution_matches_the_cpu_with_tf32_allowed(tf32_on):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="TF32 needs a CUDA GPU")
 def test_cuda_torch_face_backward_matches_the_cpu_with_tf32_allowed(tf32_on):
     # the convolution's weight gradient sums 2 x 4 x 4 products of unit-scale inputs and top
-    # gradients: TF32 would be ~1e-3 relative off
+    # gradients: TF32's 10-bit products put every element ~5e-4 relative off. IEEE float32
+    # is not bit-equal to the CPU either (cuDNN picks FFT or Winograd algorithms for some
+    # shapes: an H100 put 6 of 2304 elements 5e-4 off), so the median is compared, and the
+    # switches are read in the middle of the backward.
     text = NET.replace("dim: 3 dim: 6", "dim: 64 dim: 6")
     net = torchcaffe.load(text_format.Parse(text, caffe_pb2.NetParameter()), phase="train")
     x, t = torch.randn(2, 64, 6, 6), torch.randn(2, 2)
-    grads = []
+    grads, seen = [], []
     for device in ("cpu", "cuda"):
         net.to(device).zero_grad()
-        net(data=x.to(device), target=t.to(device))["loss"].backward()
+        blobs = net.forward_all_blobs(data=x.to(device), target=t.to(device))
+        blobs["conv"].register_hook(lambda grad: seen.append(_switches()))
+        blobs["loss"].backward()
         # a copy: moving the net to CUDA moves a param's grad tensor with it, in place
         grads.append(net.layers["conv"].weight.grad.to("cpu", copy=True))
-    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
+    assert seen[1] == _ieee()
+    relative = (grads[1] - grads[0]).abs() / grads[0].abs().clamp_min(1e-6)
+    assert relative.median() < 5e-5  # TF32: ~5e-4
     assert _switches() == tf32_on
 
 

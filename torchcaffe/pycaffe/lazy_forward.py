@@ -143,7 +143,7 @@ class LazyForward:
         watched = {name for name, blob in written if blob.data_memory.viewed()}
         seen = self._always | watched | self.read | frozenset(observe)
         self.read = set()
-        program = net.optimized_program(seen)
+        program = net.optimized_program(seen, device)  # named: no walk over the params
         self.last_program = program
         with torch.inference_mode():
             produced = net.run(dict(inputs), program=program)

@@ -438,7 +438,7 @@ class Net:
         # autograd-recording forwards (inference tensors refuse in-place updates outside).
         with torch.no_grad():
             if start == 0 and end == len(net.steps) - 1 and net.optimize:
-                program = net.optimized_program(self.blobs)
+                program = net.optimized_program(self.blobs, device)
                 values = {n: self.blobs[n].data_at(device) for n in net.input_names}
                 produced = net.run(values, program=program)
                 for name in self.blobs:
