@@ -118,3 +118,26 @@ layer { name: "s" type: "Split" bottom: "c" top: "s1" top: "s2" }
 layer { name: "e" type: "Eltwise" bottom: "s1" bottom: "s2" top: "e" propagate_down: false
   propagate_down: true }
 """
+
+
+def test_eager_walk_is_the_walk_with_its_runners_and_drops_the_same_blobs():
+    """An eager run reads ``eager_walk`` (the runners themselves): the same steps, reads and
+    releases as ``walk``, an unread input released before the first step."""
+    text = 'input: "unread" input_shape { dim: 1 }\n' + _WALK_NET
+    net = torchcaffe.load(text_format.Parse(text, caffe_pb2.NetParameter()), phase="test")
+    program = net.training_program()  # e reads s1 detached (propagate_down: false)
+    steps = [entry for entry in program.walk if entry[0] is not None]
+    assert len(program.eager_walk) == len(steps)
+    for (runner, bottoms, keeps, tops, dead), (key, names, flags, tops2, dead2) in zip(
+        program.eager_walk, steps
+    ):
+        assert runner is program.runners[key]
+        assert (bottoms, tops, dead) == (names, tops2, dead2)
+        assert keeps == (None if all(flags) else flags)
+    assert any(keeps is not None for _, _, keeps, _, _ in program.eager_walk)
+    assert program.input_releases == ()  # an unread blob is a net output
+    only_e = net.optimized_program({"e"})
+    assert only_e.input_releases == ("unread",)
+    blobs = {"unread": torch.zeros(1), "data": torch.randn(1, 2, 3, 3)}
+    with torch.no_grad():
+        assert set(net.run(blobs, program=only_e)) == {"e"}

@@ -313,6 +313,8 @@ class TorchNet(nn.Module):
         end: int | None,
         program: OptimizedProgram | None,
     ) -> dict[str, torch.Tensor]:
+        if program is not None and not torch.compiler.is_compiling():
+            return self._run_eager(blobs, program)
         if program is not None:
             runners = program.runners
             for key, names, keeps, tops, dead in program.walk:
@@ -335,6 +337,28 @@ class TorchNet(nn.Module):
                 for b, keep in zip(step.bottoms, step.propagate_down)
             ]
             blobs.update(zip(step.tops, self.run_step(step, bottoms)))
+        return blobs
+
+    @staticmethod
+    def _run_eager(
+        blobs: dict[str, torch.Tensor], program: OptimizedProgram
+    ) -> dict[str, torch.Tensor]:
+        """``program`` over ``blobs`` as ``_run`` does, from its ``eager_walk`` (the runners
+        themselves, no per-step key lookup or detach test where nothing is detached): a GPU's
+        eager runs are bound by this host work."""
+        for name in program.input_releases:
+            blobs.pop(name, None)
+        for runner, names, keeps, tops, dead in program.eager_walk:
+            if keeps is None:
+                out = runner(*[blobs[b] for b in names])
+            else:
+                out = runner(*[blobs[b] if k else blobs[b].detach() for b, k in zip(names, keeps)])
+            if isinstance(out, tuple):
+                blobs.update(zip(tops, out))
+            else:
+                blobs[tops[0]] = out
+            for name in dead:
+                blobs.pop(name, None)
         return blobs
 
     def forward(self, *args: torch.Tensor, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:

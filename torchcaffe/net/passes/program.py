@@ -13,6 +13,11 @@ from ..program import LayerStep
 Runner = Callable[..., Any]
 # (runner key or None, bottoms, propagate_down, tops, blobs released after the step)
 WalkEntry = tuple[str | None, tuple[str, ...], tuple[bool, ...], tuple[str, ...], tuple[str, ...]]
+# An eager run's step: (runner, bottoms, bottoms read detached or None when none is, tops or
+# None for a runner that returns its one top bare, blobs released after the step)
+EagerStep = tuple[
+    Runner, tuple[str, ...], tuple[bool, ...] | None, tuple[str, ...], tuple[str, ...]
+]
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,8 @@ class OptimizedProgram:
     report: Mapping[str, int] = field(default_factory=dict)
     releases: tuple[tuple[str, ...], ...] = ()
     walk: tuple[WalkEntry, ...] = field(init=False, repr=False, compare=False)
+    eager_walk: tuple[EagerStep, ...] = field(init=False, repr=False, compare=False)
+    input_releases: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         releases = self.releases or ((),) * len(self.steps)
@@ -41,6 +48,21 @@ class OptimizedProgram:
             for s, dead in zip(self.steps, releases)
         )
         object.__setattr__(self, "walk", walk)
+        eager = tuple(
+            (
+                self.runners[key],
+                bottoms,
+                None if all(keeps) else keeps,
+                tops,
+                dead,
+            )
+            for key, bottoms, keeps, tops, dead in walk
+            if key is not None
+        )
+        object.__setattr__(self, "eager_walk", eager)
+        # what Input steps release: no step reads those blobs, so they go before the first
+        inputs = tuple(b for key, _, _, _, dead in walk if key is None for b in dead)
+        object.__setattr__(self, "input_releases", inputs)
 
     @classmethod
     def unoptimized(
