@@ -251,3 +251,39 @@ layer { name: "loss" type: "EuclideanLoss" bottom: "ip2" bottom: "label" }
     assert "(automatic)" not in net.output_names  # Caffe never makes it a net output
     blobs = net.forward_all_blobs(data=torch.randn(4, 6), label=torch.randn(4, 3))
     assert net.total_loss(blobs).item() > 0
+
+
+_PICKLED = """
+input: "data" input_shape { dim: 2 dim: 3 dim: 8 dim: 8 }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "c"
+  convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "gaussian" } } }
+layer { name: "bn" type: "BatchNorm" bottom: "c" top: "c"
+  batch_norm_param { use_global_stats: true } }
+layer { name: "sc" type: "Scale" bottom: "c" top: "c" scale_param { bias_term: true } }
+layer { name: "relu" type: "ReLU" bottom: "c" top: "c" }
+layer { name: "ip" type: "InnerProduct" bottom: "c" top: "out"
+  inner_product_param { num_output: 3 weight_filler { type: "gaussian" } } }
+"""
+
+
+def test_a_whole_net_pickles_with_torch_save_after_running(tmp_path):
+    """``torch.save(net)`` / ``torch.load``, as PyTorch users keep whole models: the layer
+    params (protobuf messages) pickle by an importable module, and a net that has run keeps
+    its outputs after the round trip."""
+    from google.protobuf import text_format
+
+    from torchcaffe.proto import caffe_pb2
+
+    net = torchcaffe.load(text_format.Parse(_PICKLED, caffe_pb2.NetParameter()), phase="test")
+    with torch.no_grad():
+        net.layers["bn"].variance.uniform_(0.5, 2.0)
+    x = torch.randn(2, 3, 8, 8)
+    with torch.inference_mode():
+        want = net(data=x)["out"]  # programs, folds and packed weights now cached
+    path = tmp_path / "net.pt"
+    torch.save(net, path)
+    loaded = torch.load(path, weights_only=False)
+    with torch.inference_mode():
+        torch.testing.assert_close(loaded(data=x)["out"], want, rtol=0, atol=0)
+    loaded(data=x)["out"].sum().backward()  # and trains
+    assert loaded.layers["conv"].weight.grad is not None

@@ -17,6 +17,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PROTO_DIR = REPO_ROOT / "proto"
 PROTO_FILE = PROTO_DIR / "caffe.proto"
 DEFAULT_OUT = Path(__file__).resolve().parent
+# The module the message classes name as theirs: protoc names it after the .proto file
+# ("caffe_pb2"), which pickle cannot import, so a pickled net (``torch.save(net)``) failed.
+MODULE = "torchcaffe.proto.caffe_pb2"
 
 
 def generate(out_dir: Path = DEFAULT_OUT) -> None:
@@ -35,6 +38,12 @@ def generate(out_dir: Path = DEFAULT_OUT) -> None:
     ]
     if protoc.main(args) != 0:
         raise RuntimeError(f"protoc failed on {PROTO_FILE}")
+    generated = out_dir / "caffe_pb2.py"
+    code = generated.read_text()
+    top = "BuildTopDescriptorsAndMessages(DESCRIPTOR, 'caffe_pb2', _globals)"
+    if top not in code:
+        raise RuntimeError(f"{generated}: protoc's output changed; cannot name the module")
+    generated.write_text(code.replace(top, top.replace("'caffe_pb2'", f"'{MODULE}'")))
 
 
 def main(argv: list[str] | None = None) -> int:
