@@ -13,8 +13,8 @@ from ..program import LayerStep
 Runner = Callable[..., Any]
 # (runner key or None, bottoms, propagate_down, tops, blobs released after the step)
 WalkEntry = tuple[str | None, tuple[str, ...], tuple[bool, ...], tuple[str, ...], tuple[str, ...]]
-# An eager run's step: (runner, bottoms, bottoms read detached or None when none is, tops or
-# None for a runner that returns its one top bare, blobs released after the step)
+# An eager run's step: (runner, bottoms, propagate_down or None when every bottom propagates,
+# tops, blobs released after the step); Input steps have none
 EagerStep = tuple[
     Runner, tuple[str, ...], tuple[bool, ...] | None, tuple[str, ...], tuple[str, ...]
 ]

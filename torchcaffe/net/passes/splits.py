@@ -2,7 +2,7 @@
 
 Caffe inserts a Split wherever a blob has several readers, and its tops share the bottom's
 data. Run as a layer, a Split is one more step per fan-out, each top a view: on a GPU, where
-a run is bound by the host's work per layer, GoogLeNet's 13 and ResNet-50's 16 Splits cost
+a run is bound by the host's work per layer, GoogLeNet's 9 and ResNet-50's 16 Splits cost
 that work for nothing. Readers reading the bottom itself compute the same values: no
 inference runner writes its bottom in place unless it is that value's only reader
 (``inplace_relu``), and a Split whose bottom is rewritten before its last reader has read a
