@@ -49,6 +49,16 @@ class ConvGeometry:
     def num_spatial(self) -> int:
         return len(self.kernel)
 
+    @property  # not cached_property: Python 3.11's takes a lock, which dynamo cannot trace
+    def is_pointwise(self) -> bool:
+        """A 1-wide kernel on every axis, stride 1, no pad: each output reads one input
+        position (dense, it is one GEMM over the positions)."""
+        return (
+            all(k == 1 for k in self.kernel)
+            and all(s == 1 for s in self.stride)
+            and not any(self.pad)
+        )
+
     @functools.cached_property  # read on every forward (extra_pad)
     def extent(self) -> tuple[int, ...]:
         """Dilated kernel extent per spatial axis: dilation * (kernel - 1) + 1."""

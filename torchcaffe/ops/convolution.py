@@ -133,10 +133,6 @@ class ConvolutionBase(CaffeLayer, metaclass=abc.ABCMeta):
         return y + self.bias.view(-1, *([1] * (y.dim() - 2)))
 
 
-def _is_channels_last(x: torch.Tensor) -> bool:
-    return not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
-
-
 def conv2d(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -163,7 +159,7 @@ def conv2d(
     if pointwise and x.shape[2] == x.shape[3] == 1:  # a classifier over pooled features
         y = onednn_linear.pixel_rows_product(x.reshape(x.shape[0], -1), weight.flatten(1), bias)
         return y.reshape(*y.shape, 1, 1)
-    if pointwise and _is_channels_last(x):
+    if pointwise and onednn_conv.is_channels_last(x):
         n, c, h, w = x.shape
         rows = x.permute(0, 2, 3, 1).reshape(n * h * w, c)
         y = onednn_linear.pixel_rows_product(rows, weight.reshape(weight.shape[0], c), bias)

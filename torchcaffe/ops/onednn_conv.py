@@ -42,6 +42,12 @@ def available() -> bool:
     return _OPS is not None
 
 
+def is_channels_last(x: torch.Tensor) -> bool:
+    """Laid out channels_last and not also NCHW-contiguous (as a tensor with 1x1 spatial
+    size or one channel is both)."""
+    return not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+
+
 def can_take(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Whether oneDNN can run this convolution as it is: a channels_last bottom (the layout
     pass hands every 2-D convolution one on the CPU) and nothing recorded by autograd."""
@@ -52,7 +58,7 @@ def can_take(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
     tensors = (x, weight) if bias is None else (x, weight, bias)
     if not all(t.is_cpu and t.dtype == torch.float32 and not t.is_mkldnn for t in tensors):
         return False
-    if x.is_contiguous() or not x.is_contiguous(memory_format=torch.channels_last):
+    if not is_channels_last(x):
         return False  # oneDNN's top is channels_last: the bottom must be, so layouts stay put
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return False

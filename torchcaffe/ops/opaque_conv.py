@@ -38,7 +38,6 @@ from . import onednn_conv, onednn_linear
 # dense convolution as the op: 0.76-0.77x the hand-written model compiled, 0.90-0.97x as now).
 MIN_WEIGHTS = 1 << 18
 
-CHANNELS_LAST = torch.channels_last
 _LAYERS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _HANDLES = itertools.count(1)
 
@@ -144,8 +143,7 @@ def wanted(conv: Any, x: torch.Tensor, sources: list[torch.Tensor]) -> bool:
         return False  # a classifier over pooled features: a GEMM with nothing to pack
     if conv.group != 1 or conv.weight.numel() < MIN_WEIGHTS:
         return False
-    pointwise = tuple(g.kernel) == (1, 1) and all(v == 1 for v in g.stride) and not any(g.pad)
-    if pointwise and (x.is_contiguous() or not x.is_contiguous(memory_format=CHANNELS_LAST)):
+    if g.is_pointwise and not onednn_conv.is_channels_last(x):
         return False  # it packs nothing; it pays only inside a channels_last region
     return not (torch.is_grad_enabled() and any(t.requires_grad for t in [x, *sources]))
 

@@ -103,13 +103,7 @@ def _conv2d_module(step: LayerStep, runner: Any) -> Any | None:
 def _is_pointwise(conv: Any) -> bool:
     """A dense 1x1 convolution (stride 1, no pad): ``conv2d`` runs it as one GEMM over a
     channels_last input at any size, so such an input may stay channels_last."""
-    g = conv.geom
-    return (
-        conv.group == 1
-        and tuple(g.kernel) == (1, 1)
-        and all(v == 1 for v in g.stride)
-        and not any(g.pad)
-    )
+    return conv.group == 1 and conv.geom.is_pointwise
 
 
 class ChannelsLastInput:
@@ -171,7 +165,7 @@ class ContiguousInput:
 
 def to_nchw(x: torch.Tensor) -> torch.Tensor:
     """``x`` itself unless it is a channels_last tensor that is not also NCHW-contiguous."""
-    if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=CHANNELS_LAST):
+    if x.dim() == 4 and onednn_conv.is_channels_last(x):
         return x.contiguous()
     return x
 
