@@ -107,15 +107,8 @@ def _graph_op() -> Any | None:
         ctx.save_for_backward(x, weight)
 
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        """As ``_OneDnnLinear``'s: the bottom's gradient on oneDNN (the weight read
-        transposed), the weight's and the bias's as F.linear's backward has them."""
         x, weight = ctx.saved_tensors
-        need_x, need_w, need_b = ctx.needs_input_grad
-        grad = grad.contiguous()
-        grad_x = onednn_linear(grad, weight.t(), None) if need_x else None
-        grad_w = grad.t() @ x if need_w else None
-        grad_b = grad.sum(0) if need_b else None
-        return grad_x, grad_w, grad_b
+        return _product_backward(grad, x, weight, ctx.needs_input_grad, onednn_linear)
 
     onednn_linear.register_autograd(backward, setup_context=setup_context)
     return onednn_linear
@@ -167,9 +160,28 @@ class _OneDnnLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
         x, weight = ctx.saved_tensors
-        need_x, need_w, need_b = ctx.needs_input_grad
-        grad = grad.contiguous()
-        grad_x = _LINEAR(grad, weight.t(), None, "none", [], "") if need_x else None  # type: ignore[misc]
-        grad_w = grad.t() @ x if need_w else None
-        grad_b = grad.sum(0) if need_b else None
-        return grad_x, grad_w, grad_b
+        return _product_backward(grad, x, weight, ctx.needs_input_grad, _eager_product)
+
+
+def _eager_product(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    return _LINEAR(x, weight, bias, "none", [], "")  # type: ignore[misc]
+
+
+def _product_backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    needs: tuple[bool, ...],
+    product: Any,
+) -> tuple[torch.Tensor | None, ...]:
+    """The gradients of ``x @ weight.T + bias`` for the eager and the graph op alike: the
+    bottom's by ``product`` (oneDNN, the weight read transposed), the weight's and the bias's
+    as F.linear's backward has them."""
+    need_x, need_w, need_b = needs
+    grad = grad.contiguous()
+    grad_x = product(grad, weight.t(), None) if need_x else None
+    grad_w = grad.t() @ x if need_w else None
+    grad_b = grad.sum(0) if need_b else None
+    return grad_x, grad_w, grad_b
