@@ -82,14 +82,18 @@ def graph_can_take(tensors: Sequence[torch.Tensor]) -> bool:
     return bool(torch.backends.mkldnn.enabled)
 
 
+def graph_ops_definable() -> bool:
+    """Whether this torch build can define our opaque graph ops (``torch.library.custom_op``)
+    and tell torch.export from torch.compile (both from torch 2.4): the pin allows older."""
+    return hasattr(torch.library, "custom_op") and hasattr(torch.compiler, "is_exporting")
+
+
 def _graph_op() -> Any | None:
     """oneDNN's product as an opaque op of a compiled graph (with a backward): inductor lowers
     ``mkldnn::_linear_pointwise`` only for frozen weights and sends ``F.linear`` to MKL's
     sgemm, whose batch-1 product runs on one thread (CaffeNet compiled, batch 1: the eager
     net's 16 ms against 19 ms)."""
-    if _LINEAR is None or not hasattr(torch.library, "custom_op"):
-        return None
-    if not hasattr(torch.compiler, "is_exporting"):
+    if _LINEAR is None or not graph_ops_definable():
         return None
 
     @torch.library.custom_op("torchcaffe::onednn_linear", mutates_args=())

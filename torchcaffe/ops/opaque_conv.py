@@ -98,9 +98,7 @@ def _channels_last(shape: tuple[Any, ...], like: torch.Tensor) -> torch.Tensor:
 
 def _op() -> Any | None:
     """The custom op where this torch build can define one (torch >= 2.4), else None."""
-    if not onednn_conv.available() or not hasattr(torch.library, "custom_op"):
-        return None
-    if not hasattr(torch.compiler, "is_exporting"):
+    if not onednn_conv.available() or not onednn_linear.graph_ops_definable():
         return None
 
     @torch.library.custom_op("torchcaffe::cached_conv2d", mutates_args=())
