@@ -19,3 +19,14 @@ def fill_params(net: TorchNet, values: Values, seed: int = 0) -> None:
         for module in net.layers.values():
             for t in module.param_blobs():
                 t.copy_(values(t, gen))
+
+
+def centered_weights(scale: float) -> Values:
+    """Weights (blobs of 2+ axes) uniform in [-scale/2, scale/2), vectors (biases, BatchNorm
+    statistics, Scale factors) uniform in [0.5, 1.5): positive variances, activations near 1."""
+
+    def values(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        v = torch.rand(t.shape, generator=gen) + 0.5
+        return (v - 1.0) * scale if t.dim() > 1 else v
+
+    return values

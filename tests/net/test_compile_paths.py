@@ -18,7 +18,7 @@ from google.protobuf import text_format
 import torchcaffe
 from torchcaffe.proto import caffe_pb2
 
-from ..helpers.params import fill_params
+from ..helpers.params import centered_weights, fill_params
 
 FLT_MAX = 3.4028234663852886e38
 
@@ -51,12 +51,7 @@ layer { name: "pool_a" type: "Pooling" bottom: "a" top: "out_a"
 
 def _net() -> torchcaffe.TorchNet:
     net = torchcaffe.load(text_format.Parse(NET, caffe_pb2.NetParameter()), phase="test")
-
-    def values(t, gen):
-        v = torch.rand(t.shape, generator=gen) + 0.5
-        return (v - 1.0) * 0.3 if t.dim() > 1 else v
-
-    fill_params(net, values)
+    fill_params(net, centered_weights(0.3))
     return net.eval()
 
 

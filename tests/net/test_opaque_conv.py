@@ -15,7 +15,7 @@ from torchcaffe.ops import onednn_conv, opaque_conv
 from torchcaffe.proto import caffe_pb2
 
 from ..helpers.graphs import calls_of
-from ..helpers.params import fill_params
+from ..helpers.params import centered_weights, fill_params
 
 pytestmark = pytest.mark.skipif(
     opaque_conv._CACHED_CONV2D is None, reason="this torch build has no oneDNN packed convolution"
@@ -46,12 +46,7 @@ layer { name: "fc" type: "Convolution" bottom: "p" top: "fc"
 
 def _net() -> torchcaffe.TorchNet:
     net = torchcaffe.load(text_format.Parse(NET, caffe_pb2.NetParameter()), phase="test")
-
-    def values(t, gen):
-        v = torch.rand(t.shape, generator=gen) + 0.5
-        return (v - 1.0) * 0.1 if t.dim() > 1 else v
-
-    fill_params(net, values)
+    fill_params(net, centered_weights(0.1))
     return net.eval()
 
 

@@ -67,6 +67,15 @@ def _assert_close(got, want):
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=RTOL, atol=ATOL)
 
 
+def _assert_inference_matches_unoptimized(net, x: torch.Tensor, names) -> None:
+    """The optimized inference forward's ``names`` equal the literal layer program's."""
+    want = _unoptimized(net, data=x)
+    with torch.inference_mode():
+        got = net(data=x)
+    for name in names:
+        _assert_close(got[name], want[name])
+
+
 def test_passes_are_listed_in_order():
     assert [p.__name__ for p in INFERENCE_PASSES] == [FOLD, AFFINE, SPLITS, INPLACE, LAYOUT]
 
@@ -87,12 +96,7 @@ def test_fold_fires_on_conv_ip_and_deconv_chains():
 
 def test_folded_outputs_equal_unfolded():
     net = _net()
-    x = torch.randn(2, 3, 7, 6)
-    want = _unoptimized(net, data=x)
-    with torch.inference_mode():
-        got = net(data=x)
-    for name in ("d", "h"):
-        _assert_close(got[name], want[name])
+    _assert_inference_matches_unoptimized(net, torch.randn(2, 3, 7, 6), ("d", "h"))
 
 
 def test_observable_intermediate_blocks_a_non_inplace_fold():
@@ -246,12 +250,7 @@ def test_unobserved_splits_are_bypassed_and_outputs_hold():
     readers = {s.name for s in program.steps if "a" in s.bottoms}
     assert {"pool", "conv2", "sum"} <= readers
     assert program.report[INPLACE] == 1  # b's ReLU, on conv2's fresh top, still in place
-    x = torch.randn(2, 3, 6, 6)
-    want = _unoptimized(net, data=x)
-    with torch.inference_mode():
-        got = net(data=x)
-    for name in ("p", "s"):
-        _assert_close(got[name], want[name])
+    _assert_inference_matches_unoptimized(net, torch.randn(2, 3, 6, 6), ("p", "s"))
     # a caller who reads the Split's tops gets them
     assert net.optimized_program(net.blob_names).report[SPLITS] == 0
 
