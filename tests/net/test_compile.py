@@ -209,3 +209,54 @@ def test_a_compiled_fold_adds_no_python_evaluated_guards():
     guards = str(entry.guard_manager).splitlines()
     assert any("runners['conv+folded" in g for g in guards)  # the fold was traced
     assert not [g for g in guards if "LAMBDA_GUARD: L['self']" in g]
+
+
+def _compiled_guards(net: torchcaffe.TorchNet, x: torch.Tensor) -> list[str]:
+    """The guard lines dynamo checks on each call of ``torch.compile(net)(data=x)``."""
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        net(data=x)
+        torch.compile(net)(data=x)
+    (entry,) = _debug_get_cache_entry_list(type(net).forward.__code__)
+    return str(entry.guard_manager).splitlines()
+
+
+LAYOUT_NET = """
+input: "data" input_shape { dim: 1 dim: 4 dim: 8 dim: 8 }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "c"
+  convolution_param { num_output: 4 kernel_size: 3 bias_term: false } }
+layer { name: "bn" type: "BatchNorm" bottom: "c" top: "c" }
+layer { name: "sc" type: "Scale" bottom: "c" top: "c" scale_param { bias_term: true } }
+layer { name: "relu" type: "ReLU" bottom: "c" top: "c" }
+layer { name: "dw" type: "Convolution" bottom: "c" top: "d"
+  convolution_param { num_output: 4 kernel_size: 3 group: 4 pad: 1 } }
+layer { name: "pool" type: "Pooling" bottom: "d" top: "p"
+  pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+"""
+
+
+def _layout_net() -> torchcaffe.TorchNet:
+    from google.protobuf import text_format
+
+    net = torchcaffe.load(text_format.Parse(LAYOUT_NET, caffe_pb2.NetParameter()), phase="test")
+    return net.eval()
+
+
+def test_a_compiled_forward_runs_no_layout_wrapper():
+    """Under torch.compile a ChannelsLastInput only passes its bottom on (inductor picks
+    layouts), so the traced walk calls the layer it wraps: the wrapper's type, instance dict
+    and ``__call__`` code were five guards per convolution and pooling, on every call."""
+    net = _layout_net()
+    with torch.inference_mode():
+        program = net.optimized_program()
+    assert program.report["channels_last_layout"] >= 2
+    wrapped = [k for k in program.runners if k.endswith("+nhwc")]
+    assert wrapped
+    for key in wrapped:
+        assert program.traced_runners[key] is program.runners[key].runner
+    guards = _compiled_guards(net, torch.randn(1, 4, 8, 8))
+    assert any("traced_runners['dw+nhwc']" in g for g in guards)  # the layer was traced
+    assert not [g for g in guards if "ChannelsLastInput" in g]
+

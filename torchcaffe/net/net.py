@@ -316,7 +316,7 @@ class TorchNet(nn.Module):
         if program is not None and not torch.compiler.is_compiling():
             return self._run_eager(blobs, program)
         if program is not None:
-            runners = program.runners
+            runners = program.traced_runners
             for key, names, keeps, tops, dead in program.walk:
                 if key is not None:
                     reads = [blobs[b] if k else blobs[b].detach() for b, k in zip(names, keeps)]

@@ -9,10 +9,9 @@ differentiates; layers use torch's fused ops where they exist and these only bey
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -37,13 +36,22 @@ def c_div(a: int, b: int) -> int:
     return max(a, 0) // b - max(-a, 0) // b
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ConvGeometry:
+    """A convolution's or pooling's per-axis geometry. Slots: torch.compile reads it in every
+    traced forward, and a method called on an instance with a ``__dict__`` is one more guard
+    (that the dict does not shadow it) checked on every compiled call."""
+
     channel_axis: int
     kernel: tuple[int, ...]
     stride: tuple[int, ...]
     pad: tuple[int, ...]
     dilation: tuple[int, ...]
+    extent: tuple[int, ...] = field(init=False, compare=False)  # dilated: d * (k - 1) + 1
+
+    def __post_init__(self) -> None:
+        extent = tuple(d * (k - 1) + 1 for k, d in zip(self.kernel, self.dilation))
+        object.__setattr__(self, "extent", extent)
 
     @property
     def num_spatial(self) -> int:
@@ -58,11 +66,6 @@ class ConvGeometry:
             and all(s == 1 for s in self.stride)
             and not any(self.pad)
         )
-
-    @functools.cached_property  # read on every forward (extra_pad)
-    def extent(self) -> tuple[int, ...]:
-        """Dilated kernel extent per spatial axis: dilation * (kernel - 1) + 1."""
-        return tuple(d * (k - 1) + 1 for k, d in zip(self.kernel, self.dilation))
 
     def conv_output(self, spatial: Sequence[int]) -> tuple[int, ...]:
         """Caffe: (in + 2 * pad - extent) / stride + 1, with C's truncating division."""

@@ -27,6 +27,8 @@ FRESH_PRODUCERS = frozenset(
 class InplaceReLU:
     """Caffe's ReLU (negative_slope) overwriting its bottom."""
 
+    __slots__ = ("negative_slope",)
+
     def __init__(self, module: Any) -> None:
         self.negative_slope = module.param.negative_slope
 

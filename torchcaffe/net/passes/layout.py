@@ -111,6 +111,8 @@ class ChannelsLastInput:
     (``always``: depthwise convolutions, pooling), else once the input has MIN_PIXELS
     positions at ``stride`` (N * ceil(H / sh) * ceil(W / sw))."""
 
+    __slots__ = ("runner", "always", "stride", "keep")
+
     def __init__(
         self,
         runner: Callable[..., Any],
@@ -122,6 +124,11 @@ class ChannelsLastInput:
         self.always = always
         self.stride = stride
         self.keep = keep
+
+    @property
+    def traced_runner(self) -> Callable[..., Any]:
+        """What torch.compile runs: the layer (inductor picks the layouts)."""
+        return self.runner
 
     def __call__(self, *bottoms: torch.Tensor) -> Any:
         if torch.compiler.is_compiling() or not bottoms[0].is_cpu:
@@ -146,6 +153,8 @@ class SharedTops:
     torch's format detection reads as NCHW, sending pooling and convolution to slow paths.
     """
 
+    __slots__ = ("num_tops",)
+
     def __init__(self, num_tops: int) -> None:
         self.num_tops = num_tops
 
@@ -155,6 +164,8 @@ class SharedTops:
 
 class ContiguousInput:
     """Runs a layer on NCHW-contiguous bottoms (a channels_last one is copied back)."""
+
+    __slots__ = ("runner",)
 
     def __init__(self, runner: Callable[..., Any]) -> None:
         self.runner = runner

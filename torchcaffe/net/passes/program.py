@@ -31,6 +31,9 @@ class OptimizedProgram:
     guards it as one value instead of each step's fields: ResNet-50's compiled forward went
     from ~10,500 guard lines to ~8,000 and its guard check from 1.37 to 1.26 ms a call (the
     hand-written model's: ~5,300 and 0.56 ms; the rest guards what the runners read).
+    ``traced_runners`` is what that walk calls: each runner, or the ``traced_runner`` of one
+    that only passes its bottoms on under torch.compile (``ChannelsLastInput``), so the guards
+    skip the wrapper.
     """
 
     steps: tuple[LayerStep, ...]
@@ -39,6 +42,7 @@ class OptimizedProgram:
     releases: tuple[tuple[str, ...], ...] = ()
     walk: tuple[WalkEntry, ...] = field(init=False, repr=False, compare=False)
     eager_walk: tuple[EagerStep, ...] = field(init=False, repr=False, compare=False)
+    traced_runners: Mapping[str, Runner] = field(init=False, repr=False, compare=False)
     input_releases: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -60,6 +64,8 @@ class OptimizedProgram:
             if key is not None
         )
         object.__setattr__(self, "eager_walk", eager)
+        traced = {key: getattr(r, "traced_runner", r) for key, r in self.runners.items()}
+        object.__setattr__(self, "traced_runners", traced)
         # what Input steps release: no step reads those blobs, so they go before the first
         inputs = tuple(b for key, _, _, _, dead in walk if key is None for b in dead)
         object.__setattr__(self, "input_releases", inputs)
