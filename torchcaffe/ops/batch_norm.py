@@ -144,11 +144,7 @@ class BatchNormLayer(CaffeLayer):
         return self._scaled_stats()
 
     def _scaled_stats(self) -> tuple[torch.Tensor, torch.Tensor]:
-        # Five small ops (device tensors: no host sync): 1 / 0 = inf is masked back to 0; a
-        # NaN factor stays NaN, as in Caffe.
-        stored = self.scale_factor
-        factor = stored.reciprocal().masked_fill_(stored.logical_not(), 0)
-        return self.mean * factor, self.variance * factor
+        return scaled_stats(self.mean, self.variance, self.scale_factor)
 
     def _normalize_single(self, x: torch.Tensor) -> torch.Tensor:
         """Batch statistics over one value per channel (variance 0, Caffe's correction 1)."""
@@ -166,3 +162,12 @@ class BatchNormLayer(CaffeLayer):
         self.scale_factor.mul_(maf).add_(1)
         self.mean.mul_(maf).add_(mean.to(self.mean.dtype))
         self.variance.mul_(maf).add_(unbiased_var.to(self.variance.dtype))
+
+
+def scaled_stats(
+    mean: torch.Tensor, variance: torch.Tensor, stored: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stored statistics as Caffe reads them: times 1 / scale_factor, 0 when it is 0.
+    Five small ops (device tensors: no host sync); a NaN factor stays NaN, as in Caffe."""
+    factor = stored.reciprocal().masked_fill_(stored.logical_not(), 0)
+    return mean * factor, variance * factor

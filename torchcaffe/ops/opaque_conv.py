@@ -139,7 +139,7 @@ def wanted(conv: Any, x: torch.Tensor, sources: list[torch.Tensor]) -> bool:
         return False
     if x.shape[2] == x.shape[3] == 1:
         return False  # a classifier over pooled features: a GEMM with nothing to pack
-    if conv.group != 1 or conv.weight.numel() < MIN_WEIGHTS:
+    if conv.group != 1 or sources[0].numel() < MIN_WEIGHTS:  # sources[0]: the weight
         return False
     if g.is_pointwise and not onednn_conv.is_channels_last(x):
         return False  # it packs nothing; it pays only inside a channels_last region

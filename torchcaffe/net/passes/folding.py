@@ -25,6 +25,7 @@ from torch.nn.utils.fusion import fuse_conv_bn_weights
 from ...ops import onednn_linear, opaque_conv
 from ...ops._derived import DerivedCache
 from ...ops.base import CaffeLayer
+from ...ops.batch_norm import scaled_stats
 from ...ops.convolution import conv2d
 from ...ops.onednn_conv import PackedConvWeight
 from ..program import LayerStep
@@ -148,6 +149,17 @@ def fold_batchnorm_scale_into_producer(
 class FoldedAffine:
     """Runs a producer with BatchNorm/Scale/Bias folded into its weights (inference only)."""
 
+    __slots__ = (
+        "producer_type",
+        "producer",
+        "bn",
+        "scale",
+        "bias",
+        "scale_has_bias",
+        "_folded",
+        "weight_cache",
+    )
+
     shares_with_graph: ClassVar[bool] = True  # may a compiled graph's op run it (inference)?
 
     def __init__(self, producer_type: str, producer: Any, links: dict[str, Any]) -> None:
@@ -199,77 +211,54 @@ class FoldedAffine:
         """Per-channel (a, c) with chain(y) = y * a + c, where y is the producer's top (or the
         BatchNorm's bottom); computed in float64 (``wide``) or the links' dtype, returned in
         the links' dtype; recorded by autograd unless ``detach``."""
+        stats = self.bn.global_stats() if self.bn is not None else None
+        scale = None
+        if self.scale is not None:
+            scale = (self.scale.weight, self.scale.bias if self.scale_has_bias else None)
+        bias = self.bias.bias if self.bias is not None else None
+        return self._chain_affine(stats, scale, bias, wide, detach)
+
+    def _chain_affine(
+        self,
+        stats: tuple[torch.Tensor, torch.Tensor] | None,
+        scale: tuple[torch.Tensor, torch.Tensor | None] | None,
+        bias: torch.Tensor | None,
+        wide: bool,
+        detach: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_affine`` from the links' values: BatchNorm's (mean, variance) as Caffe reads
+        them, Scale's (gamma, beta or None), Bias's bias; None for a link the chain lacks."""
         blob = torch.Tensor.detach if detach else (lambda t: t)
-        if self.bn is not None:
-            ref = self.bn.mean
-        elif self.scale is not None:
-            ref = self.scale.weight
+        if stats is not None:
+            ref = stats[0]
+        elif scale is not None:
+            ref = scale[0]
         else:
-            assert self.bias is not None
-            ref = self.bias.bias
+            assert bias is not None
+            ref = bias
         dtype = torch.float64 if wide else ref.dtype
         a: torch.Tensor | float = 1.0
         c: torch.Tensor | float = 0.0
-        if self.bn is not None:
-            m, v = self.bn.global_stats()
+        if stats is not None:
+            assert self.bn is not None
+            m, v = stats
             a = torch.rsqrt(blob(v).to(dtype) + self.bn.eps)
             c = -blob(m).to(dtype) * a
-        if self.scale is not None:
-            gamma = blob(self.scale.weight).to(dtype)
+        if scale is not None:
+            gamma, beta = scale
+            gamma = blob(gamma).to(dtype)
             a, c = gamma * a, gamma * c
-            if self.scale_has_bias:
-                c = blob(self.scale.bias).to(dtype) + c
-        if self.bias is not None:
-            c = blob(self.bias.bias).to(dtype) + c
+            if beta is not None:
+                c = blob(beta).to(dtype) + c
+        if bias is not None:
+            c = blob(bias).to(dtype) + c
         ones = torch.ones(ref.shape[0], dtype=ref.dtype, device=ref.device)
         return (ones * a).to(ref.dtype), (ones * c).to(ref.dtype)
 
-    def producer_then_affine(self, x: torch.Tensor) -> torch.Tensor:
-        """The producer with its own weights, then the chain as one per-channel multiply-add,
-        which inductor fuses into the producer's epilogue. Folded weights would be
-        recomputed on every call, as compile does not freeze params: ResNet-50 batch 1, one
-        thread, ~30 ms of ~150 ms."""
-        assert self.producer is not None
-        y = self.producer(x)
-        view = (1, -1) + (1,) * (y.dim() - 2)
-        a, c = self.affine_in_graph()
-        return torch.addcmul(c.reshape(view), y, a.reshape(view))
-
     def affine_in_graph(self, detach: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-        """The chain's per-channel (a, c) in the links' dtype, as ops of the running graph (a
-        compiled one, or autograd's unless ``detach``); under torch.compile stacked into one
-        tensor.
-
-        Inductor inlines a pointwise function of small tensors into each consumer, so the
-        epilogue would recompute BatchNorm's scale_factor arithmetic (1 / f, masked), the
-        rsqrt and the Scale for every vector of channels it writes: 11 ops where
-        nn.BatchNorm2d's has 6. On the CPU it lowers a stack (a cat) to a buffer of its own,
-        computed once per call, and the epilogue is 2 loads and a multiply-add. MobileNetV2
-        batch 8, 2 threads: 91 -> 83 ms (hand-written 84); ResNet-50: 354 -> 346 ms."""
-        a, c = self._affine(wide=False, detach=detach)
-        if not torch.compiler.is_compiling():
-            return a, c
-        ac = torch.stack((a, c))
-        return ac[0], ac[1]
-
-    def compiled_fold(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Under torch.compile, the (weight, bias) ``run_folded`` takes, in the links' dtype:
-        a chain without producer gets its per-channel (a, c); a Convolution its folded
-        weights at batch 1 when its weight has fewer elements than the top; else None (the
-        producer runs as it is, then the epilogue).
-
-        The fold adds a bias, which torch's im2col convolution copies into its top first:
-        MobileNetV2 b1, one thread, kernels 5.4 -> 0.9 ms for 0.8 ms of copies, but at b8
-        26.7 ms of copies for 10.6 ms of kernels saved."""
-        if self.producer is None:
-            return self.affine_in_graph()
-        p = self.producer
-        if self.producer_type != "Convolution" or x.shape[0] != 1:
-            return None
-        top = p.num_output * math.prod(p.top_spatial(tuple(x.shape[2:])))
-        if p.weight.numel() >= top:
-            return None
-        return self.weights_in_graph(detach=True)
+        """The chain's per-channel (a, c) in the links' dtype, as ops of autograd's graph
+        unless ``detach`` (the training fold's)."""
+        return self._affine(wide=False, detach=detach)
 
     def weights_in_graph(self, detach: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """A Convolution's (weight, bias) with the chain folded in, in the links' dtype, as ops
@@ -278,6 +267,61 @@ class FoldedAffine:
         a, c = self.affine_in_graph(detach)
         w = p.weight * a.reshape((-1,) + (1,) * (p.weight.dim() - 1))
         return w, (p.bias * a + c if p.bias_term else c)
+
+    def _traced(self, x: torch.Tensor) -> torch.Tensor:
+        """The fold as torch.compile traces it (inference: nothing is cached, as compile does
+        not freeze params).
+
+        - A large Convolution on the CPU is ``opaque_conv``'s op (folded, packed, cached).
+        - A chain without producer is one multiply-add with its (a, c).
+        - A Convolution at batch 1 whose weight has fewer elements than its top gets folded
+          weights. The fold adds a bias, which torch's im2col convolution copies into its top
+          first: MobileNetV2 b1, one thread, kernels 5.4 -> 0.9 ms for 0.8 ms of copies, but
+          at b8 26.7 ms of copies for 10.6 ms of kernels saved.
+        - Else the producer runs as it is, then the chain as one multiply-add, which inductor
+          fuses into its epilogue. Folded weights would be recomputed on every call:
+          ResNet-50 batch 1, one thread, ~30 ms of ~150 ms.
+
+        Each layer's blobs are read once, from its own dicts (``param_blobs``, called
+        unbound), and nothing calls a method on a layer: dynamo guards every attribute read
+        and every method call (that the instance does not shadow it), and checks those guards
+        on each compiled call, with the caches cold after the convolutions (MobileNetV2's
+        forward: 9,363 guard lines, 0.9 ms a call, against the hand-written model's 5,157
+        and 0.4 ms).
+        """
+        p = self.producer
+        own = _blobs(p) if p is not None else []
+        stats_blobs, scale_blobs, bias_blobs = [
+            _blobs(m) if m is not None else [] for m in (self.bn, self.scale, self.bias)
+        ]
+        conv = self.producer_type == "Convolution"
+        sources = own + stats_blobs + scale_blobs + bias_blobs  # as ``sources()`` lists them
+        if conv and opaque_conv.wanted(p, x, sources):
+            return opaque_conv.call(x, sources, self.layers())
+        stats = scaled_stats(*stats_blobs) if stats_blobs else None
+        scale = None
+        if scale_blobs:
+            scale = (scale_blobs[0], scale_blobs[1] if self.scale_has_bias else None)
+        bias = bias_blobs[0] if bias_blobs else None
+        a, c = self._chain_affine(stats, scale, bias, wide=False, detach=True)
+        # stacked: inductor inlines a pointwise function of small tensors into each consumer,
+        # so an epilogue would recompute BatchNorm's arithmetic for every vector of channels
+        # it writes (11 ops where nn.BatchNorm2d's has 6); a stack (a cat) is a buffer of its
+        # own, computed once per call. MobileNetV2 batch 8, 2 threads: 91 -> 83 ms.
+        ac = torch.stack((a, c))
+        a, c = ac[0], ac[1]
+        if p is None:
+            return self.run_folded(x, a, c)
+        weight, own_bias = own[0], (own[1] if len(own) > 1 else None)
+        if conv and x.shape[0] == 1:
+            top = p.num_output * math.prod(p.geom.conv_output(tuple(x.shape[2:])))
+            if weight.numel() < top:
+                w = weight * a.reshape((-1,) + (1,) * (weight.dim() - 1))
+                b = own_bias * a + c if own_bias is not None else c
+                return self.run_folded(x, w, b)
+        y = self.run_folded(x, weight, own_bias) if conv else p(x)
+        view = (1, -1) + (1,) * (y.dim() - 2)
+        return torch.addcmul(c.reshape(view), y, a.reshape(view))
 
     def _fold(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The chain as one BatchNorm (mean, var, eps, gamma, beta) fused by torch's helpers,
@@ -310,29 +354,17 @@ class FoldedAffine:
     def eager_top(self, x: torch.Tensor) -> torch.Tensor:
         return self.run_folded(x, *self.folded_weights())
 
-    def _opaque_in_graph(self, x: torch.Tensor) -> bool:
-        """Under torch.compile on the CPU: run as ``opaque_conv``'s op, with the folded and
-        packed weights cached, instead of folding in the graph."""
-        if self.producer_type != "Convolution":
-            return False
-        return opaque_conv.wanted(self.producer, x, self.sources())
-
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
-            if self._opaque_in_graph(x):
-                return opaque_conv.call(x, self.sources(), self.layers())
-            folded = self.compiled_fold(x)
-            if folded is None:
-                return self.producer_then_affine(x)
-            w, b = folded
-        else:
-            w, b = self.folded_weights()
-        return self.run_folded(x, w, b)
+            return self._traced(x)
+        return self.run_folded(x, *self.folded_weights())
 
-    def run_folded(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        """The producer with weights ``w`` and bias ``b`` (alone: ``x * w + b`` per channel)."""
+    def run_folded(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        """The producer with weights ``w`` and bias ``b`` (or none); alone: ``x * w + b`` per
+        channel."""
         p = self.producer
         if p is None:  # BatchNorm (+ Scale/Bias) alone: one fused multiply-add over axis 1
+            assert b is not None
             view = (1, -1) + (1,) * (x.dim() - 2)
             return torch.addcmul(b.reshape(view), x, w.reshape(view))
         if self.producer_type == "InnerProduct":
@@ -349,6 +381,12 @@ class FoldedAffine:
             return conv2d(x, w, b, g.stride, g.pad, g.dilation, p.group, self.weight_cache)
         conv = F.conv1d if n == 1 else F.conv3d
         return conv(x, w, b, g.stride, g.pad, g.dilation, p.group)
+
+
+def _blobs(layer: CaffeLayer) -> list[torch.Tensor]:
+    """``layer.param_blobs()`` called unbound: a traced method call on a layer instance
+    guards that its ``__dict__`` does not shadow the method, once per layer and call."""
+    return CaffeLayer.param_blobs(layer)
 
 
 def _fold_for_graph(producer: Any, links: dict[str, Any]) -> FoldedAffine:

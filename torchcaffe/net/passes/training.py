@@ -61,6 +61,7 @@ OUTPUT_FREE_BACKWARD = frozenset(
 class FrozenBatchNormFold(FoldedAffine):
     """A Convolution with its frozen BatchNorm / Scale / Bias folded in, differentiably."""
 
+    __slots__ = ("chain", "one_batch_norm")
     shares_with_graph = False  # no packed weight: a compiled inference graph builds its own
 
     def __init__(self, producer: Any, links: dict[str, Any], chain: list[Any]) -> None:
@@ -129,6 +130,8 @@ def fold_frozen_batchnorm_for_training(
 
 class TrainingBatchNormScale:
     """BatchNorm (batch statistics) + Scale [+ its bias] in one ``F.batch_norm``."""
+
+    __slots__ = ("bn", "scale", "bias_term")
 
     def __init__(self, bn: Any, scale: Any) -> None:
         self.bn = bn
