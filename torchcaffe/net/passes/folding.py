@@ -34,6 +34,15 @@ from .program import OptimizedProgram, StepMerges, readers_of
 PASS_NAME = "fold_batchnorm_scale_into_producer"
 PRODUCERS = ("Convolution", "Deconvolution", "InnerProduct")
 LINKS = ("BatchNorm", "Scale", "Bias")  # the order a chain may take (each at most once)
+# each fold layer's param blobs in Caffe order (a prefix of them: a bias is optional)
+BLOB_NAMES = {
+    "Convolution": ("weight", "bias"),
+    "Deconvolution": ("weight", "bias"),
+    "InnerProduct": ("weight", "bias"),
+    "BatchNorm": ("mean", "variance", "scale_factor"),
+    "Scale": ("weight", "bias"),
+    "Bias": ("bias",),
+}
 
 
 def producer_ok(step: LayerStep, module: Any) -> bool:
@@ -156,6 +165,7 @@ class FoldedAffine:
         "scale",
         "bias",
         "scale_has_bias",
+        "producer_has_bias",
         "_folded",
         "weight_cache",
     )
@@ -170,6 +180,11 @@ class FoldedAffine:
         self.bias = links.get("Bias")
         # read once: a proto field read in a compiled forward is one more guard per call
         self.scale_has_bias = bool(self.scale is not None and self.scale.param.bias_term)
+        self.producer_has_bias = producer is not None and len(producer.blob_names) > 1
+        named = [(producer_type, producer), *links.items()] if producer else list(links.items())
+        for kind, layer in named:  # ``_traced`` reads the blobs by these names
+            names = layer.blob_names
+            assert names == list(BLOB_NAMES[kind][: len(names)]), (kind, names)
         self._folded: DerivedCache[tuple[torch.Tensor, torch.Tensor]] = DerivedCache()
         self.weight_cache: PackedConvWeight | None = PackedConvWeight()
         if (
@@ -282,18 +297,20 @@ class FoldedAffine:
           fuses into its epilogue. Folded weights would be recomputed on every call:
           ResNet-50 batch 1, one thread, ~30 ms of ~150 ms.
 
-        Each layer's blobs are read once, from its own dicts (``param_blobs``, called
-        unbound), and nothing calls a method on a layer: dynamo guards every attribute read
-        and every method call (that the instance does not shadow it), and checks those guards
-        on each compiled call, with the caches cold after the convolutions (MobileNetV2's
-        forward: 9,363 guard lines, 0.9 ms a call, against the hand-written model's 5,157
-        and 0.4 ms).
+        Each layer's blobs are read once, by name (``BLOB_NAMES``, checked against the layers
+        when the fold is built; ``param_blobs`` would guard its list of names item by item),
+        and nothing calls a method on a layer: dynamo guards every attribute read and every
+        method call (that the instance does not shadow it), and checks those guards on each
+        compiled call, with the caches cold after the convolutions (MobileNetV2's forward:
+        9,363 guard lines, 0.9 ms a call, against the hand-written model's 5,157 and 0.4 ms).
         """
-        p = self.producer
-        own = _blobs(p) if p is not None else []
-        stats_blobs, scale_blobs, bias_blobs = [
-            _blobs(m) if m is not None else [] for m in (self.bn, self.scale, self.bias)
-        ]
+        p, bn, sc = self.producer, self.bn, self.scale
+        own = [] if p is None else [p.weight, p.bias] if self.producer_has_bias else [p.weight]
+        stats_blobs = [] if bn is None else [bn.mean, bn.variance, bn.scale_factor]
+        scale_blobs = (
+            [] if sc is None else [sc.weight, sc.bias] if self.scale_has_bias else [sc.weight]
+        )
+        bias_blobs = [] if self.bias is None else [self.bias.bias]
         conv = self.producer_type == "Convolution"
         sources = own + stats_blobs + scale_blobs + bias_blobs  # as ``sources()`` lists them
         if conv and opaque_conv.wanted(p, x, sources):
@@ -381,12 +398,6 @@ class FoldedAffine:
             return conv2d(x, w, b, g.stride, g.pad, g.dilation, p.group, self.weight_cache)
         conv = F.conv1d if n == 1 else F.conv3d
         return conv(x, w, b, g.stride, g.pad, g.dilation, p.group)
-
-
-def _blobs(layer: CaffeLayer) -> list[torch.Tensor]:
-    """``layer.param_blobs()`` called unbound: a traced method call on a layer instance
-    guards that its ``__dict__`` does not shadow the method, once per layer and call."""
-    return CaffeLayer.param_blobs(layer)
 
 
 def _fold_for_graph(producer: Any, links: dict[str, Any]) -> FoldedAffine:
