@@ -64,3 +64,20 @@ def test_c_div_truncates_toward_zero_without_torch_ops_on_plain_ints(monkeypatch
         0,
         0,
     ]
+
+
+def test_geometry_pickles_and_reads_a_pickle_from_before_its_slots():
+    """ConvGeometry has __slots__ (dynamo guards an instance dict on every compiled call); a
+    net pickled before then holds its fields as a dict, without ``extent``. Python 3.11's
+    slotted dataclass would read that dict's keys as the field values."""
+    import pickle
+
+    geom = ConvGeometry(1, (3, 3), (2, 1), (1, 0), (2, 1))
+    assert geom.extent == (5, 3)
+    again = pickle.loads(pickle.dumps(geom))
+    assert again == geom and again.extent == (5, 3)
+    old = object.__new__(ConvGeometry)
+    old.__setstate__(
+        {"channel_axis": 1, "kernel": (3, 3), "stride": (2, 1), "pad": (1, 0), "dilation": (2, 1)}
+    )
+    assert old == geom and old.extent == (5, 3)

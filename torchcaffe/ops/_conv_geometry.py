@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +53,15 @@ class ConvGeometry:
     def __post_init__(self) -> None:
         extent = tuple(d * (k - 1) + 1 for k, d in zip(self.kernel, self.dilation))
         object.__setattr__(self, "extent", extent)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """From a dict of fields, as pickled before ConvGeometry had slots (no ``extent``)."""
+        for name in ("channel_axis", "kernel", "stride", "pad", "dilation"):
+            object.__setattr__(self, name, state[name])
+        self.__post_init__()
 
     @property
     def num_spatial(self) -> int:
