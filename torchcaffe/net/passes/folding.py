@@ -270,18 +270,12 @@ class FoldedAffine:
         ones = torch.ones(ref.shape[0], dtype=ref.dtype, device=ref.device)
         return (ones * a).to(ref.dtype), (ones * c).to(ref.dtype)
 
-    def affine_in_graph(self, detach: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-        """The chain's per-channel (a, c) in the links' dtype, as ops of autograd's graph
-        unless ``detach`` (the training fold's)."""
-        return self._affine(wide=False, detach=detach)
-
     def weights_in_graph(self, detach: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """A Convolution's (weight, bias) with the chain folded in, in the links' dtype, as ops
         of the running graph: a compiled one, or autograd's unless ``detach``."""
         p = self.producer
-        a, c = self.affine_in_graph(detach)
-        w = p.weight * a.reshape((-1,) + (1,) * (p.weight.dim() - 1))
-        return w, (p.bias * a + c if p.bias_term else c)
+        a, c = self._affine(wide=False, detach=detach)
+        return _scaled_weights(p.weight, p.bias if p.bias_term else None, a, c)
 
     def _traced(self, x: torch.Tensor) -> torch.Tensor:
         """The fold as torch.compile traces it (inference: nothing is cached, as compile does
@@ -333,9 +327,7 @@ class FoldedAffine:
         if conv and x.shape[0] == 1:
             top = p.num_output * math.prod(p.geom.conv_output(tuple(x.shape[2:])))
             if weight.numel() < top:
-                w = weight * a.reshape((-1,) + (1,) * (weight.dim() - 1))
-                b = own_bias * a + c if own_bias is not None else c
-                return self.run_folded(x, w, b)
+                return self.run_folded(x, *_scaled_weights(weight, own_bias, a, c))
         y = self.run_folded(x, weight, own_bias) if conv else p(x)
         view = (1, -1) + (1,) * (y.dim() - 2)
         return torch.addcmul(c.reshape(view), y, a.reshape(view))
@@ -398,6 +390,15 @@ class FoldedAffine:
             return conv2d(x, w, b, g.stride, g.pad, g.dilation, p.group, self.weight_cache)
         conv = F.conv1d if n == 1 else F.conv3d
         return conv(x, w, b, g.stride, g.pad, g.dilation, p.group)
+
+
+def _scaled_weights(
+    weight: torch.Tensor, bias: torch.Tensor | None, a: torch.Tensor, c: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A convolution's (weight, bias) with the chain y * a + c folded in: each output
+    channel's filter times a, its bias b * a + c (c where it has none)."""
+    w = weight * a.reshape((-1,) + (1,) * (weight.dim() - 1))
+    return w, (bias * a + c if bias is not None else c)
 
 
 def _fold_for_graph(producer: Any, links: dict[str, Any]) -> FoldedAffine:
