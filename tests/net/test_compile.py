@@ -259,3 +259,21 @@ def test_a_compiled_fold_reads_its_layers_blobs_and_calls_no_layer_method():
     assert not [g for g in guards if "['conv+folded+nhwc'].__dict__" in g]  # __slots__
     relu = [g for g in guards if "traced_runners['relu+inplace']" in g]
     assert relu and not [g for g in relu if "__dict__" in g]
+
+
+def test_each_net_compiles_against_a_recompile_budget_of_its_own():
+    """Dynamo allows a code object ``recompile_limit`` graphs (8); past that the frame runs
+    eagerly. With one ``TorchNet.forward`` for every net, the ninth distinct net compiled in
+    a process ran eagerly. Here the limit is 1, and two distinct nets both get a graph."""
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    first, second = _small_net(), _layout_net()
+    assert type(first).forward.__code__ is not type(second).forward.__code__
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with torch._dynamo.config.patch(recompile_limit=1), torch.inference_mode():
+        torch.compile(first)(data=torch.randn(2, 3, 13, 11))
+        torch.compile(second)(data=torch.randn(1, 4, 8, 8))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
+    for net in (first, second):
+        assert len(_debug_get_cache_entry_list(type(net).forward.__code__)) == 1

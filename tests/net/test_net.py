@@ -287,3 +287,31 @@ def test_a_whole_net_pickles_with_torch_save_after_running(tmp_path):
         torch.testing.assert_close(loaded(data=x)["out"], want, rtol=0, atol=0)
     loaded(data=x)["out"].sum().backward()  # and trains
     assert loaded.layers["conv"].weight.grad is not None
+
+
+@pytest.mark.parametrize("copy_net", ["pickle-0", "pickle-2", "pickle-5", "deepcopy", "copy"])
+def test_a_copied_net_runs_its_own_forward_code(copy_net):
+    """Each net runs a ``forward`` code object of its own (dynamo's recompile limit counts
+    per code object): a copy or unpickled net gets a new one, and keeps the class's name.
+    Every pickle protocol works: the slotted pass runners are a cache left out of the state."""
+    import copy
+    import pickle
+
+    from google.protobuf import text_format
+
+    from torchcaffe.proto import caffe_pb2
+
+    net = torchcaffe.load(text_format.Parse(_PICKLED, caffe_pb2.NetParameter()), phase="test")
+    x = torch.randn(2, 3, 8, 8)
+    with torch.inference_mode():
+        want = net(data=x)["out"]  # programs cached
+    how, _, protocol = copy_net.partition("-")
+    if how == "pickle":
+        got = pickle.loads(pickle.dumps(net, int(protocol)))
+    else:
+        got = getattr(copy, copy_net)(net)
+    assert isinstance(got, torchcaffe.TorchNet) and type(got).__name__ == "TorchNet"
+    assert type(got).forward.__code__ is not type(net).forward.__code__
+    assert type(got).forward.__code__ is not torchcaffe.TorchNet.forward.__code__
+    with torch.inference_mode():
+        torch.testing.assert_close(got(data=x)["out"], want, rtol=0, atol=0)

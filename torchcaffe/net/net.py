@@ -22,6 +22,7 @@ from ..ops.base import CaffeLayer, Shape
 from ..precision import caffe_float32, caffe_float32_backward, on_cuda
 from ..proto import caffe_pb2
 from .builder import build_net, set_requires_grad
+from .own_forward import base_class, new_instance, with_own_forward
 from .passes import (
     FoldedAffine,
     OptimizedProgram,
@@ -100,6 +101,23 @@ class TorchNet(nn.Module):
         self._programs: dict[tuple[tuple[str, ...], bool, bool, bool], OptimizedProgram] = {}
         self._observe_outputs = frozenset(self.output_names)
         self._observe_all = frozenset(self.blob_names)
+        self.__class__ = with_own_forward(type(self))
+
+    def __reduce__(self) -> tuple[object, ...]:
+        """Pickles (and copies) as the net's own class; ``__setstate__`` gives the copy a
+        ``forward`` of its own again (see ``own_forward``)."""
+        return new_instance, (base_class(type(self)),), self.__getstate__()
+
+    def __getstate__(self) -> dict[str, object]:
+        """The module's state less the pass-optimized programs, a cache that ``forward``
+        rebuilds (their runners are slotted and pickle only at protocol 2 and up)."""
+        state: dict[str, object] = super().__getstate__()
+        state["_programs"] = {}
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        super().__setstate__(state)
+        self.__class__ = with_own_forward(type(self))
 
     # -- identity --------------------------------------------------------------------------
     @property

@@ -186,9 +186,16 @@ class ConvolutionLayer(ConvolutionBase):
         # (``opaque_conv``), by the handles of the chain's layers
         self.graph_folds: dict[tuple[int, ...], Any] = {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The state less ``graph_folds``, a cache (of slotted folds, which pickle only at
+        protocol 2 and up) keyed by handles that a copy does not share."""
+        state: dict[str, Any] = super().__getstate__()
+        state["graph_folds"] = {}
+        return state
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
-        self.graph_folds = {}  # keyed by the original's handles
+        self.graph_folds = {}  # keyed by the original's handles (a pickle from before)
 
     def sources(self) -> list[torch.Tensor]:
         """The tensors the top derives from besides the bottom (``opaque_conv``)."""
