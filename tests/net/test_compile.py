@@ -277,3 +277,56 @@ def test_each_net_compiles_against_a_recompile_budget_of_its_own():
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
     for net in (first, second):
         assert len(_debug_get_cache_entry_list(type(net).forward.__code__)) == 1
+
+
+# conv and ip have the weights (>= 2**18) for which a compiled graph calls our opaque ops;
+# cls, a classifier over pooled features, is a GEMM on the CPU
+FROZEN_NET = """
+input: "data" input_shape { dim: 1 dim: 128 dim: 8 dim: 8 }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "c"
+  convolution_param { num_output: 256 kernel_size: 3 bias_term: false } }
+layer { name: "bn" type: "BatchNorm" bottom: "c" top: "c" }
+layer { name: "sc" type: "Scale" bottom: "c" top: "c" scale_param { bias_term: true } }
+layer { name: "relu" type: "ReLU" bottom: "c" top: "c" }
+layer { name: "pw" type: "Convolution" bottom: "c" top: "p"
+  convolution_param { num_output: 32 kernel_size: 1 } }
+layer { name: "pool" type: "Pooling" bottom: "p" top: "g"
+  pooling_param { pool: AVE global_pooling: true } }
+layer { name: "cls" type: "Convolution" bottom: "g" top: "cls"
+  convolution_param { num_output: 300 kernel_size: 1 } }
+layer { name: "ip" type: "InnerProduct" bottom: "cls" top: "ip"
+  inner_product_param { num_output: 1000 } }
+"""
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN (CPU)")
+def test_a_frozen_graph_folds_and_packs_every_weight():
+    """With inductor's ``freezing`` the params are constants: it folds the BatchNorm/Scale
+    arithmetic into the weights once and packs them for oneDNN, fusing the ReLU, as it does
+    for a hand-written model. Our opaque ops would hide the layers from it, and a constant
+    made in the chain (a ``masked_fill`` with 0) kept the fold per-call work and the
+    convolution unpacked. The run also failed outright: dynamo's proxy of a layer sets its
+    ``__dict__``, which ``CaffeLayer.__setattr__`` did not expect; and the opaque convolution
+    was handed inductor's frozen copies of the weights, not its layers'."""
+    from google.protobuf import text_format
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(0)
+    net = torchcaffe.load(text_format.Parse(FROZEN_NET, caffe_pb2.NetParameter()), phase="test")
+    net.eval()
+    with torch.no_grad():
+        for t in [*net.parameters(), *net.buffers()]:  # stats a fold changes
+            t.copy_(torch.rand_like(t) + 0.5)
+    x = torch.randn(1, 128, 8, 8)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want = net(data=x)["ip"]
+        with torch._inductor.config.patch(freezing=True):
+            got, codes = run_and_get_code(lambda: torch.compile(net)(data=x))
+    torch.testing.assert_close(got["ip"], want, rtol=1e-4, atol=1e-4)
+    code = "\n".join(codes)
+    convs = [line for line in code.splitlines() if "_convolution_pointwise.default(" in line]
+    assert len(convs) == 3 and all("_frozen_param" in line for line in convs), convs
+    assert "'relu'" in convs[0]  # fused into the folded convolution
+    assert "rsqrt" not in code  # the BatchNorm's arithmetic was folded away
+    assert "torchcaffe" not in code  # no opaque op of ours

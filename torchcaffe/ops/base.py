@@ -117,13 +117,15 @@ class CaffeLayer(nn.Module):
         """A plain value (not a tensor or module) under a name that is not a param, buffer or
         submodule is stored as object attributes are: that is all ``nn.Module.__setattr__``
         does with it, after testing it against Parameter and Buffer, whose isinstance hooks
-        run in Python (~1 us a call, ~10 calls a layer: ~8% of a ResNet-152 build)."""
+        run in Python (~1 us a call, ~10 calls a layer: ~8% of a ResNet-152 build). An
+        instance made without ``__init__`` (dynamo's proxy of a module under inductor's
+        ``freezing`` sets its ``__dict__``) has none of the three dicts yet."""
         d = self.__dict__
         if (
             not isinstance(value, (torch.Tensor, nn.Module))
-            and name not in d["_parameters"]
-            and name not in d["_buffers"]
-            and name not in d["_modules"]
+            and name not in d.get("_parameters", ())
+            and name not in d.get("_buffers", ())
+            and name not in d.get("_modules", ())
         ):
             object.__setattr__(self, name, value)
         else:

@@ -168,6 +168,8 @@ def scaled_stats(
     mean: torch.Tensor, variance: torch.Tensor, stored: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The stored statistics as Caffe reads them: times 1 / scale_factor, 0 when it is 0.
-    Five small ops (device tensors: no host sync); a NaN factor stays NaN, as in Caffe."""
-    factor = stored.reciprocal().masked_fill_(stored.logical_not(), 0)
+    Small ops (device tensors: no host sync); a NaN factor stays NaN, as in Caffe. The 0 is
+    ``|stored|``, not a filled constant: inductor's freezing folds only what derives from the
+    params alone (a fill's constant made every folded BatchNorm's weights per-call work)."""
+    factor = torch.where(stored != 0, stored.reciprocal(), stored.abs())
     return mean * factor, variance * factor

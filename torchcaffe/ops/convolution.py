@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..registry import register_layer
-from . import onednn_conv, onednn_linear, opaque_conv
+from . import frozen_graph, onednn_conv, onednn_linear, opaque_conv
 from ._conv_geometry import ConvGeometry, conv_geometry, im2col_nd
 from .base import AtLeast, CaffeLayer
 from .onednn_conv import PackedConvWeight
@@ -150,8 +150,12 @@ def conv2d(
       product channels_last too;
     - over a 1x1 bottom (MobileNetV2's classifier) it is one GEMM in any layout: torch sends
       it to its im2col kernel, 0.41 ms in-net for 1280 -> 1000 at batch 1.
+
+    A graph whose params inductor freezes gets ``F.conv2d`` (``frozen_graph``): inductor
+    packs its weight for oneDNN, where it sends a GEMM to MKL, whose batch-1 product runs
+    on one thread (MobileNetV2's classifier: 0.40 ms a call).
     """
-    if not x.is_cpu:  # the layouts and GEMM forms below are the CPU's
+    if not x.is_cpu or frozen_graph.params_frozen():  # the forms below are the CPU's
         return F.conv2d(x, weight, bias, stride, pad, dilation, groups)
     pointwise = (
         weight.shape[2:] == (1, 1) and groups == 1 and all(v == 1 for v in stride) and not any(pad)

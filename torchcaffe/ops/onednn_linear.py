@@ -34,6 +34,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from . import frozen_graph
+
 # Weights (N * K) from which oneDNN's matmul is faster than MKL's at every batch measured.
 MIN_WEIGHTS = 1 << 18
 
@@ -74,8 +76,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
 def graph_can_take(tensors: Sequence[torch.Tensor]) -> bool:
     """Whether a torch.compile trace may call one of our opaque CPU ops (this module's and
     ``opaque_conv``'s) on ``tensors``: compiling but not exporting (torch.export also turns
-    oneDNN off while it traces), CPU float32 tensors, oneDNN on."""
+    oneDNN off while it traces), CPU float32 tensors, oneDNN on, and inductor not freezing
+    the params (``frozen_graph``: it then packs and fuses the plain ops itself)."""
     if not torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return False
+    if frozen_graph.params_frozen():
         return False
     if not all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors):
         return False
