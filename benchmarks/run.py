@@ -66,6 +66,7 @@ from torchcaffe.net.passes.layout import channels_last_layout  # noqa: E402
 MODELS = (REPO / ".." / "shared" / "models").resolve()
 SECTIONS = (
     "handwritten",
+    "frozen",
     "opencv",
     "layout",
     "caffe_face",
@@ -284,6 +285,43 @@ def bench_handwritten(args, rows: list[Row]) -> None:
                     t_base,
                 )
             )
+
+
+def bench_frozen(args, rows: list[Row]) -> None:
+    """Inference compiled with inductor's ``freezing`` on both sides: the params are
+    constants, so inductor folds and packs the weights of either model itself."""
+    from torch._inductor import config as inductor_config
+
+    if args.no_compile:
+        return
+    for name in args.nets:
+        net, hand, _, size, _ = prepare(name, args.device)
+        torch._dynamo.reset()
+        ours, base = torch.compile(net), torch.compile(hand)
+        with inductor_config.patch(freezing=True):  # read when each graph compiles
+            for batch in args.batches:
+                x = torch.randn(batch, 3, size, size, device=args.device)
+
+                def run_ours(m=ours, x=x):
+                    with torch.inference_mode():
+                        m(data=x)
+
+                def run_base(m=base, x=x):
+                    with torch.inference_mode():
+                        m(x)
+
+                t_ours, t_base = interleaved(
+                    synced(run_ours, args.device), synced(run_base, args.device), args.repeat
+                )
+                rows.append(
+                    Row(
+                        "frozen",
+                        f"{name} frozen inference b{batch}",
+                        t_ours,
+                        "hand-written torch, frozen",
+                        t_base,
+                    )
+                )
 
 
 def bench_opencv(args, rows: list[Row]) -> None:
@@ -613,6 +651,7 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[Row] = []
     run = {
         "handwritten": bench_handwritten,
+        "frozen": bench_frozen,
         "opencv": bench_opencv,
         "layout": bench_layout,
         "caffe_face": bench_caffe_face,
