@@ -17,13 +17,12 @@ from __future__ import annotations
 import torch
 
 
-@torch.compiler.assume_constant_result
 def _inductor_freezes() -> bool:
-    """Inductor's ``freezing`` setting, read once per trace (a constant of the graph: dynamo
-    adds no guard on it, and inductor reads it again when it compiles the graph)."""
+    """Inductor's ``freezing`` setting, read in the trace: dynamo guards the value, so the
+    graph compiles again when it changes."""
     from torch._inductor import config
 
-    return bool(config.freezing)
+    return config.freezing
 
 
 def params_frozen() -> bool:
