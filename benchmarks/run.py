@@ -230,6 +230,35 @@ def prepare(
     return net.to(device), hand.to(device), out, size, MODELS / rel
 
 
+def inference_rows(
+    args,
+    rows: list[Row],
+    where: tuple[str, str],
+    ours,
+    base,
+    size: int,
+    baseline_name: str = "hand-written torch",
+) -> None:
+    """One row per batch size: ``ours(data=x)`` against ``base(x)`` under inference_mode,
+    interleaved; ``where`` is (section, the row's name before " inference b<batch>")."""
+    section, what = where
+    for batch in args.batches:
+        x = torch.randn(batch, 3, size, size, device=args.device)
+
+        def run_ours(m=ours, x=x):
+            with torch.inference_mode():
+                m(data=x)
+
+        def run_base(m=base, x=x):
+            with torch.inference_mode():
+                m(x)
+
+        t_ours, t_base = interleaved(
+            synced(run_ours, args.device), synced(run_base, args.device), args.repeat
+        )
+        rows.append(Row(section, f"{what} inference b{batch}", t_ours, baseline_name, t_base))
+
+
 def bench_handwritten(args, rows: list[Row]) -> None:
     for name in args.nets:
         net, hand, out, size, _ = prepare(name, args.device)
@@ -238,29 +267,7 @@ def bench_handwritten(args, rows: list[Row]) -> None:
             torch._dynamo.reset()
             modes.append(("compiled", torch.compile(net), torch.compile(hand)))
         for mode, ours, base in modes:
-            for batch in args.batches:
-                x = torch.randn(batch, 3, size, size, device=args.device)
-
-                def run_ours(m=ours, x=x):
-                    with torch.inference_mode():
-                        m(data=x)
-
-                def run_base(m=base, x=x):
-                    with torch.inference_mode():
-                        m(x)
-
-                t_ours, t_base = interleaved(
-                    synced(run_ours, args.device), synced(run_base, args.device), args.repeat
-                )
-                rows.append(
-                    Row(
-                        "handwritten",
-                        f"{name} {mode} inference b{batch}",
-                        t_ours,
-                        "hand-written torch",
-                        t_base,
-                    )
-                )
+            inference_rows(args, rows, ("handwritten", f"{name} {mode}"), ours, base, size)
             batch = args.train_batch
             x = torch.randn(batch, 3, size, size, device=args.device)
             w = torch.randn(batch, 1000, device=args.device)
@@ -299,29 +306,8 @@ def bench_frozen(args, rows: list[Row]) -> None:
         torch._dynamo.reset()
         ours, base = torch.compile(net), torch.compile(hand)
         with inductor_config.patch(freezing=True):  # read when each graph compiles
-            for batch in args.batches:
-                x = torch.randn(batch, 3, size, size, device=args.device)
-
-                def run_ours(m=ours, x=x):
-                    with torch.inference_mode():
-                        m(data=x)
-
-                def run_base(m=base, x=x):
-                    with torch.inference_mode():
-                        m(x)
-
-                t_ours, t_base = interleaved(
-                    synced(run_ours, args.device), synced(run_base, args.device), args.repeat
-                )
-                rows.append(
-                    Row(
-                        "frozen",
-                        f"{name} frozen inference b{batch}",
-                        t_ours,
-                        "hand-written torch, frozen",
-                        t_base,
-                    )
-                )
+            where = ("frozen", f"{name} frozen")
+            inference_rows(args, rows, where, ours, base, size, "hand-written torch, frozen")
 
 
 def bench_opencv(args, rows: list[Row]) -> None:
