@@ -330,3 +330,31 @@ def test_a_frozen_graph_folds_and_packs_every_weight():
     assert "'relu'" in convs[0]  # fused into the folded convolution
     assert "rsqrt" not in code  # the BatchNorm's arithmetic was folded away
     assert "torchcaffe" not in code  # no opaque op of ours
+
+
+@pytest.mark.parametrize("batch, folded", [(1, True), (2, False)])
+def test_a_traced_fold_scales_the_weights_only_where_that_is_cheaper(batch, folded):
+    """Unfrozen, a graph recomputes whatever it derives from the params on every call. At
+    batch 1 a convolution whose weight (144 values here) is smaller than its top (784) gets
+    its weights scaled in the graph; otherwise the top is, with one multiply-add after the
+    convolution (an ``addcmul`` that inductor fuses into its epilogue)."""
+    from google.protobuf import text_format
+
+    proto = LAYOUT_NET.replace("dim: 8 dim: 8", "dim: 16 dim: 16")
+    net = torchcaffe.load(text_format.Parse(proto, caffe_pb2.NetParameter()), phase="test")
+    net.eval()
+    graphs: list[torch.fx.GraphModule] = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    x = torch.randn(batch, 4, 16, 16)
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        want = net(data=x)["p"]
+        got = torch.compile(net, backend=capture)(data=x)["p"]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    (graph,) = graphs
+    epilogues = [n for n in graph.graph.nodes if n.target is torch.addcmul]
+    assert (not epilogues) is folded, graph.code

@@ -326,12 +326,8 @@ class FoldedAffine:
         if p is None:
             return self.run_folded(x, a, c)
         weight, own_bias = own[0], (own[1] if len(own) > 1 else None)
-        if conv and frozen_graph.params_frozen():  # inductor computes the weights once
+        if conv and (frozen_graph.params_frozen() or _folding_pays_at_batch_1(p, x, weight)):
             return self.run_folded(x, *_scaled_weights(weight, own_bias, a, c))
-        if conv and x.shape[0] == 1:
-            top = p.num_output * math.prod(p.geom.conv_output(tuple(x.shape[2:])))
-            if weight.numel() < top:
-                return self.run_folded(x, *_scaled_weights(weight, own_bias, a, c))
         y = self.run_folded(x, weight, own_bias) if conv else p(x)
         view = (1, -1) + (1,) * (y.dim() - 2)
         return torch.addcmul(c.reshape(view), y, a.reshape(view))
@@ -394,6 +390,15 @@ class FoldedAffine:
             return conv2d(x, w, b, g.stride, g.pad, g.dilation, p.group, self.weight_cache)
         conv = F.conv1d if n == 1 else F.conv3d
         return conv(x, w, b, g.stride, g.pad, g.dilation, p.group)
+
+
+def _folding_pays_at_batch_1(conv: Any, x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """At batch 1, a Convolution whose weight has fewer elements than its top: scaling the
+    weight costs less than scaling the top (see ``FoldedAffine._traced``)."""
+    if x.shape[0] != 1:
+        return False
+    top = conv.num_output * math.prod(conv.geom.conv_output(tuple(x.shape[2:])))
+    return weight.numel() < top
 
 
 def _scaled_weights(
