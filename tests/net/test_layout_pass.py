@@ -83,7 +83,13 @@ def test_outputs_match_the_unoptimized_net_and_are_contiguous(monkeypatch):
         every = net.forward_all_blobs(data=x)
     for name in want:
         assert got[name].is_contiguous()
-        np.testing.assert_allclose(got[name].numpy(), want[name].numpy(), rtol=1e-5, atol=1e-6)
+        # oneDNN sums in another order than torch's NCHW kernels: an InnerProduct output near
+        # 0 that sums terms of ~100 differs by ~1e-4 (seen on an AVX2 host), so the absolute
+        # tolerance follows the output's scale
+        scale = float(want[name].abs().max())
+        np.testing.assert_allclose(
+            got[name].numpy(), want[name].numpy(), rtol=1e-5, atol=1e-6 * max(scale, 1.0)
+        )
     assert all(t.is_contiguous() for t in every.values())
 
 

@@ -19,6 +19,7 @@ from ..helpers.params import fill_params
 
 FOLD, INPLACE = "fold_batchnorm_scale_into_producer", "inplace_relu"
 AFFINE, SPLITS = "fold_batchnorm_into_scale", "bypass_splits"
+RELU = "fuse_relu_into_producer"
 LAYOUT = "channels_last_layout"
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -77,20 +78,22 @@ def _assert_inference_matches_unoptimized(net, x: torch.Tensor, names) -> None:
 
 
 def test_passes_are_listed_in_order():
-    assert [p.__name__ for p in INFERENCE_PASSES] == [FOLD, AFFINE, SPLITS, INPLACE, LAYOUT]
+    want = [FOLD, AFFINE, SPLITS, RELU, INPLACE, LAYOUT]
+    assert [p.__name__ for p in INFERENCE_PASSES] == want
 
 
 def test_fold_fires_on_conv_ip_and_deconv_chains():
     net = _net()
     program = net.optimized_program()  # observe the outputs (d, h) only
     # the conv's output feeds ip and de through a Split, which they now bypass
-    assert program.report == {FOLD: 3, AFFINE: 0, SPLITS: 1, INPLACE: 2, LAYOUT: 1}
+    # relu joins the folded conv; relu2, after a Deconvolution, runs in place
+    assert program.report == {FOLD: 3, AFFINE: 0, SPLITS: 1, RELU: 1, INPLACE: 1, LAYOUT: 1}
     types = [s.type for s in program.steps]
-    assert "Convolution+BatchNorm+Scale" in types
+    assert "Convolution+BatchNorm+Scale+ReLU" in types
     assert "InnerProduct+BatchNorm+Bias" in types
     assert "Deconvolution+Scale" in types
-    assert types.count("ReLU+inplace") == 2
-    assert len(program.steps) == len(net.steps) - 6
+    assert types.count("ReLU+inplace") == 1
+    assert len(program.steps) == len(net.steps) - 7
     assert "Split" not in types
 
 
@@ -155,7 +158,9 @@ layer { name: "t1" type: "TanH" bottom: "a" top: "t" }
 """
     net = _net(text)
     program = net.optimized_program()
-    assert program.report[INPLACE] == 1  # r1 only: r0 would overwrite the caller's tensor
+    # r1 joins ip, the producer of its bottom; r0 stays: it would overwrite the caller's tensor
+    assert program.report[RELU] == 1 and program.report[INPLACE] == 0
+    assert "ReLU" in [s.type for s in program.steps]
     x = torch.randn(2, 3)
     keep = x.clone()
     want = _unoptimized(net, data=x)
@@ -249,7 +254,7 @@ def test_unobserved_splits_are_bypassed_and_outputs_hold():
     assert "Split" not in [s.type for s in program.steps]
     readers = {s.name for s in program.steps if "a" in s.bottoms}
     assert {"pool", "conv2", "sum"} <= readers
-    assert program.report[INPLACE] == 1  # b's ReLU, on conv2's fresh top, still in place
+    assert program.report[RELU] == 1  # b's ReLU joins conv2: it alone reads conv2's top
     _assert_inference_matches_unoptimized(net, torch.randn(2, 3, 6, 6), ("p", "s"))
     # a caller who reads the Split's tops gets them
     assert net.optimized_program(net.blob_names).report[SPLITS] == 0
@@ -269,7 +274,7 @@ layer { name: "relu" type: "ReLU" bottom: "b" top: "b" }
     net = caffe.Net(str(proto), caffe.TEST)
     _randomize(net.module)
     report = net.module.optimized_program(net.blobs).report
-    assert report == {FOLD: 0, AFFINE: 1, SPLITS: 0, INPLACE: 1, LAYOUT: 1}
+    assert report == {FOLD: 0, AFFINE: 1, SPLITS: 0, RELU: 0, INPLACE: 1, LAYOUT: 1}
     x = np.random.default_rng(2).standard_normal((2, 3, 5, 4)).astype(np.float32)
     net.blobs["data"].data[...] = x
     net.forward()

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..registry import register_layer
-from . import frozen_graph, onednn_conv, onednn_linear, opaque_conv
+from . import frozen_graph, fused_relu, onednn_conv, onednn_linear, opaque_conv
 from ._conv_geometry import ConvGeometry, conv_geometry, im2col_nd
 from .base import AtLeast, CaffeLayer
 from .onednn_conv import PackedConvWeight
@@ -142,9 +142,11 @@ def conv2d(
     dilation: tuple[int, ...],
     groups: int,
     weight_cache: PackedConvWeight | None = None,
+    relu: fused_relu.Slope = None,
 ) -> torch.Tensor:
-    """``F.conv2d``, on oneDNN with the weight packed once into ``weight_cache`` where it can
-    take the call (``onednn_conv``), except for a dense 1x1 convolution (stride 1, no pad):
+    """``F.conv2d``, then the ReLU of slope ``relu`` if any (``fused_relu``), on oneDNN with
+    the weight packed once into ``weight_cache`` where it can take the call
+    (``onednn_conv``), except for a dense 1x1 convolution (stride 1, no pad):
 
     - over a channels_last input it is one GEMM, the (N*H*W, C) matrix a free view and the
       product channels_last too;
@@ -156,21 +158,22 @@ def conv2d(
     on one thread (MobileNetV2's classifier: 0.40 ms a call).
     """
     if not x.is_cpu or frozen_graph.params_frozen():  # the forms below are the CPU's
-        return F.conv2d(x, weight, bias, stride, pad, dilation, groups)
+        return fused_relu.apply_(F.conv2d(x, weight, bias, stride, pad, dilation, groups), relu)
     pointwise = (
         weight.shape[2:] == (1, 1) and groups == 1 and all(v == 1 for v in stride) and not any(pad)
     )
     if pointwise and x.shape[2] == x.shape[3] == 1:  # a classifier over pooled features
-        y = onednn_linear.pixel_rows_product(x.reshape(x.shape[0], -1), weight.flatten(1), bias)
+        flat = x.reshape(x.shape[0], -1)
+        y = onednn_linear.pixel_rows_product(flat, weight.flatten(1), bias, relu)
         return y.reshape(*y.shape, 1, 1)
     if pointwise and onednn_conv.is_channels_last(x):
         n, c, h, w = x.shape
         rows = x.permute(0, 2, 3, 1).reshape(n * h * w, c)
-        y = onednn_linear.pixel_rows_product(rows, weight.reshape(weight.shape[0], c), bias)
+        y = onednn_linear.pixel_rows_product(rows, weight.reshape(weight.shape[0], c), bias, relu)
         return y.reshape(n, h, w, -1).permute(0, 3, 1, 2)
     if weight_cache is not None and onednn_conv.can_take(x, weight, bias):
-        return weight_cache.conv2d(x, weight, bias, stride, pad, dilation, groups)
-    return F.conv2d(x, weight, bias, stride, pad, dilation, groups)
+        return weight_cache.conv2d(x, weight, bias, stride, pad, dilation, groups, relu)
+    return fused_relu.apply_(F.conv2d(x, weight, bias, stride, pad, dilation, groups), relu)
 
 
 @register_layer("Convolution")
@@ -211,10 +214,32 @@ class ConvolutionLayer(ConvolutionBase):
     def eager_top(self, x: torch.Tensor) -> torch.Tensor:
         return self.compute(x, tuple(x.shape[2:]))
 
-    def compute(self, x: torch.Tensor, spatial: tuple[int, ...]) -> torch.Tensor:
+    def top_with_relu(self, x: torch.Tensor, slope: float) -> torch.Tensor:
+        """The top of one (N, C, *spatial) bottom with a ReLU of ``slope`` fused in
+        (``fused_relu``; inference only)."""
+        if self.geom.channel_axis != 1 or x.dim() != 2 + self.geom.num_spatial:
+            return fused_relu.apply_(self._one(x), slope)
+        return self.compute(x, tuple(x.shape[2:]), relu=slope)
+
+    def compute(
+        self, x: torch.Tensor, spatial: tuple[int, ...], relu: fused_relu.Slope = None
+    ) -> torch.Tensor:
         g, n = self.geom, self.geom.num_spatial
         if torch.compiler.is_compiling() and opaque_conv.wanted(self, x, self.sources()):
-            return opaque_conv.call(x, self.sources(), [self])
+            return fused_relu.apply_(opaque_conv.call(x, self.sources(), [self]), relu)
+        if n != 2:
+            return fused_relu.apply_(self._compute_other(x, spatial), relu)
+        extra = g.extra_pad(spatial)
+        if any(extra):
+            x = F.pad(x, [v for e in reversed(extra) for v in (0, e)])
+        bias = self.bias if self.bias_term else None
+        return conv2d(
+            x, self.weight, bias, g.stride, g.pad, g.dilation, self.group, self.weight_cache, relu
+        )
+
+    def _compute_other(self, x: torch.Tensor, spatial: tuple[int, ...]) -> torch.Tensor:
+        """``compute`` over any number of spatial axes but two."""
+        g, n = self.geom, self.geom.num_spatial
         weight = self.weight
         if n == 0:  # no spatial axes: a 1x1 convolution over a length-1 axis
             y = F.conv1d(x.unsqueeze(-1), weight.unsqueeze(-1), groups=self.group)
@@ -230,9 +255,5 @@ class ConvolutionLayer(ConvolutionBase):
         if any(extra):
             x = F.pad(x, [v for e in reversed(extra) for v in (0, e)])
         bias = self.bias if self.bias_term else None
-        if n == 2:
-            return conv2d(
-                x, weight, bias, g.stride, g.pad, g.dilation, self.group, self.weight_cache
-            )
         conv = F.conv1d if n == 1 else F.conv3d
         return conv(x, weight, bias, g.stride, g.pad, g.dilation, self.group)

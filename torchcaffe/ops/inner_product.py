@@ -7,7 +7,7 @@ import math
 import torch
 
 from ..registry import register_layer
-from . import onednn_linear
+from . import fused_relu, onednn_linear
 from .base import CaffeLayer, canonical_axis
 
 
@@ -56,8 +56,13 @@ class InnerProductLayer(CaffeLayer):
         """On oneDNN's matmul where the weight is large (``onednn_linear``). The product is
         returned itself where it has the top's shape (axis 1): an in-place ReLU on a view of
         it would make autograd copy it back in the backward."""
+        return self.top_with_relu(x, None)
+
+    def top_with_relu(self, x: torch.Tensor, slope: fused_relu.Slope) -> torch.Tensor:
+        """The top, then a ReLU of ``slope`` if any, fused into oneDNN's product where it
+        runs (``fused_relu``; inference only)."""
         lead = x.shape[: self.axis]
         weight = self.weight.t() if self.transpose else self.weight
         bias = self.bias if self.param.bias_term else None
-        y = onednn_linear.linear(x.reshape(-1, self.k), weight, bias)
+        y = onednn_linear.linear(x.reshape(-1, self.k), weight, bias, slope)
         return y if len(lead) == 1 else y.view(*lead, -1)

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from . import fused_relu
+
 
 def _onednn_ops() -> tuple[Any, Any] | None:
     """(weight packing, convolution) where this torch build has them, else None."""
@@ -84,9 +86,11 @@ class PackedConvWeight:
         pad: tuple[int, ...],
         dilation: tuple[int, ...],
         groups: int,
+        relu: fused_relu.Slope = None,
     ) -> torch.Tensor:
         """``F.conv2d(x, weight, bias, stride, pad, dilation, groups)`` on the packed weight,
-        channels_last as the bottom. The caller checked ``can_take``."""
+        channels_last as the bottom, then the ReLU of slope ``relu`` if any (``fused_relu``).
+        The caller checked ``can_take``."""
         assert _OPS is not None
         pack, conv = _OPS
         pad_, stride_, dilation_ = list(pad), list(stride), list(dilation)
@@ -98,7 +102,9 @@ class PackedConvWeight:
                 key,
                 pack(plain, pad_, stride_, dilation_, groups, list(x.shape)),
             )
-        return conv(x, entry[1], bias, pad_, stride_, dilation_, groups, "none", [], "")
+        attr, scalars, after = fused_relu.onednn_epilogue(relu)
+        y = conv(x, entry[1], bias, pad_, stride_, dilation_, groups, attr, scalars, "")
+        return fused_relu.apply_(y, after)
 
     def forget(self) -> None:
         """Drop the packed copy: the weight was written where its version does not show it."""

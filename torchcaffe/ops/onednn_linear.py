@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from . import frozen_graph
+from . import frozen_graph, fused_relu
 
 # Weights (N * K) from which oneDNN's matmul is faster than MKL's at every batch measured.
 MIN_WEIGHTS = 1 << 18
@@ -55,22 +55,27 @@ def available() -> bool:
     return _LINEAR is not None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    relu: fused_relu.Slope = None,
+) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for a 2-D ``x``, on oneDNN where it can run as is and
-    ``weight`` has at least MIN_WEIGHTS elements."""
+    ``weight`` has at least MIN_WEIGHTS elements; then the ReLU of slope ``relu``, if any
+    (``fused_relu``: in oneDNN's epilogue where it runs, which autograd must not record)."""
     tensors = (x, weight) if bias is None else (x, weight, bias)
     if _LINEAR is None or weight.numel() < MIN_WEIGHTS:
-        return F.linear(x, weight, bias)
+        return fused_relu.apply_(F.linear(x, weight, bias), relu)
     recorded = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
     if _onednn_can_take(tensors):
-        return (
-            _OneDnnLinear.apply(x, weight, bias)
-            if recorded
-            else _LINEAR(x, weight, bias, "none", [], "")
-        )
+        if recorded:
+            return fused_relu.apply_(_OneDnnLinear.apply(x, weight, bias), relu)
+        attr, scalars, after = fused_relu.onednn_epilogue(relu)
+        return fused_relu.apply_(_LINEAR(x, weight, bias, attr, scalars, ""), after)
     if _GRAPH_LINEAR is not None and graph_can_take(tensors):
-        return _GRAPH_LINEAR(x, weight, bias)
-    return F.linear(x, weight, bias)
+        return fused_relu.apply_(_GRAPH_LINEAR(x, weight, bias), relu)
+    return fused_relu.apply_(F.linear(x, weight, bias), relu)
 
 
 def graph_can_take(tensors: Sequence[torch.Tensor]) -> bool:
@@ -127,7 +132,10 @@ _GRAPH_LINEAR = _graph_op()
 
 
 def pixel_rows_product(
-    rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    rows: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    relu: fused_relu.Slope = None,
 ) -> torch.Tensor:
     """``rows @ weight.T + bias``: a dense 1x1 convolution over a channels_last bottom, whose
     (N*H*W, C) pixel rows are a free view. On oneDNN's matmul, with the bias added in its
@@ -137,12 +145,15 @@ def pixel_rows_product(
     In-net, 2 threads, batch 1, median of 40 interleaved: MobileNetV2 and ResNet-50 4% faster
     (ResNet-50's addmm bias copies alone took 3.4 of its 60 ms); batch 8: 12-13%. Every
     size: oneDNN splits the pixel rows over the threads where MKL's sgemm runs a 49-row
-    product (7x7) on one, 0.82 -> 0.62 ms for ResNet-50's 2048 -> 512 at batch 1."""
+    product (7x7) on one, 0.82 -> 0.62 ms for ResNet-50's 2048 -> 512 at batch 1.
+    Then the ReLU of slope ``relu``, if any (``fused_relu``)."""
     tensors = (rows, weight) if bias is None else (rows, weight, bias)
     recorded = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
     if _LINEAR is not None and not recorded and _onednn_can_take(tensors):
-        return _LINEAR(rows, weight, bias, "none", [], "")
-    return rows @ weight.t() if bias is None else torch.addmm(bias, rows, weight.t())
+        attr, scalars, after = fused_relu.onednn_epilogue(relu)
+        return fused_relu.apply_(_LINEAR(rows, weight, bias, attr, scalars, ""), after)
+    y = rows @ weight.t() if bias is None else torch.addmm(bias, rows, weight.t())
+    return fused_relu.apply_(y, relu)
 
 
 def _onednn_can_take(tensors: tuple[torch.Tensor, ...]) -> bool:

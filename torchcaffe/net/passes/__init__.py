@@ -23,6 +23,7 @@ from .folding import (
 from .inplace import inplace_relu
 from .layout import channels_last_layout, to_nchw
 from .program import OptimizedProgram
+from .relu_fusion import fuse_relu_into_producer
 from .splits import bypass_splits
 from .training import (
     bypass_splits_for_training,
@@ -33,13 +34,15 @@ from .training import (
 
 # The inference pipeline, in order: folds into producers first, then what they left (their
 # output is observable) into one multiply-add; unobserved Splits bypassed next (after the
-# folds, which read a Split as one more reader of the blob it fans out); in-place ReLU next,
-# so a ReLU after a folded chain sees a fresh producer and one after a bypassed Split sees
-# every reader; the memory layout last, over the steps that will really run.
+# folds, which read a Split as one more reader of the blob it fans out); then a ReLU into
+# the (folded) Convolution or InnerProduct before it, and the ReLUs left in place, so a
+# ReLU after a folded chain sees a fresh producer and one after a bypassed Split sees every
+# reader; the memory layout last, over the steps that will really run.
 INFERENCE_PASSES = (
     fold_batchnorm_scale_into_producer,
     fold_batchnorm_into_scale,
     bypass_splits,
+    fuse_relu_into_producer,
     inplace_relu,
     channels_last_layout,
 )

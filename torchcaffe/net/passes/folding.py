@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.fusion import fuse_conv_bn_weights
 
-from ...ops import frozen_graph, onednn_linear, opaque_conv
+from ...ops import frozen_graph, fused_relu, onednn_linear, opaque_conv
 from ...ops._derived import DerivedCache
 from ...ops.base import CaffeLayer
 from ...ops.batch_norm import scaled_stats
@@ -363,33 +363,45 @@ class FoldedAffine:
     def eager_top(self, x: torch.Tensor) -> torch.Tensor:
         return self.run_folded(x, *self.folded_weights())
 
+    def top_with_relu(self, x: torch.Tensor, slope: float) -> torch.Tensor:
+        """The folded top with a ReLU of ``slope`` fused in (``fused_relu``)."""
+        if torch.compiler.is_compiling():
+            return fused_relu.apply_(self._traced(x), slope)
+        return self.run_folded(x, *self.folded_weights(), relu=slope)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
             return self._traced(x)
         return self.run_folded(x, *self.folded_weights())
 
-    def run_folded(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    def run_folded(
+        self,
+        x: torch.Tensor,
+        w: torch.Tensor,
+        b: torch.Tensor | None,
+        relu: fused_relu.Slope = None,
+    ) -> torch.Tensor:
         """The producer with weights ``w`` and bias ``b`` (or none); alone: ``x * w + b`` per
-        channel."""
+        channel. Then the ReLU of slope ``relu``, if any (``fused_relu``)."""
         p = self.producer
         if p is None:  # BatchNorm (+ Scale/Bias) alone: one fused multiply-add over axis 1
             assert b is not None
             view = (1, -1) + (1,) * (x.dim() - 2)
-            return torch.addcmul(b.reshape(view), x, w.reshape(view))
+            return fused_relu.apply_(torch.addcmul(b.reshape(view), x, w.reshape(view)), relu)
         if self.producer_type == "InnerProduct":
-            return onednn_linear.linear(x.reshape(x.shape[0], p.k), w, b)
+            return onednn_linear.linear(x.reshape(x.shape[0], p.k), w, b, relu)
         g = p.geom
         n = g.num_spatial
         if self.producer_type == "Deconvolution":
             deconv = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[n - 1]
-            return deconv(x, w, b, g.stride, g.pad, 0, 1, g.dilation)
+            return fused_relu.apply_(deconv(x, w, b, g.stride, g.pad, 0, 1, g.dilation), relu)
         extra = g.extra_pad(tuple(x.shape[2:]))
         if any(extra):
             x = F.pad(x, [v for e in reversed(extra) for v in (0, e)])
         if n == 2:
-            return conv2d(x, w, b, g.stride, g.pad, g.dilation, p.group, self.weight_cache)
+            return conv2d(x, w, b, g.stride, g.pad, g.dilation, p.group, self.weight_cache, relu)
         conv = F.conv1d if n == 1 else F.conv3d
-        return conv(x, w, b, g.stride, g.pad, g.dilation, p.group)
+        return fused_relu.apply_(conv(x, w, b, g.stride, g.pad, g.dilation, p.group), relu)
 
 
 def _folding_pays_at_batch_1(conv: Any, x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -1,0 +1,144 @@
+"""fuse_relu_into_producer (torchcaffe/net/passes/relu_fusion.py): where a ReLU joins the
+Convolution or InnerProduct before it, that the values stay Caffe's (NaN included), and that
+a leaky ReLU runs in oneDNN's epilogue."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from google.protobuf import text_format
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import torchcaffe
+from torchcaffe.ops import onednn_conv
+from torchcaffe.proto import caffe_pb2
+
+from ..helpers.params import fill_params
+
+RELU = "fuse_relu_into_producer"
+
+# conv -> bn -> scale -> relu (in place, folded), a plain conv with a leaky ReLU, an
+# InnerProduct with a ReLU writing a new blob; a ReLU on the net's input stays alone.
+NET = """
+input: "data" input_shape { dim: 2 dim: 4 dim: 9 dim: 9 }
+layer { name: "r0" type: "ReLU" bottom: "data" top: "data" }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "c"
+  convolution_param { num_output: 8 kernel_size: 3 pad: 1 bias_term: false } }
+layer { name: "bn" type: "BatchNorm" bottom: "c" top: "c" }
+layer { name: "sc" type: "Scale" bottom: "c" top: "c" scale_param { bias_term: true } }
+layer { name: "relu" type: "ReLU" bottom: "c" top: "c" }
+layer { name: "dense" type: "Convolution" bottom: "c" top: "d"
+  convolution_param { num_output: 8 kernel_size: 3 stride: 2 } }
+layer { name: "leaky" type: "ReLU" bottom: "d" top: "d" relu_param { negative_slope: 0.1 } }
+layer { name: "ip" type: "InnerProduct" bottom: "d" top: "f" inner_product_param { num_output: 6 } }
+layer { name: "rf" type: "ReLU" bottom: "f" top: "g" }
+"""
+
+
+def _net(text: str = NET) -> torchcaffe.TorchNet:
+    net = torchcaffe.load(text_format.Parse(text, caffe_pb2.NetParameter()), phase="test")
+    fill_params(net, lambda t, gen: torch.rand(t.shape, generator=gen) - 0.3, seed=4)
+    return net.eval()
+
+
+def _unoptimized(net: torchcaffe.TorchNet, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    net.optimize = False
+    try:
+        with torch.inference_mode():
+            return net.forward_all_blobs(data=x)
+    finally:
+        net.optimize = True
+
+
+def _assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def test_relus_join_their_producers():
+    program = _net().optimized_program()
+    assert program.report[RELU] == 3
+    types = {s.name: s.type for s in program.steps}
+    assert types["conv"] == "Convolution+BatchNorm+Scale+ReLU"
+    assert types["dense"] == "Convolution+ReLU"
+    assert types["ip"] == "InnerProduct+ReLU"
+    assert types["r0"] == "ReLU"  # on the caller's input: no producer
+    assert [s.tops for s in program.steps if s.name == "ip"] == [("g",)]
+
+
+def test_a_relu_stays_alone_where_the_value_before_it_is_seen():
+    net = _net()
+    program = net.optimized_program(["g", "f"])  # f, the product before rf, is asked for
+    assert program.report[RELU] == 2
+    assert "rf" in [s.name for s in program.steps]
+    # every blob observed: the in-place ReLUs still join (their blob's final value is the
+    # ReLU's), rf does not
+    assert net.optimized_program(net.blob_names).report[RELU] == 2
+    read_twice = NET + 'layer { name: "t" type: "TanH" bottom: "f" top: "t" }'
+    assert _net(read_twice).optimized_program().report[RELU] == 2  # f has another reader
+
+
+@pytest.mark.parametrize("observe_all", [False, True])
+def test_outputs_equal_the_unoptimized_net(observe_all):
+    net = _net()
+    x = torch.randn(2, 4, 9, 9, generator=torch.Generator().manual_seed(0))
+    want = _unoptimized(net, x)
+    with torch.inference_mode():
+        got = net.forward_all_blobs(data=x) if observe_all else net(data=x)
+    assert set(got) <= set(want)
+    for name in got:
+        _assert_close(got[name], want[name])
+
+
+def test_nan_and_infinities_stay_caffes():
+    """Caffe's ReLU keeps NaN (max(NaN, 0) is NaN); oneDNN's relu epilogue would make it 0,
+    so a plain ReLU runs after the product. A leaky one keeps NaN and -inf in oneDNN."""
+    net = _net()
+    x = torch.randn(2, 4, 9, 9, generator=torch.Generator().manual_seed(1))
+    x[0, :, 2:5, 2:5] = float("nan")
+    x[1, 0, 0, 0] = float("inf")
+    want = _unoptimized(net, x)
+    assert want["c"].isnan().any() and want["g"].isnan().any()
+    with torch.inference_mode():
+        got = net.forward_all_blobs(data=x)
+    for name in ("c", "d", "f", "g"):
+        assert torch.equal(got[name].isnan(), want[name].isnan()), name
+        _assert_close(got[name], want[name])
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.skipif(not onednn_conv.available(), reason="this torch build has no oneDNN")
+def test_a_leaky_relu_runs_in_onednns_epilogue():
+    net = _net()
+    x = torch.randn(2, 4, 9, 9)
+    with torch.inference_mode():
+        net(data=x)  # packs the weights
+        with _Ops() as ops:
+            net(data=x)
+    assert "aten.leaky_relu_.default" not in ops.names  # dense's ReLU, in the epilogue
+    assert ops.names.count("aten.relu_.default") == 2  # conv's and rf: after the product
+    with torch.backends.mkldnn.flags(enabled=False), torch.inference_mode(), _Ops() as plain:
+        got = net(data=x)
+    assert plain.names.count("aten.leaky_relu_.default") == 1  # torch's kernels: in place
+    _assert_close(got["g"], _unoptimized(net, x)["g"])
+
+
+def test_a_compiled_net_gives_the_eager_values():
+    net = _net()
+    x = torch.randn(2, 4, 9, 9)
+    with torch.inference_mode():
+        want = net(data=x)
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        got = torch.compile(net, backend="aot_eager", fullgraph=True)(data=x)
+    for name in want:
+        _assert_close(got[name], want[name])
