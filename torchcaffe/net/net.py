@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..errors import BlobWiringError, LayerParamError, TorchCaffeError, UnknownNameError
+from ..ops import hook_watch
 from ..ops.base import CaffeLayer, Shape
 from ..precision import caffe_float32, caffe_float32_backward, on_cuda
 from ..proto import caffe_pb2
@@ -99,6 +100,7 @@ class TorchNet(nn.Module):
         # whether it runs on the CPU (some passes are for the CPU's kernels alone).
         self.optimize = True
         self._programs: dict[tuple[tuple[str, ...], bool, bool, bool], OptimizedProgram] = {}
+        self._hooks_seen = (-1, False)  # (hook_watch.EPOCH when scanned, any layer hooked)
         self._observe_outputs = frozenset(self.output_names)
         self._observe_all = frozenset(self.blob_names)
         self.__class__ = with_own_forward(type(self))
@@ -294,9 +296,24 @@ class TorchNet(nn.Module):
     def _program_for(
         self, observable: frozenset[str], device: torch.device | None
     ) -> OptimizedProgram | None:
-        if not self.optimize:
+        if not self.optimize or self.layers_hooked():
             return None
         return self._cached_program(observable, torch.is_grad_enabled(), device)
+
+    def layers_hooked(self) -> bool:
+        """Do torch hooks watch any layer (``ops.hook_watch``)? Then ``forward`` runs every
+        layer as a module, without the passes, so each hook sees its layer's call. Not read
+        under torch.compile, whose guards would then check every layer's hook dicts on each
+        call: a compiled graph runs the passes' steps as they are."""
+        if torch.compiler.is_compiling():
+            return False
+        if hook_watch.global_hooks():
+            return True
+        epoch, hooked = self._hooks_seen
+        if hooked or epoch != hook_watch.EPOCH[0]:
+            hooked = hook_watch.any_hooked(self.layers.values())
+            self._hooks_seen = (hook_watch.EPOCH[0], hooked)
+        return hooked
 
     def run(
         self,

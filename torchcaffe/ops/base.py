@@ -21,7 +21,7 @@ from .. import limits
 from ..errors import BlobWiringError, LayerParamError, TorchCaffeError
 from ..formats import user_schema
 from ..proto import caffe_pb2
-from . import opaque_conv
+from . import hook_watch, opaque_conv
 from ._fill_skip import will_be_loaded
 from ._zero_blobs import zero_blob
 from .fillers import check_filler, fill_
@@ -130,6 +130,32 @@ class CaffeLayer(nn.Module):
             object.__setattr__(self, name, value)
         else:
             super().__setattr__(name, value)
+
+    # -- hooks: a net runs hooked layers as modules (``hook_watch``) ------------------------
+    def register_forward_hook(self, *args: Any, **kwargs: Any) -> Any:
+        handle = super().register_forward_hook(*args, **kwargs)
+        hook_watch.hooks_changed()
+        return handle
+
+    def register_forward_pre_hook(self, *args: Any, **kwargs: Any) -> Any:
+        handle = super().register_forward_pre_hook(*args, **kwargs)
+        hook_watch.hooks_changed()
+        return handle
+
+    def register_full_backward_hook(self, *args: Any, **kwargs: Any) -> Any:
+        handle = super().register_full_backward_hook(*args, **kwargs)
+        hook_watch.hooks_changed()
+        return handle
+
+    def register_full_backward_pre_hook(self, *args: Any, **kwargs: Any) -> Any:
+        handle = super().register_full_backward_pre_hook(*args, **kwargs)
+        hook_watch.hooks_changed()
+        return handle
+
+    def register_backward_hook(self, *args: Any, **kwargs: Any) -> Any:
+        handle = super().register_backward_hook(*args, **kwargs)
+        hook_watch.hooks_changed()
+        return handle
 
     # -- construction ---------------------------------------------------------------------
     @classmethod

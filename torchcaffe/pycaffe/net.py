@@ -432,12 +432,13 @@ class Net:
             for i in range(start, end + 1):
                 self._records.pop(i, None)
         whole = start == 0 and end == len(net.steps) - 1
-        if whole and net.optimize and self._lazy.applies:
+        passes = net.optimize and not net.layers_hooked()  # hooks see their layers' calls
+        if whole and passes and self._lazy.applies:
             return self._lazy.forward(device, observe, self._reshape_blob)
         # no_grad, not inference_mode: a Blob reshaped here must stay writable by later
         # autograd-recording forwards (inference tensors refuse in-place updates outside).
         with torch.no_grad():
-            if start == 0 and end == len(net.steps) - 1 and net.optimize:
+            if whole and passes:
                 program = net.optimized_program(self.blobs, device)
                 values = {n: self.blobs[n].data_at(device) for n in net.input_names}
                 produced = net.run(values, program=program)

@@ -1,0 +1,54 @@
+"""Whether torch module hooks watch a net's layers.
+
+The passes merge layers into steps that do not call them as modules (a fold computes a
+Convolution, its BatchNorm, Scale and ReLU in one call), so a hook on a merged layer would
+never run. A user who registers a forward hook on ``net.layers['conv1']`` to read features
+expects it to run on every forward, as in any torch model: a net whose layers carry hooks
+(or under global module hooks) runs its layers as they are instead (``TorchNet``).
+
+Scanning every layer's hook dicts on each call costs ~30 us for ResNet-50's 245 layers, so a
+net scans again only when a layer's ``register_*_hook`` ran since (``EPOCH``) or its last
+scan found hooks (a removed handle shows then). Hooks written into a module's private dicts
+directly are not seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from torch import nn
+from torch.nn.modules import module as torch_module
+
+# bumped by CaffeLayer's register_*_hook methods
+EPOCH = [0]
+
+_MODULE_HOOKS = (
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+)
+_GLOBAL_HOOKS = tuple(
+    getattr(torch_module, name, {})
+    for name in (
+        "_global_forward_hooks",
+        "_global_forward_pre_hooks",
+        "_global_backward_hooks",
+        "_global_backward_pre_hooks",
+    )
+)
+
+
+def hooks_changed() -> None:
+    """A layer's hooks were registered: nets scan again."""
+    EPOCH[0] += 1
+
+
+def global_hooks() -> bool:
+    """Are module hooks registered for every module (``register_module_forward_hook``)?"""
+    return any(_GLOBAL_HOOKS)
+
+
+def any_hooked(modules: Iterable[nn.Module]) -> bool:
+    """Does any of ``modules`` carry a forward or backward hook of its own?"""
+    return any(getattr(m, name) for m in modules for name in _MODULE_HOOKS)
