@@ -9,7 +9,8 @@ expects it to run on every forward, as in any torch model: a net whose layers ca
 Scanning every layer's hook dicts on each call costs ~30 us for ResNet-50's 245 layers, so a
 net scans again only when a layer's ``register_*_hook`` ran since (``EPOCH``) or its last
 scan found hooks (a removed handle shows then). Hooks written into a module's private dicts
-directly are not seen.
+directly, or registered on a module that is not a CaffeLayer (one a user put in
+``net.layers``), are seen only at the next scan.
 """
 
 from __future__ import annotations
