@@ -131,32 +131,6 @@ class CaffeLayer(nn.Module):
         else:
             super().__setattr__(name, value)
 
-    # -- hooks: a net runs hooked layers as modules (``hook_watch``) ------------------------
-    def register_forward_hook(self, *args: Any, **kwargs: Any) -> Any:
-        handle = super().register_forward_hook(*args, **kwargs)
-        hook_watch.hooks_changed()
-        return handle
-
-    def register_forward_pre_hook(self, *args: Any, **kwargs: Any) -> Any:
-        handle = super().register_forward_pre_hook(*args, **kwargs)
-        hook_watch.hooks_changed()
-        return handle
-
-    def register_full_backward_hook(self, *args: Any, **kwargs: Any) -> Any:
-        handle = super().register_full_backward_hook(*args, **kwargs)
-        hook_watch.hooks_changed()
-        return handle
-
-    def register_full_backward_pre_hook(self, *args: Any, **kwargs: Any) -> Any:
-        handle = super().register_full_backward_pre_hook(*args, **kwargs)
-        hook_watch.hooks_changed()
-        return handle
-
-    def register_backward_hook(self, *args: Any, **kwargs: Any) -> Any:
-        handle = super().register_backward_hook(*args, **kwargs)
-        hook_watch.hooks_changed()
-        return handle
-
     # -- construction ---------------------------------------------------------------------
     @classmethod
     def from_param(
@@ -336,6 +310,11 @@ class CaffeLayer(nn.Module):
         if not self.layer_param.HasField(self.param_field):
             return ""
         return text_format.MessageToString(self.param, as_one_line=True)
+
+
+# A net runs hooked layers as modules (``hook_watch``): registering a hook tells it to look.
+for _register in hook_watch.REGISTER_METHODS:
+    setattr(CaffeLayer, _register, hook_watch.noting_changes(getattr(nn.Module, _register)))
 
 
 def canonical_axis(layer: CaffeLayer, axis: int, num_axes: int, field: str = "axis") -> int:

@@ -15,13 +15,23 @@ directly, or registered on a module that is not a CaffeLayer (one a user put in
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from torch import nn
 from torch.nn.modules import module as torch_module
 
 # bumped by CaffeLayer's register_*_hook methods
 EPOCH = [0]
+# nn.Module's hook registrations that CaffeLayer wraps with ``noting_changes``
+REGISTER_METHODS = (
+    "register_forward_hook",
+    "register_forward_pre_hook",
+    "register_full_backward_hook",
+    "register_full_backward_pre_hook",
+    "register_backward_hook",
+)
 
 _MODULE_HOOKS = (
     "_forward_hooks",
@@ -43,6 +53,18 @@ _GLOBAL_HOOKS = tuple(
 def hooks_changed() -> None:
     """A layer's hooks were registered: nets scan again."""
     EPOCH[0] += 1
+
+
+def noting_changes(register: Callable[..., Any]) -> Callable[..., Any]:
+    """``register`` (an nn.Module method), then ``hooks_changed``."""
+
+    @functools.wraps(register)
+    def registered(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        handle = register(module, *args, **kwargs)
+        hooks_changed()
+        return handle
+
+    return registered
 
 
 def global_hooks() -> bool:
