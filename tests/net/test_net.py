@@ -315,3 +315,22 @@ def test_a_copied_net_runs_its_own_forward_code(copy_net):
     assert type(got).forward.__code__ is not torchcaffe.TorchNet.forward.__code__
     with torch.inference_mode():
         torch.testing.assert_close(got(data=x)["out"], want, rtol=0, atol=0)
+
+
+def test_a_pickle_from_before_the_hook_watch_loads_and_runs():
+    """Nets pickled before 363eaaf have no ``_hooks_seen`` (ops/hook_watch.py) in their
+    state; unpickled, they run."""
+    import pickle
+
+    from google.protobuf import text_format
+
+    from torchcaffe.proto import caffe_pb2
+
+    net = torchcaffe.load(text_format.Parse(_PICKLED, caffe_pb2.NetParameter()), phase="test")
+    x = torch.randn(2, 3, 8, 8)
+    with torch.inference_mode():
+        want = net(data=x)["out"]
+    del net.__dict__["_hooks_seen"]
+    got = pickle.loads(pickle.dumps(net))
+    with torch.inference_mode():
+        torch.testing.assert_close(got(data=x)["out"], want, rtol=0, atol=0)

@@ -119,6 +119,7 @@ class TorchNet(nn.Module):
 
     def __setstate__(self, state: dict[str, object]) -> None:
         super().__setstate__(state)
+        self.__dict__.setdefault("_hooks_seen", (-1, False))  # a pickle from before 363eaaf
         self.__class__ = with_own_forward(type(self))
 
     # -- identity --------------------------------------------------------------------------
