@@ -100,3 +100,15 @@ def test_runner_refuses_cuda_without_a_gpu(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         run.main(["--device", "cuda", "--only", "handwritten"])
     assert "CUDA is not available" in capsys.readouterr().err
+
+
+def test_pass_ab_runs_one_pass_on_and_off(models_root, capsys):
+    """bench_pass_ab: the pass fired on one copy, the outputs agree, one line of figures."""
+    from benchmarks import bench_pass_ab
+
+    bench_pass_ab.main(["fuse_relu_into_producer", "--net", "CaffeNet", "--repeat", "1"])
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("CaffeNet b1, fuse_relu_into_producer (fired 7)")
+    assert "median of round ratios" in line
+    with pytest.raises(SystemExit, match="no inference pass 'speed'"):
+        bench_pass_ab.main(["speed"])
