@@ -214,7 +214,7 @@ class ConvolutionLayer(ConvolutionBase):
     def eager_top(self, x: torch.Tensor) -> torch.Tensor:
         return self.compute(x, tuple(x.shape[2:]))
 
-    def top_with_relu(self, x: torch.Tensor, slope: float) -> torch.Tensor:
+    def top_with_relu(self, x: torch.Tensor, slope: fused_relu.Slope) -> torch.Tensor:
         """The top of one (N, C, *spatial) bottom with a ReLU of ``slope`` fused in
         (``fused_relu``; inference only)."""
         if self.geom.channel_axis != 1 or x.dim() != 2 + self.geom.num_spatial:
@@ -224,36 +224,29 @@ class ConvolutionLayer(ConvolutionBase):
     def compute(
         self, x: torch.Tensor, spatial: tuple[int, ...], relu: fused_relu.Slope = None
     ) -> torch.Tensor:
+        """The convolution proper, then the ReLU of slope ``relu`` if any (``fused_relu``)."""
         g, n = self.geom, self.geom.num_spatial
         if torch.compiler.is_compiling() and opaque_conv.wanted(self, x, self.sources()):
             return fused_relu.apply_(opaque_conv.call(x, self.sources(), [self]), relu)
-        if n != 2:
-            return fused_relu.apply_(self._compute_other(x, spatial), relu)
-        extra = g.extra_pad(spatial)
-        if any(extra):
-            x = F.pad(x, [v for e in reversed(extra) for v in (0, e)])
-        bias = self.bias if self.bias_term else None
-        return conv2d(
-            x, self.weight, bias, g.stride, g.pad, g.dilation, self.group, self.weight_cache, relu
-        )
-
-    def _compute_other(self, x: torch.Tensor, spatial: tuple[int, ...]) -> torch.Tensor:
-        """``compute`` over any number of spatial axes but two."""
-        g, n = self.geom, self.geom.num_spatial
         weight = self.weight
         if n == 0:  # no spatial axes: a 1x1 convolution over a length-1 axis
             y = F.conv1d(x.unsqueeze(-1), weight.unsqueeze(-1), groups=self.group)
-            return self.add_bias(y.squeeze(-1))
+            return fused_relu.apply_(self.add_bias(y.squeeze(-1)), relu)
         if n > 3:
             cols = im2col_nd(x, g)
             out = cols.shape[2:]
             cols = cols.reshape(x.shape[0], self.group, -1, math.prod(out))
             w = weight.reshape(self.group, self.num_output // self.group, -1)
             y = torch.einsum("gok,ngkl->ngol", w, cols)
-            return self.add_bias(y.reshape(x.shape[0], self.num_output, *out))
+            y = self.add_bias(y.reshape(x.shape[0], self.num_output, *out))
+            return fused_relu.apply_(y, relu)
         extra = g.extra_pad(spatial)
         if any(extra):
             x = F.pad(x, [v for e in reversed(extra) for v in (0, e)])
         bias = self.bias if self.bias_term else None
+        if n == 2:
+            cache = self.weight_cache
+            return conv2d(x, weight, bias, g.stride, g.pad, g.dilation, self.group, cache, relu)
         conv = F.conv1d if n == 1 else F.conv3d
-        return conv(x, weight, bias, g.stride, g.pad, g.dilation, self.group)
+        y = conv(x, weight, bias, g.stride, g.pad, g.dilation, self.group)
+        return fused_relu.apply_(y, relu)

@@ -12,19 +12,22 @@ A slope is ``None`` where no ReLU follows, else the ReLU's ``negative_slope``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
 Slope = float | None
 
 
-def onednn_epilogue(slope: Slope) -> tuple[str, list[float], Slope]:
-    """(attr, scalars) of oneDNN's pointwise ops (``mkldnn::_convolution_pointwise``,
-    ``mkldnn::_linear_pointwise``) for this ReLU, and the slope of the ReLU left to apply
-    after them (``apply_``), or None."""
+def onednn_call(op: Callable[..., torch.Tensor], slope: Slope, *args: Any) -> torch.Tensor:
+    """``op(*args, attr, scalars, algorithm)``, one of oneDNN's pointwise ops
+    (``mkldnn::_convolution_pointwise``, ``mkldnn::_linear_pointwise``), with a leaky ReLU
+    as its epilogue, or a plain one applied after it."""
     if slope:
-        return "leaky_relu", [float(slope)], None
-    return "none", [], slope
+        return op(*args, "leaky_relu", [float(slope)], "")
+    return apply_(op(*args, "none", [], ""), slope)
 
 
 def apply_(y: torch.Tensor, slope: Slope) -> torch.Tensor:

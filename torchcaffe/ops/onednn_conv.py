@@ -102,9 +102,9 @@ class PackedConvWeight:
                 key,
                 pack(plain, pad_, stride_, dilation_, groups, list(x.shape)),
             )
-        attr, scalars, after = fused_relu.onednn_epilogue(relu)
-        y = conv(x, entry[1], bias, pad_, stride_, dilation_, groups, attr, scalars, "")
-        return fused_relu.apply_(y, after)
+        return fused_relu.onednn_call(
+            conv, relu, x, entry[1], bias, pad_, stride_, dilation_, groups
+        )
 
     def forget(self) -> None:
         """Drop the packed copy: the weight was written where its version does not show it."""

@@ -71,8 +71,7 @@ def linear(
     if _onednn_can_take(tensors):
         if recorded:
             return fused_relu.apply_(_OneDnnLinear.apply(x, weight, bias), relu)
-        attr, scalars, after = fused_relu.onednn_epilogue(relu)
-        return fused_relu.apply_(_LINEAR(x, weight, bias, attr, scalars, ""), after)
+        return fused_relu.onednn_call(_LINEAR, relu, x, weight, bias)
     if _GRAPH_LINEAR is not None and graph_can_take(tensors):
         return fused_relu.apply_(_GRAPH_LINEAR(x, weight, bias), relu)
     return fused_relu.apply_(F.linear(x, weight, bias), relu)
@@ -150,8 +149,7 @@ def pixel_rows_product(
     tensors = (rows, weight) if bias is None else (rows, weight, bias)
     recorded = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
     if _LINEAR is not None and not recorded and _onednn_can_take(tensors):
-        attr, scalars, after = fused_relu.onednn_epilogue(relu)
-        return fused_relu.apply_(_LINEAR(rows, weight, bias, attr, scalars, ""), after)
+        return fused_relu.onednn_call(_LINEAR, relu, rows, weight, bias)
     y = rows @ weight.t() if bias is None else torch.addmm(bias, rows, weight.t())
     return fused_relu.apply_(y, relu)
 

@@ -363,16 +363,14 @@ class FoldedAffine:
     def eager_top(self, x: torch.Tensor) -> torch.Tensor:
         return self.run_folded(x, *self.folded_weights())
 
-    def top_with_relu(self, x: torch.Tensor, slope: float) -> torch.Tensor:
-        """The folded top with a ReLU of ``slope`` fused in (``fused_relu``)."""
+    def top_with_relu(self, x: torch.Tensor, slope: fused_relu.Slope) -> torch.Tensor:
+        """The folded top, then a ReLU of ``slope`` if any (``fused_relu``)."""
         if torch.compiler.is_compiling():
             return fused_relu.apply_(self._traced(x), slope)
         return self.run_folded(x, *self.folded_weights(), relu=slope)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling():
-            return self._traced(x)
-        return self.run_folded(x, *self.folded_weights())
+        return self.top_with_relu(x, None)
 
     def run_folded(
         self,
