@@ -309,6 +309,26 @@ def test_inference_convolution_runs_on_the_packed_weight(packs, groups):
     assert torch.equal(again, got) and torch.equal(nchw, want)
 
 
+def test_inference_pointwise_convolution_runs_on_the_packed_weight(packs, onednn_calls):
+    """A dense 1x1 convolution over a channels_last bottom: the packed convolution, not the
+    GEMM over the plain weight (which runs where nothing is packed, as under autograd)."""
+    x = torch.randn(2, 24, 9, 7).contiguous(memory_format=CL)
+    w, b = torch.randn(12, 24, 1, 1), torch.randn(12)
+    cache = PackedConvWeight()
+    want = F.conv2d(x.contiguous(), w, b)
+    with torch.inference_mode():
+        got = conv2d(x, w, b, (1, 1), (0, 0), (1, 1), 1, cache)
+        leaky = conv2d(x, w, b, (1, 1), (0, 0), (1, 1), 1, cache, relu=0.25)
+    assert packs[0] == 1 and onednn_calls[0] == 0
+    assert got.is_contiguous(memory_format=CL)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(leaky, F.leaky_relu(want, 0.25), rtol=1e-5, atol=1e-5)
+    w.requires_grad_()
+    conv2d(x, w, b, (1, 1), (0, 0), (1, 1), 1, cache).sum().backward()
+    assert packs[0] == 1 and onednn_calls[0] == 0  # recorded: addmm's autograd
+    assert w.grad is not None
+
+
 def test_the_packed_weight_follows_the_weight_and_the_input_shape(packs):
     cache = PackedConvWeight()
     w = torch.randn(8, 16, 3, 3)

@@ -137,9 +137,11 @@ def pixel_rows_product(
     relu: fused_relu.Slope = None,
 ) -> torch.Tensor:
     """``rows @ weight.T + bias``: a dense 1x1 convolution over a channels_last bottom, whose
-    (N*H*W, C) pixel rows are a free view. On oneDNN's matmul, with the bias added in its
-    epilogue, where it can take the call and autograd records nothing; else ``addmm``, which
-    first copies the bias into every row of its output, one more pass over the top.
+    (N*H*W, C) pixel rows are a free view, where no packed weight serves (``conv2d``: under
+    autograd, or called without a cache), and a classifier over 1x1 features. On oneDNN's
+    matmul, with the bias added in its epilogue, where it can take the call and autograd
+    records nothing; else ``addmm``, which first copies the bias into every row of its
+    output, one more pass over the top.
 
     In-net, 2 threads, batch 1, median of 40 interleaved: MobileNetV2 and ResNet-50 4% faster
     (ResNet-50's addmm bias copies alone took 3.4 of its 60 ms); batch 8: 12-13%. Every
