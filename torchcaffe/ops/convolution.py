@@ -169,7 +169,8 @@ def conv2d(
         flat = x.reshape(x.shape[0], -1)
         y = onednn_linear.pixel_rows_product(flat, weight.flatten(1), bias, relu)
         return y.reshape(*y.shape, 1, 1)
-    packed = weight_cache if weight_cache and onednn_conv.can_take(x, weight, bias) else None
+    can_pack = weight_cache is not None and onednn_conv.can_take(x, weight, bias)
+    packed = weight_cache if can_pack else None
     if pointwise and packed is None and onednn_conv.is_channels_last(x):
         n, c, h, w = x.shape
         rows = x.permute(0, 2, 3, 1).reshape(n * h * w, c)
