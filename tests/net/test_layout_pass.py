@@ -309,11 +309,12 @@ def test_inference_convolution_runs_on_the_packed_weight(packs, groups):
     assert torch.equal(again, got) and torch.equal(nchw, want)
 
 
-def test_inference_pointwise_convolution_runs_on_the_packed_weight(packs, onednn_calls):
+@pytest.mark.parametrize("bias", [True, False])
+def test_inference_pointwise_convolution_runs_on_the_packed_weight(bias, packs, onednn_calls):
     """A dense 1x1 convolution over a channels_last bottom: the packed convolution, not the
     GEMM over the plain weight (which runs where nothing is packed, as under autograd)."""
     x = torch.randn(2, 24, 9, 7).contiguous(memory_format=CL)
-    w, b = torch.randn(12, 24, 1, 1), torch.randn(12)
+    w, b = torch.randn(12, 24, 1, 1), torch.randn(12) if bias else None
     cache = PackedConvWeight()
     want = F.conv2d(x.contiguous(), w, b)
     with torch.inference_mode():
