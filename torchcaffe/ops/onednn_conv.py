@@ -11,11 +11,13 @@ Measured alone, 2 threads, median of 31, us plain -> packed over a channels_last
 560 -> 335; depthwise 3x3 over 28x28x384 148 -> 121; batch 8, 56x56 64 -> 64 8738 -> 8666.
 The values are those of torch's oneDNN path (the same kernels).
 
-The packed copy doubles the weight's memory, as the channels_last copy it replaces did, and
-follows the weight: it is made again when the weight's version, storage or the input shape
-changes (one shape is kept: a net that alternates shapes packs each time). Any call oneDNN
-cannot take as it is (not a CPU float32 tensor, autograd recording, torch.compile or
-torch.jit's tracer, ``torch.backends.mkldnn`` off) runs ``F.conv2d``.
+The packed copy doubles the weight's memory, as the channels_last copy it replaces did (a 1x1
+convolution, a GEMM over the plain weight before, adds it: ResNet-50's inference RSS 654 ->
+719 MB, 97 MB of params, for 1.05-1.08x), and follows the weight: it is made again when the
+weight's version, storage or the input shape changes (one shape is kept: a net that
+alternates shapes packs each time). Any call oneDNN cannot take as it is (not a CPU float32
+tensor, autograd recording, torch.compile or torch.jit's tracer, ``torch.backends.mkldnn``
+off) runs ``F.conv2d``.
 """
 
 from __future__ import annotations
