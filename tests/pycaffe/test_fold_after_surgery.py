@@ -15,6 +15,7 @@ import torch
 
 import torchcaffe
 import torchcaffe as caffe
+from torchcaffe.ops import onednn_conv
 
 NET = """
 input: "data" input_shape { dim: 2 dim: 3 dim: 4 dim: 4 }
@@ -125,3 +126,27 @@ def test_params_changed_forgets_a_batchnorms_cached_statistics():
     assert bn.global_stats()[0] is first[0]
     net.params_changed()
     assert bn.global_stats()[0] is not first[0]
+
+
+def test_surgery_reaches_a_packed_pointwise_convolution(tmp_path):
+    """An unfolded 1x1 convolution inside a channels_last region runs on its packed weight;
+    a write through the numpy view reaches the next forward."""
+    text = """
+    input: "data" input_shape { dim: 1 dim: 8 dim: 32 dim: 32 }
+    layer { name: "a" type: "Convolution" bottom: "data" top: "a" convolution_param {
+      num_output: 16 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.1 } } }
+    layer { name: "c" type: "Convolution" bottom: "a" top: "c" convolution_param {
+      num_output: 16 kernel_size: 1 weight_filler { type: "gaussian" std: 0.1 } } }
+    """
+    proto = tmp_path / "pointwise.prototxt"
+    proto.write_text(text)
+    net = caffe.Net(str(proto), caffe.TEST)
+    net.blobs["data"].data[...] = np.random.default_rng(2).standard_normal((1, 8, 32, 32))
+    net.forward()
+    if onednn_conv.available() and torch.backends.mkldnn.enabled:
+        assert net.module.layer("c").weight_cache._entry is not None  # packed
+    net.params["c"][0].data[...] *= 2
+    net.params["c"][1].data[...] = 0
+    got = net.forward()["c"].copy()
+    a, w = net.blobs["a"].data, net.params["c"][0].data.reshape(16, 16)
+    np.testing.assert_allclose(got, np.einsum("oc,nchw->nohw", w, a), rtol=1e-4, atol=1e-5)
