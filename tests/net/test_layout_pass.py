@@ -348,6 +348,69 @@ def test_the_packed_weight_follows_the_weight_and_the_input_shape(packs):
         torch.testing.assert_close(got, F.conv2d(x, w, None, 1, 1), rtol=1e-5, atol=1e-5)
 
 
+@pytest.fixture
+def checked(monkeypatch):
+    """How many convolutions went through ``can_take``'s checks (a replay skips them)."""
+    count = [0]
+    real = onednn_conv.can_take
+
+    def counted(*args):
+        count[0] += 1
+        return real(*args)
+
+    monkeypatch.setattr(onednn_conv, "can_take", counted)
+    return count
+
+
+def test_a_repeated_convolution_replays_its_last_call(packs, checked):
+    cache = PackedConvWeight()
+    x = torch.randn(1, 16, 9, 9).contiguous(memory_format=CL)
+    w, b = torch.randn(8, 16, 3, 3), torch.randn(8)
+    geometry = ((1, 1), (1, 1), (1, 1), 1)
+    with torch.no_grad():
+        first = conv2d(x, w, b, *geometry, cache)
+        again = conv2d(x, w, b, *geometry, cache, relu=0.5)
+    assert checked[0] == 1 and packs[0] == 1
+    torch.testing.assert_close(first, F.conv2d(x, w, b, 1, 1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(again, F.leaky_relu(first, 0.5), rtol=1e-6, atol=1e-6)
+
+
+def _changed_calls(x, w, b):
+    """Calls that differ from the one before in what the replay must see, with their
+    expected values: each runs ``conv2d``'s checks again."""
+    other_bias = torch.randn(8)
+    yield lambda: w.mul_(2), (x, w, b)  # the weight written in place
+    yield lambda: None, (x, w, other_bias)  # another bias
+    yield lambda: None, (x.contiguous(), w, other_bias)  # an NCHW bottom: torch's own
+    yield lambda: None, (x[:, :, :7].contiguous(memory_format=CL), w, other_bias)
+    yield lambda: None, (x, w.clone(), other_bias)  # another weight
+
+
+@pytest.mark.filterwarnings("ignore:TF32 acceleration")  # mkldnn.flags sets it too
+def test_a_convolution_replays_only_the_same_call(packs, checked):
+    cache = PackedConvWeight()
+    x = torch.randn(1, 16, 9, 9).contiguous(memory_format=CL)
+    w, b = torch.randn(8, 16, 3, 3), torch.randn(8)
+    with torch.no_grad():
+        conv2d(x, w, b, (1, 1), (1, 1), (1, 1), 1, cache)
+        for n, (change, (x2, w2, b2)) in enumerate(_changed_calls(x, w, b), 2):
+            change()
+            got = conv2d(x2, w2, b2, (1, 1), (1, 1), (1, 1), 1, cache)
+            assert checked[0] == n
+            want = F.conv2d(x2, w2, b2, 1, 1)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        x, w = x2, w2
+        conv2d(x, w, b2, (2, 2), (1, 1), (1, 1), 1, cache)  # another geometry
+        assert checked[0] == n + 1
+        with torch.enable_grad():  # autograd may record: the checks decide
+            conv2d(x, w, b2, (2, 2), (1, 1), (1, 1), 1, cache)
+        assert checked[0] == n + 2
+        with torch.backends.mkldnn.flags(enabled=False):
+            got = conv2d(x, w, b2, (2, 2), (1, 1), (1, 1), 1, cache)
+        assert checked[0] == n + 3
+        torch.testing.assert_close(got, F.conv2d(x, w, b2, 2, 1), rtol=1e-5, atol=1e-5)
+
+
 def test_a_recorded_convolution_runs_torchs_own(packs):
     """Autograd records F.conv2d (the gradient must reach the weight); float64 too."""
     x = torch.randn(1, 16, 9, 9).contiguous(memory_format=CL)

@@ -188,6 +188,23 @@ def test_fold_follows_param_changes_and_dtype():
     _assert_close(got["d"].float(), want["d"])
 
 
+def test_fold_follows_a_param_replaced_by_another_tensor():
+    """A blob set to a new Parameter (a user's assignment, ``load_state_dict(assign=True)``)
+    is what the fold reads next: its sources are looked up in the layers each call."""
+    net = _net()
+    x = torch.randn(2, 3, 7, 6)
+    with torch.no_grad():
+        net(data=x)
+        scale = net.layer("sc")
+        scale.bias = torch.nn.Parameter(scale.bias + 0.5)
+        state = {k: v * 2 for k, v in net.layer("conv").state_dict().items()}
+        net.layer("conv").load_state_dict(state, assign=True)
+        got = net(data=x)
+    want = _unoptimized(net, data=x)
+    for name in got:
+        _assert_close(got[name], want[name])
+
+
 def test_save_weights_after_fold_writes_the_original_blobs(tmp_path):
     net = _net()
     with torch.inference_mode():

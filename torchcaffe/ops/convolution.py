@@ -160,6 +160,11 @@ def conv2d(
     packs its weight for oneDNN, where it sends a GEMM to MKL, whose batch-1 product runs
     on one thread (MobileNetV2's classifier: 0.40 ms a call).
     """
+    if weight_cache is not None and not torch.compiler.is_compiling():
+        # the call this cache made last, made again (not read in a trace: a guard on it)
+        y = weight_cache.replay(x, weight, bias, stride, pad, dilation, groups, relu)
+        if y is not None:
+            return y
     if not x.is_cpu or frozen_graph.params_frozen():  # the forms below are the CPU's
         return fused_relu.apply_(F.conv2d(x, weight, bias, stride, pad, dilation, groups), relu)
     pointwise = (

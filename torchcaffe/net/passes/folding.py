@@ -168,6 +168,7 @@ class FoldedAffine:
         "producer_has_bias",
         "_folded",
         "weight_cache",
+        "_source_slots",
     )
 
     shares_with_graph: ClassVar[bool] = True  # may a compiled graph's op run it (inference)?
@@ -187,6 +188,13 @@ class FoldedAffine:
             assert names == list(BLOB_NAMES[kind][: len(names)]), (kind, names)
         self._folded: DerivedCache[tuple[torch.Tensor, torch.Tensor]] = DerivedCache()
         self.weight_cache: PackedConvWeight | None = PackedConvWeight()
+        # where each source lives: (its layer's params dict, buffers dict, name), in
+        # ``param_blobs`` order (a blob moves between the two dicts when set to a Parameter)
+        self._source_slots = tuple(
+            (layer._parameters, layer._buffers, name)
+            for layer in self.layers()
+            for name in layer.blob_names
+        )
         if (
             self.shares_with_graph
             and producer_type == "Convolution"
@@ -202,12 +210,11 @@ class FoldedAffine:
         return [m for m in (self.producer, self.bn, self.scale, self.bias) if m is not None]
 
     def sources(self) -> list[torch.Tensor]:
-        """Every tensor the folded weights derive from (the caffemodel's blobs), read on every
-        call (a param replaced since shows). From the attributes, not a list kept of the
-        layers: torch.compile would guard that each list entry is its attribute, with a
-        Python-evaluated guard per layer and call (159 in MobileNetV2's graph)."""
-        mods = (self.producer, self.bn, self.scale, self.bias)
-        return [t for m in mods if m is not None for t in m.param_blobs()]
+        """Every tensor the folded weights derive from (the caffemodel's blobs, each layer's
+        ``param_blobs``), read from the layers' dicts on every call, so a param replaced
+        since shows. Eager only: torch.compile would guard each dict (``_traced`` reads
+        the layers' blobs by name)."""
+        return [ps[n] if n in ps else bs[n] for ps, bs, n in self._source_slots]
 
     def folded_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The eager fold, cached on its sources. Never under torch.compile: ``__call__``
