@@ -411,6 +411,65 @@ def test_a_convolution_replays_only_the_same_call(packs, checked):
         torch.testing.assert_close(got, F.conv2d(x, w, b2, 2, 1), rtol=1e-5, atol=1e-5)
 
 
+# a folded convolution (+ ReLU), a plain one (+ leaky ReLU), and one whose 2x2 bottom gets
+# an extra zero row and column (C's division gives it one output where torch's gives none)
+REPLAYED = """
+input: "data" input_shape { dim: 1 dim: 4 dim: 9 dim: 9 }
+layer { name: "c1" type: "Convolution" bottom: "data" top: "a"
+  convolution_param { num_output: 8 kernel_size: 3 pad: 1 } }
+layer { name: "bn" type: "BatchNorm" bottom: "a" top: "a" }
+layer { name: "sc" type: "Scale" bottom: "a" top: "a" scale_param { bias_term: true } }
+layer { name: "r1" type: "ReLU" bottom: "a" top: "a" }
+layer { name: "c2" type: "Convolution" bottom: "a" top: "b"
+  convolution_param { num_output: 8 kernel_size: 3 stride: 4 } }
+layer { name: "r2" type: "ReLU" bottom: "b" top: "b" relu_param { negative_slope: 0.1 } }
+layer { name: "c3" type: "Convolution" bottom: "b" top: "c"
+  convolution_param { num_output: 4 kernel_size: 3 stride: 2 } }
+layer { name: "r3" type: "ReLU" bottom: "c" top: "c" }
+"""
+
+
+def test_inference_steps_replay_their_packed_calls(packs, checked, monkeypatch):
+    """A second forward makes each convolution's packed call again, skipping the fold's
+    and the layer's own paths, with the same values; a param edit is still seen."""
+    from torchcaffe.net.passes.folding import FoldedAffine
+    from torchcaffe.ops.convolution import ConvolutionLayer
+
+    param = text_format.Parse(REPLAYED, caffe_pb2.NetParameter())
+    net = torchcaffe.load(param, phase="test")
+    fill_params(net, lambda t, gen: torch.rand(t.shape, generator=gen) + 0.5)
+    x = torch.randn(1, 4, 9, 9)
+    want = _reference(net, x)["c"]
+    assert want.shape == (1, 4, 1, 1)  # c3's 2x2 bottom was padded to 3x3
+    with torch.inference_mode():
+        first = net(data=x)["c"]
+    assert packs[0] == 3
+    slow = [0]
+    for cls, name in ((FoldedAffine, "run_folded"), (ConvolutionLayer, "compute")):
+        real = getattr(cls, name)
+
+        def counted(*args, _real=real, **kwargs):
+            slow[0] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(cls, name, counted)
+    checks = checked[0]
+    with torch.inference_mode():
+        again = net(data=x)["c"]
+    # only c3's bottom, padded first, takes the layer's path, which replays on the padded one
+    assert slow[0] == 1 and checked[0] == checks and packs[0] == 3
+    torch.testing.assert_close(first, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(again, first)
+    with torch.no_grad():
+        net.layer("sc").weight.mul_(2)
+        net.layer("c2").bias.add_(1)
+    want = _reference(net, x)["c"]
+    with torch.inference_mode():
+        got = net(data=x)["c"]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert packs[0] == 4  # the fold's new weight; c2's bias is read on each call
+
+
 def test_a_recorded_convolution_runs_torchs_own(packs):
     """Autograd records F.conv2d (the gradient must reach the weight); float64 too."""
     x = torch.randn(1, 16, 9, 9).contiguous(memory_format=CL)

@@ -227,8 +227,18 @@ class ConvolutionLayer(ConvolutionBase):
     def top_with_relu(self, x: torch.Tensor, slope: fused_relu.Slope) -> torch.Tensor:
         """The top of one (N, C, *spatial) bottom with a ReLU of ``slope`` fused in
         (``fused_relu``; inference only)."""
-        if self.geom.channel_axis != 1 or x.dim() != 2 + self.geom.num_spatial:
+        g = self.geom
+        if g.channel_axis != 1 or x.dim() != 2 + g.num_spatial:
             return fused_relu.apply_(self._one(x), slope)
+        if g.num_spatial == 2 and not torch.compiler.is_compiling():
+            # the packed call made last, before ``compute``'s own checks (a bottom of the
+            # shape that call had needs no extra pad)
+            bias = self.bias if self.bias_term else None
+            y = self.weight_cache.replay(
+                x, self.weight, bias, g.stride, g.pad, g.dilation, self.group, slope
+            )
+            if y is not None:
+                return y
         return self.compute(x, tuple(x.shape[2:]), relu=slope)
 
     def compute(
