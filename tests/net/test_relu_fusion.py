@@ -125,7 +125,9 @@ def test_a_leaky_relu_runs_in_onednns_epilogue():
         with _Ops() as ops:
             net(data=x)
     assert "aten.leaky_relu_.default" not in ops.names  # dense's ReLU, in the epilogue
-    assert ops.names.count("aten.relu_.default") == 2  # conv's and rf: after the product
+    # conv's and rf: after the product (bn's random variance, below -eps in places, makes the
+    # fold's weights NaN; ip's product is torch's F.linear)
+    assert ops.names.count("aten.relu_.default") == 2
     with torch.backends.mkldnn.flags(enabled=False), torch.inference_mode(), _Ops() as plain:
         got = net(data=x)
     assert plain.names.count("aten.leaky_relu_.default") == 1  # torch's kernels: in place
@@ -142,3 +144,142 @@ def test_a_compiled_net_gives_the_eager_values():
         got = torch.compile(net, backend="aot_eager", fullgraph=True)(data=x)
     for name in want:
         _assert_close(got[name], want[name])
+
+
+# A plain convolution, a folded one and a 1x1 one, each with a plain ReLU; the last two after
+# layers that keep finite values finite. The pooling averages: Caffe's MAX pooling skips NaN
+# (a window of NaN alone gives -FLT_MAX), and the overflow after it is no test of ReLUs.
+FINITE = """
+input: "data" input_shape { dim: 2 dim: 4 dim: 9 dim: 9 }
+layer { name: "a" type: "Convolution" bottom: "data" top: "a"
+  convolution_param { num_output: 8 kernel_size: 3 pad: 1 } }
+layer { name: "ra" type: "ReLU" bottom: "a" top: "a" }
+layer { name: "pool" type: "Pooling" bottom: "a" top: "p"
+  pooling_param { pool: AVE kernel_size: 2 stride: 1 } }
+layer { name: "b" type: "Convolution" bottom: "p" top: "b"
+  convolution_param { num_output: 8 kernel_size: 3 pad: 1 } }
+layer { name: "bn" type: "BatchNorm" bottom: "b" top: "b" }
+layer { name: "sc" type: "Scale" bottom: "b" top: "b" scale_param { bias_term: true } }
+layer { name: "rb" type: "ReLU" bottom: "b" top: "b" }
+layer { name: "c" type: "Convolution" bottom: "b" top: "c"
+  convolution_param { num_output: 8 kernel_size: 1 } }
+layer { name: "rc" type: "ReLU" bottom: "c" top: "c" }
+"""
+# FINITE's tail with BatchNorm and Scale writing new blobs (so that either may run alone)
+APART = """
+layer { name: "bn" type: "BatchNorm" bottom: "b" top: "n" }
+layer { name: "sc" type: "Scale" bottom: "n" top: "s" scale_param { bias_term: true } }
+layer { name: "rs" type: "ReLU" bottom: "s" top: "s" }
+layer { name: "c" type: "Convolution" bottom: "s" top: "c"
+  convolution_param { num_output: 8 kernel_size: 1 } }
+layer { name: "rc" type: "ReLU" bottom: "c" top: "c" }
+"""
+
+
+@pytest.fixture
+def relu_epilogues(monkeypatch):
+    """How many oneDNN convolutions ran a plain ReLU in their epilogue."""
+    if not onednn_conv.available():
+        pytest.skip("this torch build has no oneDNN packed convolution")
+    count = [0]
+    pack, conv = onednn_conv._OPS
+
+    def counted(*args):
+        count[0] += args[-3] == "relu"
+        return conv(*args)
+
+    monkeypatch.setattr(onednn_conv, "_OPS", (pack, counted))
+    return count
+
+
+def _finite_net() -> torchcaffe.TorchNet:
+    net = _net(FINITE)
+    with torch.no_grad():
+        net.layer("bn").variance.uniform_(0.5, 1.5)
+        net.layer("bn").scale_factor.fill_(1.0)
+    return net
+
+
+def _x(seed: int = 0) -> torch.Tensor:
+    return torch.randn(2, 4, 9, 9, generator=torch.Generator().manual_seed(seed))
+
+
+def _assert_caffes(net: torchcaffe.TorchNet, x: torch.Tensor) -> None:
+    want = _unoptimized(net, x)["c"]
+    with torch.inference_mode():
+        got = net(data=x)["c"]
+    assert torch.equal(got.isnan(), want.isnan())
+    _assert_close(got, want)
+
+
+def test_a_finite_run_runs_plain_relus_in_onednns_epilogue(relu_epilogues, monkeypatch):
+    net = _finite_net()
+    assert net.optimized_program().finite_epilogues == 3
+    x = _x()
+    with torch.inference_mode():
+        got = net(data=x)["c"]
+    assert relu_epilogues[0] == 3
+    _assert_close(got, _unoptimized(net, x)["c"])
+    monkeypatch.setattr(torchcaffe.TorchNet, "_finite_run", lambda self, blobs, program: False)
+    with torch.inference_mode():
+        exact = net(data=x)["c"]
+    assert relu_epilogues[0] == 3  # the ReLUs ran after the products
+    assert torch.equal(got, exact)  # the same values
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_input_keeps_caffes_relus(relu_epilogues, value):
+    net = _finite_net()
+    x = _x(1)
+    x[0, 1, 4, 4] = value
+    _assert_caffes(net, x)
+    assert relu_epilogues[0] == 0
+
+
+def test_a_non_finite_param_keeps_caffes_relus(relu_epilogues):
+    net = _finite_net()
+    _assert_caffes(net, _x())
+    with torch.no_grad():
+        net.layer("a").bias[2] = float("nan")  # bumps its version
+    _assert_caffes(net, _x())
+    assert relu_epilogues[0] == 3  # only in the first run
+    with torch.no_grad():
+        net.layer("a").bias[2] = 0.0
+    _assert_caffes(net, _x())
+    assert relu_epilogues[0] == 6
+    net.layer("c").weight.data[0, 0] = float("inf")  # a write no version shows
+    net.params_changed()
+    _assert_caffes(net, _x())
+    assert relu_epilogues[0] == 6
+
+
+def test_a_fold_with_non_finite_weights_keeps_caffes_relus_from_there_on(relu_epilogues):
+    """A variance below -eps: Caffe divides by the square root of a negative number."""
+    net = _finite_net()
+    with torch.no_grad():
+        net.layer("bn").variance[3] = -1.0
+    _assert_caffes(net, _x())
+    assert relu_epilogues[0] == 1  # a's, before the fold
+
+
+def test_relus_after_a_layer_that_can_make_nan_stay_after_the_product():
+    log = FINITE.replace(
+        'layer { name: "pool"',
+        'layer { name: "log" type: "Log" bottom: "a" top: "a" }\nlayer { name: "pool"',
+    )
+    assert _net(log).optimized_program().finite_epilogues == 1  # a's alone
+    lrn = FINITE.replace(
+        'layer { name: "pool"',
+        'layer { name: "n" type: "LRN" bottom: "a" top: "a" lrn_param { k: 0 } }\n'
+        'layer { name: "pool"',
+    )
+    assert _net(lrn).optimized_program().finite_epilogues == 1  # k 0: 0 / 0 for zeros
+    assert _net(lrn.replace("k: 0", "k: 1")).optimized_program().finite_epilogues == 3
+    # a BatchNorm run alone (its top is asked for): a variance below -eps makes NaN
+    apart = FINITE.split('layer { name: "bn"')[0] + APART
+    net = _net(apart)
+    alone = net.optimized_program(["c", "b", "n"])
+    assert "BatchNorm" in [s.type for s in alone.steps]
+    assert alone.finite_epilogues == 1  # a's alone
+    assert net.optimized_program(["c", "n"]).finite_epilogues == 2  # into b; Scale alone
+    assert net.optimized_program(["c"]).finite_epilogues == 3  # all into b

@@ -18,11 +18,12 @@ import torch
 from torch import nn
 
 from ..errors import BlobWiringError, LayerParamError, TorchCaffeError, UnknownNameError
-from ..ops import hook_watch
+from ..ops import fused_relu, hook_watch
 from ..ops.base import CaffeLayer, Shape
 from ..precision import caffe_float32, caffe_float32_backward, on_cuda
 from ..proto import caffe_pb2
 from .builder import build_net, set_requires_grad
+from .finite import FiniteParams
 from .own_forward import base_class, new_instance, with_own_forward
 from .passes import (
     FoldedAffine,
@@ -100,6 +101,7 @@ class TorchNet(nn.Module):
         # whether it runs on the CPU (some passes are for the CPU's kernels alone).
         self.optimize = True
         self._programs: dict[tuple[tuple[str, ...], bool, bool, bool], OptimizedProgram] = {}
+        self._finite_params = FiniteParams()
         self._hooks_seen = (-1, False)  # (hook_watch.EPOCH when scanned, any layer hooked)
         self._observe_outputs = frozenset(self.output_names)
         self._observe_all = frozenset(self.blob_names)
@@ -120,6 +122,7 @@ class TorchNet(nn.Module):
     def __setstate__(self, state: dict[str, object]) -> None:
         super().__setstate__(state)
         self.__dict__.setdefault("_hooks_seen", (-1, False))  # a pickle from before 363eaaf
+        self.__dict__.setdefault("_finite_params", FiniteParams())  # and from before this
         self.__class__ = with_own_forward(type(self))
 
     # -- identity --------------------------------------------------------------------------
@@ -262,6 +265,7 @@ class TorchNet(nn.Module):
         Writes by torch ops bump those versions; call this after a write that does not:
         through ``.data``, ``.numpy()`` or ``.detach()``. The Caffe face calls it for writes
         through its param blobs."""
+        self._finite_params.forget()
         for module in self.layers.values():
             for name in ("weight_cache", "stats_cache"):
                 cache = getattr(module, name, None)
@@ -375,13 +379,36 @@ class TorchNet(nn.Module):
             blobs.update(zip(step.tops, self.run_step(step, bottoms)))
         return blobs
 
-    @staticmethod
     def _run_eager(
+        self, blobs: dict[str, torch.Tensor], program: OptimizedProgram
+    ) -> dict[str, torch.Tensor]:
+        """``program`` over ``blobs`` as ``_run`` does, from its ``eager_walk``; in a run
+        whose inputs and params are finite, its plain ReLUs after layers that keep values
+        finite run in oneDNN's epilogue (``fuse_relu_into_producer``)."""
+        if program.finite_epilogues:
+            with fused_relu.finite_run(self._finite_run(blobs, program)):
+                return self._walk_eager(blobs, program)
+        return self._walk_eager(blobs, program)
+
+    def _finite_run(self, blobs: dict[str, torch.Tensor], program: OptimizedProgram) -> bool:
+        """Are the run's inputs, on the CPU, and the params ``program`` reads unfolded all
+        finite? The params' answer is kept until one of them changes (``params_changed`` for
+        writes that bump no version); a fold checks its own weights."""
+        for t in blobs.values():
+            if not t.is_cpu:
+                return False  # the epilogue is oneDNN's, on the CPU; no device sync here
+            # a NaN or infinity anywhere makes the sum one (a finite sum past float32's range
+            # too, which only costs the epilogue): 6x faster than isfinite().all()
+            if t.is_floating_point() and not bool(t.sum().isfinite()):
+                return False
+        return self._finite_params.check(program)
+
+    @staticmethod
+    def _walk_eager(
         blobs: dict[str, torch.Tensor], program: OptimizedProgram
     ) -> dict[str, torch.Tensor]:
-        """``program`` over ``blobs`` as ``_run`` does, from its ``eager_walk`` (the runners
-        themselves, no per-step key lookup or detach test where nothing is detached): a GPU's
-        eager runs are bound by this host work."""
+        """The walk itself (the runners themselves, no per-step key lookup or detach test
+        where nothing is detached): a GPU's eager runs are bound by this host work."""
         for name in program.input_releases:
             blobs.pop(name, None)
         for runner, names, keeps, tops, dead in program.eager_walk:

@@ -169,6 +169,7 @@ class FoldedAffine:
         "_folded",
         "weight_cache",
         "_source_slots",
+        "_finite",
     )
 
     shares_with_graph: ClassVar[bool] = True  # may a compiled graph's op run it (inference)?
@@ -188,6 +189,7 @@ class FoldedAffine:
             assert names == list(BLOB_NAMES[kind][: len(names)]), (kind, names)
         self._folded: DerivedCache[tuple[torch.Tensor, torch.Tensor]] = DerivedCache()
         self.weight_cache: PackedConvWeight | None = PackedConvWeight()
+        self._finite = True  # are the folded weights finite (``_fold`` sets it)?
         # where each source lives: (its layer's params dict, buffers dict, name), in
         # ``param_blobs`` order (a blob moves between the two dicts when set to a Parameter)
         self._source_slots = tuple(
@@ -341,7 +343,13 @@ class FoldedAffine:
 
     def _fold(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The chain as one BatchNorm (mean, var, eps, gamma, beta) fused by torch's helpers,
-        in float64, then cast back to the producer's dtype."""
+        in float64, then cast back to the producer's dtype; notes whether all are finite (a
+        variance below -eps, or an overflow, makes them not; off the CPU nothing is read)."""
+        folded = self._fold_values()
+        self._finite = all(t.is_cpu and bool(torch.isfinite(t).all()) for t in folded)
+        return folded
+
+    def _fold_values(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.producer is None:
             return self._affine()
         p = self.producer
@@ -375,6 +383,9 @@ class FoldedAffine:
         if torch.compiler.is_compiling():
             return fused_relu.apply_(self._traced(x), slope)
         w, b = self.folded_weights()
+        if not self._finite:  # NaN may follow: no ReLU of this run in oneDNN's epilogue
+            fused_relu.taint_run()
+            slope = 0.0 if slope is fused_relu.FINITE_RELU else slope
         if self.producer_type == "Convolution" and self.weight_cache is not None:
             # the packed call made last, before ``run_folded``'s own checks: a bottom of the
             # shape that call had needs no extra pad (it had none, or was the padded one)

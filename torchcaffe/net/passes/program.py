@@ -40,6 +40,9 @@ class OptimizedProgram:
     runners: Mapping[str, Runner]
     report: Mapping[str, int] = field(default_factory=dict)
     releases: tuple[tuple[str, ...], ...] = ()
+    # plain ReLUs that run in oneDNN's epilogue in a run whose values are finite (``TorchNet``
+    # checks the run's inputs and params only where there are some; ``fuse_relu_into_producer``)
+    finite_epilogues: int = 0
     walk: tuple[WalkEntry, ...] = field(init=False, repr=False, compare=False)
     eager_walk: tuple[EagerStep, ...] = field(init=False, repr=False, compare=False)
     traced_runners: Mapping[str, Runner] = field(init=False, repr=False, compare=False)
@@ -80,7 +83,10 @@ class OptimizedProgram:
         self, name: str, steps: list[LayerStep], new_runners: Mapping[str, Runner], count: int
     ) -> OptimizedProgram:
         runners = {s.key: new_runners.get(s.key) or self.runners[s.key] for s in steps}
-        return OptimizedProgram(tuple(steps), runners, {**self.report, name: count})
+        report = {**self.report, name: count}
+        return OptimizedProgram(
+            tuple(steps), runners, report, finite_epilogues=self.finite_epilogues
+        )
 
     def with_releases(self, observable: frozenset[str]) -> OptimizedProgram:
         """This program with, per step, the blobs no later step reads or writes and the caller

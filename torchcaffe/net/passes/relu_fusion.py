@@ -7,30 +7,76 @@ reader of the producer's top, and that top is either overwritten in place (Caffe
 ``conv -> relu`` on one name) or not observable. The merged step saves a step of the walk.
 A leaky ReLU runs in oneDNN's epilogue on the CPU, saving a pass over the top too; a plain
 one runs in place on the producer's fresh top, as ``inplace_relu`` would, since oneDNN's
-relu turns NaN into 0 (``ops.fused_relu``).
+relu turns NaN into 0 (``ops.fused_relu``), except in a run whose values are all finite: a
+plain ReLU after only layers that make no NaN from finite values (FINITE_PRESERVING) runs in
+oneDNN's epilogue when ``TorchNet`` finds the run's inputs and the net's params finite.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any
 
 import torch
 
+from ...ops import fused_relu
+from ...proto import caffe_pb2
+from ..program import LayerStep
 from .program import OptimizedProgram, StepMerges, producer_of, readers_of, step_kind
 
 PASS_NAME = "fuse_relu_into_producer"
 PRODUCERS = ("Convolution", "InnerProduct")  # alone or with a chain folded in
+# Layer types (and the parts of a merged step) whose tops are finite when their bottoms and
+# params are, overflow aside. A folded BatchNorm counts (the fold checks its own weights,
+# ``FoldedAffine``); a BatchNorm alone does not (a variance below -eps gives NaN), nor do LRN
+# and Pooling but as ``_finite_preserving`` checks them.
+FINITE_PRESERVING = frozenset(
+    {
+        "Input",
+        "Convolution",
+        "Deconvolution",
+        "InnerProduct",
+        "Scale",
+        "Bias",
+        "ReLU",
+        "Split",
+        "Concat",
+        "Dropout",
+        "Eltwise",
+        "Pooling",
+        "LRN",
+    }
+)
+PP = caffe_pb2.PoolingParameter
+
+
+def _finite_preserving(step: LayerStep, runner: Any) -> bool:
+    kinds = step.type.split("+")
+    if kinds == ["BatchNorm"]:
+        return False  # alone; merged, it is a fold
+    if not FINITE_PRESERVING.union({"BatchNorm"}).issuperset(kinds):
+        return False
+    if step.type == "Pooling":
+        return getattr(runner, "pool", None) in (PP.MAX, PP.AVE)
+    if step.type == "LRN":  # k + alpha / n * sum(x^2) >= k > 0
+        return runner.k > 0 and runner.alpha >= 0 and math.isfinite(runner.beta)
+    if step.type == "Eltwise":
+        return all(math.isfinite(c) for c in runner.coeff)
+    return True
 
 
 class ProducerWithReLU:
     """Runs a producer's step (a layer or a fold that has ``top_with_relu``) with the ReLU
-    after it fused in."""
+    after it fused in: in oneDNN's epilogue where ``finite_epilogue`` and the run is finite
+    (``fused_relu.FINITE_RELU``)."""
 
-    __slots__ = ("runner", "negative_slope")
+    __slots__ = ("runner", "negative_slope", "finite_epilogue")
 
-    def __init__(self, runner: Any, negative_slope: float) -> None:
+    def __init__(self, runner: Any, negative_slope: float, finite_epilogue: bool = False) -> None:
         self.runner = runner
         self.negative_slope = negative_slope
+        self.finite_epilogue = finite_epilogue and negative_slope == 0
 
     @property
     def producer(self) -> Any:
@@ -38,7 +84,12 @@ class ProducerWithReLU:
         return getattr(self.runner, "producer", None) or self.runner
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.runner.top_with_relu(x, self.negative_slope)
+        slope: fused_relu.Slope = self.negative_slope
+        # the flag is read only outside a trace: a compiled graph guards what it reads
+        if not torch.compiler.is_compiling() and self.finite_epilogue:
+            if fused_relu.run_is_finite():
+                slope = fused_relu.FINITE_RELU
+        return self.runner.top_with_relu(x, slope)
 
 
 def fuse_relu_into_producer(
@@ -46,6 +97,12 @@ def fuse_relu_into_producer(
 ) -> OptimizedProgram:
     steps = program.steps
     merges = StepMerges(program)
+    # finite_before[j]: every step before step j keeps finite values finite
+    finite_before = [True]
+    for step in steps:
+        ok = finite_before[-1] and _finite_preserving(step, program.runners[step.key])
+        finite_before.append(ok)
+    in_epilogue = 0
     for i, step in enumerate(steps):
         if step.type != "ReLU" or len(step.bottoms) != 1 or len(step.tops) != 1:
             continue
@@ -65,5 +122,7 @@ def fuse_relu_into_producer(
             continue  # the value before the ReLU is asked for
         relu: Any = program.runners[step.key]
         slope = float(relu.param.negative_slope)
-        merges.merge(j, [(i, step)], ProducerWithReLU(runner, slope), "relu", step.tops)
-    return merges.result(PASS_NAME)
+        fused = ProducerWithReLU(runner, slope, finite_before[j])
+        in_epilogue += fused.finite_epilogue
+        merges.merge(j, [(i, step)], fused, "relu", step.tops)
+    return dataclasses.replace(merges.result(PASS_NAME), finite_epilogues=in_epilogue)

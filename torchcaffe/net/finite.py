@@ -1,0 +1,85 @@
+"""Whether the params a program reads as they are (not through a fold) are all finite, kept
+until one of them changes.
+
+A run whose inputs and params are finite may run its plain ReLUs in oneDNN's epilogue
+(``ops.fused_relu``). A fold checks the weights it derives itself (``FoldedAffine``), so only
+the layers a program runs unfolded are checked here; reading their blobs on each forward would
+read the model, so the answer is kept on the blobs' versions and storage, as folded weights
+are (``ops._derived``), and ``TorchNet.params_changed`` drops it after a write that bumps no
+version.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .passes import FoldedAffine, OptimizedProgram
+
+
+def unfolded_layers(program: OptimizedProgram) -> list[Any]:
+    """The layers with param blobs whose steps ``program`` runs as they are."""
+    layers = []
+    for runner in program.runners.values():
+        while hasattr(runner, "runner"):  # a pass's wrapper (layout, fused ReLU)
+            runner = runner.runner
+        if not isinstance(runner, FoldedAffine) and getattr(runner, "blob_names", None):
+            layers.append(runner)
+    return layers
+
+
+class FiniteParams:
+    """``check(program)``: are the param blobs of ``program``'s unfolded layers finite? Kept
+    per program (a net runs one per set of blobs it is asked for)."""
+
+    __slots__ = ("_checks",)
+
+    def __init__(self) -> None:
+        self._checks: dict[int, _ProgramCheck] = {}
+
+    def check(self, program: OptimizedProgram) -> bool:
+        found = self._checks.get(id(program))
+        if found is None or found.program is not program:
+            if len(self._checks) > 16:  # programs of observable sets no longer asked for
+                self._checks.clear()
+            found = self._checks[id(program)] = _ProgramCheck(program)
+        return found.check()
+
+    def forget(self) -> None:
+        """Drop the answers: a param was written where its version does not show it."""
+        for found in self._checks.values():
+            found.entry = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """A copy (pickle, ``copy.deepcopy``) starts without the answers: it checks its own
+        params."""
+        return (FiniteParams, ())
+
+
+class _ProgramCheck:
+    __slots__ = ("program", "slots", "entry")
+
+    def __init__(self, program: OptimizedProgram) -> None:
+        self.program = program
+        # where each blob lives: (its layer's params dict, buffers dict, name); looked up on
+        # each check, so a blob replaced by another tensor is seen
+        self.slots = tuple(
+            (layer._parameters, layer._buffers, name)
+            for layer in unfolded_layers(program)
+            for name in layer.blob_names
+        )
+        self.entry: tuple[list[tuple[int, int]], bool] | None = None
+
+    def check(self) -> bool:
+        blobs = [ps[n] if n in ps else bs[n] for ps, bs, n in self.slots]
+        try:
+            key = [(t._version, t.data_ptr()) for t in blobs]
+        except RuntimeError:
+            return False  # inference tensors (a net built under inference_mode): no versions
+        entry = self.entry
+        if entry is None or entry[0] != key:
+            with torch.no_grad():
+                finite = all(t.is_cpu and bool(torch.isfinite(t).all()) for t in blobs)
+            entry = self.entry = (key, finite)
+        return entry[1]
