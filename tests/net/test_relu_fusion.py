@@ -283,3 +283,20 @@ def test_relus_after_a_layer_that_can_make_nan_stay_after_the_product():
     assert alone.finite_epilogues == 1  # a's alone
     assert net.optimized_program(["c", "n"]).finite_epilogues == 2  # into b; Scale alone
     assert net.optimized_program(["c"]).finite_epilogues == 3  # all into b
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_a_jit_trace_reads_no_values_to_pick_its_relus(monkeypatch):
+    """The finite-run check converts tensors to bools: in a trace (the legacy ONNX exporter)
+    that is a baked-in decision and a TracerWarning; the traced ReLUs are torch's anyway."""
+
+    def no_check(self, blobs, program):
+        raise AssertionError("checked values under torch.jit.trace")
+
+    monkeypatch.setattr(torchcaffe.TorchNet, "_finite_run", no_check)
+    net = _finite_net()
+    x = _x()
+    with torch.no_grad():
+        traced = torch.jit.trace(net, (x,), strict=False, check_trace=False)
+        got = traced(x)["c"]
+    _assert_close(got, _unoptimized(net, x)["c"])

@@ -385,7 +385,7 @@ class TorchNet(nn.Module):
         """``program`` over ``blobs`` as ``_run`` does, from its ``eager_walk``; in a run
         whose inputs and params are finite, its plain ReLUs after layers that keep values
         finite run in oneDNN's epilogue (``fuse_relu_into_producer``)."""
-        if program.finite_epilogues:
+        if program.finite_epilogues and not torch.jit.is_tracing():  # no checks in a trace
             with fused_relu.finite_run(self._finite_run(blobs, program)):
                 return self._walk_eager(blobs, program)
         return self._walk_eager(blobs, program)
