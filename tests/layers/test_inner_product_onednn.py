@@ -17,6 +17,7 @@ import torchcaffe as caffe
 from torchcaffe.ops import onednn_linear
 from torchcaffe.proto import caffe_pb2
 
+from ..helpers.counting import count_calls
 from ..helpers.params import fill_params
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -63,15 +64,7 @@ def _reference(net, x):
 @pytest.fixture
 def calls(monkeypatch):
     """How many times oneDNN's linear op ran."""
-    count = [0]
-    real = onednn_linear._LINEAR
-
-    def counted(*args):
-        count[0] += 1
-        return real(*args)
-
-    monkeypatch.setattr(onednn_linear, "_LINEAR", counted)
-    return count
+    return count_calls(monkeypatch, onednn_linear, "_LINEAR")
 
 
 def test_runs_for_inner_products_with_large_weights_only(calls, monkeypatch):

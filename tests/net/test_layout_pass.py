@@ -16,6 +16,7 @@ from torchcaffe.ops.convolution import conv2d
 from torchcaffe.ops.onednn_conv import PackedConvWeight
 from torchcaffe.proto import caffe_pb2
 
+from ..helpers.counting import count_calls, counting
 from ..helpers.params import fill_params
 
 LAYOUT = "channels_last_layout"
@@ -213,17 +214,9 @@ def test_pointwise_conv_of_channels_last_is_one_channels_last_gemm(bias):
 @pytest.fixture
 def onednn_calls(monkeypatch):
     """How many products ran on oneDNN's matmul."""
-    count = [0]
-    real = onednn_linear._LINEAR
-    if real is None:
+    if onednn_linear._LINEAR is None:
         pytest.skip("this torch build has no oneDNN linear op")
-
-    def counted(*args):
-        count[0] += 1
-        return real(*args)
-
-    monkeypatch.setattr(onednn_linear, "_LINEAR", counted)
-    return count
+    return count_calls(monkeypatch, onednn_linear, "_LINEAR")
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -284,12 +277,7 @@ def packs(monkeypatch):
         pytest.skip("this torch build has no oneDNN packed convolution")
     count = [0]
     pack, conv = onednn_conv._OPS
-
-    def counted(*args):
-        count[0] += 1
-        return pack(*args)
-
-    monkeypatch.setattr(onednn_conv, "_OPS", (counted, conv))
+    monkeypatch.setattr(onednn_conv, "_OPS", (counting(pack, count), conv))
     return count
 
 
@@ -351,15 +339,7 @@ def test_the_packed_weight_follows_the_weight_and_the_input_shape(packs):
 @pytest.fixture
 def checked(monkeypatch):
     """How many convolutions went through ``can_take``'s checks (a replay skips them)."""
-    count = [0]
-    real = onednn_conv.can_take
-
-    def counted(*args):
-        count[0] += 1
-        return real(*args)
-
-    monkeypatch.setattr(onednn_conv, "can_take", counted)
-    return count
+    return count_calls(monkeypatch, onednn_conv, "can_take")
 
 
 def test_a_repeated_convolution_replays_its_last_call(packs, checked):
@@ -446,13 +426,7 @@ def test_inference_steps_replay_their_packed_calls(packs, checked, monkeypatch):
     assert packs[0] == 3
     slow = [0]
     for cls, name in ((FoldedAffine, "run_folded"), (ConvolutionLayer, "compute")):
-        real = getattr(cls, name)
-
-        def counted(*args, _real=real, **kwargs):
-            slow[0] += 1
-            return _real(*args, **kwargs)
-
-        monkeypatch.setattr(cls, name, counted)
+        monkeypatch.setattr(cls, name, counting(getattr(cls, name), slow))
     checks = checked[0]
     with torch.inference_mode():
         again = net(data=x)["c"]

@@ -14,6 +14,7 @@ import torchcaffe
 from torchcaffe.ops import onednn_conv
 from torchcaffe.proto import caffe_pb2
 
+from ..helpers.counting import counting
 from ..helpers.params import fill_params
 
 RELU = "fuse_relu_into_producer"
@@ -183,12 +184,8 @@ def relu_epilogues(monkeypatch):
         pytest.skip("this torch build has no oneDNN packed convolution")
     count = [0]
     pack, conv = onednn_conv._OPS
-
-    def counted(*args):
-        count[0] += args[-3] == "relu"
-        return conv(*args)
-
-    monkeypatch.setattr(onednn_conv, "_OPS", (pack, counted))
+    in_epilogue = counting(conv, count, only=lambda *args: args[-3] == "relu")
+    monkeypatch.setattr(onednn_conv, "_OPS", (pack, in_epilogue))
     return count
 
 
