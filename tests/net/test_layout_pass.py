@@ -355,6 +355,27 @@ def test_a_repeated_convolution_replays_its_last_call(packs, checked):
     torch.testing.assert_close(again, F.leaky_relu(first, 0.5), rtol=1e-6, atol=1e-6)
 
 
+def test_the_packed_call_does_not_keep_its_weight_alive(packs):
+    """A fold's weights are replaced after each param update: the old ones go at once, not
+    when the layer next runs."""
+    import weakref
+
+    cache = PackedConvWeight()
+    x = torch.randn(1, 16, 9, 9).contiguous(memory_format=CL)
+    w = torch.randn(8, 16, 3, 3)
+    gone = weakref.ref(w)
+    with torch.no_grad():
+        conv2d(x, w, None, (1, 1), (1, 1), (1, 1), 1, cache)
+        conv2d(x, w, None, (1, 1), (1, 1), (1, 1), 1, cache)  # replayed
+    del w
+    assert gone() is None and packs[0] == 1
+    with torch.no_grad():
+        w2 = torch.randn(8, 16, 3, 3)
+        got = conv2d(x, w2, None, (1, 1), (1, 1), (1, 1), 1, cache)
+    assert packs[0] == 2
+    torch.testing.assert_close(got, F.conv2d(x, w2, None, 1, 1), rtol=1e-5, atol=1e-5)
+
+
 def _changed_calls(x, w, b):
     """Calls that differ from the one before in what the replay must see, with their
     expected values: each runs ``conv2d``'s checks again."""

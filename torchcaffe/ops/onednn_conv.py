@@ -22,6 +22,7 @@ off) runs ``F.conv2d``.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -147,6 +148,8 @@ class _PackedCall:
 
     __slots__ = ("weight", "weight_key", "shape", "geometry", "packed", "args", "call")
 
+    weight: weakref.ref[torch.Tensor]
+
     def __init__(
         self,
         weight: torch.Tensor,
@@ -155,7 +158,9 @@ class _PackedCall:
         packed: torch.Tensor,
         call: tuple[Any, ...] = (),
     ) -> None:
-        self.weight = weight
+        # weakly: a weight replaced (a fold after an optimizer step) is not kept alive by an
+        # entry that waits for the layer's next inference call
+        self.weight = weakref.ref(weight)
         self.weight_key = (weight._version, weight.data_ptr())
         self.shape = shape
         self.geometry = geometry
@@ -177,7 +182,7 @@ class _PackedCall:
     def packs(self, weight: torch.Tensor, shape: tuple[int, ...], geometry: Geometry) -> bool:
         """Was this packed from ``weight`` as it is now, for this input shape and geometry?"""
         return (
-            weight is self.weight
+            weight is self.weight()
             and (weight._version, weight.data_ptr()) == self.weight_key
             and shape == self.shape
             and geometry == self.geometry
@@ -189,7 +194,9 @@ class _PackedCall:
         last = self.call
         if last and last[1] is bias and last[0] == call[0] and last[2] == call[2]:
             return self
-        return _PackedCall(self.weight, self.shape, self.geometry, self.packed, call)
+        weight = self.weight()
+        assert weight is not None  # the caller holds it
+        return _PackedCall(weight, self.shape, self.geometry, self.packed, call)
 
     def replays(
         self,
