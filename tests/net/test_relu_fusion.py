@@ -283,6 +283,7 @@ def test_relus_after_a_layer_that_can_make_nan_stay_after_the_product():
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")  # the layers' shape logic
 def test_a_jit_trace_reads_no_values_to_pick_its_relus(monkeypatch):
     """The finite-run check converts tensors to bools: in a trace (the legacy ONNX exporter)
     that is a baked-in decision and a TracerWarning; the traced ReLUs are torch's anyway."""
