@@ -9,7 +9,7 @@ A leaky ReLU runs in oneDNN's epilogue on the CPU, saving a pass over the top to
 one runs in place on the producer's fresh top, as ``inplace_relu`` would, since oneDNN's
 relu turns NaN into 0 (``ops.fused_relu``), except in a run whose values are all finite: a
 plain ReLU after only layers that make no NaN from finite values (FINITE_PRESERVING) runs in
-oneDNN's epilogue when ``TorchNet`` finds the run's inputs and the net's params finite.
+oneDNN's epilogue when ``TorchNet`` finds the run's inputs and the params finite.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ PASS_NAME = "fuse_relu_into_producer"
 PRODUCERS = ("Convolution", "InnerProduct")  # alone or with a chain folded in
 # Layer types (and the parts of a merged step) whose tops are finite when their bottoms and
 # params are, overflow aside. A folded BatchNorm counts (the fold checks its own weights,
-# ``FoldedAffine``); a BatchNorm alone does not (a variance below -eps gives NaN), nor do LRN
-# and Pooling but as ``_finite_preserving`` checks them.
+# ``FoldedAffine``); a BatchNorm alone does not (a variance below -eps gives NaN); Pooling,
+# LRN and Eltwise count with the parameters ``_finite_preserving`` checks.
 FINITE_PRESERVING = frozenset(
     {
         "Input",
