@@ -20,13 +20,11 @@ from .passes import FoldedAffine, OptimizedProgram
 
 def unfolded_layers(program: OptimizedProgram) -> list[Any]:
     """The layers with param blobs whose steps ``program`` runs as they are."""
-    layers = []
-    for runner in program.runners.values():
-        while hasattr(runner, "runner"):  # a pass's wrapper (layout, fused ReLU)
-            runner = runner.runner
-        if not isinstance(runner, FoldedAffine) and getattr(runner, "blob_names", None):
-            layers.append(runner)
-    return layers
+    return [
+        runner
+        for runner in program.inner_runners()
+        if not isinstance(runner, FoldedAffine) and getattr(runner, "blob_names", None)
+    ]
 
 
 class FiniteParams:

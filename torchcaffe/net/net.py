@@ -274,9 +274,7 @@ class TorchNet(nn.Module):
             for fold in getattr(module, "graph_folds", {}).values():  # a compiled graph's
                 fold.forget()
         for program in self._programs.values():
-            for runner in program.runners.values():
-                while hasattr(runner, "runner"):  # a layout pass's wrapper around the layer
-                    runner = runner.runner
+            for runner in program.inner_runners():
                 if isinstance(runner, FoldedAffine):
                     runner.forget()
 

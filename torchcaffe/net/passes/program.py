@@ -73,6 +73,16 @@ class OptimizedProgram:
         inputs = tuple(b for key, _, _, _, dead in walk if key is None for b in dead)
         object.__setattr__(self, "input_releases", inputs)
 
+    def inner_runners(self) -> list[Runner]:
+        """Each step's runner without the passes' wrappers around it (a layout pass's, a fused
+        ReLU's): the layer, or a fold."""
+        inner = []
+        for runner in self.runners.values():
+            while hasattr(runner, "runner"):
+                runner = runner.runner
+            inner.append(runner)
+        return inner
+
     @classmethod
     def unoptimized(
         cls, steps: list[LayerStep], modules: Mapping[str, nn.Module] | nn.ModuleDict
