@@ -23,6 +23,7 @@ off) runs ``F.conv2d``.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -179,7 +180,7 @@ class _PackedCall:
         packed = pack(plain, list(pad), list(stride), list(dilation), groups, list(x.shape))
         return cls(weight, tuple(x.shape), geometry, packed)
 
-    def packs(self, weight: torch.Tensor, shape: tuple[int, ...], geometry: Geometry) -> bool:
+    def packs(self, weight: torch.Tensor, shape: Sequence[int], geometry: Geometry) -> bool:
         """Was this packed from ``weight`` as it is now, for this input shape and geometry?"""
         return (
             weight is self.weight()
@@ -217,9 +218,8 @@ class _PackedCall:
             and x.is_cpu
             and x.dtype is torch.float32
             and not x.is_mkldnn
-            and x.shape == self.shape
             and x.stride() == strides
-            and self.packs(weight, self.shape, geometry)
+            and self.packs(weight, x.shape, geometry)
         )
 
     def run(
