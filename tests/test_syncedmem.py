@@ -206,3 +206,99 @@ def test_host_side_is_page_locked_in_gpu_mode_as_caffes(mode):
         assert fresh.mutable_cpu_data().is_pinned() == (mode == "gpu")
     finally:
         torchcaffe.set_mode_cpu()
+
+
+def _source(base: float, calls: list[str] | None = None):
+    """A bulk deferral's source: key "k<i>" -> [base + i] * 2."""
+
+    def value(key: str) -> torch.Tensor:
+        if calls is not None:
+            calls.append(key)
+        return torch.full((2,), base + int(key[1:]))
+
+    return value
+
+
+def test_bulk_deferral_defers_every_linked_memory_with_one_advance(copies):
+    bulk = syncedmem.BulkDeferral()
+    calls: list[str] = []
+    bulk.advance(_source(10.0, calls), on_gpu=False)
+    mems = [SyncedMemory(2) for _ in range(3)]
+    for i, mem in enumerate(mems):
+        mem.link(bulk, f"k{i}")
+    assert all(mem.deferred for mem in mems) and not calls  # nothing computed yet
+    assert mems[1].cpu_data().tolist() == [11.0, 11.0] and calls == ["k1"]
+    bulk.advance(_source(20.0, calls), on_gpu=False)
+    assert all(mem.deferred for mem in mems)  # the one read is deferred again
+    assert [m.cpu_data()[0].item() for m in mems] == [20.0, 21.0, 22.0]
+    assert calls == ["k1", "k0", "k1", "k2"] and copies == ["deferred"] * 4
+    assert mems[0].cpu_data().tolist() == [20.0, 20.0] and len(calls) == 4  # written once
+
+
+def test_bulk_deferral_head_and_side_follow_the_generation():
+    bulk = syncedmem.BulkDeferral()
+    bulk.advance(_source(0.0), on_gpu=False)
+    mem = SyncedMemory(2, gpu_device="cpu")
+    mem.link(bulk, "k1")
+    assert mem.head is Head.HEAD_AT_CPU
+    bulk.advance(_source(5.0), on_gpu=True)
+    assert mem.head is Head.HEAD_AT_GPU  # the pending value lives on the device side
+    assert mem.gpu_data().tolist() == [6.0, 6.0] and mem.head is Head.HEAD_AT_GPU
+    assert mem.cpu_data().tolist() == [6.0, 6.0] and mem.head is Head.SYNCED
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda m: m.mutable_cpu_data().fill_(-1.0),
+        lambda m: m.set_cpu_data(torch.full((2,), -1.0)),
+        lambda m: m.take(torch.full((2,), -1.0)),
+        lambda m: (m.drop_deferred(), m.mutable_cpu_data().fill_(-1.0)),
+    ],
+)
+def test_a_write_after_an_advance_is_not_undone_by_it(write):
+    """A write made after a generation began is newer than that generation's value: reads
+    see the write until the next advance, which replaces it."""
+    bulk = syncedmem.BulkDeferral()
+    bulk.advance(_source(0.0), on_gpu=False)
+    mem = SyncedMemory(2)
+    mem.link(bulk, "k3")
+    write(mem)
+    assert not mem.deferred and mem.cpu_data().tolist() == [-1.0, -1.0]
+    bulk.advance(_source(10.0), on_gpu=False)
+    assert mem.cpu_data().tolist() == [13.0, 13.0]
+
+
+def test_unlink_keeps_the_value_of_the_generation_it_left():
+    bulk = syncedmem.BulkDeferral()
+    bulk.advance(_source(0.0), on_gpu=False)
+    mem = SyncedMemory(2)
+    mem.link(bulk, "k2")
+    mem.unlink()
+    bulk.advance(_source(50.0), on_gpu=False)
+    assert mem.linked_key is None and mem.cpu_data().tolist() == [2.0, 2.0]
+
+
+def test_release_of_a_linked_memory_drops_its_pending_value():
+    bulk = syncedmem.BulkDeferral()
+    bulk.advance(_source(0.0), on_gpu=False)
+    mem = SyncedMemory(2)
+    mem.link(bulk, "k1")
+    assert mem.release() and mem.head is Head.UNINITIALIZED
+    assert mem.cpu_data().tolist() == [0.0, 0.0]  # fresh memory, as Caffe's
+
+
+def test_bulk_deferral_touched_holds_the_memories_accessed():
+    bulk = syncedmem.BulkDeferral()
+    bulk.advance(_source(0.0), on_gpu=False)
+    a, b = SyncedMemory(2), SyncedMemory(2)
+    a.link(bulk, "k0")
+    b.link(bulk, "k1")
+    assert bulk.touched == set()
+    view = b.cpu_data().numpy()  # as Blob.data hands out
+    assert bulk.touched == {b} and b.viewed()
+    bulk.touched.clear()
+    bulk.advance(_source(1.0), on_gpu=False)
+    assert bulk.touched == set()  # an advance alone touches nothing
+    del view
+    assert not a.viewed() and a.head is Head.HEAD_AT_CPU and bulk.touched == {a}

@@ -414,10 +414,12 @@ def memories_at(blobs: Iterable[Blob], head: Head) -> list[SyncedMemory]:
     cost twice the scan)."""
     found = []
     for blob in blobs:
-        if blob._data.head is head:
-            found.append(blob._data)
-        if blob._diff.head is head:
-            found.append(blob._diff)
+        data, diff = blob._data, blob._diff
+        # ``_head`` where no bulk deferral can move it (a param's memory never follows one)
+        if (data._head if data._bulk is None else data.head) is head:
+            found.append(data)
+        if (diff._head if diff._bulk is None else diff.head) is head:
+            found.append(diff)
     return found
 
 

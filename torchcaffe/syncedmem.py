@@ -4,7 +4,9 @@ This is Caffe's SyncedMemory with torch tensors as the two sides. The head says 
 current (UNINITIALIZED, HEAD_AT_CPU, HEAD_AT_GPU, SYNCED); reading a side copies only when the
 other side holds newer data, and asking for a *mutable* side makes it the only current one.
 A value can also be *deferred* (``defer``): a callable that yields it, written into the buffer on
-the first access of either side, so a forward need not copy blobs that nobody reads.
+the first access of either side, so a forward need not copy blobs that nobody reads. Many
+memories can be deferred at once (``BulkDeferral``): a forward renews all of them with one call
+instead of one per blob.
 Every copy is reported to ``copy_hooks`` so tests and profilers can see exactly when one happens.
 
 The "GPU" side is any torch device: CUDA normally; tests on CPU-only machines pass a second CPU
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -45,6 +48,30 @@ def default_gpu_device() -> torch.device:
     return torch.device("cuda", runtime.device_id())
 
 
+class BulkDeferral:
+    """A deferred value for each of many memories, renewed for all of them in one call.
+
+    A memory linked here (``SyncedMemory.link``) under a key takes ``source(key)`` as its
+    deferred value whenever ``generation`` has moved past the one it last took, on its next
+    access; ``advance`` thus defers every linked memory at once, in O(1) however many there
+    are. ``touched`` collects the linked memories accessed since its owner last cleared it:
+    a memory gains a view (a numpy array, a tensor) only through an access, so the owner
+    looks there, not at every memory, for the ones a live view shows.
+    """
+
+    def __init__(self) -> None:
+        self.generation = 0
+        self.source: Callable[[str], torch.Tensor] | None = None
+        self.on_gpu = False
+        self.touched: set[SyncedMemory] = set()
+
+    def advance(self, source: Callable[[str], torch.Tensor], on_gpu: bool) -> None:
+        """Every linked memory's value is now ``source(key)`` (on the device with ``on_gpu``)."""
+        self.generation += 1
+        self.source = source
+        self.on_gpu = on_gpu
+
+
 class SyncedMemory:
     """``count`` elements of ``dtype`` on the host and on ``gpu_device``, synced lazily."""
 
@@ -60,8 +87,51 @@ class SyncedMemory:
         self._cpu: torch.Tensor | None = None
         self._gpu: torch.Tensor | None = None
         self._deferred: Callable[[], torch.Tensor] | None = None
-        self.head = Head.UNINITIALIZED
+        self._head = Head.UNINITIALIZED
         self._head_before = Head.UNINITIALIZED  # under a deferred value
+        self._bulk: BulkDeferral | None = None  # ``link``
+        self._bulk_key = ""
+        self._bulk_seen = 0  # the generation of ``_bulk`` whose value this memory took
+
+    @property
+    def head(self) -> Head:
+        """Which side holds the current value (a deferred one: the side it will be on)."""
+        self._catch_up()
+        return self._head
+
+    @head.setter
+    def head(self, head: Head) -> None:
+        self._catch_up()
+        self._head = head
+
+    def link(self, bulk: BulkDeferral, key: str) -> None:
+        """Follow ``bulk``: its current generation's value under ``key`` is this memory's
+        deferred value now, and each later generation's is after it (``BulkDeferral``)."""
+        self._bulk, self._bulk_key, self._bulk_seen = bulk, key, bulk.generation - 1
+
+    def unlink(self) -> None:
+        """Stop following the bulk deferral, keeping the value it gives now."""
+        self._catch_up()
+        self._bulk = None
+
+    @property
+    def linked_key(self) -> str | None:
+        """The key this memory follows its bulk deferral under, if linked."""
+        return None if self._bulk is None else self._bulk_key
+
+    def _catch_up(self) -> None:
+        """Take the bulk deferral's newer value, if there is one; note the access. Every
+        method that reads or writes the value calls this first (a write must not be
+        overridden later by a generation it came after)."""
+        bulk = self._bulk
+        if bulk is None:
+            return
+        bulk.touched.add(self)
+        if self._bulk_seen != bulk.generation:
+            self._bulk_seen = bulk.generation
+            assert bulk.source is not None  # set by the first advance, before any link
+            # bound to this generation's source: a later advance does not change it
+            self._defer(partial(bulk.source, self._bulk_key), bulk.on_gpu)
 
     @property
     def gpu_device(self) -> torch.device:
@@ -85,22 +155,28 @@ class SyncedMemory:
     @property
     def deferred(self) -> bool:
         """Is the current value still to be written (``defer``)?"""
+        self._catch_up()
         return self._deferred is not None
 
     def defer(self, value: Callable[[], torch.Tensor], on_gpu: bool = False) -> None:
         """The current value is ``value()`` (at most ``count`` elements; on the device with
         ``on_gpu``, else on the host, which ``head`` names meanwhile), written into the
         buffer of the side first accessed."""
+        self._catch_up()
+        self._defer(value, on_gpu)
+
+    def _defer(self, value: Callable[[], torch.Tensor], on_gpu: bool) -> None:
         if self._deferred is None:
-            self._head_before = self.head
+            self._head_before = self._head
         self._deferred = value
-        self.head = Head.HEAD_AT_GPU if on_gpu else Head.HEAD_AT_CPU
+        self._head = Head.HEAD_AT_GPU if on_gpu else Head.HEAD_AT_CPU
 
     def drop_deferred(self) -> None:
         """Forget a deferred value: the caller overwrites the whole buffer next."""
+        self._catch_up()
         if self._deferred is not None:
             self._deferred = None
-            self.head = self._head_before  # what the buffers hold
+            self._head = self._head_before  # what the buffers hold
 
     def _write_deferred(self, to_cpu: bool) -> None:
         """Write the deferred value straight into the side being read (one copy)."""
@@ -111,44 +187,46 @@ class SyncedMemory:
             if to_cpu:
                 if self._cpu is None:
                     self._cpu = self._host_buffer().zero_()
-                buffer, self.head = self._cpu, Head.HEAD_AT_CPU
+                buffer, self._head = self._cpu, Head.HEAD_AT_CPU
             else:
                 if self._gpu is None:
                     self._gpu = torch.zeros(self.count, dtype=self.dtype, device=self.gpu_device)
-                buffer, self.head = self._gpu, Head.HEAD_AT_GPU
+                buffer, self._head = self._gpu, Head.HEAD_AT_GPU
             # through a view of the value's shape: a strided (channels_last) value is copied
             # once, in Caffe's order
             buffer[: value.numel()].view(value.shape).copy_(value)
         self._report("deferred")
 
     def _to_cpu(self) -> None:
+        self._catch_up()
         if self._deferred is not None:
             self._write_deferred(to_cpu=True)
-        if self.head is Head.UNINITIALIZED:
+        if self._head is Head.UNINITIALIZED:
             self._cpu = self._host_buffer().zero_()
-            self.head = Head.HEAD_AT_CPU
-        elif self.head is Head.HEAD_AT_GPU:
+            self._head = Head.HEAD_AT_CPU
+        elif self._head is Head.HEAD_AT_GPU:
             assert self._gpu is not None
             if self._cpu is None:
                 self._cpu = self._host_buffer()
             if not self._gpu.is_meta:  # a meta "device" (tests) holds no values to copy
                 self._cpu.copy_(self._gpu)
             self._report("gpu->cpu")
-            self.head = Head.SYNCED
+            self._head = Head.SYNCED
 
     def _to_gpu(self) -> None:
+        self._catch_up()
         if self._deferred is not None:
             self._write_deferred(to_cpu=False)
-        if self.head is Head.UNINITIALIZED:
+        if self._head is Head.UNINITIALIZED:
             self._gpu = torch.zeros(self.count, dtype=self.dtype, device=self.gpu_device)
-            self.head = Head.HEAD_AT_GPU
-        elif self.head is Head.HEAD_AT_CPU:
+            self._head = Head.HEAD_AT_GPU
+        elif self._head is Head.HEAD_AT_CPU:
             assert self._cpu is not None
             if self._gpu is None:
                 self._gpu = torch.empty(self.count, dtype=self.dtype, device=self.gpu_device)
             self._gpu.copy_(self._cpu)
             self._report("cpu->gpu")
-            self.head = Head.SYNCED
+            self._head = Head.SYNCED
 
     def cpu_data(self) -> torch.Tensor:
         self._to_cpu()
@@ -162,29 +240,31 @@ class SyncedMemory:
 
     def mutable_cpu_data(self) -> torch.Tensor:
         self._to_cpu()
-        self.head = Head.HEAD_AT_CPU
+        self._head = Head.HEAD_AT_CPU
         assert self._cpu is not None
         return self._cpu
 
     def mutable_gpu_data(self) -> torch.Tensor:
         self._to_gpu()
-        self.head = Head.HEAD_AT_GPU
+        self._head = Head.HEAD_AT_GPU
         assert self._gpu is not None
         return self._gpu
 
     def set_cpu_data(self, tensor: torch.Tensor) -> None:
         """Adopt ``tensor`` (flat, host) as the host side, as Caffe's set_cpu_data."""
-        self._cpu = self._check_external(tensor, torch.device("cpu"))
-        self._deferred = None
-        self.head = Head.HEAD_AT_CPU
+        tensor = self._check_external(tensor, torch.device("cpu"))
+        self._catch_up()
+        self._cpu, self._deferred = tensor, None
+        self._head = Head.HEAD_AT_CPU
 
     def set_gpu_data(self, tensor: torch.Tensor) -> None:
         """Adopt ``tensor`` (flat, device) as the device side, as Caffe's set_gpu_data."""
-        self._gpu = self._check_external(tensor, tensor.device)
-        self._deferred = None
+        tensor = self._check_external(tensor, tensor.device)
+        self._catch_up()
+        self._gpu, self._deferred = tensor, None
         if self._gpu_device is None:
             self._gpu_device = tensor.device
-        self.head = Head.HEAD_AT_GPU
+        self._head = Head.HEAD_AT_GPU
 
     def take(self, tensor: torch.Tensor) -> bool:
         """Make ``tensor`` (``count`` elements, any shape) the current value on its device's
@@ -196,6 +276,7 @@ class SyncedMemory:
         The caller vouches that nothing else holds ``tensor``. Returns whether it was taken
         without a copy."""
         cpu = tensor.is_cpu
+        self._catch_up()
         if self._deferred is not None:
             self.drop_deferred()  # ``tensor`` replaces the whole value
         old = self._cpu if cpu else self._gpu
@@ -204,7 +285,7 @@ class SyncedMemory:
             if not tensor.is_contiguous():
                 self.defer(lambda: tensor, on_gpu=not cpu)
             elif cpu:  # set_cpu_data's checks hold: one dense buffer of ``count``
-                self._cpu, self.head = tensor.view(-1), Head.HEAD_AT_CPU
+                self._cpu, self._head = tensor.view(-1), Head.HEAD_AT_CPU
             else:
                 self.set_gpu_data(tensor.view(-1))
             return True
@@ -220,8 +301,9 @@ class SyncedMemory:
         is zeros (UNINITIALIZED), as Caffe's fresh memory."""
         if self.viewed():
             return False
+        self._catch_up()  # its pending value is replaced too
         self._cpu = self._gpu = self._deferred = None
-        self.head = self._head_before = Head.UNINITIALIZED
+        self._head = self._head_before = Head.UNINITIALIZED
         return True
 
     def cpu_users(self) -> int:

@@ -275,3 +275,73 @@ layer {{ name: "bn" type: "BatchNorm" bottom: "c" top: "b" {stats} }}
         np.testing.assert_allclose(net.blobs["data"].data, times * x, rtol=1e-6)
         want = _caffe_values(net, times // 2 * x)
         np.testing.assert_allclose(net.blobs["c"].data, want["c"], rtol=RTOL, atol=ATOL)
+
+
+def _assert_caffes(net, x: np.ndarray, names=("c", "b", "f", "prob")) -> None:
+    want = _caffe_values(net, x)
+    for name in names:
+        assert net.blobs[name].shape == want[name].shape, name
+        np.testing.assert_allclose(net.blobs[name].data, want[name], rtol=RTOL, atol=ATOL)
+
+
+def test_a_repeated_forward_defers_every_blob_at_once(net, monkeypatch):
+    """Same input shape, blobs untouched: one advance of the bulk deferral, no per-blob call
+    (the per-blob walk was most of the Caffe face's own work: 140 blobs in MobileNetV2)."""
+    net.forward(data=_x(20))
+    calls = []
+    for method in ("link", "defer", "viewed"):
+        original = getattr(syncedmem.SyncedMemory, method)
+        monkeypatch.setattr(
+            syncedmem.SyncedMemory,
+            method,
+            lambda self, *a, _m=method, _o=original, **k: calls.append(_m) or _o(self, *a, **k),
+        )
+    generation = net._lazy._bulk.generation
+    net.forward(data=_x(21))
+    assert net._lazy._bulk.generation == generation + 1
+    assert calls.count("link") == 0 and calls.count("defer") == 0
+    assert calls.count("viewed") <= 2  # the memories accessed since: data's and prob's
+    _assert_caffes(net, _x(21))
+
+
+def test_a_view_taken_between_forwards_shows_the_next_one(net):
+    net.forward(data=_x(22))
+    view = net.blobs["b"].data  # after the blobs were linked: an access notes it
+    net.forward(data=_x(23))
+    np.testing.assert_allclose(view, _caffe_values(net, _x(23))["b"], rtol=RTOL, atol=ATOL)
+    del view
+    net.forward(data=_x(24))
+    net.forward(data=_x(25))  # the view is gone: b waits to be read again
+    assert net.blobs["b"].data_memory.deferred
+    _assert_caffes(net, _x(25))
+
+
+def test_a_blob_written_after_forward_keeps_the_write_until_the_next(net):
+    net.forward(data=_x(26))
+    net.blobs["c"].data[...] = 7.0  # no read first: the write is newer than the forward
+    assert (net.blobs["c"].data == 7.0).all()
+    net.forward(data=_x(27))
+    _assert_caffes(net, _x(27))
+
+
+@pytest.mark.parametrize("shape", [(1, 3), (4, 3, 2)], ids=["within", "past_capacity"])
+def test_a_blob_reshaped_between_forwards_gets_its_shape_back(net, shape):
+    net.forward(data=_x(28))
+    memory = net.blobs["f"].data_memory
+    net.blobs["f"].reshape(*shape)
+    assert (net.blobs["f"].data_memory is memory) == (shape == (1, 3))
+    net.forward(data=_x(29))
+    _assert_caffes(net, _x(29))
+    net.forward(data=_x(30))  # linked again with the blob's new memory
+    _assert_caffes(net, _x(30))
+
+
+def test_a_blob_sharing_another_blobs_memory_gets_the_forward(net):
+    net.forward(data=_x(31))
+    other = caffe.Blob((2, 3))
+    net.blobs["f"].share_data(other)
+    for seed in (32, 33):
+        net.forward(data=_x(seed))
+        np.testing.assert_allclose(
+            other.data, _caffe_values(net, _x(seed))["f"], rtol=RTOL, atol=ATOL
+        )

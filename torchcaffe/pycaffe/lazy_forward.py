@@ -12,18 +12,24 @@ this path (recomputing must neither read a new batch nor update state), and not 
 params with another net (a solver's updates would reach them unseen). Before a param of the
 net is written through the Caffe face, ``settle`` recomputes what is left out with the params
 the forward used.
+
+Every blob's memory follows one ``BulkDeferral``: a forward whose input shapes, blob shapes and
+blob memories are those of the last one defers them all with one call, and looks for live
+views only among the memories accessed since (MobileNetV2 at batch 1: 140 blobs, the Caffe
+face's own work per forward ~0.59 -> ~0.15 ms). Other forwards walk every blob.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from functools import partial
+from operator import attrgetter
 
 import torch
 
 from ..blob import Blob
 from ..net.net import TorchNet
 from ..net.passes import OptimizedProgram
+from ..syncedmem import BulkDeferral, SyncedMemory
 
 # Layer types whose forward has effects beyond its tops (user code, files written).
 IMPURE_TYPES = frozenset({"Python", "HDF5Output"})
@@ -60,21 +66,21 @@ class _Run:
         owner: LazyForward,
         produced: dict[str, torch.Tensor],
         inputs: dict[str, torch.Tensor],
+        kept: frozenset[str],
     ) -> None:
         self.owner = owner
         self.produced = produced
         self.inputs = inputs
+        self.kept = kept  # the blobs whose value in ``produced`` is Caffe's
         self.replayed: dict[str, torch.Tensor] | None = None
         self.left_out = False  # some blob defers to the replay
 
-    def computed(self, name: str) -> torch.Tensor:
+    def value(self, name: str) -> torch.Tensor:
+        """Blob ``name``'s value after this forward (read now: the next forward keeps it)."""
         self.owner.read.add(name)
-        return self.produced[name]
-
-    def folded(self, name: str) -> torch.Tensor:
-        """A blob the program left out: every blob from the inputs, once per forward."""
-        self.owner.read.add(name)
-        return self.replay()[name]
+        if name in self.kept:
+            return self.produced[name]
+        return self.replay()[name]  # a blob the program left out
 
     def replay(self) -> dict[str, torch.Tensor]:
         if self.replayed is None:  # the literal program: Caffe's values, no fold's rounding
@@ -82,6 +88,37 @@ class _Run:
                 self.replayed = self.owner.net.run(dict(self.inputs))
             self.owner.replays += 1
         return self.replayed
+
+
+# a Blob's data memory and shape, read per blob per forward without the properties' calls
+_MEMORY = attrgetter("_data")
+_SHAPE = attrgetter("_shape")
+
+
+class _Link:
+    """The state of the blobs when a forward last linked them all: their memories and
+    shapes, the inferred shapes (the dict ``_shapes_for`` keeps for the input shapes) and
+    the side. A forward that finds it unchanged defers every blob with one ``advance``."""
+
+    def __init__(
+        self,
+        blobs: tuple[tuple[SyncedMemory, ...], tuple[tuple[int, ...], ...]],
+        shapes: Mapping[str, tuple[int, ...]],
+        on_gpu: bool,
+    ) -> None:
+        self.blobs = blobs
+        self.shapes = shapes
+        self.on_gpu = on_gpu
+
+    def holds(
+        self,
+        blobs: tuple[tuple[SyncedMemory, ...], tuple[tuple[int, ...], ...]],
+        shapes: Mapping[str, tuple[int, ...]],
+        on_gpu: bool,
+    ) -> bool:
+        # the memories compare by identity: a reshape past capacity, share_data or
+        # set_cpu_data gave a blob another one; a reshape within it changed a shape
+        return shapes is self.shapes and on_gpu == self.on_gpu and blobs == self.blobs
 
 
 class LazyForward:
@@ -105,6 +142,11 @@ class LazyForward:
         self._replayable: dict[bool, bool] = {}
         self._run: _Run | None = None
         self._written: tuple[tuple[str, Blob], ...] | None = None  # every blob a run writes
+        self._written_names: frozenset[str] = frozenset()
+        self._written_targets: tuple[Blob, ...] = ()
+        self._bulk = BulkDeferral()  # every written blob's data memory follows it
+        self._linked_memories: frozenset[SyncedMemory] = frozenset()
+        self._link: _Link | None = None  # what a forward must find to defer all at once
         self.shares_params = False  # set by Net.share_with: the lazy path is off
 
     def settle(self) -> None:
@@ -135,40 +177,97 @@ class LazyForward:
         with torch.inference_mode():
             inputs = {n: blobs[n].data_at(device).clone() for n in net.input_names}
         shapes = self._shapes_for(inputs)
-        written = self._written
-        if written is None:  # the blobs layers write, in the net's order (fixed after build)
-            written = self._written = tuple(
-                (name, blob) for name, blob in blobs.items() if name not in self._kept_inputs
-            )
-        watched = {name for name, blob in written if blob.data_memory.viewed()}
+        written = self._written_blobs()
+        on_gpu = device.type != "cpu"
+        link = self._link
+        linked = link is not None and link.holds(self._blob_state(), shapes, on_gpu)
+        if linked:  # a memory gains a view only through an access: look at those accessed
+            watched = self._viewed_touched()
+        else:
+            watched = {name for name, blob in written if blob.data_memory.viewed()}
         seen = self._always | watched | self.read | frozenset(observe)
         self.read = set()
         program = net.optimized_program(seen, device)  # named: no walk over the params
         self.last_program = program
         with torch.inference_mode():
             produced = net.run(dict(inputs), program=program)
-        run = self._run = _Run(self, produced, inputs)
-        on_gpu = device.type != "cpu"
-        computed, folded = run.computed, run.folded
-        for name, blob in written:
-            kept = name in seen and name in produced
-            shape = tuple(produced[name].shape) if kept else shapes[name]
-            if blob.shape != shape:
-                reshape(name, shape)
-            if name in watched:  # a live view shows the new value now
-                value = produced[name] if kept else run.replay()[name]
-                blob.data_memory.drop_deferred()
-                blob.data_at(device, mutable=True).copy_(value)
-            elif kept:
-                blob.data_memory.defer(partial(computed, name), on_gpu)
-            else:
-                blob.data_memory.defer(partial(folded, name), on_gpu)
-                run.left_out = True
+        kept = frozenset(name for name in seen if name in produced)
+        run = self._run = _Run(self, produced, inputs, kept)
+        run.left_out = not self._written_names <= kept  # some blob defers to the replay
+        if linked and self._inferred_shapes_hold(run, shapes):
+            self._bulk.advance(run.value, on_gpu)  # every blob deferred to this run at once
+        else:
+            self._link_all(run, shapes, on_gpu, reshape)
+        for name in watched:  # a live view shows the new value now
+            self._write_now(name, run, device)
         loss = 0.0
         for name, w in self.loss_weights.items():
             top = produced[name] if name in produced else run.replay()[name]
             loss += w * float(top.sum())
         return loss
+
+    def _written_blobs(self) -> tuple[tuple[str, Blob], ...]:
+        """The blobs layers write, in the net's order (fixed after build)."""
+        if self._written is None:
+            self._written = tuple(
+                (name, blob) for name, blob in self.blobs.items() if name not in self._kept_inputs
+            )
+            self._written_names = frozenset(name for name, _ in self._written)
+            self._written_targets = tuple(blob for _, blob in self._written)
+        return self._written
+
+    def _viewed_touched(self) -> set[str]:
+        """The blobs a live view shows, among the memories accessed since the last look
+        (those found unviewed are forgotten: a new view needs a new access)."""
+        touched = self._bulk.touched
+        viewed = [memory for memory in touched if memory.viewed()]
+        touched.clear()
+        touched.update(viewed)
+        return {key for memory in viewed if (key := memory.linked_key) is not None}
+
+    def _inferred_shapes_hold(self, run: _Run, shapes: Mapping[str, tuple[int, ...]]) -> bool:
+        """Do the blobs the run kept have their inferred shapes (a layer whose top's shape
+        depends on the data, as a detection output, may give another)?"""
+        produced, written = run.produced, self._written_names
+        return all(
+            tuple(produced[name].shape) == shapes[name] for name in run.kept if name in written
+        )
+
+    def _link_all(
+        self,
+        run: _Run,
+        shapes: Mapping[str, tuple[int, ...]],
+        on_gpu: bool,
+        reshape: Callable[[str, tuple[int, ...]], None],
+    ) -> None:
+        """Shape every blob for ``run`` and defer it to ``run`` through the bulk deferral;
+        keep the state a later forward must find to defer them all at once."""
+        written, bulk = self._written_blobs(), self._bulk
+        for name, blob in written:
+            shape = tuple(run.produced[name].shape) if name in run.kept else shapes[name]
+            if blob.shape != shape:
+                reshape(name, shape)  # may give the blob a new memory
+        memories = tuple(blob.data_memory for _, blob in written)
+        for memory in self._linked_memories - set(memories):
+            memory.unlink()  # before the advance: it keeps the value it has now
+        bulk.advance(run.value, on_gpu)
+        for (name, _), memory in zip(written, memories):
+            memory.link(bulk, name)
+        bulk.touched = {memory for memory in memories if memory.viewed()}
+        self._linked_memories = frozenset(memories)
+        inferred = all(blob.shape == shapes[name] for name, blob in written)
+        self._link = _Link(self._blob_state(), shapes, on_gpu) if inferred else None
+
+    def _blob_state(self) -> tuple[tuple[SyncedMemory, ...], tuple[tuple[int, ...], ...]]:
+        """Every written blob's data memory and shape (C-level reads: once per forward)."""
+        blobs = self._written_targets
+        return tuple(map(_MEMORY, blobs)), tuple(map(_SHAPE, blobs))
+
+    def _write_now(self, name: str, run: _Run, device: torch.device) -> None:
+        value = run.produced[name] if name in run.kept else run.replay()[name]
+        blob = self.blobs[name]
+        blob.data_memory.drop_deferred()
+        blob.data_at(device, mutable=True).copy_(value)
 
     def _shapes_for(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
         """Every blob's shape, inferred once per input shapes (Caffe's Net::Reshape)."""

@@ -9,6 +9,7 @@ and blobs edited between calls behave as in Caffe.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import os
 from collections import OrderedDict
@@ -128,6 +129,8 @@ class Net:
         self._records: dict[int, _Record] = {}
         self._overwritten = self._find_overwritten_bottoms()
         self._layer_tops = layer_tops(self._net)  # what a forward writes (inputs: in place)
+        # the layers that need backward, in order: a forward asks whether its range has one
+        self._backward_steps = [i for i, s in enumerate(self._net.steps) if s.need_backward]
         self._data_source = self._find_split_sources()
         if weights is not None:
             self.copy_from(weights)
@@ -325,7 +328,9 @@ class Net:
     def _forward(self, start: int, end: int, observe: Sequence[str] = ()) -> float:
         """Run layers ``start..end``; ``observe``: blobs the caller reads right after."""
         steps = self._net.steps
-        if not any(steps[i].need_backward for i in range(start, end + 1)):
+        backward = self._backward_steps
+        first = bisect.bisect_left(backward, start)  # the first at or after ``start``
+        if first == len(backward) or backward[first] > end:
             return self._forward_inference(start, end, observe)
         device = self._ensure_device()
         for i in range(start, end + 1):
