@@ -345,3 +345,38 @@ def test_a_blob_sharing_another_blobs_memory_gets_the_forward(net):
         np.testing.assert_allclose(
             other.data, _caffe_values(net, _x(seed))["f"], rtol=RTOL, atol=ATOL
         )
+
+
+FILTER_NET = """
+input: "data" input_shape { dim: 4 dim: 3 }
+input: "sel" input_shape { dim: 4 }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "f"
+  inner_product_param { num_output: 2 weight_filler { type: "gaussian" } } }
+layer { name: "filt" type: "Filter" bottom: "f" bottom: "sel" top: "kept" }
+layer { name: "abs" type: "AbsVal" bottom: "kept" top: "out" }
+"""
+
+
+def test_blobs_whose_shape_the_data_decides_get_the_runs_shape(tmp_path):
+    """A Filter's top (and what follows it) has as many rows as the selector keeps: Caffe
+    reshapes it in Forward. Inferred shapes cannot know that, so those blobs are always
+    kept, read or not; a forward whose kept shapes differ from the last walks every blob."""
+    path = tmp_path / "filter.prototxt"
+    path.write_text(FILTER_NET)
+    net = caffe.Net(str(path), caffe.TEST)
+    assert replayable(net.module)
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    for sel in ([1, 1, 1, 1], [1, 0, 1, 0], [0, 1, 1, 1], [0, 1, 1, 1]):
+        selector = np.array(sel, np.float32)
+        net.forward(data=x, sel=np.ones(4, np.float32))  # no blob read after: none kept
+        net.forward(data=x, sel=selector)
+        module = net.module
+        module.optimize = False
+        with torch.no_grad():
+            want = module.forward_all_blobs(
+                data=torch.from_numpy(x), sel=torch.from_numpy(selector)
+            )
+        module.optimize = True
+        for name in ("f", "kept", "out"):
+            assert net.blobs[name].shape == tuple(want[name].shape), (sel, name)
+            np.testing.assert_array_equal(net.blobs[name].data, want[name].numpy())

@@ -84,6 +84,8 @@ class CaffeLayer(nn.Module):
     has_backward: bool = True  # False: Caffe computes no gradient (a form may set it per instance)
     no_force_backward: ClassVar[frozenset[int]] = frozenset()  # bottoms AllowForceBackward denies
     restrictions: ClassVar[str] = ""  # what Caffe accepts that this layer does not (docs table)
+    # a top's shape is known only from the values (``output_shapes`` gives Caffe's first guess)
+    shape_depends_on_data: ClassVar[bool] = False
 
     layer_param: caffe_pb2.LayerParameter
     name: str

@@ -30,6 +30,7 @@ class DetectionEvaluateLayer(CaffeLayer):
     """
 
     param_field = "detection_evaluate_param"
+    shape_depends_on_data = True
     bottoms = Exactly(2)
     has_backward = False
     restrictions = (

@@ -75,6 +75,7 @@ class DetectionOutputLayer(CaffeLayer):
     """
 
     param_field = "detection_output_param"
+    shape_depends_on_data = True
     bottoms = Between(3, 4)
     has_backward = False
     restrictions = (

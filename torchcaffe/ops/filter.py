@@ -24,6 +24,7 @@ class FilterLayer(CaffeLayer):
 
     bottoms = AtLeast(2)
     tops = AtLeast(1)
+    shape_depends_on_data = True
 
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)

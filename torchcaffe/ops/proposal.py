@@ -123,6 +123,7 @@ class ProposalLayer(CaffeLayer):
 
     bottoms: ClassVar[Arity] = Exactly(3)
     tops: ClassVar[Arity] = Between(1, 2)
+    shape_depends_on_data = True
     param_field = "proposal_param"
     has_backward = False
     restrictions = "scores with NaN: the fork's quicksort order is not reproduced"

@@ -41,6 +41,18 @@ def layer_tops(net: TorchNet) -> frozenset[str]:
     return frozenset(t for step in net.steps if not step.is_input for t in step.tops)
 
 
+def data_shaped_blobs(net: TorchNet) -> frozenset[str]:
+    """The blobs whose shape only the values tell: the tops of a layer whose top shape
+    depends on the data (a Filter, a Proposal, a DetectionOutput) and of every layer after
+    it that reads one. Inferred shapes cannot give them, so a forward always keeps them."""
+    found: set[str] = set()
+    for step in net.steps:
+        module = net.module_of(step)
+        if getattr(module, "shape_depends_on_data", False) or found.intersection(step.bottoms):
+            found.update(step.tops)
+    return frozenset(found)
+
+
 def replayable(net: TorchNet) -> bool:
     """Can every blob be recomputed later from the inputs alone, with nothing changing?"""
     if net.training:
@@ -133,7 +145,10 @@ class LazyForward:
         self.read: set[str] = set()  # blobs accessed since the last forward
         self.replays = 0  # how many forwards had to recompute a left-out blob (tests read it)
         self.last_program: OptimizedProgram | None = None
-        self._always = frozenset(net.output_names) | frozenset(self.loss_weights)
+        # outputs, losses and the blobs whose shape only a run can give: always kept
+        self._always = (
+            frozenset(net.output_names) | frozenset(self.loss_weights) | data_shaped_blobs(net)
+        )
         # input blobs no layer overwrites in place: a run leaves them as they were (one a
         # layer overwrites ends with that layer's top, as Caffe's shared Blob does)
         self._kept_inputs = frozenset(net.input_names) - layer_tops(net)
@@ -253,7 +268,7 @@ class LazyForward:
         bulk.advance(run.value, on_gpu)
         for (name, _), memory in zip(written, memories):
             memory.link(bulk, name)
-        bulk.touched = {memory for memory in memories if memory.viewed()}
+        bulk.touched.clear()  # the viewed blobs' writes, which follow, note them again
         self._linked_memories = frozenset(memories)
         inferred = all(blob.shape == shapes[name] for name, blob in written)
         self._link = _Link(self._blob_state(), shapes, on_gpu) if inferred else None
