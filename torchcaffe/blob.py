@@ -66,6 +66,8 @@ class Blob:
         self._data = SyncedMemory(0, dtype, gpu_device)
         self._diff = SyncedMemory(0, dtype, gpu_device)
         self.before_write: Callable[[], None] | None = None
+        # called when the shape or a memory changes (a lazy forward keeps both between runs)
+        self.on_layout_change: Callable[[], None] | None = None
         if shape is not None:  # Caffe: Blob() is empty; a 0-axis shape holds one scalar
             self.reshape(shape)
 
@@ -93,6 +95,11 @@ class Blob:
             self.capacity = count
             self._data = SyncedMemory(count, self.dtype, self.gpu_device)
             self._diff = SyncedMemory(count, self.dtype, self.gpu_device)
+        self._layout_changed()
+
+    def _layout_changed(self) -> None:
+        if self.on_layout_change is not None:
+            self.on_layout_change()
 
     def reshape_like(self, other: Blob) -> None:
         self.reshape(other.shape)
@@ -271,6 +278,7 @@ class Blob:
         if self._data.count != self._count:
             self._data = SyncedMemory(self._count, self.dtype, self.gpu_device)
             self._diff = SyncedMemory(self._count, self.dtype, self.gpu_device)
+            self._layout_changed()
         self._data.set_cpu_data(flat)
 
     def share_data(self, other: Blob) -> None:
@@ -282,6 +290,7 @@ class Blob:
                 got=other.count(),
             )
         self._data = other._data
+        self._layout_changed()
 
     def share_diff(self, other: Blob) -> None:
         if other.count() != self._count:
@@ -291,6 +300,7 @@ class Blob:
                 got=other.count(),
             )
         self._diff = other._diff
+        self._layout_changed()
 
     def copy_from(self, source: Blob, copy_diff: bool = False, reshape: bool = False) -> None:
         if source.count() != self._count or source.shape != self.shape:

@@ -380,3 +380,16 @@ def test_blobs_whose_shape_the_data_decides_get_the_runs_shape(tmp_path):
         for name in ("f", "kept", "out"):
             assert net.blobs[name].shape == tuple(want[name].shape), (sel, name)
             np.testing.assert_array_equal(net.blobs[name].data, want[name].numpy())
+
+
+def test_a_blob_given_an_external_buffer_between_forwards_gets_the_next(net):
+    big = np.random.default_rng(34).standard_normal((3, 3, 6, 5)).astype(np.float32)
+    net.blobs["data"].reshape(*big.shape)
+    net.forward(data=big)
+    net.blobs["data"].reshape(2, 3, 6, 5)
+    net.forward(data=_x(35))  # f keeps its 3-row capacity
+    memory = net.blobs["f"].data_memory
+    net.blobs["f"].set_cpu_data(torch.zeros(6))  # a buffer of its size: a new memory
+    assert net.blobs["f"].data_memory is not memory
+    net.forward(data=_x(36))
+    _assert_caffes(net, _x(36))
