@@ -302,3 +302,59 @@ def test_bulk_deferral_touched_holds_the_memories_accessed():
     assert bulk.touched == set()  # an advance alone touches nothing
     del view
     assert not a.viewed() and a.head is Head.HEAD_AT_CPU and bulk.touched == {a}
+
+
+def _to_device_side_ops():
+    def deferred_then_dropped(mem):
+        mem.mutable_gpu_data()
+        mem.defer(lambda: torch.zeros(2))  # host side: not counted
+        before = SyncedMemory.device_heads
+        mem.drop_deferred()  # back to the device side
+        return before
+
+    def deferred_then_written(mem):
+        mem.defer(lambda: torch.zeros(2), on_gpu=True)
+        before = SyncedMemory.device_heads
+        mem.gpu_data()  # the deferred value is written to the device side
+        return before
+
+    def host_then_mutable_device(mem):
+        mem.mutable_cpu_data()
+        before = SyncedMemory.device_heads
+        mem.mutable_gpu_data()  # synced first (not a move), then the device side alone
+        return before
+
+    return {
+        "head setter": lambda m: setattr(m, "head", Head.HEAD_AT_GPU),
+        "defer on the device": lambda m: m.defer(lambda: torch.zeros(2), on_gpu=True),
+        "drop_deferred": deferred_then_dropped,
+        "deferred write": deferred_then_written,
+        "first gpu_data": lambda m: [m.gpu_data()] and None,
+        "mutable_gpu_data": host_then_mutable_device,
+        "set_gpu_data": lambda m: m.set_gpu_data(torch.zeros(2)),
+        "take on the device": lambda m: [m.take(torch.zeros(2, device="meta"))] and None,
+    }
+
+
+@pytest.mark.parametrize("op", list(_to_device_side_ops()))
+def test_every_move_to_the_device_side_is_counted(op):
+    """``device_heads`` lets a reader of the host sides skip looking while it stays the
+    same: each way a head becomes HEAD_AT_GPU must count."""
+    mem = SyncedMemory(2, gpu_device="meta" if op == "take on the device" else "cpu")
+    before = SyncedMemory.device_heads
+    since = _to_device_side_ops()[op](mem)  # None, or the count before the last step
+    assert mem.head is Head.HEAD_AT_GPU
+    assert SyncedMemory.device_heads > (before if since is None else since)
+
+
+def test_host_side_work_leaves_the_device_count():
+    mem = SyncedMemory(2, gpu_device="cpu")
+    mem.mutable_gpu_data()
+    before = SyncedMemory.device_heads
+    mem.cpu_data()
+    mem.mutable_cpu_data()
+    mem.defer(lambda: torch.ones(2))
+    mem.set_cpu_data(torch.zeros(2))
+    mem.take(torch.ones(2))
+    mem.release()
+    assert SyncedMemory.device_heads == before

@@ -75,6 +75,11 @@ class BulkDeferral:
 class SyncedMemory:
     """``count`` elements of ``dtype`` on the host and on ``gpu_device``, synced lazily."""
 
+    # How many times some memory's head moved to HEAD_AT_GPU (the device side alone
+    # current), over all memories: while it stays the same, no host side went stale, so a
+    # caller that synced the host sides it reads can skip looking at them again.
+    device_heads = 0
+
     def __init__(
         self,
         count: int,
@@ -103,6 +108,8 @@ class SyncedMemory:
     def head(self, head: Head) -> None:
         self._catch_up()
         self._head = head
+        if head is Head.HEAD_AT_GPU:
+            SyncedMemory.device_heads += 1
 
     def link(self, bulk: BulkDeferral, key: str) -> None:
         """Follow ``bulk``: its current generation's value under ``key`` is this memory's
@@ -170,6 +177,8 @@ class SyncedMemory:
             self._head_before = self._head
         self._deferred = value
         self._head = Head.HEAD_AT_GPU if on_gpu else Head.HEAD_AT_CPU
+        if on_gpu:
+            SyncedMemory.device_heads += 1
 
     def drop_deferred(self) -> None:
         """Forget a deferred value: the caller overwrites the whole buffer next."""
@@ -177,6 +186,8 @@ class SyncedMemory:
         if self._deferred is not None:
             self._deferred = None
             self._head = self._head_before  # what the buffers hold
+            if self._head is Head.HEAD_AT_GPU:
+                SyncedMemory.device_heads += 1
 
     def _write_deferred(self, to_cpu: bool) -> None:
         """Write the deferred value straight into the side being read (one copy)."""
@@ -192,6 +203,7 @@ class SyncedMemory:
                 if self._gpu is None:
                     self._gpu = torch.zeros(self.count, dtype=self.dtype, device=self.gpu_device)
                 buffer, self._head = self._gpu, Head.HEAD_AT_GPU
+                SyncedMemory.device_heads += 1
             # through a view of the value's shape: a strided (channels_last) value is copied
             # once, in Caffe's order
             buffer[: value.numel()].view(value.shape).copy_(value)
@@ -220,6 +232,7 @@ class SyncedMemory:
         if self._head is Head.UNINITIALIZED:
             self._gpu = torch.zeros(self.count, dtype=self.dtype, device=self.gpu_device)
             self._head = Head.HEAD_AT_GPU
+            SyncedMemory.device_heads += 1
         elif self._head is Head.HEAD_AT_CPU:
             assert self._cpu is not None
             if self._gpu is None:
@@ -247,6 +260,7 @@ class SyncedMemory:
     def mutable_gpu_data(self) -> torch.Tensor:
         self._to_gpu()
         self._head = Head.HEAD_AT_GPU
+        SyncedMemory.device_heads += 1
         assert self._gpu is not None
         return self._gpu
 
@@ -265,6 +279,7 @@ class SyncedMemory:
         if self._gpu_device is None:
             self._gpu_device = tensor.device
         self._head = Head.HEAD_AT_GPU
+        SyncedMemory.device_heads += 1
 
     def take(self, tensor: torch.Tensor) -> bool:
         """Make ``tensor`` (``count`` elements, any shape) the current value on its device's

@@ -171,6 +171,8 @@ class Net:
             self.layers.append(LayerView(step.name, step.type, module, blobs))
         self._param_blob_of = by_tensor
         self._written_params: dict[int, Blob] = {}  # handed out writable since the last run
+        # SyncedMemory.device_heads when every param's host side was last found current
+        self._host_synced_at = -1
         for blob in by_tensor.values():
             self._param_users[id(blob)] = blob.data_memory.cpu_users()
         self._parameters = tuple(self._net.parameters())
@@ -308,10 +310,16 @@ class Net:
         # pull edits on the other side to the module's; a param blob whose head is on the
         # module's side (or SYNCED) is current there: its buffer is the module's tensor.
         # Synced through the flat buffers: no per-blob view is made (see SyncedMemory.take).
-        stale = Head.HEAD_AT_GPU if device.type == "cpu" else Head.HEAD_AT_CPU
-        sync = SyncedMemory.cpu_data if device.type == "cpu" else SyncedMemory.gpu_data
+        on_cpu = device.type == "cpu"
+        if on_cpu and self._host_synced_at == SyncedMemory.device_heads:
+            return device  # no device side became current since: no host side went stale
+        heads = SyncedMemory.device_heads
+        stale = Head.HEAD_AT_GPU if on_cpu else Head.HEAD_AT_CPU
+        sync = SyncedMemory.cpu_data if on_cpu else SyncedMemory.gpu_data
         for memory in memories_at(self._param_blob_of.values(), stale):
             sync(memory)
+        if on_cpu:
+            self._host_synced_at = heads
         return device
 
     def _params_written_on_device(self, diff: bool = False) -> None:

@@ -1,0 +1,53 @@
+"""Before each run the Caffe face pulls params edited on the other side into the module's
+tensors; on the CPU it looks at the params only when some memory's device side may have
+become current since it last did (``SyncedMemory.device_heads``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import torchcaffe as caffe
+from torchcaffe.pycaffe import net as pycaffe_net
+
+NET = """
+input: "data" input_shape { dim: 2 dim: 3 }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "f"
+  inner_product_param { num_output: 2 weight_filler { type: "gaussian" } } }
+"""
+
+
+@pytest.fixture
+def net(tmp_path):
+    path = tmp_path / "net.prototxt"
+    path.write_text(NET)
+    return caffe.Net(str(path), caffe.TEST)
+
+
+@pytest.fixture
+def scans(monkeypatch):
+    calls = []
+    real = pycaffe_net.memories_at
+    monkeypatch.setattr(pycaffe_net, "memories_at", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+def _want(net, x):
+    w, b = (p.data for p in net.params["ip"])
+    return x @ w.T + b
+
+
+def test_params_are_looked_at_only_after_a_device_side_write(net, scans):
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    net.forward(data=x)
+    scanned = len(scans)
+    net.forward(data=x)
+    assert len(scans) == scanned  # nothing moved to a device side: no scan
+    # a second host buffer stands in for the device side (as in tests/test_syncedmem.py)
+    weight = net.params["ip"][0]
+    weight.data_memory.set_gpu_data(torch.full((6,), 0.5))
+    out = net.forward(data=x)["f"]
+    assert len(scans) == scanned + 1
+    np.testing.assert_allclose(out, _want(net, x), rtol=1e-6)
+    assert (net.params["ip"][0].data == 0.5).all()
