@@ -72,6 +72,23 @@ class BulkDeferral:
         self.on_gpu = on_gpu
 
 
+class _BulkValue:
+    """A linked memory's deferred value: its bulk deferral's source under its key, read
+    when written. Only the generation it was taken in can write it (a later one replaces
+    it first), so it holds the bulk, not that generation's source: a memory whose head
+    was only looked at does not keep an old run's tensors alive."""
+
+    __slots__ = ("bulk", "key")
+
+    def __init__(self, bulk: BulkDeferral, key: str) -> None:
+        self.bulk = bulk
+        self.key = key
+
+    def __call__(self) -> torch.Tensor:
+        assert self.bulk.source is not None  # set by the first advance, before any link
+        return self.bulk.source(self.key)
+
+
 class SyncedMemory:
     """``count`` elements of ``dtype`` on the host and on ``gpu_device``, synced lazily."""
 
@@ -119,6 +136,10 @@ class SyncedMemory:
     def unlink(self) -> None:
         """Stop following the bulk deferral, keeping the value it gives now."""
         self._catch_up()
+        if isinstance(self._deferred, _BulkValue):  # bound now: later generations move on
+            bulk = self._deferred.bulk
+            assert bulk.source is not None
+            self._deferred = partial(bulk.source, self._deferred.key)
         self._bulk = None
 
     @property
@@ -136,9 +157,7 @@ class SyncedMemory:
         bulk.touched.add(self)
         if self._bulk_seen != bulk.generation:
             self._bulk_seen = bulk.generation
-            assert bulk.source is not None  # set by the first advance, before any link
-            # bound to this generation's source: a later advance does not change it
-            self._defer(partial(bulk.source, self._bulk_key), bulk.on_gpu)
+            self._defer(_BulkValue(bulk, self._bulk_key), bulk.on_gpu)
 
     @property
     def gpu_device(self) -> torch.device:

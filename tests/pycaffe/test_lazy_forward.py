@@ -393,3 +393,20 @@ def test_a_blob_given_an_external_buffer_between_forwards_gets_the_next(net):
     assert net.blobs["f"].data_memory is not memory
     net.forward(data=_x(36))
     _assert_caffes(net, _x(36))
+
+
+def test_a_blob_only_looked_at_does_not_keep_an_old_run_alive(net):
+    """A head read catches a blob up to its forward without writing it; after the next
+    forward nothing may still hold the old run (its tensors, and a replay's every blob)."""
+    import gc
+    import weakref
+
+    net.forward(data=_x(37))
+    _ = net.blobs["c"].data  # a folded blob: this run replays, holding every blob's tensor
+    net.forward(data=_x(38))
+    old = weakref.ref(net._lazy._run)
+    assert net.blobs["b"].data_memory.head is not None  # caught up, not written
+    net.forward(data=_x(39))
+    gc.collect()
+    assert old() is None
+    _assert_caffes(net, _x(39))
