@@ -14,6 +14,7 @@ import torch
 
 import torchcaffe
 from torchcaffe.net.export import export_net
+from torchcaffe.net.passes.finite_pooling import FiniteMaxPool
 from torchcaffe.proto import caffe_pb2
 
 from ..test_real_models import DEPLOY
@@ -228,19 +229,24 @@ def _layout_net() -> torchcaffe.TorchNet:
 
 def test_a_compiled_forward_runs_no_layout_wrapper():
     """Under torch.compile a ChannelsLastInput only passes its bottom on (inductor picks
-    layouts), so the traced walk calls the layer it wraps: the wrapper's type, instance dict
-    and ``__call__`` code were five guards per convolution and pooling, on every call."""
+    layouts), and so does a finite run's MAX pooling wrapper (``finite_pooling``): the traced
+    walk calls the layer they wrap. The wrapper's type, instance dict and ``__call__`` code
+    were five guards per convolution and pooling, on every call."""
     net = _layout_net()
     with torch.inference_mode():
         program = net.optimized_program()
     assert program.report["channels_last_layout"] >= 2
     wrapped = [k for k in program.runners if k.endswith("+nhwc")]
     assert wrapped
+    assert program.report["finite_pooling"] >= 1
     for key in wrapped:
-        assert program.traced_runners[key] is program.runners[key].runner
+        inner = program.runners[key].runner
+        if isinstance(inner, FiniteMaxPool):
+            inner = inner.runner
+        assert program.traced_runners[key] is inner
     guards = _compiled_guards(net, torch.randn(1, 4, 8, 8))
     assert any("traced_runners['dw+nhwc']" in g for g in guards)  # the layer was traced
-    assert not [g for g in guards if "ChannelsLastInput" in g]
+    assert not [g for g in guards if "ChannelsLastInput" in g or "FiniteMaxPool" in g]
 
 
 def test_a_compiled_fold_reads_its_layers_blobs_and_calls_no_layer_method():

@@ -211,7 +211,7 @@ def _assert_caffes(net: torchcaffe.TorchNet, x: torch.Tensor) -> None:
 
 def test_a_finite_run_runs_plain_relus_in_onednns_epilogue(relu_epilogues, monkeypatch):
     net = _finite_net()
-    assert net.optimized_program().finite_epilogues == 3
+    assert net.optimized_program().finite_steps == 3
     x = _x()
     with torch.inference_mode():
         got = net(data=x)["c"]
@@ -264,22 +264,22 @@ def test_relus_after_a_layer_that_can_make_nan_stay_after_the_product():
         'layer { name: "pool"',
         'layer { name: "log" type: "Log" bottom: "a" top: "a" }\nlayer { name: "pool"',
     )
-    assert _net(log).optimized_program().finite_epilogues == 1  # a's alone
+    assert _net(log).optimized_program().finite_steps == 1  # a's alone
     lrn = FINITE.replace(
         'layer { name: "pool"',
         'layer { name: "n" type: "LRN" bottom: "a" top: "a" lrn_param { k: 0 } }\n'
         'layer { name: "pool"',
     )
-    assert _net(lrn).optimized_program().finite_epilogues == 1  # k 0: 0 / 0 for zeros
-    assert _net(lrn.replace("k: 0", "k: 1")).optimized_program().finite_epilogues == 3
+    assert _net(lrn).optimized_program().finite_steps == 1  # k 0: 0 / 0 for zeros
+    assert _net(lrn.replace("k: 0", "k: 1")).optimized_program().finite_steps == 3
     # a BatchNorm run alone (its top is asked for): a variance below -eps makes NaN
     apart = FINITE.split('layer { name: "bn"')[0] + APART
     net = _net(apart)
     alone = net.optimized_program(["c", "b", "n"])
     assert "BatchNorm" in [s.type for s in alone.steps]
-    assert alone.finite_epilogues == 1  # a's alone
-    assert net.optimized_program(["c", "n"]).finite_epilogues == 2  # into b; Scale alone
-    assert net.optimized_program(["c"]).finite_epilogues == 3  # all into b
+    assert alone.finite_steps == 1  # a's alone
+    assert net.optimized_program(["c", "n"]).finite_steps == 2  # into b; Scale alone
+    assert net.optimized_program(["c"]).finite_steps == 3  # all into b
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")

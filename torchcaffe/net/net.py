@@ -381,9 +381,9 @@ class TorchNet(nn.Module):
         self, blobs: dict[str, torch.Tensor], program: OptimizedProgram
     ) -> dict[str, torch.Tensor]:
         """``program`` over ``blobs`` as ``_run`` does, from its ``eager_walk``; in a run
-        whose inputs and params are finite, its plain ReLUs after layers that keep values
-        finite run in oneDNN's epilogue (``fuse_relu_into_producer``)."""
-        if program.finite_epilogues and not torch.jit.is_tracing():  # no checks in a trace
+        whose inputs and params are finite, its steps after layers that keep values finite
+        take their faster form (``passes/finite.py``)."""
+        if program.finite_steps and not torch.jit.is_tracing():  # no checks in a trace
             with fused_relu.finite_run(self._finite_run(blobs, program)):
                 return self._walk_eager(blobs, program)
         return self._walk_eager(blobs, program)

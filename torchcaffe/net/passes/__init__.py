@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from torch import nn
 
 from ..program import LayerStep
+from .finite_pooling import finite_pooling
 from .folding import (
     FoldedAffine,
     fold_batchnorm_into_scale,
@@ -37,19 +38,22 @@ from .training import (
 # folds, which read a Split as one more reader of the blob it fans out); then a ReLU into
 # the (folded) Convolution or InnerProduct before it, and the ReLUs left in place, so a
 # ReLU after a folded chain sees a fresh producer and one after a bypassed Split sees every
-# reader; the memory layout last, over the steps that will really run.
+# reader; MAX poolings that see only finite values in a finite run (after the folds, whose
+# merged steps count as finite-preserving); the memory layout last, over the steps that will
+# really run.
 INFERENCE_PASSES = (
     fold_batchnorm_scale_into_producer,
     fold_batchnorm_into_scale,
     bypass_splits,
     fuse_relu_into_producer,
     inplace_relu,
+    finite_pooling,
     channels_last_layout,
 )
 # Passes for the CPU's kernels alone. Elsewhere they would only wrap each layer in a call that
 # passes its tensors through: on a GPU, where a run is bound by the host's work per layer,
-# that costs time for nothing.
-CPU_ONLY_PASSES = frozenset({channels_last_layout})
+# that costs time for nothing (the finite run is a CPU run, too).
+CPU_ONLY_PASSES = frozenset({finite_pooling, channels_last_layout})
 
 
 # For runs autograd records: frozen BatchNorm (+ Scale/Bias) into the Convolution before it,

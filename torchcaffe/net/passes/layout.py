@@ -127,8 +127,9 @@ class ChannelsLastInput:
 
     @property
     def traced_runner(self) -> Callable[..., Any]:
-        """What torch.compile runs: the layer (inductor picks the layouts)."""
-        return self.runner
+        """What torch.compile runs: the layer (inductor picks the layouts), or what the
+        runner it wraps has torch.compile run (``finite_pooling``'s wrapper)."""
+        return getattr(self.runner, "traced_runner", self.runner)
 
     def __call__(self, *bottoms: torch.Tensor) -> Any:
         if torch.compiler.is_compiling() or not bottoms[0].is_cpu:

@@ -40,9 +40,10 @@ class OptimizedProgram:
     runners: Mapping[str, Runner]
     report: Mapping[str, int] = field(default_factory=dict)
     releases: tuple[tuple[str, ...], ...] = ()
-    # plain ReLUs that run in oneDNN's epilogue in a run whose values are finite (``TorchNet``
-    # checks the run's inputs and params only where there are some; ``fuse_relu_into_producer``)
-    finite_epilogues: int = 0
+    # steps that take a faster form in a run whose values are finite (plain ReLUs in oneDNN's
+    # epilogue, MAX poolings without their NaN check; ``passes/finite.py``): ``TorchNet``
+    # checks the run's inputs and params only where there are some
+    finite_steps: int = 0
     walk: tuple[WalkEntry, ...] = field(init=False, repr=False, compare=False)
     eager_walk: tuple[EagerStep, ...] = field(init=False, repr=False, compare=False)
     traced_runners: Mapping[str, Runner] = field(init=False, repr=False, compare=False)
@@ -94,9 +95,7 @@ class OptimizedProgram:
     ) -> OptimizedProgram:
         runners = {s.key: new_runners.get(s.key) or self.runners[s.key] for s in steps}
         report = {**self.report, name: count}
-        return OptimizedProgram(
-            tuple(steps), runners, report, finite_epilogues=self.finite_epilogues
-        )
+        return OptimizedProgram(tuple(steps), runners, report, finite_steps=self.finite_steps)
 
     def with_releases(self, observable: frozenset[str]) -> OptimizedProgram:
         """This program with, per step, the blobs no later step reads or writes and the caller

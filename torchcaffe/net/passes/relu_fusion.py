@@ -8,62 +8,24 @@ reader of the producer's top, and that top is either overwritten in place (Caffe
 A leaky ReLU runs in oneDNN's epilogue on the CPU, saving a pass over the top too; a plain
 one runs in place on the producer's fresh top, as ``inplace_relu`` would, since oneDNN's
 relu turns NaN into 0 (``ops.fused_relu``), except in a run whose values are all finite: a
-plain ReLU after only layers that make no NaN from finite values (FINITE_PRESERVING) runs in
-oneDNN's epilogue when ``TorchNet`` finds the run's inputs and the params finite.
+plain ReLU after only layers that make no NaN from finite values (``FINITE_PRESERVING``) runs in
+oneDNN's epilogue when ``TorchNet`` finds the run's inputs and the params finite
+(``passes/finite.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import torch
 
 from ...ops import fused_relu
-from ...proto import caffe_pb2
-from ..program import LayerStep
+from .finite import finite_before
 from .program import OptimizedProgram, StepMerges, producer_of, readers_of, step_kind
 
 PASS_NAME = "fuse_relu_into_producer"
 PRODUCERS = ("Convolution", "InnerProduct")  # alone or with a chain folded in
-# Layer types (and the parts of a merged step) whose tops are finite when their bottoms and
-# params are, overflow aside. A folded BatchNorm counts (the fold checks its own weights,
-# ``FoldedAffine``); a BatchNorm alone does not (a variance below -eps gives NaN); Pooling,
-# LRN and Eltwise count with the parameters ``_finite_preserving`` checks.
-FINITE_PRESERVING = frozenset(
-    {
-        "Input",
-        "Convolution",
-        "Deconvolution",
-        "InnerProduct",
-        "Scale",
-        "Bias",
-        "ReLU",
-        "Split",
-        "Concat",
-        "Dropout",
-        "Eltwise",
-        "Pooling",
-        "LRN",
-    }
-)
-PP = caffe_pb2.PoolingParameter
-
-
-def _finite_preserving(step: LayerStep, runner: Any) -> bool:
-    kinds = step.type.split("+")
-    if kinds == ["BatchNorm"]:
-        return False  # alone; merged, it is a fold
-    if not FINITE_PRESERVING.union({"BatchNorm"}).issuperset(kinds):
-        return False
-    if step.type == "Pooling":
-        return getattr(runner, "pool", None) in (PP.MAX, PP.AVE)
-    if step.type == "LRN":  # k + alpha / n * sum(x^2) >= k > 0
-        return runner.k > 0 and runner.alpha >= 0 and math.isfinite(runner.beta)
-    if step.type == "Eltwise":
-        return all(math.isfinite(c) for c in runner.coeff)
-    return True
 
 
 class ProducerWithReLU:
@@ -97,11 +59,7 @@ def fuse_relu_into_producer(
 ) -> OptimizedProgram:
     steps = program.steps
     merges = StepMerges(program)
-    # finite_before[j]: every step before step j keeps finite values finite
-    finite_before = [True]
-    for step in steps:
-        ok = finite_before[-1] and _finite_preserving(step, program.runners[step.key])
-        finite_before.append(ok)
+    finite = finite_before(program)
     in_epilogue = 0
     for i, step in enumerate(steps):
         if step.type != "ReLU" or len(step.bottoms) != 1 or len(step.tops) != 1:
@@ -122,7 +80,8 @@ def fuse_relu_into_producer(
             continue  # the value before the ReLU is asked for
         relu: Any = program.runners[step.key]
         slope = float(relu.param.negative_slope)
-        fused = ProducerWithReLU(runner, slope, finite_before[j])
+        fused = ProducerWithReLU(runner, slope, finite[j])
         in_epilogue += fused.finite_epilogue
         merges.merge(j, [(i, step)], fused, "relu", step.tops)
-    return dataclasses.replace(merges.result(PASS_NAME), finite_epilogues=in_epilogue)
+    result = merges.result(PASS_NAME)
+    return dataclasses.replace(result, finite_steps=result.finite_steps + in_epilogue)
