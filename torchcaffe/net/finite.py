@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..ops.base import blob_slots, read_slots
 from .passes import FoldedAffine, OptimizedProgram
 
 
@@ -60,17 +61,11 @@ class _ProgramCheck:
 
     def __init__(self, program: OptimizedProgram) -> None:
         self.program = program
-        # where each blob lives: (its layer's params dict, buffers dict, name); looked up on
-        # each check, so a blob replaced by another tensor is seen
-        self.slots = tuple(
-            (layer._parameters, layer._buffers, name)
-            for layer in unfolded_layers(program)
-            for name in layer.blob_names
-        )
+        self.slots = blob_slots(unfolded_layers(program))  # read on each check
         self.entry: tuple[list[tuple[int, int]], bool] | None = None
 
     def check(self) -> bool:
-        blobs = [ps[n] if n in ps else bs[n] for ps, bs, n in self.slots]
+        blobs = read_slots(self.slots)
         try:
             key = [(t._version, t.data_ptr()) for t in blobs]
         except RuntimeError:

@@ -9,7 +9,7 @@ unless a layer's gradient in Caffe differs from the mathematical one.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
@@ -328,3 +328,21 @@ def canonical_axis(layer: CaffeLayer, axis: int, num_axes: int, field: str = "ax
             got=axis,
         )
     return axis + num_axes if axis < 0 else axis
+
+
+# Where a param blob lives: its layer's parameters dict, buffers dict, and its name.
+BlobSlot = tuple[dict[str, Any], dict[str, Any], str]
+
+
+def blob_slots(layers: Iterable[CaffeLayer]) -> tuple[BlobSlot, ...]:
+    """Where each param blob of ``layers`` lives, in Caffe order. ``read_slots`` reads them
+    from the layers' dicts on each call, so a blob replaced since (a Parameter moves between
+    the two dicts) is seen, for a dict lookup instead of ``__getattr__``'s ~1 us a blob."""
+    return tuple(
+        (layer._parameters, layer._buffers, name) for layer in layers for name in layer.blob_names
+    )
+
+
+def read_slots(slots: Iterable[BlobSlot]) -> list[torch.Tensor]:
+    """The tensors ``blob_slots`` located, as they are now."""
+    return [ps[n] if n in ps else bs[n] for ps, bs, n in slots]

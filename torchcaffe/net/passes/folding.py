@@ -24,7 +24,7 @@ from torch.nn.utils.fusion import fuse_conv_bn_weights
 
 from ...ops import frozen_graph, fused_relu, onednn_linear, opaque_conv
 from ...ops._derived import DerivedCache
-from ...ops.base import CaffeLayer
+from ...ops.base import CaffeLayer, blob_slots, read_slots
 from ...ops.batch_norm import scaled_stats
 from ...ops.convolution import conv2d
 from ...ops.onednn_conv import PackedConvWeight
@@ -190,13 +190,7 @@ class FoldedAffine:
         self._folded: DerivedCache[tuple[torch.Tensor, torch.Tensor]] = DerivedCache()
         self.weight_cache: PackedConvWeight | None = PackedConvWeight()
         self._finite = True  # are the folded weights finite (``_fold`` sets it)?
-        # where each source lives: (its layer's params dict, buffers dict, name), in
-        # ``param_blobs`` order (a blob moves between the two dicts when set to a Parameter)
-        self._source_slots = tuple(
-            (layer._parameters, layer._buffers, name)
-            for layer in self.layers()
-            for name in layer.blob_names
-        )
+        self._source_slots = blob_slots(self.layers())  # in ``param_blobs`` order
         if (
             self.shares_with_graph
             and producer_type == "Convolution"
@@ -216,7 +210,7 @@ class FoldedAffine:
         ``param_blobs``), read from the layers' dicts on every call, so a param replaced
         since shows. Eager only: torch.compile would guard each dict (``_traced`` reads
         the layers' blobs by name)."""
-        return [ps[n] if n in ps else bs[n] for ps, bs, n in self._source_slots]
+        return read_slots(self._source_slots)
 
     def folded_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The eager fold, cached on its sources. Never under torch.compile: ``__call__``
