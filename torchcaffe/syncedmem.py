@@ -124,6 +124,11 @@ class SyncedMemory:
     @head.setter
     def head(self, head: Head) -> None:
         self._catch_up()
+        self._move_head(head)
+
+    def _move_head(self, head: Head) -> None:
+        """Every change of head after construction comes here, so that each move to the
+        device side alone is counted (``device_heads``)."""
         self._head = head
         if head is Head.HEAD_AT_GPU:
             SyncedMemory.device_heads += 1
@@ -195,18 +200,14 @@ class SyncedMemory:
         if self._deferred is None:
             self._head_before = self._head
         self._deferred = value
-        self._head = Head.HEAD_AT_GPU if on_gpu else Head.HEAD_AT_CPU
-        if on_gpu:
-            SyncedMemory.device_heads += 1
+        self._move_head(Head.HEAD_AT_GPU if on_gpu else Head.HEAD_AT_CPU)
 
     def drop_deferred(self) -> None:
         """Forget a deferred value: the caller overwrites the whole buffer next."""
         self._catch_up()
         if self._deferred is not None:
             self._deferred = None
-            self._head = self._head_before  # what the buffers hold
-            if self._head is Head.HEAD_AT_GPU:
-                SyncedMemory.device_heads += 1
+            self._move_head(self._head_before)  # what the buffers hold
 
     def _write_deferred(self, to_cpu: bool) -> None:
         """Write the deferred value straight into the side being read (one copy)."""
@@ -217,12 +218,13 @@ class SyncedMemory:
             if to_cpu:
                 if self._cpu is None:
                     self._cpu = self._host_buffer().zero_()
-                buffer, self._head = self._cpu, Head.HEAD_AT_CPU
+                buffer = self._cpu
+                self._move_head(Head.HEAD_AT_CPU)
             else:
                 if self._gpu is None:
                     self._gpu = torch.zeros(self.count, dtype=self.dtype, device=self.gpu_device)
-                buffer, self._head = self._gpu, Head.HEAD_AT_GPU
-                SyncedMemory.device_heads += 1
+                buffer = self._gpu
+                self._move_head(Head.HEAD_AT_GPU)
             # through a view of the value's shape: a strided (channels_last) value is copied
             # once, in Caffe's order
             buffer[: value.numel()].view(value.shape).copy_(value)
@@ -234,7 +236,7 @@ class SyncedMemory:
             self._write_deferred(to_cpu=True)
         if self._head is Head.UNINITIALIZED:
             self._cpu = self._host_buffer().zero_()
-            self._head = Head.HEAD_AT_CPU
+            self._move_head(Head.HEAD_AT_CPU)
         elif self._head is Head.HEAD_AT_GPU:
             assert self._gpu is not None
             if self._cpu is None:
@@ -242,7 +244,7 @@ class SyncedMemory:
             if not self._gpu.is_meta:  # a meta "device" (tests) holds no values to copy
                 self._cpu.copy_(self._gpu)
             self._report("gpu->cpu")
-            self._head = Head.SYNCED
+            self._move_head(Head.SYNCED)
 
     def _to_gpu(self) -> None:
         self._catch_up()
@@ -250,15 +252,14 @@ class SyncedMemory:
             self._write_deferred(to_cpu=False)
         if self._head is Head.UNINITIALIZED:
             self._gpu = torch.zeros(self.count, dtype=self.dtype, device=self.gpu_device)
-            self._head = Head.HEAD_AT_GPU
-            SyncedMemory.device_heads += 1
+            self._move_head(Head.HEAD_AT_GPU)
         elif self._head is Head.HEAD_AT_CPU:
             assert self._cpu is not None
             if self._gpu is None:
                 self._gpu = torch.empty(self.count, dtype=self.dtype, device=self.gpu_device)
             self._gpu.copy_(self._cpu)
             self._report("cpu->gpu")
-            self._head = Head.SYNCED
+            self._move_head(Head.SYNCED)
 
     def cpu_data(self) -> torch.Tensor:
         self._to_cpu()
@@ -272,14 +273,13 @@ class SyncedMemory:
 
     def mutable_cpu_data(self) -> torch.Tensor:
         self._to_cpu()
-        self._head = Head.HEAD_AT_CPU
+        self._move_head(Head.HEAD_AT_CPU)
         assert self._cpu is not None
         return self._cpu
 
     def mutable_gpu_data(self) -> torch.Tensor:
         self._to_gpu()
-        self._head = Head.HEAD_AT_GPU
-        SyncedMemory.device_heads += 1
+        self._move_head(Head.HEAD_AT_GPU)
         assert self._gpu is not None
         return self._gpu
 
@@ -288,7 +288,7 @@ class SyncedMemory:
         tensor = self._check_external(tensor, torch.device("cpu"))
         self._catch_up()
         self._cpu, self._deferred = tensor, None
-        self._head = Head.HEAD_AT_CPU
+        self._move_head(Head.HEAD_AT_CPU)
 
     def set_gpu_data(self, tensor: torch.Tensor) -> None:
         """Adopt ``tensor`` (flat, device) as the device side, as Caffe's set_gpu_data."""
@@ -297,8 +297,7 @@ class SyncedMemory:
         self._gpu, self._deferred = tensor, None
         if self._gpu_device is None:
             self._gpu_device = tensor.device
-        self._head = Head.HEAD_AT_GPU
-        SyncedMemory.device_heads += 1
+        self._move_head(Head.HEAD_AT_GPU)
 
     def take(self, tensor: torch.Tensor) -> bool:
         """Make ``tensor`` (``count`` elements, any shape) the current value on its device's
@@ -319,7 +318,8 @@ class SyncedMemory:
             if not tensor.is_contiguous():
                 self.defer(lambda: tensor, on_gpu=not cpu)
             elif cpu:  # set_cpu_data's checks hold: one dense buffer of ``count``
-                self._cpu, self._head = tensor.view(-1), Head.HEAD_AT_CPU
+                self._cpu = tensor.view(-1)
+                self._move_head(Head.HEAD_AT_CPU)
             else:
                 self.set_gpu_data(tensor.view(-1))
             return True
@@ -337,7 +337,8 @@ class SyncedMemory:
             return False
         self._catch_up()  # its pending value is replaced too
         self._cpu = self._gpu = self._deferred = None
-        self._head = self._head_before = Head.UNINITIALIZED
+        self._head_before = Head.UNINITIALIZED
+        self._move_head(Head.UNINITIALIZED)
         return True
 
     def cpu_users(self) -> int:
