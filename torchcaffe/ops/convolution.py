@@ -162,7 +162,7 @@ def conv2d(
     """
     if weight_cache is not None and not torch.compiler.is_compiling():
         # the call this cache made last, made again (not read in a trace: a guard on it)
-        y = weight_cache.replay(x, weight, bias, stride, pad, dilation, groups, relu)
+        y = weight_cache.replay(x, weight, bias, (stride, pad, dilation, groups), relu)
         if y is not None:
             return y
     if not x.is_cpu or frozen_graph.params_frozen():  # the forms below are the CPU's
@@ -182,7 +182,7 @@ def conv2d(
         y = onednn_linear.pixel_rows_product(rows, weight.reshape(weight.shape[0], c), bias, relu)
         return y.reshape(n, h, w, -1).permute(0, 3, 1, 2)
     if packed is not None:
-        return packed.conv2d(x, weight, bias, stride, pad, dilation, groups, relu)
+        return packed.conv2d(x, weight, bias, (stride, pad, dilation, groups), relu)
     return fused_relu.apply_(F.conv2d(x, weight, bias, stride, pad, dilation, groups), relu)
 
 
@@ -234,9 +234,8 @@ class ConvolutionLayer(ConvolutionBase):
             # the packed call made last, before ``compute``'s own checks (a bottom of the
             # shape that call had needs no extra pad)
             bias = self.bias if self.bias_term else None
-            y = self.weight_cache.replay(
-                x, self.weight, bias, g.stride, g.pad, g.dilation, self.group, slope
-            )
+            geometry = (g.stride, g.pad, g.dilation, self.group)
+            y = self.weight_cache.replay(x, self.weight, bias, geometry, slope)
             if y is not None:
                 return y
         return self.compute(x, tuple(x.shape[2:]), relu=slope)

@@ -72,6 +72,10 @@ def can_take(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
     return not weight.is_inference()
 
 
+# (stride, pad, dilation, groups) of a 2-D convolution
+Geometry = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int]
+
+
 class PackedConvWeight:
     """A convolution weight packed into oneDNN's layout for one input shape, kept until the
     weight or the shape changes (``conv2d`` runs on it).
@@ -93,17 +97,13 @@ class PackedConvWeight:
         x: torch.Tensor,
         weight: torch.Tensor,
         bias: torch.Tensor | None,
-        stride: tuple[int, ...],
-        pad: tuple[int, ...],
-        dilation: tuple[int, ...],
-        groups: int,
+        geometry: Geometry,
         relu: fused_relu.Slope = None,
     ) -> torch.Tensor:
-        """``F.conv2d(x, weight, bias, stride, pad, dilation, groups)`` on the packed weight,
-        channels_last as the bottom, then the ReLU of slope ``relu`` if any (``fused_relu``).
-        The caller checked ``can_take``."""
+        """``F.conv2d(x, weight, bias, *geometry)`` on the packed weight (``geometry``: stride,
+        pad, dilation, groups), channels_last as the bottom, then the ReLU of slope ``relu``
+        if any (``fused_relu``). The caller checked ``can_take``."""
         entry = self._entry
-        geometry = (stride, pad, dilation, groups)
         if entry is None or not entry.packs(weight, tuple(x.shape), geometry):
             entry = _PackedCall.pack(weight, x, geometry)
         entry = self._entry = entry.with_call(x, bias)
@@ -114,10 +114,7 @@ class PackedConvWeight:
         x: torch.Tensor,
         weight: torch.Tensor,
         bias: torch.Tensor | None,
-        stride: tuple[int, ...],
-        pad: tuple[int, ...],
-        dilation: tuple[int, ...],
-        groups: int,
+        geometry: Geometry,
         relu: fused_relu.Slope = None,
     ) -> torch.Tensor | None:
         """``conv2d``'s value when this is the call it made last (the same weight, unchanged,
@@ -125,7 +122,7 @@ class PackedConvWeight:
         by autograd or traced by torch.jit), else None: the caller runs ``conv2d``'s checks
         then. Never called under torch.compile (the caller checks)."""
         entry = self._entry
-        if entry is None or not entry.replays(x, weight, bias, (stride, pad, dilation, groups)):
+        if entry is None or not entry.replays(x, weight, bias, geometry):
             return None
         return entry.run(x, bias, relu)
 
@@ -137,9 +134,6 @@ class PackedConvWeight:
         """A copy (``copy.deepcopy`` of the net, pickling) starts without the packed weight,
         which it packs again on its first call: oneDNN's opaque tensor has no storage to copy."""
         return {"_entry": None}
-
-
-Geometry = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int]
 
 
 class _PackedCall:

@@ -383,8 +383,9 @@ class FoldedAffine:
         if self.producer_type == "Convolution" and self.weight_cache is not None:
             # the packed call made last, before ``run_folded``'s own checks: a bottom of the
             # shape that call had needs no extra pad (it had none, or was the padded one)
-            g, group = self.producer.geom, self.producer.group
-            y = self.weight_cache.replay(x, w, b, g.stride, g.pad, g.dilation, group, slope)
+            g = self.producer.geom
+            geometry = (g.stride, g.pad, g.dilation, self.producer.group)
+            y = self.weight_cache.replay(x, w, b, geometry, slope)
             if y is not None:
                 return y
         return self.run_folded(x, w, b, relu=slope)
