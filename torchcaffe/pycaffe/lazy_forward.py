@@ -88,8 +88,13 @@ class _Run:
         self.left_out = False  # some blob defers to the replay
 
     def value(self, name: str) -> torch.Tensor:
-        """Blob ``name``'s value after this forward (read now: the next forward keeps it)."""
+        """Blob ``name``'s value after this forward, read by the script (the next forward
+        keeps it)."""
         self.owner.read.add(name)
+        return self.at(name)
+
+    def at(self, name: str) -> torch.Tensor:
+        """Blob ``name``'s value after this forward."""
         if name in self.kept:
             return self.produced[name]
         return self.replay()[name]  # a blob the program left out
@@ -100,20 +105,6 @@ class _Run:
                 self.replayed = self.owner.net.run(dict(self.inputs))
             self.owner.replays += 1
         return self.replayed
-
-
-class _Link:
-    """What held when a forward last linked every blob: the inferred shapes (the dict
-    ``_shapes_for`` keeps for the input shapes) and the side; every blob had its inferred
-    shape. Dropped when a blob is reshaped or given another memory (``on_layout_change``).
-    A forward that finds it defers every blob with one ``advance``."""
-
-    def __init__(self, shapes: Mapping[str, tuple[int, ...]], on_gpu: bool) -> None:
-        self.shapes = shapes
-        self.on_gpu = on_gpu
-
-    def holds(self, shapes: Mapping[str, tuple[int, ...]], on_gpu: bool) -> bool:
-        return shapes is self.shapes and on_gpu == self.on_gpu
 
 
 class LazyForward:
@@ -143,7 +134,11 @@ class LazyForward:
         self._written_names: frozenset[str] = frozenset()
         self._bulk = BulkDeferral()  # every written blob's data memory follows it
         self._linked_memories: frozenset[SyncedMemory] = frozenset()
-        self._link: _Link | None = None  # what a forward must find to defer all at once
+        # what held when a forward last linked every blob, each of its inferred shape: the
+        # inferred shapes (the dict ``_shapes_for`` keeps per input shapes) and the side.
+        # Dropped when a blob is reshaped or given another memory (``on_layout_change``); a
+        # forward that finds it defers every blob with one ``advance``.
+        self._link: tuple[Mapping[str, tuple[int, ...]], bool] | None = None
         self.shares_params = False  # set by Net.share_with: the lazy path is off
 
     def settle(self) -> None:
@@ -177,7 +172,7 @@ class LazyForward:
         written = self._written_blobs()
         on_gpu = device.type != "cpu"
         link = self._link
-        linked = link is not None and link.holds(shapes, on_gpu)
+        linked = link is not None and link[0] is shapes and link[1] == on_gpu
         if linked:  # a memory gains a view only through an access: look at those accessed
             watched = self._viewed_touched()
         else:
@@ -253,17 +248,16 @@ class LazyForward:
         bulk.touched.clear()  # the viewed blobs' writes, which follow, note them again
         self._linked_memories = frozenset(memories)
         inferred = all(blob.shape == shapes[name] for name, blob in written)
-        self._link = _Link(shapes, on_gpu) if inferred else None
+        self._link = (shapes, on_gpu) if inferred else None
 
     def _forget_link(self) -> None:
         """A blob was reshaped or given another memory: the next forward links all again."""
         self._link = None
 
     def _write_now(self, name: str, run: _Run, device: torch.device) -> None:
-        value = run.produced[name] if name in run.kept else run.replay()[name]
         blob = self.blobs[name]
         blob.data_memory.drop_deferred()
-        blob.data_at(device, mutable=True).copy_(value)
+        blob.data_at(device, mutable=True).copy_(run.at(name))
 
     def _shapes_for(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
         """Every blob's shape, inferred once per input shapes (Caffe's Net::Reshape)."""
