@@ -1,9 +1,10 @@
 """Random small Caffe nets for differential tests of the passes.
 
 Each net is a seeded random DAG over one Input: convolutions (grouped, depthwise, dilated,
-strided), deconvolutions, inner products, BatchNorm/Scale/Bias chains after them (the folds'
-patterns), activations in place or not, pooling, LRN, Eltwise (two or three bottoms), Concat
-(channels or height), Slice, Flatten, Reshape, Softmax, ELU, AbsVal, Dropout and Power.
+strided; siblings of one geometry over one bottom), deconvolutions, inner products,
+BatchNorm/Scale/Bias chains after them (the folds' patterns), activations in place or not,
+pooling, LRN, Eltwise (two or three bottoms), Concat (channels or height), Slice, Flatten,
+Reshape, Softmax, ELU, AbsVal, Dropout and Power.
 Shapes follow Caffe's arithmetic so every generated net is valid; blobs read by several layers
 get Caffe's Splits, and the unread tops are the net's outputs.
 """
@@ -104,6 +105,32 @@ class _Builder:
             f"stride: {stride} dilation: {dilation} group: {group} bias_term: {bias} }}"
         )
         return self.layer("Convolution", [bottom], (n, num, oh, ow), p)
+
+    def siblings(self, bottom: str) -> str | None:
+        """Two or three convolutions of one geometry over ``bottom`` (an inception module's
+        branches), each followed by the same ReLU, by a BatchNorm chain, or by nothing."""
+        rng = self.rng
+        n, c, h, w = self.shapes[bottom]
+        k = rng.choice([1, 1, 3])
+        pad, stride = (rng.choice([0, 1]), rng.choice([1, 2])) if k == 3 else (0, 1)
+        oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+        if oh < 1 or ow < 1:
+            return None
+        after = rng.choice(["relu", "relu", "chain", "none"])
+        top = None
+        for _ in range(rng.choice([2, 3])):
+            num = rng.choice([2, 3, 5])
+            bias = rng.choice(["true", "false"])
+            p = (
+                f"convolution_param {{ num_output: {num} kernel_size: {k} pad: {pad} "
+                f"stride: {stride} bias_term: {bias} }}"
+            )
+            top = self.layer("Convolution", [bottom], (n, num, oh, ow), p)
+            if after == "relu":
+                top = self.layer("ReLU", [top], self.shapes[top], in_place=True)
+            elif after == "chain":
+                top = self.affine_chain(top)
+        return top
 
     def deconvolution(self, bottom: str) -> str | None:
         n, c, h, w = self.shapes[bottom]
@@ -282,6 +309,7 @@ def random_net(seed: int, batch: int = 2, dropout: bool = True) -> RandomNet:
         "view": b.view,
         "slice": b.slice,
         "pw": b.pointwise,
+        "siblings": b.siblings,
     }
     while len(b.lines) < target:
         four_d = rng.random() < 0.85
@@ -291,7 +319,7 @@ def random_net(seed: int, batch: int = 2, dropout: bool = True) -> RandomNet:
         if dropout:
             choices.append("dropout")
         if is_4d:
-            choices += ["conv", "conv", "conv", "deconv", "pool", "pool", "lrn"]
+            choices += ["conv", "conv", "conv", "deconv", "pool", "pool", "lrn", "siblings"]
         kind = rng.choice(choices)
         if kind in producers:  # a convolution or inner product, maybe with a chain after it
             make, chain_odds = producers[kind]

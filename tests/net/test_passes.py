@@ -22,6 +22,7 @@ AFFINE, SPLITS = "fold_batchnorm_into_scale", "bypass_splits"
 RELU = "fuse_relu_into_producer"
 LAYOUT = "channels_last_layout"
 FINITE_POOL = "finite_pooling"
+SIBLINGS = "merge_sibling_convolutions"
 RTOL, ATOL = 1e-4, 1e-5
 
 CONV_BN_SCALE_RELU = """
@@ -79,7 +80,7 @@ def _assert_inference_matches_unoptimized(net, x: torch.Tensor, names) -> None:
 
 
 def test_passes_are_listed_in_order():
-    want = [FOLD, AFFINE, SPLITS, RELU, INPLACE, FINITE_POOL, LAYOUT]
+    want = [FOLD, AFFINE, SPLITS, RELU, INPLACE, SIBLINGS, FINITE_POOL, LAYOUT]
     assert [p.__name__ for p in INFERENCE_PASSES] == want
 
 
@@ -94,6 +95,7 @@ def test_fold_fires_on_conv_ip_and_deconv_chains():
         SPLITS: 1,
         RELU: 1,
         INPLACE: 1,
+        SIBLINGS: 0,
         FINITE_POOL: 0,
         LAYOUT: 1,
     }
@@ -300,7 +302,16 @@ layer { name: "relu" type: "ReLU" bottom: "b" top: "b" }
     net = caffe.Net(str(proto), caffe.TEST)
     _randomize(net.module)
     report = net.module.optimized_program(net.blobs).report
-    assert report == {FOLD: 0, AFFINE: 1, SPLITS: 0, RELU: 0, INPLACE: 1, FINITE_POOL: 0, LAYOUT: 1}
+    assert report == {
+        FOLD: 0,
+        AFFINE: 1,
+        SPLITS: 0,
+        RELU: 0,
+        INPLACE: 1,
+        SIBLINGS: 0,
+        FINITE_POOL: 0,
+        LAYOUT: 1,
+    }
     x = np.random.default_rng(2).standard_normal((2, 3, 5, 4)).astype(np.float32)
     net.blobs["data"].data[...] = x
     net.forward()

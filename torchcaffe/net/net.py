@@ -26,7 +26,6 @@ from .builder import build_net, set_requires_grad
 from .finite import FiniteParams
 from .own_forward import base_class, new_instance, with_own_forward
 from .passes import (
-    FoldedAffine,
     OptimizedProgram,
     optimize_for_inference,
     optimize_for_training,
@@ -274,9 +273,8 @@ class TorchNet(nn.Module):
             for fold in getattr(module, "graph_folds", {}).values():  # a compiled graph's
                 fold.forget()
         for program in self._programs.values():
-            for runner in program.inner_runners():
-                if isinstance(runner, FoldedAffine):
-                    runner.forget()
+            for cache in program.derived_caches():
+                cache.forget()
 
     def _cached_program(
         self, observable: Iterable[str] | None, autograd: bool, device: torch.device | None

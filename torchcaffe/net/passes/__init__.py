@@ -25,6 +25,7 @@ from .inplace import inplace_relu
 from .layout import channels_last_layout, to_nchw
 from .program import OptimizedProgram
 from .relu_fusion import fuse_relu_into_producer
+from .siblings import merge_sibling_convolutions
 from .splits import bypass_splits
 from .training import (
     bypass_splits_for_training,
@@ -38,7 +39,8 @@ from .training import (
 # folds, which read a Split as one more reader of the blob it fans out); then a ReLU into
 # the (folded) Convolution or InnerProduct before it, and the ReLUs left in place, so a
 # ReLU after a folded chain sees a fresh producer and one after a bypassed Split sees every
-# reader; MAX poolings that see only finite values in a finite run (after the folds, whose
+# reader; sibling convolutions (folded, with their ReLUs) as one, once each is what it will
+# run; MAX poolings that see only finite values in a finite run (after the folds, whose
 # merged steps count as finite-preserving); the memory layout last, over the steps that will
 # really run.
 INFERENCE_PASSES = (
@@ -47,13 +49,15 @@ INFERENCE_PASSES = (
     bypass_splits,
     fuse_relu_into_producer,
     inplace_relu,
+    merge_sibling_convolutions,
     finite_pooling,
     channels_last_layout,
 )
 # Passes for the CPU's kernels alone. Elsewhere they would only wrap each layer in a call that
 # passes its tensors through: on a GPU, where a run is bound by the host's work per layer,
-# that costs time for nothing (the finite run is a CPU run, too).
-CPU_ONLY_PASSES = frozenset({finite_pooling, channels_last_layout})
+# that costs time for nothing (the finite run is a CPU run, too); the sibling convolutions
+# were measured on the CPU alone.
+CPU_ONLY_PASSES = frozenset({merge_sibling_convolutions, finite_pooling, channels_last_layout})
 
 
 # For runs autograd records: frozen BatchNorm (+ Scale/Bias) into the Convolution before it,

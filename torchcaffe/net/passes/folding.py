@@ -218,6 +218,11 @@ class FoldedAffine:
         trace, and the version key would break the graph)."""
         return self._folded.get(self.sources(), self._fold)
 
+    @property
+    def weights_finite(self) -> bool:
+        """Are the folded weights last computed (``folded_weights``) all finite?"""
+        return self._finite
+
     def forget(self) -> None:
         """Drop the folded weights: a source was written where its version does not show it
         (a numpy view, ``.data``); the next call folds again."""

@@ -75,14 +75,23 @@ class OptimizedProgram:
         object.__setattr__(self, "input_releases", inputs)
 
     def inner_runners(self) -> list[Runner]:
-        """Each step's runner without the passes' wrappers around it (a layout pass's, a fused
-        ReLU's): the layer, or a fold."""
-        inner = []
-        for runner in self.runners.values():
-            while hasattr(runner, "runner"):
-                runner = runner.runner
-            inner.append(runner)
-        return inner
+        """Each step's runners without the passes' wrappers around them (a layout pass's, a
+        fused ReLU's, a group's): the layers and folds that compute its tops."""
+        return [inner for runner in self.runners.values() for inner in _unwrapped(runner)]
+
+    def derived_caches(self) -> list[Any]:
+        """The runners, wrappers included, that keep values derived from the params (each has
+        ``forget``): folds, groups of merged steps."""
+        found: list[Any] = []
+        pending = list(self.runners.values())
+        while pending:
+            runner = pending.pop()
+            if hasattr(runner, "forget"):
+                found.append(runner)
+            pending += getattr(runner, "members", ())
+            if hasattr(runner, "runner"):
+                pending.append(runner.runner)
+        return found
 
     @classmethod
     def unoptimized(
@@ -112,6 +121,16 @@ class OptimizedProgram:
             if blob not in observable:
                 releases[i].append(blob)
         return replace(self, releases=tuple(tuple(r) for r in releases))
+
+
+def _unwrapped(runner: Runner) -> list[Runner]:
+    """The layers or folds ``runner`` runs: itself, or those of the runner it wraps
+    (``runner``) or of each step it merges (``members``)."""
+    members = getattr(runner, "members", None)
+    if members is not None:
+        return [inner for member in members for inner in _unwrapped(member)]
+    wrapped = getattr(runner, "runner", None)
+    return [runner] if wrapped is None else _unwrapped(wrapped)
 
 
 def step_kind(step: LayerStep) -> str:
