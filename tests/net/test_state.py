@@ -62,3 +62,60 @@ def test_parse_phase_accepts_names_and_enums():
     assert parse_phase("TRAIN") == caffe_pb2.TRAIN and parse_phase(caffe_pb2.TEST) == 1
     with pytest.raises(LayerParamError, match="unknown phase"):
         parse_phase("validate")
+
+
+STAGED_FILE = """
+state { phase: TRAIN level: 3 stage: "deploy" }
+input: "data" input_shape { dim: 1 dim: 2 }
+layer { name: "prob" type: "Softmax" bottom: "data" top: "prob" include { stage: "deploy" } }
+layer { name: "both" type: "ReLU" bottom: "data" top: "r"
+  include { stage: "deploy" stage: "extra" } }
+layer { name: "high" type: "ReLU" bottom: "data" top: "h" include { min_level: 3 } }
+layer { name: "train" type: "ReLU" bottom: "data" top: "t" include { phase: TRAIN } }
+"""
+
+
+def test_a_files_own_stages_stay_and_the_given_ones_are_added(tmp_path):
+    """Caffe's Net(file, phase, level, stages): the file's ``state`` keeps its stages, the
+    given stages are added, the given phase and level (default 0) replace the file's."""
+    import torchcaffe
+    import torchcaffe as caffe
+
+    proto = tmp_path / "net.prototxt"
+    proto.write_text(STAGED_FILE)
+    assert torchcaffe.load(proto).layer_names == ["input", "prob"]
+    both = torchcaffe.load(proto, stages=["extra"]).layer_names
+    assert both == ["input", "data_input_0_split", "prob", "both"]
+    assert caffe.Net(str(proto), caffe.TEST).outputs == ["prob"]
+    assert caffe.Net(str(proto), caffe.TEST, level=3).outputs == ["h", "prob"]
+
+
+OWN_PHASES = """
+input: "data" input_shape { dim: 4 dim: 3 dim: 2 dim: 2 }
+layer { name: "bn" type: "BatchNorm" bottom: "data" top: "bn" phase: TRAIN }
+layer { name: "drop" type: "Dropout" bottom: "data" top: "drop" phase: TRAIN
+  dropout_param { dropout_ratio: 0.5 } }
+layer { name: "keep" type: "Dropout" bottom: "data" top: "keep" phase: TEST
+  dropout_param { dropout_ratio: 0.5 } }
+"""
+
+
+@pytest.mark.parametrize("phase", ["test", "train"])
+def test_a_layer_keeps_the_phase_its_prototxt_sets(phase):
+    """Caffe gives a layer the net's phase only where the layer sets none: BatchNorm in TRAIN
+    normalizes by the batch's statistics, Dropout in TRAIN drops, in TEST passes x on; the
+    net's ``train()``/``eval()`` leave those layers in their own phase."""
+    import torch
+
+    import torchcaffe
+
+    net = torchcaffe.load(text_format.Parse(OWN_PHASES, caffe_pb2.NetParameter()), phase=phase)
+    x = torch.rand(4, 3, 2, 2) * 3 + 2  # mean ~3.5: global stats (0, 1) would keep it
+    for mode in (True, False):
+        net.train(mode)
+        with torch.no_grad():
+            out = net(data=x)
+        batch_mean = out["bn"].mean(dim=(0, 2, 3))
+        assert batch_mean.abs().max() < 1e-5
+        assert (out["drop"] == 0).any() and torch.equal(out["keep"], x)
+        assert net.layer("bn").training and not net.layer("keep").training

@@ -130,10 +130,12 @@ class _Builder:
         # self.param is build_net's own copy (insert_splits made it), so its layers are
         # completed in place: one deep copy of each LayerParameter fewer per build
         for index, lp in enumerate(self.param.layer):
-            if not lp.HasField("phase"):
+            own_phase = lp.HasField("phase")
+            if not own_phase:
                 lp.phase = self.state.phase
             automatic = self._add_automatic_tops(lp)
             rows.append(self._add_layer(index, lp))
+            rows[-1].module.own_phase = own_phase
             for blob in automatic:  # anonymous tops are never net outputs
                 del self.available[blob]
         self._prune_backward(rows)

@@ -67,13 +67,15 @@ class TorchNet(nn.Module):
         input_shapes: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
         super().__init__()
+        # Caffe's Net(file, phase, level, stages): the phase and level given replace the
+        # file's ``state``, the stages given are added to its own
         state = caffe_pb2.NetState()
         state.CopyFrom(net_param.state)
         if phase is not None or level is not None or stages is not None:
             state = make_state(
                 state.phase if phase is None else phase,
                 state.level if level is None else level,
-                list(state.stage) if stages is None else stages,
+                [*state.stage, *(stages or ())],
             )
         self.path = None if path is None else os.fspath(path)
         self.net_param = net_param

@@ -110,6 +110,15 @@ class CaffeLayer(nn.Module):
         # how a compiled graph's opaque op names this layer (``opaque_conv``)
         self.graph_handle = opaque_conv.register(self)
 
+    # Does the prototxt set this layer's own ``phase``? Caffe never changes it then: ``train``
+    # and ``eval`` on the net leave such a layer in its phase's mode (the builder sets it).
+    own_phase = False
+
+    def train(self, mode: bool = True) -> CaffeLayer:
+        if self.own_phase:
+            mode = self.phase == caffe_pb2.TRAIN
+        return super().train(mode)
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         """A copy (``copy.deepcopy``, unpickling) is a layer of its own for compiled graphs."""
         super().__setstate__(state)
