@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from .formats.caffemodel import (
     LayerRecord,
+    check_weights_file,
     copy_trained_layers,
     is_hdf5,
     read_weights,
@@ -72,8 +73,9 @@ def _load(
         path = source_name(prototxt)  # inline text is named "<prototxt text>", not quoted
     records, plan = None, None
     if caffemodel is not None:  # scan first: fillers of the blobs it holds need not run
-        weights_path = os.fspath(caffemodel)
+        weights_path = check_weights_file(caffemodel)
         records, plan = _scan_weights(weights_path)
+        plan = _unique_layers_only(plan, net_param)
     with _allow_python(allow_python_layers), skipping_fillers(plan):
         net = TorchNet(
             net_param, phase, level=level, stages=list(stages), path=path, input_shapes=input_shapes
@@ -98,6 +100,19 @@ def _scan_weights(path: str) -> tuple[list[LayerRecord] | None, dict[str, frozen
         return None, _hdf5_plan(path)
     records = list(read_weights(path))
     return records, plan_from_records(records)
+
+
+def _unique_layers_only(
+    plan: dict[str, frozenset[int]], net_param: caffe_pb2.NetParameter
+) -> dict[str, frozenset[int]]:
+    """The fill plan less the layer names the prototxt gives twice or more: the copy fills one
+    of those layers (Caffe's rule: the first from a binary file, the last from HDF5), and the
+    others keep their fillers' values."""
+    seen: set[str] = set()
+    twice: set[str] = set()
+    for layer in net_param.layer:
+        (twice if layer.name in seen else seen).add(layer.name)
+    return {name: held for name, held in plan.items() if name not in twice}
 
 
 def load_weights(net: TorchNet, caffemodel: PathLike, *, strict: bool = False) -> list[str]:

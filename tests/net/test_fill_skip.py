@@ -76,3 +76,35 @@ def test_a_failed_load_leaves_no_plan_behind(tmp_path, fills):
     fills.clear()
     torchcaffe.load(proto)
     assert len(fills) == 4
+
+
+@pytest.mark.parametrize(("name", "filled"), [("conv.caffemodel", 0), ("conv.caffemodel.h5", 1)])
+def test_a_name_given_twice_keeps_the_fillers_of_the_layer_not_filled(tmp_path, name, filled):
+    """Two layers named conv1: the copy fills one (Caffe's rule: the first from a binary
+    file, the last from HDF5); the other keeps its fillers' values, not zeros."""
+    _, weights = _weights(tmp_path, name)
+    twice = PROTO.replace(
+        'layer { name: "ip1"',
+        'layer { name: "conv1" type: "Convolution" bottom: "data" top: "again"\n'
+        "  convolution_param { num_output: 4 kernel_size: 3\n"
+        '    weight_filler { type: "constant" value: 0.75 }'
+        ' bias_filler { type: "constant" value: 0.25 } } }\nlayer { name: "ip1"',
+    )
+    (tmp_path / "twice.prototxt").write_text(twice)
+    net = torchcaffe.load(tmp_path / "twice.prototxt", weights)
+    convs = [net.module_of(s) for s in net.steps if s.name == "conv1"]
+    assert len(convs) == 2
+    assert torch.equal(convs[filled].weight, torch.full((4, 3, 3, 3), 3.0))
+    other = convs[1 - filled]
+    assert torch.equal(other.bias, torch.full((4,), 0.25))
+    if filled == 0:
+        assert torch.equal(other.weight, torch.full((4, 3, 3, 3), 0.75))
+    else:
+        assert other.weight.std() > 0.1  # conv1's gaussian filler (std 0.5) ran
+
+
+def test_a_missing_or_directory_weights_path_is_a_weights_error(tmp_path):
+    proto, _ = _weights(tmp_path, "conv.caffemodel")
+    for path in (tmp_path / "nowhere.caffemodel", tmp_path):
+        with pytest.raises(torchcaffe.errors.WeightsError, match="weights file not found"):
+            torchcaffe.load(proto, path)

@@ -124,15 +124,22 @@ def read_weights(
     Caffe's CopyTrainedLayersFromHDF5 ignores them (a binary file is one protobuf message and
     is checked whole, as Caffe's parser does).
     """
+    path = check_weights_file(path)
+    if is_hdf5(path):
+        return read_hdf5_weights(path, names)
+    return read_binary_weights(path)
+
+
+def check_weights_file(path: str | os.PathLike) -> str:
+    """``path`` as a string, once it names a file of a size within the limits (before anything
+    opens it: a directory or a missing file is a WeightsError, not an OSError)."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise WeightsError("weights file not found", path=path)
     problem = limits.file_size_problem(os.path.getsize(path), weights=True)
     if problem:
         raise WeightsError(problem, path=path, hint=LIMITS_HINT)
-    if is_hdf5(path):
-        return read_hdf5_weights(path, names)
-    return read_binary_weights(path)
+    return path
 
 
 def read_binary_weights(path: str | os.PathLike) -> Iterator[LayerRecord]:
