@@ -202,3 +202,24 @@ def test_param_blob_over_the_limits_is_refused_before_allocation(num_output, ker
     with pytest.raises(LayerParamError, match="param blob 'weight'.*max_blob_elements") as info:
         load(data((1, 3, 4, 5)) + conv)
     assert info.value.layer == "conv"
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        "shape { dim: 100000 dim: 100000 }",
+        "num: 1 channels: 100000 height: 100000 width: 1",  # the legacy form
+    ],
+)
+def test_dummy_data_top_over_the_limits_is_refused_before_allocation(shape, monkeypatch):
+    """A constant filler's top was made in full before the top-size check (40 GB here)."""
+    import torch
+
+    def no_allocation(*args, **kwargs):
+        raise AssertionError("allocated a DummyData top before checking its size")
+
+    monkeypatch.setattr(torch, "full", no_allocation)
+    text = f'layer {{ name: "d" type: "DummyData" top: "d" dummy_data_param {{ {shape} }} }}'
+    with pytest.raises(LayerParamError, match="top shape.*max_blob_elements") as info:
+        load(text)
+    assert info.value.layer == "d"

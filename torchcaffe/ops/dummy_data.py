@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import limits
 from ..proto import caffe_pb2 as pb
 from ..registry import register_layer
 from .base import AtLeast, CaffeLayer, Exactly, Shape
@@ -58,6 +59,12 @@ class DummyDataLayer(CaffeLayer):
         for s in self.shapes:
             if any(d < 0 for d in s):
                 raise self.error("negative top dimension", expected=">= 0", got=s)
+            problem = limits.shape_problem(s)
+            if problem:  # before a constant top is made below: the shape is the file's
+                raise self.error(
+                    f"top shape {list(s)}: {problem}",
+                    hint="see docs/limits.md to raise a limit for a net you trust",
+                )
         if len(p.data_filler) == 0:
             fillers = [pb.FillerParameter(type="constant", value=0)] * n
         elif len(p.data_filler) == 1:
