@@ -13,6 +13,7 @@ from torchcaffe.errors import (
     TorchCaffeError,
     UnknownLayerTypeError,
     UnsupportedError,
+    UsageError,
 )
 from torchcaffe.formats.prototxt import read_net
 
@@ -111,6 +112,22 @@ def test_missing_and_unknown_inputs_are_errors():
         net()
     with pytest.raises(BlobWiringError, match="unknown input blob 'dta'"):
         net(dta=torch.randn(4, 6))
+
+
+def test_an_input_that_is_not_a_tensor_of_the_params_dtype_is_a_usage_error():
+    """torch would stop inside the first layer (a numpy array has no ``shape`` torch reads,
+    a float64 tensor meets float32 weights); the error names the input and what it takes."""
+    net = build(MLP)
+    x = torch.randn(4, 6)
+    for bad, what in ((x.numpy(), "ndarray"), (x.tolist(), "list")):
+        with pytest.raises(UsageError, match=f"input 'data' is a {what}, not a torch.Tensor"):
+            net(data=bad)
+    with pytest.raises(UsageError, match="input 'data' is torch.float64 but the net's params"):
+        net(data=x.double())
+    net(data=x)  # a float32 call after it, then float64 of the same shape: checked again
+    with pytest.raises(UsageError, match="float64"):
+        net(data=x.double())
+    assert net.double()(data=x.double())["ip2"].dtype == torch.float64
 
 
 def test_missing_bottom_names_layer():

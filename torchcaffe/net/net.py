@@ -17,7 +17,13 @@ from typing import cast
 import torch
 from torch import nn
 
-from ..errors import BlobWiringError, LayerParamError, TorchCaffeError, UnknownNameError
+from ..errors import (
+    BlobWiringError,
+    LayerParamError,
+    TorchCaffeError,
+    UnknownNameError,
+    UsageError,
+)
 from ..ops import fused_relu, hook_watch
 from ..ops.base import CaffeLayer, Shape
 from ..precision import caffe_float32, caffe_float32_backward, on_cuda
@@ -92,7 +98,10 @@ class TorchNet(nn.Module):
         self.param_infos: list[ParamInfo] = built.params
         self.force_backward = built.force_backward
         self._step_by_name = {s.name: s for s in self.steps}
-        self._known_input_shapes = {n: self.blob_shapes[n] for n in self.input_names}
+        # (shape, dtype) per input of the last call checked (``_check_inputs``)
+        self._known_inputs: dict[str, tuple[Shape, torch.dtype | None]] = {
+            n: (self.blob_shapes[n], None) for n in self.input_names
+        }
         set_requires_grad(built.modules, self.steps)
         self.train(self.phase == caffe_pb2.TRAIN)
         # Passes (net/passes): inference ones when no autograd is recorded, training ones when
@@ -124,6 +133,8 @@ class TorchNet(nn.Module):
         super().__setstate__(state)
         self.__dict__.setdefault("_hooks_seen", (-1, False))  # a pickle from before 363eaaf
         self.__dict__.setdefault("_finite_params", FiniteParams())  # and from before this
+        if "_known_inputs" not in self.__dict__:  # a pickle from before the dtype check
+            self._known_inputs = {}
         self.__class__ = with_own_forward(type(self))
 
     # -- identity --------------------------------------------------------------------------
@@ -204,16 +215,44 @@ class TorchNet(nn.Module):
                 path=self.path,
                 hint=f"call the net with {', '.join(self.input_names)}",
             )
-        self._check_input_shapes(blobs)
+        self._check_inputs(blobs)
         return blobs
 
-    def _check_input_shapes(self, blobs: Mapping[str, torch.Tensor]) -> None:
+    def _check_inputs(self, blobs: Mapping[str, torch.Tensor]) -> None:
+        """Each input is a tensor; per new input shape or dtype, the shapes are inferred again
+        and a floating-point input must have the params' dtype (torch would stop at the first
+        layer with a bare RuntimeError)."""
         if torch.compiler.is_compiling() or torch.jit.is_tracing():
             return
-        shapes = {n: tuple(blobs[n].shape) for n in self.input_names}
-        if shapes != self._known_input_shapes:
-            self.infer_shapes(shapes)
-            self._known_input_shapes = shapes
+        for name in self.input_names:
+            value = blobs[name]
+            if not isinstance(value, torch.Tensor):
+                raise UsageError(
+                    f"input {name!r} is a {type(value).__name__}, not a torch.Tensor",
+                    path=self.path,
+                    hint="the torch face takes tensors (torch.from_numpy(array)); "
+                    "caffe.Net takes numpy arrays",
+                )
+        kinds: dict[str, tuple[Shape, torch.dtype | None]] = {
+            n: (tuple(blobs[n].shape), blobs[n].dtype) for n in self.input_names
+        }
+        if kinds != self._known_inputs:
+            self._check_dtypes(blobs)
+            self.infer_shapes({n: shape for n, (shape, _) in kinds.items()})
+            self._known_inputs = kinds
+
+    def _check_dtypes(self, blobs: Mapping[str, torch.Tensor]) -> None:
+        param = next(self.parameters(), None)
+        if param is None:
+            return
+        for name in self.input_names:
+            dtype = blobs[name].dtype
+            if dtype.is_floating_point and dtype != param.dtype:
+                raise UsageError(
+                    f"input {name!r} is {dtype} but the net's params are {param.dtype}",
+                    path=self.path,
+                    hint=f"pass x.to({param.dtype}), or convert the net (net.to({dtype}))",
+                )
 
     def infer_shapes(self, input_shapes: Mapping[str, Sequence[int]]) -> dict[str, Shape]:
         """Every blob's shape for these input shapes (Caffe's Net::Reshape), without compute.
