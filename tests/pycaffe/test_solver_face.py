@@ -64,3 +64,26 @@ def test_snapshot_and_restore(solver, tmp_path):
     solver.restore(state)
     assert solver.iter == 3
     np.testing.assert_array_equal(solver.net.params["ip"][0].data, weights)
+
+
+def test_setting_param_base_lr_changes_the_next_updates(solver, tmp_path):
+    """pycaffe's ``solver.param.base_lr`` has a setter, and Caffe's GetLearningRate reads it
+    on every update: a script that lowers it between steps gets the new rate at once."""
+    spec = tmp_path / "step.prototxt"
+    net = (tmp_path / "solver.prototxt").read_text().split("\n")[0]  # net: "..."
+    spec.write_text(
+        f'{net}\nbase_lr: 0.1\nlr_policy: "step"\ngamma: 0.5\nstepsize: 2\nmax_iter: 100\n'
+        f'snapshot_after_train: false\nsnapshot_prefix: "{tmp_path}/model"\n'
+    )
+    s = caffe.SGDSolver(str(spec))  # no momentum, no weight decay: w -= rate * diff
+    s.step(3)
+    assert s.lr == pytest.approx(0.05)  # 0.1 * 0.5 ** (3 // 2)
+    s.param.base_lr = 1.0
+    assert s.lr == pytest.approx(0.5)
+    blob = s.net.layers[1].blobs[0]
+    before = blob.data.copy()
+    blob.diff[...] = 1.0
+    s.apply_update()
+    np.testing.assert_allclose(blob.data, before - 0.5, rtol=1e-6)
+    s.step(1)  # iteration 4: 1.0 * 0.5 ** 2
+    assert s.lr == pytest.approx(0.25)

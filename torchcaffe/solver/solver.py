@@ -117,7 +117,21 @@ class Solver:
     @property
     def lr(self) -> float:
         """The learning rate of the current iteration (before lr_mult)."""
+        self._follow_base_lr()
         return self.scheduler.lr
+
+    def _follow_base_lr(self) -> None:
+        """Rate the current iteration from ``param.base_lr`` as it is now: Caffe's
+        GetLearningRate reads it on every update, and pycaffe scripts set it
+        (``solver.param.base_lr = ...``) between steps."""
+        base = float(self.param.base_lr)
+        scheduler = self.scheduler
+        if all(b == base for b in scheduler.base_lrs):
+            return
+        scheduler.base_lrs = [base] * len(scheduler.base_lrs)
+        rate = scheduler.rate(base, scheduler.last_epoch)
+        for group in self.optimizer.param_groups:
+            group["initial_lr"], group["lr"] = base, rate
 
     def add_callback(
         self,
@@ -197,6 +211,7 @@ class Solver:
     def apply_update(self) -> None:
         """Caffe's ApplyUpdate: clip, normalize, regularize, update, then ``iter += 1``."""
         p = self.param
+        self._follow_base_lr()
         if self.root and p.display and self._iter % p.display == 0:
             log.info("Iteration %d, lr = %g", self._iter, self.lr)
         self.net._ensure_device()  # host-side edits of diffs reach the module's tensors
