@@ -261,3 +261,20 @@ def test_duplicate_names_hdf5_fills_the_last_layer_as_caffe(tmp_path):
         torchcaffe.load_weights(net, path)
     assert torch.equal(_fcs(net)[0].weight.detach(), first_before)
     assert np.array_equal(_fcs(net)[1].weight.detach().numpy(), w)
+
+
+@pytest.mark.parametrize("field", ["diff", "double_diff"])
+def test_a_diff_of_another_count_is_refused(tmp_path, field):
+    """Caffe's Blob::FromProto checks a stored diff's count as it checks the data's."""
+    net = build()
+    layers = _full(net)
+    getattr(layers["ip"][1], field).extend([0.5] * 3)  # a 5-value bias with 3 diff values
+    path = tmp_path / "w.caffemodel"
+    path.write_bytes(_model(layers))
+    with pytest.raises(WeightsError, match="param 1 holds 3 diff values") as info:
+        torchcaffe.load_weights(net, path)
+    assert info.value.layer == "ip"
+    layers["ip"][1].ClearField(field)
+    getattr(layers["ip"][1], field).extend([0.5] * 5)  # the full count loads
+    path.write_bytes(_model(layers))
+    torchcaffe.load_weights(net, path)

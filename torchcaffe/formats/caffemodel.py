@@ -506,6 +506,14 @@ def _check_record(
                 got=blob.data.size,
                 **where,
             )
+        diff = blob.diff
+        if diff is not None and diff.size and diff.size != target.numel():
+            raise WeightsError(  # Caffe's Blob::FromProto checks the diff's count too
+                f"param {j} holds {diff.size} diff values for a blob of shape {blob.shape}",
+                expected=target.numel(),
+                got=diff.size,
+                **where,
+            )
         plan.append((target, _materialize(blob, target.dtype)))
     return plan
 
