@@ -121,12 +121,16 @@ def native_substitute(
     return None if found else builder
 
 
-def _blob_of(tensor: torch.Tensor) -> Blob:
+def _fill(blob: Blob, tensor: torch.Tensor) -> None:
+    """Copy ``tensor`` into ``blob``, reshaped to it. The Blob object stays: Caffe hands a
+    layer the same bottom blobs in every call, and a layer may keep one from ``setup``."""
     host = tensor.detach().to("cpu")
-    blob = Blob(tuple(host.shape), dtype=host.dtype)
+    if blob.dtype != host.dtype:  # the next reshape allocates memory of the tensor's dtype
+        blob.dtype = host.dtype
+        blob.capacity = 0
+    blob.reshape(tuple(host.shape))
     if blob.count():
-        blob.data[...] = host.numpy()
-    return blob
+        blob.mutable_cpu_data().copy_(host)
 
 
 class _PythonFunction(torch.autograd.Function):
@@ -156,7 +160,10 @@ class _PythonFunction(torch.autograd.Function):
 class PythonLayer(CaffeLayer):
     """Runs ``python_param { module layer param_str }``'s class (a ``caffe.Layer``).
 
-    Caffe type: Python (PythonParameter). Tops are shaped by the class's ``reshape``.
+    Caffe type: Python (PythonParameter). As Caffe's SetUp, construction calls the class's
+    ``setup`` then ``reshape`` once; each forward calls ``reshape`` then ``forward``. The
+    layer keeps one set of bottom and top Blobs for every call, so top shapes ``setup`` gives
+    stay until a ``reshape`` changes them, and Blobs kept from ``setup`` see each call's data.
     A module with a native substitute (py-faster-rcnn's ``rpn.proposal_layer``) builds that
     instead, with a NativeSubstituteWarning, unless opted in with the module importable.
     Differs from torch: computes on the host with numpy, whatever the device.
@@ -210,10 +217,13 @@ class PythonLayer(CaffeLayer):
             raise
         except Exception as err:  # the user's code: its own exception, located by a note
             raise self._noted(err, "setup") from None
+        self._set_up_shapes = [t.shape for t in self._tops]
         self._adopt_blobs()
 
     # The prototxt the layer came from, for error notes (set by the pycaffe Net).
     source_path: str | None = None
+    # The top shapes SetUp left, for the net builder's output_shapes call that follows it.
+    _set_up_shapes: list[Shape] | None = None
 
     def _noted(self, err: BaseException, stage: str) -> BaseException:
         pp = self.layer_param.python_param
@@ -244,7 +254,8 @@ class PythonLayer(CaffeLayer):
     # -- the numpy round trips ---------------------------------------------------------------
     def run_forward(self, bottoms: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         self._sync_blobs_to_params()
-        self._bottoms = [_blob_of(b) for b in bottoms]
+        for blob, tensor in zip(self._bottoms, bottoms):
+            _fill(blob, tensor)
         try:
             self.py.reshape(self._bottoms, self._tops)
             self.py.forward(self._bottoms, self._tops)
@@ -292,15 +303,22 @@ class PythonLayer(CaffeLayer):
         return tops[0] if len(tops) == 1 else tuple(tops)
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
-        bottoms = [Blob(s) for s in bottom_shapes]
-        tops = [Blob() for _ in range(self.num_tops)]
+        """Caffe's Reshape, on the layer's own Blobs: a top ``reshape`` leaves alone keeps its
+        shape. The first call, the net builder's right after construction, gets the shapes
+        SetUp left: Caffe's SetUp calls ``reshape`` once, and a ``reshape`` may have effects."""
+        shapes, self._set_up_shapes = self._set_up_shapes, None
+        wanted = [tuple(int(d) for d in s) for s in bottom_shapes]
+        if shapes is not None and wanted == [b.shape for b in self._bottoms]:
+            return shapes
+        for blob, shape in zip(self._bottoms, wanted):
+            blob.reshape(shape)
         try:
-            self.py.reshape(bottoms, tops)
+            self.py.reshape(self._bottoms, self._tops)
         except TorchCaffeError:
             raise
         except Exception as err:
             raise self._noted(err, "reshape") from None
-        return [t.shape for t in tops]
+        return [t.shape for t in self._tops]
 
     def extra_repr(self) -> str:
         pp = self.layer_param.python_param

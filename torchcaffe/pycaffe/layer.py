@@ -4,6 +4,7 @@ A Python layer subclasses it and defines ``setup``, ``reshape``, ``forward`` and
 over lists of Blobs (numpy ``.data``/``.diff``), exactly as for pycaffe. torchcaffe sets
 ``param_str`` and ``phase`` before ``setup`` as Caffe's PythonLayer does; ``self.blobs`` holds
 the layer's learnable blobs (``self.blobs.add_blob(*shape)``), which become torch parameters.
+As in pycaffe, a ``caffe.Net``'s ``layers[i]`` for such a layer is the instance itself.
 """
 
 from __future__ import annotations
