@@ -214,3 +214,55 @@ def test_pycaffe_module_level_names():
     assert caffe.proto.caffe_pb2.NetParameter
     caffe.set_mode_cpu()
     caffe.set_random_seed(3)
+
+
+def test_start_end_return_the_end_layers_tops_or_bottoms_only(prototxt):
+    """pycaffe: forward(end=L) returns top_names[L] (+ blobs), backward(end=L) returns
+    bottom_names[L] (+ diffs), not a blob that merely shares L's name."""
+    net = caffe.Net(prototxt, caffe.TRAIN)
+    net.blobs["data"].data[...] = 1.0
+    net.forward()
+    assert sorted(net.backward(end="ip2")) == ["ip1"]
+    assert sorted(net.backward(start="loss", end="loss")) == ["ip2", "label"]
+    assert sorted(net.forward(end="relu1", blobs=["data"])) == ["data", "ip1"]
+
+
+def test_forward_backward_all_batches_and_drops_the_padding(tmp_path):
+    """pycaffe's forward_backward_all over 7 samples in batches of 3 (the last padded)."""
+    path = tmp_path / "forced.prototxt"
+    path.write_text("force_backward: true\n" + NET)  # else Caffe computes no input diffs
+    net = caffe.Net(str(path), caffe.TRAIN)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((7, 4)).astype(np.float32)
+    label = rng.standard_normal((7, 2)).astype(np.float32)
+    outs, diffs = net.forward_backward_all(data=x, label=label, blobs=["ip2"])
+    assert set(outs) == {"loss", "ip2"} and set(diffs) == {"data", "label"}
+    assert outs["ip2"].shape == (7, 2) and diffs["data"].shape == (7, 4)
+    assert outs["loss"].shape == (3,)  # one loss per batch
+    for first in (0, 3, 6):
+        part = slice(first, first + 3)
+        xs, ls = x[part], label[part]
+        pad = 3 - len(xs)  # zeros, as pycaffe's Net._batch pads
+        xs = np.concatenate([xs, np.zeros((pad, 4))]) if pad else xs
+        ls = np.concatenate([ls, np.zeros((pad, 2))]) if pad else ls
+        want = reference(net, xs.astype(np.float64), ls.astype(np.float64))
+        np.testing.assert_allclose(outs["ip2"][part], want["y"][: 3 - pad], rtol=1e-5)
+        np.testing.assert_allclose(outs["loss"][first // 3], want["loss"], rtol=1e-5)
+        np.testing.assert_allclose(diffs["data"][part], want["dx"][: 3 - pad], rtol=1e-4, atol=1e-6)
+    batches = list(net._batch({"data": x}))
+    assert [b["data"].shape for b in batches] == [(3, 4)] * 3
+    assert (batches[-1]["data"][1:] == 0).all()
+
+
+def test_load_hdf5_and_the_index_lists(prototxt, tmp_path):
+    net = caffe.Net(prototxt, caffe.TEST)
+    net.save_hdf5(str(tmp_path / "w.h5"))
+    net.save(str(tmp_path / "w.caffemodel"))
+    other = caffe.Net(prototxt, caffe.TEST)
+    other.load_hdf5(str(tmp_path / "w.h5"))
+    np.testing.assert_array_equal(other.params["ip1"][0].data, net.params["ip1"][0].data)
+    with pytest.raises(WeightsError, match="not an HDF5 weights file"):
+        other.load_hdf5(str(tmp_path / "w.caffemodel"))
+    assert [net._blob_names[i] for i in net._inputs] == net.inputs == ["data", "label"]
+    assert [net._blob_names[i] for i in net._outputs] == net.outputs
+    assert net._blobs[2] is net.blobs["ip1"]

@@ -13,7 +13,7 @@ import bisect
 import functools
 import os
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,8 @@ from torch import nn
 from .. import runtime
 from ..api import load, load_weights, save_weights
 from ..blob import Blob, memories_at
-from ..errors import BlobWiringError, LayerParamError, UsageError
+from ..errors import BlobWiringError, LayerParamError, UsageError, WeightsError
+from ..formats.caffemodel import check_weights_file, is_hdf5
 from ..net.net import TorchNet
 from ..ops.base import CaffeLayer
 from ..ops.python_layer import PythonLayer
@@ -57,7 +58,8 @@ def _in_caffe_float32(method):
 
 
 class LayerView:
-    """pycaffe's Layer object: ``type``, ``blobs`` and the underlying module."""
+    """pycaffe's Layer object: ``type``, ``blobs`` and the underlying module. A Python layer
+    is its own object instead (``pycaffe_layer``)."""
 
     def __init__(self, name: str, type_: str, module: nn.Module, blobs: list[Blob]) -> None:
         self.name = name
@@ -83,6 +85,14 @@ class LayerView:
 
     def __repr__(self) -> str:
         return f"<Layer {self.name!r} ({self.type})>"
+
+
+def pycaffe_layer(view: LayerView) -> Any:
+    """What pycaffe's ``net.layers`` holds for a layer: a Python layer's own object (pycaffe
+    wraps the script's instance, so its attributes and methods are the script's), else the
+    view."""
+    module = view.module
+    return module.py if isinstance(module, PythonLayer) else view
 
 
 class BlobLossWeights(list):
@@ -157,7 +167,7 @@ class Net:
         """One Blob per distinct param tensor, sharing memory with the module's tensors."""
         by_tensor: dict[int, Blob] = {}
         self._param_users: dict[int, int] = {}  # param blob -> references to its memory, bare
-        self.layers: list[LayerView] = []
+        self._layer_views: list[LayerView] = []
         for step in self._net.steps:
             module = self._net.module_of(step)
             blobs = []
@@ -168,7 +178,8 @@ class Net:
                     blob.before_write = functools.partial(self._param_may_change, blob)
                     by_tensor[id(tensor)] = blob
                 blobs.append(blob)
-            self.layers.append(LayerView(step.name, step.type, module, blobs))
+            self._layer_views.append(LayerView(step.name, step.type, module, blobs))
+        self.layers: list[Any] = [pycaffe_layer(view) for view in self._layer_views]
         self._param_blob_of = by_tensor
         self._written_params: dict[int, Blob] = {}  # handed out writable since the last run
         # SyncedMemory.device_heads when every param's host side was last found current
@@ -246,11 +257,11 @@ class Net:
 
     @property
     def params(self) -> OrderedDict[str, list[Blob]]:
-        return OrderedDict((lv.name, lv.blobs) for lv in self.layers if lv.blobs)
+        return OrderedDict((lv.name, lv.blobs) for lv in self._layer_views if lv.blobs)
 
     @property
-    def layer_dict(self) -> OrderedDict[str, LayerView]:
-        return OrderedDict((lv.name, lv) for lv in self.layers)
+    def layer_dict(self) -> OrderedDict[str, Any]:
+        return OrderedDict((lv.name, layer) for lv, layer in zip(self._layer_views, self.layers))
 
     @property
     def _layer_names(self) -> list[str]:
@@ -601,8 +612,6 @@ class Net:
         else:
             end_ind = self._layer_index(end)
             outputs = set(self._net.steps[end_ind].tops) | set(blobs)
-            if end in self.blobs:
-                outputs.add(end)
         if kwargs:
             self._assign_batch(kwargs, self.inputs, "data", "input blob", "net inputs")
         self._forward(start_ind, end_ind, sorted(outputs))
@@ -626,8 +635,6 @@ class Net:
         else:
             end_ind = self._layer_index(end)
             outputs = set(self._net.steps[end_ind].bottoms) | set(diffs)
-            if end in self.blobs:
-                outputs.add(end)
         if kwargs:
             self._assign_batch(kwargs, self.outputs, "diff", "top diff", "net outputs")
         self._backward(start_ind, end_ind)
@@ -708,6 +715,62 @@ class Net:
         """Run batches of ``kwargs`` inputs through the net; concatenate the outputs."""
         return forward_in_batches(self, blobs, kwargs)
 
+    def forward_backward_all(
+        self, blobs: Sequence[str] | None = None, diffs: Sequence[str] | None = None, **kwargs: Any
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """pycaffe's forward_backward_all: batches of the inputs (and of output diffs) in
+        ``kwargs`` forward then backward; (outputs and ``blobs``, input and ``diffs`` diffs),
+        each concatenated over the batches, the last batch's padding dropped."""
+        outs: dict[str, list[np.ndarray]] = {n: [] for n in {*self.outputs, *(blobs or ())}}
+        grads: dict[str, list[np.ndarray]] = {n: [] for n in {*self.inputs, *(diffs or ())}}
+        forward = list(self._batch({n: kwargs[n] for n in self.inputs if n in kwargs}))
+        backward = list(self._batch({n: kwargs[n] for n in self.outputs if n in kwargs}))
+        per_batch: set[str] = set()  # values without a batch axis (a loss): one per batch
+        for i in range(max(len(forward), len(backward))):
+            top = self.forward(blobs=blobs, **(forward[i] if i < len(forward) else {}))
+            bottom = self.backward(diffs=diffs, **(backward[i] if i < len(backward) else {}))
+            for collected, values in ((outs, top), (grads, bottom)):
+                for name, value in values.items():
+                    if value.ndim:
+                        collected[name].extend(value.copy())
+                    else:
+                        per_batch.add(name)
+                        collected[name].append(value.copy())
+        given = len(next(iter(kwargs.values()))) if kwargs else None
+        return _unpadded(outs, given, per_batch), _unpadded(grads, given, per_batch)
+
+    def _batch(self, arrays: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+        """pycaffe's Net._batch: ``arrays`` cut into batches of the net's batch size (the
+        first blob's first axis), the last one padded with zeros."""
+        if not arrays:
+            return
+        batch = next(iter(self.blobs.values())).shape[0]
+        total = len(next(iter(arrays.values())))
+        for first in range(0, total, batch):
+            part = {}
+            for name, value in arrays.items():
+                chunk = np.asarray(value[first : first + batch])
+                pad = batch - len(chunk)
+                if pad:
+                    chunk = np.concatenate([chunk, np.zeros((pad, *chunk.shape[1:]))])
+                part[name] = chunk
+            yield part
+
+    @property
+    def _blobs(self) -> list[Blob]:
+        """pycaffe's Net._blobs: the blobs in order."""
+        return list(self.blobs.values())
+
+    @property
+    def _inputs(self) -> list[int]:
+        """pycaffe's Net._inputs: the input blobs' indices among ``_blob_names``."""
+        return [self._blob_names.index(n) for n in self.inputs]
+
+    @property
+    def _outputs(self) -> list[int]:
+        """pycaffe's Net._outputs: the output blobs' indices among ``_blob_names``."""
+        return [self._blob_names.index(n) for n in self.outputs]
+
     def clear_param_diffs(self) -> None:
         for blob in self._param_blob_of.values():
             blob.diff[...] = 0
@@ -731,6 +794,12 @@ class Net:
         self._lazy.settle()
         load_weights(self._net, path, strict=strict)
         self._params_written_on_device()
+
+    def load_hdf5(self, path: str | os.PathLike) -> None:
+        """pycaffe's load_hdf5 (Caffe's CopyTrainedLayersFromHDF5): weights from an HDF5 file."""
+        if not is_hdf5(check_weights_file(path)):
+            raise WeightsError("not an HDF5 weights file", path=os.fspath(path))
+        self.copy_from(path)
 
     def save(self, path: str | os.PathLike, write_diff: bool = False) -> None:
         self._ensure_device()
@@ -801,6 +870,17 @@ def _parse_net_args(args: tuple, weights: Any, phase: Any) -> tuple[Any, Any]:
     if phase is None:
         raise UsageError("caffe.Net needs a phase", expected="caffe.TRAIN or caffe.TEST", got=None)
     return weights, phase
+
+
+def _unpadded(
+    collected: Mapping[str, list[np.ndarray]], given: int | None, per_batch: set[str]
+) -> dict[str, np.ndarray]:
+    """Each list as one array, the batched ones cut to the ``given`` number of items (the
+    last batch's padding dropped)."""
+    return {
+        name: np.asarray(values if given is None or name in per_batch else values[:given])
+        for name, values in collected.items()
+    }
 
 
 def forward_in_batches(
