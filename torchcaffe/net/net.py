@@ -236,9 +236,12 @@ class TorchNet(nn.Module):
         kinds: dict[str, tuple[Shape, torch.dtype | None]] = {
             n: (tuple(blobs[n].shape), blobs[n].dtype) for n in self.input_names
         }
-        if kinds != self._known_inputs:
+        known = self._known_inputs
+        if kinds != known:
             self._check_dtypes(blobs)
-            self.infer_shapes({n: shape for n, (shape, _) in kinds.items()})
+            shapes = {n: shape for n, (shape, _) in kinds.items()}
+            if shapes != {n: shape for n, (shape, _) in known.items()}:
+                self.infer_shapes(shapes)  # once per shape: a Python layer's reshape runs
             self._known_inputs = kinds
 
     def _check_dtypes(self, blobs: Mapping[str, torch.Tensor]) -> None:
