@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ArrayShapeError, UnsupportedError
+from .errors import ArrayShapeError, UnsupportedError, UsageError
 from .proto import caffe_pb2
 
 _EXTRA_HINT = "pip install torchcaffe[pycaffe]"
@@ -158,14 +158,48 @@ def array_to_datum(arr: np.ndarray, label: int | None = None) -> caffe_pb2.Datum
 
 def datum_to_array(datum: caffe_pb2.Datum) -> np.ndarray:
     """A Datum's C x H x W array: uint8 from ``data`` bytes, else float64 from ``float_data``.
-    The label is not part of it."""
+    The label is not part of it. A writable copy, as pycaffe's ``np.fromstring`` gives."""
     shape = (datum.channels, datum.height, datum.width)
     if len(datum.data):
-        return np.frombuffer(datum.data, dtype=np.uint8).reshape(shape)
+        return np.frombuffer(datum.data, dtype=np.uint8).reshape(shape).copy()
     return np.array(datum.float_data).astype(float).reshape(shape)
 
 
 # -- Transformer ------------------------------------------------------------------------------
+
+
+def _keep_dtype(op: np.ufunc, arr: np.ndarray, operand: Any, where: str, name: str) -> np.ndarray:
+    """``op(arr, operand)`` in ``arr``'s dtype: the values pycaffe's in-place ``arr op= x``
+    gives (numpy computes in the wider type and casts back), without writing ``arr``."""
+    try:
+        out = op(arr, operand)
+    except ValueError:
+        raise ArrayShapeError(
+            f"Transformer.{where}: the {name} does not broadcast onto the data (is the "
+            "transpose set to give K x H x W?)",
+            expected=f"a {name} broadcastable to {arr.shape}",
+            got=np.shape(operand),
+        ) from None
+    try:
+        return out.astype(arr.dtype, casting="same_kind", copy=False)
+    except TypeError:
+        raise UsageError(
+            f"Transformer.{where} computes in the data's dtype, as pycaffe's in-place "
+            f"arithmetic does, and {out.dtype} results do not fit it",
+            expected="float data",
+            got=str(arr.dtype),
+        ) from None
+
+
+def _resize_mean(mean: np.ndarray, dims: Sequence[int]) -> np.ndarray:
+    """pycaffe's set_mean resize of a C x H x W mean to ``dims``: scaled to [0, 1] by its
+    min/max, ``resize_image``, scaled back. A constant mean stays constant (pycaffe: NaN)."""
+    m_min, m_max = mean.min(), mean.max()
+    if m_max == m_min:
+        return np.full((mean.shape[0], dims[0], dims[1]), m_min)
+    normal_mean = (mean - m_min) / (m_max - m_min)
+    resized = resize_image(normal_mean.transpose((1, 2, 0)), dims).transpose((2, 0, 1))
+    return resized * (m_max - m_min) + m_min
 
 
 class Transformer:
@@ -175,7 +209,8 @@ class Transformer:
     order: resize to the input's H x W, transpose, channel swap, raw scale, mean subtraction,
     input scale; deprocess undoes them (without resizing). A name that is not an input raises
     ``Exception``, as pycaffe; bad transpose/channel-swap lengths raise ``Exception`` and bad
-    mean shapes ``ValueError``.
+    mean shapes ``ValueError``. Arithmetic keeps pycaffe's dtypes: preprocess gives float32,
+    deprocess the dtype of its data.
     """
 
     def __init__(self, inputs: Mapping[str, Sequence[int]]) -> None:
@@ -191,7 +226,8 @@ class Transformer:
             raise Exception(f"{in_} is not one of the net inputs: {self.inputs}")
 
     def preprocess(self, in_: str, data: np.ndarray) -> np.ndarray:
-        """``data`` (H' x W' x K image) as input ``in_`` of the net, float32."""
+        """``data`` (H' x W' x K image) as input ``in_`` of the net, float32 (``data`` is not
+        written, unlike pycaffe's in-place steps on a float32 image)."""
         self.__check_input(in_)
         caffe_in = np.asarray(data).astype(np.float32, copy=False)
         in_dims = tuple(self.inputs[in_][2:])
@@ -205,28 +241,31 @@ class Transformer:
             caffe_in = caffe_in[list(channel_swap), :, :]
         raw_scale = self.raw_scale.get(in_)
         if raw_scale is not None:
-            caffe_in = caffe_in * raw_scale
+            caffe_in = _keep_dtype(np.multiply, caffe_in, raw_scale, "preprocess", "raw scale")
         mean = self.mean.get(in_)
         if mean is not None:
-            caffe_in = caffe_in - mean
+            caffe_in = _keep_dtype(np.subtract, caffe_in, mean, "preprocess", "mean")
         input_scale = self.input_scale.get(in_)
         if input_scale is not None:
-            caffe_in = caffe_in * input_scale
+            caffe_in = _keep_dtype(np.multiply, caffe_in, input_scale, "preprocess", "input scale")
         return caffe_in
 
     def deprocess(self, in_: str, data: np.ndarray) -> np.ndarray:
-        """Undo preprocess (except resizing) on a net input: back to H x W x K."""
+        """Undo preprocess (except resizing) on a net input: back to H x W x K, in ``data``'s
+        dtype as pycaffe's in-place steps keep it."""
         self.__check_input(in_)
         decaf_in = np.array(data, copy=True).squeeze()
         input_scale = self.input_scale.get(in_)
         if input_scale is not None:
-            decaf_in = decaf_in / input_scale
+            decaf_in = _keep_dtype(
+                np.true_divide, decaf_in, input_scale, "deprocess", "input scale"
+            )
         mean = self.mean.get(in_)
         if mean is not None:
-            decaf_in = decaf_in + mean
+            decaf_in = _keep_dtype(np.add, decaf_in, mean, "deprocess", "mean")
         raw_scale = self.raw_scale.get(in_)
         if raw_scale is not None:
-            decaf_in = decaf_in / raw_scale
+            decaf_in = _keep_dtype(np.true_divide, decaf_in, raw_scale, "deprocess", "raw scale")
         channel_swap = self.channel_swap.get(in_)
         if channel_swap is not None:
             decaf_in = decaf_in[np.argsort(channel_swap), :, :]
@@ -259,20 +298,38 @@ class Transformer:
         self.raw_scale[in_] = scale
 
     def set_mean(self, in_: str, mean: np.ndarray) -> None:
-        """Subtract ``mean``: per channel (K,) or elementwise (K x H x W, or H x W for K = 1)."""
+        """Subtract ``mean``: per channel (K,) or elementwise (K x H x W, or H x W for K = 1).
+
+        An elementwise mean of another H x W (ilsvrc_2012_mean.npy's 256 x 256 for a 227
+        input) is resized to the input's, as pycaffe does (see ``_resize_mean``). Its channels
+        must be the input's K, or 1 (broadcast over the channels, as pycaffe's arithmetic does).
+        """
         self.__check_input(in_)
+        mean = np.asarray(mean)
         ms = mean.shape
+        in_shape = tuple(self.inputs[in_][1:])
         if mean.ndim == 1:
-            if ms[0] != self.inputs[in_][1]:
-                raise ArrayShapeError("Mean channels incompatible with input.")
+            if ms[0] != in_shape[0]:
+                raise ArrayShapeError(
+                    "Mean channels incompatible with input", expected=in_shape[0], got=ms[0]
+                )
             mean = mean[:, np.newaxis, np.newaxis]
         else:
             if len(ms) == 2:
                 ms = (1,) + ms
             if len(ms) != 3:
-                raise ArrayShapeError("Mean shape invalid")
-            if tuple(ms) != tuple(self.inputs[in_][1:]):
-                raise ArrayShapeError("Mean shape incompatible with input shape.")
+                raise ArrayShapeError(
+                    "Mean shape invalid", expected="(K,), (K, H, W) or (H, W)", got=mean.shape
+                )
+            if ms != in_shape:
+                if len(in_shape) != 3 or ms[0] not in (1, in_shape[0]):
+                    raise ArrayShapeError(
+                        "Mean shape incompatible with input shape (a mean is resized to the "
+                        "input's height and width, but needs its channels or 1)",
+                        expected=in_shape,
+                        got=mean.shape,
+                    )
+                mean = _resize_mean(mean.reshape(ms), in_shape[1:])
         self.mean[in_] = mean
 
     def set_input_scale(self, in_: str, scale: float) -> None:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import torchcaffe as caffe
+from torchcaffe.errors import ArrayShapeError, TorchCaffeError, UsageError
 from torchcaffe.proto import caffe_pb2
 
 
@@ -67,6 +68,14 @@ def test_array_to_datum_uint8_and_float():
     fdatum = caffe.io.array_to_datum(farr)
     assert fdatum.label == 0 and not fdatum.data
     np.testing.assert_allclose(caffe.io.datum_to_array(fdatum), farr, rtol=1e-6)
+
+
+def test_datum_to_array_uint8_is_writable():
+    arr = np.arange(24, dtype=np.uint8).reshape(2, 3, 4)
+    back = caffe.io.datum_to_array(caffe.io.array_to_datum(arr))
+    assert back.flags.writeable  # pycaffe's np.fromstring copies
+    back[0, 0, 0] = 200
+    assert back[0, 0, 0] == 200
 
 
 def test_array_to_datum_wrong_rank():
@@ -157,7 +166,152 @@ def test_transformer_checks():
     with pytest.raises(ValueError, match="Mean channels"):
         t.set_mean("data", np.zeros(2))
     with pytest.raises(ValueError, match="incompatible"):
-        t.set_mean("data", np.zeros((3, 4, 6)))
+        t.set_mean("data", np.zeros((2, 4, 6)))
     with pytest.raises(ValueError, match="invalid"):
         t.set_mean("data", np.zeros((1, 3, 4, 5)))
     t.set_mean("data", np.zeros((3, 4, 5)))  # elementwise mean is fine
+
+
+# -- set_mean with a mean of another size, and pycaffe's dtypes (python/caffe/io.py at HEAD) --
+
+
+def _pycaffe_resized_mean(mean, dims):
+    """pycaffe's set_mean resize, with skimage as pycaffe's resize_image calls it."""
+    skt = pytest.importorskip("skimage.transform")
+    lo, hi = mean.min(), mean.max()
+    normal = ((mean - lo) / (hi - lo)).transpose(1, 2, 0)
+    # resize_image scales to [0, 1] by min/max again: a no-op on the already normal mean
+    resized = skt.resize(normal, dims, order=1, mode="constant").astype(np.float32)
+    return resized.transpose(2, 0, 1) * (hi - lo) + lo
+
+
+def test_set_mean_resizes_a_mean_of_another_size_like_pycaffe():
+    pytest.importorskip("skimage")
+    rng = np.random.default_rng(3)
+    mean = rng.random((3, 16, 20)) * 60 + 90  # ilsvrc_2012_mean.npy-like: larger than the input
+    t = caffe.io.Transformer({"data": (2, 3, 8, 10)})
+    t.set_mean("data", mean)
+    want = _pycaffe_resized_mean(mean, (8, 10))
+    assert t.mean["data"].shape == (3, 8, 10)
+    np.testing.assert_allclose(t.mean["data"], want, rtol=1e-6)
+    t.set_transpose("data", (2, 0, 1))
+    img = rng.random((8, 10, 3)).astype(np.float32)
+    got = t.preprocess("data", img)
+    expected = img.transpose(2, 0, 1).copy()
+    expected -= want
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_classifier_takes_a_mean_larger_than_its_input(tmp_path):
+    pytest.importorskip("skimage")
+    proto = tmp_path / "deploy.prototxt"
+    proto.write_text(
+        'layer { name: "data" type: "Input" top: "data"'
+        "        input_param { shape { dim: 1 dim: 3 dim: 6 dim: 6 } } }"
+        'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"'
+        '        inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }'
+        'layer { name: "prob" type: "Softmax" bottom: "ip" top: "prob" }'
+    )
+    weights = str(tmp_path / "w.caffemodel")
+    caffe.Net(str(proto), caffe.TEST).save(weights)
+    mean = np.random.default_rng(4).random((3, 8, 8)) * 100  # 256 vs 227 in miniature
+    clf = caffe.Classifier(str(proto), weights, image_dims=(8, 8), mean=mean, raw_scale=255)
+    np.testing.assert_allclose(clf.transformer.mean["data"], _pycaffe_resized_mean(mean, (6, 6)))
+    probs = clf.predict([np.random.default_rng(5).random((9, 9, 3)).astype(np.float32)])
+    assert probs.shape == (1, 3) and np.allclose(probs.sum(), 1, rtol=1e-5)
+
+
+def test_set_mean_one_channel_mean_broadcasts_over_channels():
+    pytest.importorskip("skimage")
+    mean = np.arange(20, dtype=np.float64).reshape(1, 4, 5)
+    t = caffe.io.Transformer({"data": (1, 3, 4, 5)})
+    t.set_transpose("data", (2, 0, 1))
+    t.set_mean("data", mean)  # pycaffe: the resize path at the same size, then broadcasting
+    np.testing.assert_allclose(t.mean["data"], mean, atol=1e-5)
+    out = t.preprocess("data", np.full((4, 5, 3), 100.0, np.float32))
+    assert out.shape == (3, 4, 5)
+    np.testing.assert_allclose(out, np.broadcast_to(100.0 - mean, (3, 4, 5)), atol=1e-4)
+
+
+def test_set_mean_of_another_size_still_refuses_other_channel_counts():
+    t = caffe.io.Transformer({"data": (1, 3, 8, 10)})
+    for bad in (np.zeros((2, 16, 20)), np.zeros((4, 8, 10)), np.zeros(2)):
+        with pytest.raises(ArrayShapeError) as err:
+            t.set_mean("data", bad)
+        assert isinstance(err.value, ValueError) and isinstance(err.value, TorchCaffeError)
+    assert "data" not in t.mean
+
+
+def test_set_mean_constant_mean_of_another_size_stays_constant():
+    pytest.importorskip("skimage")
+    t = caffe.io.Transformer({"data": (1, 3, 4, 5)})
+    t.set_mean("data", np.full((3, 8, 10), 7.5))
+    assert t.mean["data"].shape == (3, 4, 5) and np.all(t.mean["data"] == 7.5)
+
+
+def test_set_mean_two_d_mean_of_another_size_for_one_channel():
+    pytest.importorskip("skimage")
+    mean = np.random.default_rng(6).random((8, 10))
+    t = caffe.io.Transformer({"data": (1, 1, 4, 5)})
+    t.set_mean("data", mean)
+    np.testing.assert_allclose(t.mean["data"], _pycaffe_resized_mean(mean[None], (4, 5)))
+
+
+def _pycaffe_preprocess(img, mean):
+    """pycaffe's preprocess steps, in place on a float32 copy (transpose, swap, scales, mean)."""
+    x = img.astype(np.float32).transpose(2, 0, 1)[[2, 1, 0], :, :]
+    x *= 255.0
+    x -= mean
+    x *= 0.017
+    return x
+
+
+def test_preprocess_is_float32_as_pycaffe_with_a_float64_mean():
+    rng = np.random.default_rng(7)
+    mean = rng.random((3, 4, 5)) * 100  # float64, as np.load('...mean.npy') gives
+    t = caffe.io.Transformer({"data": (1, 3, 4, 5)})
+    t.set_transpose("data", (2, 0, 1))
+    t.set_channel_swap("data", (2, 1, 0))
+    t.set_raw_scale("data", 255.0)
+    t.set_mean("data", mean)
+    t.set_input_scale("data", 0.017)
+    img = rng.random((4, 5, 3))  # float64 image
+    kept = img.copy()
+    out = t.preprocess("data", img)
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, _pycaffe_preprocess(img, mean))
+    np.testing.assert_array_equal(img, kept)
+    img32 = img.astype(np.float32)
+    kept32 = img32.copy()
+    t.preprocess("data", img32)
+    np.testing.assert_array_equal(img32, kept32)  # pycaffe's in-place steps would write it
+
+
+def test_deprocess_keeps_the_data_dtype_as_pycaffe():
+    rng = np.random.default_rng(8)
+    mean = rng.random(3) * 100
+    t = caffe.io.Transformer({"data": (1, 3, 4, 5)})
+    t.set_transpose("data", (2, 0, 1))
+    t.set_channel_swap("data", (2, 1, 0))
+    t.set_raw_scale("data", 255.0)
+    t.set_mean("data", mean)
+    t.set_input_scale("data", 0.017)
+    blob = rng.random((1, 3, 4, 5)).astype(np.float32)
+    want = blob.copy().squeeze()  # pycaffe's deprocess, in place
+    want /= 0.017
+    want += mean[:, None, None]
+    want /= 255.0
+    want = want[np.argsort((2, 1, 0)), :, :].transpose(np.argsort((2, 0, 1)))
+    got = t.deprocess("data", blob)
+    assert got.dtype == np.float32 and got.shape == (4, 5, 3)
+    np.testing.assert_array_equal(got, want)
+    assert t.deprocess("data", blob.astype(np.float64)).dtype == np.float64
+    with pytest.raises(UsageError, match="dtype"):  # pycaffe: numpy's casting TypeError
+        t.deprocess("data", np.ones((1, 3, 4, 5), np.int64))
+
+
+def test_preprocess_mean_that_does_not_broadcast_is_a_value_error():
+    t = caffe.io.Transformer({"data": (1, 3, 4, 5)})
+    t.set_mean("data", np.zeros((3, 4, 5)))
+    with pytest.raises(ArrayShapeError, match="transpose"):  # no transpose: H x W x K data
+        t.preprocess("data", np.zeros((4, 5, 3), np.float32))
