@@ -1,9 +1,10 @@
 """pycaffe's ``caffe.draw``: a NetParameter as a graphviz picture (PNG, SVG, PDF, ...).
 
-Layers are boxes (name, type and, for Convolution/Pooling/Deconvolution, kernel/stride/pad),
-blobs are octagons; in-place layers draw as an edge back onto their blob, as pycaffe's draw
-does. Needs ``pydot`` (``pip install torchcaffe[draw]``) and graphviz's ``dot`` program
-(Debian/Ubuntu: ``apt-get install graphviz``; macOS: ``brew install graphviz``).
+Layers are boxes (name, type and, for Convolution/Pooling/Deconvolution, kernel/stride/pad;
+with ``display_lrm`` the learning-rate multipliers of learning layers), blobs are octagons;
+in-place layers draw as an edge back onto their blob, as pycaffe's draw does. Needs ``pydot``
+(``pip install torchcaffe[draw]``) and graphviz's ``dot`` program (Debian/Ubuntu:
+``apt-get install graphviz``; macOS: ``brew install graphviz``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import shutil
 from typing import Any
 
-from .errors import UnsupportedError
+from .errors import LayerParamError, UnsupportedError
 from .formats.atomic import atomic_write
 from .net.state import state_meets_rule
 from .proto import caffe_pb2
@@ -20,6 +21,8 @@ from .proto import caffe_pb2
 LAYER_STYLE = {"shape": "record", "fillcolor": "#6495ED", "style": "filled"}
 NEURON_LAYER_STYLE = {"shape": "record", "fillcolor": "#90EE90", "style": "filled"}
 BLOB_STYLE = {"shape": "octagon", "fillcolor": "#E0E0E0", "style": "filled"}
+
+_LEARNING_TYPES = ("Convolution", "Deconvolution", "InnerProduct")
 
 _DOT_HINT = (
     "install graphviz's `dot` program (Debian/Ubuntu: apt-get install graphviz; "
@@ -57,13 +60,72 @@ def _geometry(lp: caffe_pb2.LayerParameter) -> str:
     return ""
 
 
-def get_layer_label(layer: caffe_pb2.LayerParameter, rankdir: str) -> str:
-    """The box text: name, type and geometry, on separate lines (one line for LR/RL)."""
+def get_pooling_types_dict() -> dict[int, str]:
+    """PoolingParameter.PoolMethod numbers to their names (0: 'MAX', ...), as pycaffe's."""
+    enum = caffe_pb2.PoolingParameter.PoolMethod.DESCRIPTOR
+    return {value.number: value.name for value in enum.values}
+
+
+def get_edge_label(layer: caffe_pb2.LayerParameter) -> str:
+    """pycaffe's label for a layer's top edges: 'Batch N' for Data, ``num_output`` for
+    Convolution/Deconvolution/InnerProduct, else '""' (graphviz's empty string)."""
+    if layer.type == "Data":
+        return f"Batch {layer.data_param.batch_size}"
+    if layer.type in ("Convolution", "Deconvolution"):
+        return str(layer.convolution_param.num_output)
+    if layer.type == "InnerProduct":
+        return str(layer.inner_product_param.num_output)
+    return '""'
+
+
+def get_layer_lr_mult(layer: caffe_pb2.LayerParameter) -> tuple[float, float]:
+    """The (weights, bias) learning-rate multipliers of a Convolution, Deconvolution or
+    InnerProduct layer; an absent ``param`` spec counts 1.0, as in Caffe."""
+    if layer.type not in _LEARNING_TYPES:
+        raise LayerParamError(
+            "layers of this type do not have a learning rate multiplier",
+            layer=layer.name,
+            layer_type=layer.type,
+            expected=" or ".join(_LEARNING_TYPES),
+        )
+    if len(layer.param) > 2:
+        raise LayerParamError(
+            "could not parse the learning rate multiplier",
+            layer=layer.name,
+            layer_type=layer.type,
+            expected="at most 2 param specs",
+            got=len(layer.param),
+        )
+    mults = [float(spec.lr_mult) for spec in layer.param] + [1.0, 1.0]
+    return mults[0], mults[1]
+
+
+def choose_color_by_layertype(layertype: str) -> str:
+    """pycaffe's box color for a layer type (conv red, pooling orange, inner product purple)."""
+    if layertype in ("Convolution", "Deconvolution"):
+        return "#FF5050"
+    if layertype == "Pooling":
+        return "#FF9900"
+    if layertype == "InnerProduct":
+        return "#CC33FF"
+    return "#6495ED"
+
+
+def get_layer_label(
+    layer: caffe_pb2.LayerParameter, rankdir: str, display_lrm: bool = False
+) -> str:
+    """The box text: name, type, geometry and, with ``display_lrm``, the learning-rate
+    multipliers of learning layers ('lr mult: 1.0, 2.0'; left out when both are 0), on
+    separate lines (one line for TB/BT)."""
     sep = " " if rankdir in ("TB", "BT") else "\\n"
     parts = [layer.name, f"({layer.type})"]
     geometry = _geometry(layer)
     if geometry:
         parts.append(geometry.replace("\\n", sep))
+    if display_lrm and layer.type in _LEARNING_TYPES:
+        weights, bias = get_layer_lr_mult(layer)
+        if weights or bias:
+            parts.append(f"lr mult: {weights:.1f}, {bias:.1f}")
     return sep.join(parts)
 
 
@@ -82,8 +144,10 @@ def get_pydot_graph(
     rankdir: str,
     label_edges: bool = True,
     phase: int | None = None,
+    display_lrm: bool = False,
 ) -> Any:
-    """The net as a ``pydot.Dot`` graph (layers of ``phase`` only, when given)."""
+    """The net as a ``pydot.Dot`` graph (layers of ``phase`` only, when given; learning-rate
+    multipliers in the labels with ``display_lrm``)."""
     pydot = _pydot()
     graph = pydot.Dot(
         caffe_net.name if caffe_net.name else "Net", graph_type="digraph", rankdir=rankdir
@@ -102,7 +166,8 @@ def get_pydot_graph(
         node_name = f"{lp.name}_{lp.type}_{index}"
         in_place = len(lp.bottom) == 1 and list(lp.top) == list(lp.bottom)
         style = NEURON_LAYER_STYLE if in_place else LAYER_STYLE
-        graph.add_node(pydot.Node(node_name, label=get_layer_label(lp, rankdir), **style))
+        label = get_layer_label(lp, rankdir, display_lrm)
+        graph.add_node(pydot.Node(node_name, label=label, **style))
         for bottom in lp.bottom:
             edges.append((blob(bottom), node_name, bottom if label_edges else ""))
         for top in lp.top:
@@ -115,12 +180,16 @@ def get_pydot_graph(
 
 
 def draw_net(
-    caffe_net: caffe_pb2.NetParameter, rankdir: str, ext: str = "png", phase: int | None = None
+    caffe_net: caffe_pb2.NetParameter,
+    rankdir: str,
+    ext: str = "png",
+    phase: int | None = None,
+    display_lrm: bool = False,
 ) -> bytes:
     """The picture's bytes in format ``ext`` (png, svg, pdf, ... as graphviz names them)."""
     if shutil.which("dot") is None:
         raise UnsupportedError(f"caffe.draw cannot find graphviz's `dot` program; {_DOT_HINT}")
-    graph = get_pydot_graph(caffe_net, rankdir, phase=phase)
+    graph = get_pydot_graph(caffe_net, rankdir, phase=phase, display_lrm=display_lrm)
     return bytes(graph.create(format=ext))
 
 
@@ -129,9 +198,11 @@ def draw_net_to_file(
     filename: str | os.PathLike,
     rankdir: str = "LR",
     phase: int | None = None,
+    display_lrm: bool = False,
 ) -> None:
-    """Write the picture to ``filename``; its extension picks the format (atomic write)."""
+    """Write the picture to ``filename``; its extension picks the format (atomic write).
+    Arguments in pycaffe's order: draw_net.py passes ``display_lrm`` fifth."""
     ext = os.path.splitext(os.fspath(filename))[1][1:] or "png"
-    data = draw_net(caffe_net, rankdir, ext, phase)
+    data = draw_net(caffe_net, rankdir, ext, phase, display_lrm)
     with atomic_write(filename, "wb") as f:
         f.write(data)

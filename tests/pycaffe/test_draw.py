@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import shutil
 import sys
 
@@ -9,8 +10,9 @@ import pytest
 
 import torchcaffe as caffe
 from torchcaffe.cli.__main__ import main as cli_main
-from torchcaffe.errors import UnsupportedError
+from torchcaffe.errors import LayerParamError, UnsupportedError
 from torchcaffe.formats.prototxt import read_net
+from torchcaffe.proto import caffe_pb2
 
 NET = """
 name: "small"
@@ -75,3 +77,124 @@ def test_missing_dot_says_how_to_install(small, monkeypatch):
     monkeypatch.setattr(caffe.draw.shutil, "which", lambda name: None)
     with pytest.raises(UnsupportedError, match="apt-get install graphviz"):
         caffe.draw.draw_net(small, "LR")
+
+
+LRM_NET = """
+name: "lrm"
+layer { name: "data" type: "Data" top: "data" top: "label" data_param { batch_size: 64 } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        param { lr_mult: 1 } param { lr_mult: 2 }
+        convolution_param { num_output: 4 kernel_size: 3 stride: 2 pad: 1 } }
+layer { name: "frozen" type: "Convolution" bottom: "conv1" top: "frozen"
+        param { lr_mult: 0 } param { lr_mult: 0 }
+        convolution_param { num_output: 4 kernel_size: 1 } }
+layer { name: "ip1" type: "InnerProduct" bottom: "frozen" top: "ip1"
+        inner_product_param { num_output: 10 } }
+layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2" param { lr_mult: 0.5 }
+        inner_product_param { num_output: 2 } }
+layer { name: "relu" type: "ReLU" bottom: "ip2" top: "ip2" }
+"""
+
+
+@pytest.fixture
+def lrm(tmp_path):
+    path = tmp_path / "lrm.prototxt"
+    path.write_text(LRM_NET)
+    return read_net(str(path))
+
+
+def _layer(net, name):
+    return next(lp for lp in net.layer if lp.name == name)
+
+
+def test_signatures_follow_pycaffe():
+    def params(fn):
+        return list(inspect.signature(fn).parameters)
+
+    draw = caffe.draw
+    assert params(draw.draw_net_to_file) == [
+        "caffe_net",
+        "filename",
+        "rankdir",
+        "phase",
+        "display_lrm",
+    ]
+    assert params(draw.draw_net) == ["caffe_net", "rankdir", "ext", "phase", "display_lrm"]
+    assert params(draw.get_pydot_graph) == [
+        "caffe_net",
+        "rankdir",
+        "label_edges",
+        "phase",
+        "display_lrm",
+    ]
+    assert params(draw.get_layer_label) == ["layer", "rankdir", "display_lrm"]
+    assert params(draw.get_edge_label) == ["layer"]
+    assert params(draw.get_layer_lr_mult) == ["layer"]
+    assert params(draw.choose_color_by_layertype) == ["layertype"]
+    assert params(draw.get_pooling_types_dict) == []
+
+
+def test_layer_label_shows_lr_mults_with_display_lrm(lrm):
+    conv1 = _layer(lrm, "conv1")
+    assert caffe.draw.get_layer_label(conv1, "TB", display_lrm=True) == (
+        "conv1 (Convolution) kernel size: 3 stride: 2 pad: 1 lr mult: 1.0, 2.0"
+    )
+    assert "lr mult" not in caffe.draw.get_layer_label(conv1, "TB")
+    ip1, ip2, relu = (_layer(lrm, n) for n in ("ip1", "ip2", "relu"))
+    assert caffe.draw.get_layer_label(ip1, "LR", True) == "ip1\\n(InnerProduct)\\nlr mult: 1.0, 1.0"
+    assert caffe.draw.get_layer_label(ip2, "LR", True).endswith("lr mult: 0.5, 1.0")
+    assert "lr mult" not in caffe.draw.get_layer_label(_layer(lrm, "frozen"), "LR", True)
+    assert "lr mult" not in caffe.draw.get_layer_label(relu, "LR", True)
+
+
+def test_pydot_graph_display_lrm(lrm):
+    pytest.importorskip("pydot")
+    text = caffe.draw.get_pydot_graph(lrm, "LR", display_lrm=True).to_string()
+    assert "lr mult: 1.0, 2.0" in text and "lr mult: 0.5, 1.0" in text
+    assert "lr mult" not in caffe.draw.get_pydot_graph(lrm, "LR").to_string()
+
+
+def test_draw_net_to_file_takes_display_lrm_fifth_as_draw_net_py(lrm, tmp_path, monkeypatch):
+    pydot = pytest.importorskip("pydot")
+    # no graphviz needed: the "picture" is the dot text the graph would be rendered from
+    monkeypatch.setattr(caffe.draw.shutil, "which", lambda name: "/usr/bin/dot")
+    monkeypatch.setattr(pydot.Dot, "create", lambda self, format: self.to_string().encode())
+    out = tmp_path / "lrm.dot"
+    caffe.draw.draw_net_to_file(lrm, str(out), "LR", None, True)  # python/draw_net.py's call
+    assert "lr mult: 1.0, 2.0" in out.read_text()
+    caffe.draw.draw_net_to_file(lrm, str(out), "LR", caffe.TRAIN)
+    assert "lr mult" not in out.read_text()
+
+
+def test_pycaffe_draw_helpers(lrm):
+    assert caffe.draw.get_pooling_types_dict() == {0: "MAX", 1: "AVE", 2: "STOCHASTIC"}
+    labels = {lp.name: caffe.draw.get_edge_label(lp) for lp in lrm.layer}
+    assert labels == {
+        "data": "Batch 64",
+        "conv1": "4",
+        "frozen": "4",
+        "ip1": "10",
+        "ip2": "2",
+        "relu": '""',
+    }
+    mults = {n: caffe.draw.get_layer_lr_mult(_layer(lrm, n)) for n in ("conv1", "frozen", "ip1")}
+    assert mults == {"conv1": (1.0, 2.0), "frozen": (0.0, 0.0), "ip1": (1.0, 1.0)}
+    assert caffe.draw.get_layer_lr_mult(_layer(lrm, "ip2")) == (0.5, 1.0)
+    colors = [
+        caffe.draw.choose_color_by_layertype(t)
+        for t in ("Convolution", "Deconvolution", "Pooling", "InnerProduct", "ReLU")
+    ]
+    assert colors == ["#FF5050", "#FF5050", "#FF9900", "#CC33FF", "#6495ED"]
+
+
+def test_lr_mult_of_a_layer_without_one_is_a_layer_param_error(lrm):
+    with pytest.raises(LayerParamError, match="relu"):
+        caffe.draw.get_layer_lr_mult(_layer(lrm, "relu"))
+    conv = caffe_pb2.LayerParameter(name="c", type="Convolution")
+    conv.param.add(lr_mult=1)
+    conv.param.add(lr_mult=1)
+    conv.param.add(lr_mult=1)
+    with pytest.raises(LayerParamError, match="at most 2"):
+        caffe.draw.get_layer_lr_mult(conv)
+    with pytest.raises(LayerParamError):
+        caffe.draw.get_layer_label(conv, "LR", display_lrm=True)
