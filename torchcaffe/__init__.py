@@ -44,6 +44,7 @@ from .precision import caffe_float32
 from .proto import caffe_pb2
 from .pycaffe.layer import Layer
 from .pycaffe.net import Net
+from .pycaffe.process import NCCL, Timer, has_nccl, init_log, log
 from .pycaffe.solver import (
     AdaDeltaSolver,
     AdaGradSolver,
@@ -54,7 +55,17 @@ from .pycaffe.solver import (
     get_solver,
 )
 from .registry import layer_type_list, register_layer
-from .runtime import set_device, set_mode_cpu, set_mode_gpu, set_random_seed
+from .runtime import (
+    set_device,
+    set_mode_cpu,
+    set_mode_gpu,
+    set_multiprocess,
+    set_random_seed,
+    set_solver_count,
+    set_solver_rank,
+    solver_count,
+    solver_rank,
+)
 from .solver.param_groups import param_groups
 
 TRAIN = caffe_pb2.TRAIN
@@ -97,6 +108,16 @@ __all__ = [
     "set_mode_gpu",
     "set_device",
     "set_random_seed",
+    "solver_count",
+    "set_solver_count",
+    "solver_rank",
+    "set_solver_rank",
+    "set_multiprocess",
+    "init_log",
+    "log",
+    "Timer",
+    "NCCL",
+    "has_nccl",
     "TorchCaffeError",
     "PrototxtError",
     "UnknownLayerTypeError",

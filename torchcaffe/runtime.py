@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import os
 import random
 import threading
@@ -9,7 +10,7 @@ import threading
 import numpy as np
 import torch
 
-from .errors import DeviceError
+from .errors import DeviceError, UsageError
 
 CPU = "cpu"
 GPU = "gpu"
@@ -55,6 +56,41 @@ def compute_device() -> torch.device:
     if mode() == GPU:
         return torch.device("cuda", device_id())
     return torch.device("cpu")
+
+
+# Caffe's multi-GPU bookkeeping (Caffe::solver_count & co., per thread like the mode): pycaffe
+# scripts set and read it; torchcaffe trains one solver in one process, so it is only recorded.
+
+
+def _whole(name: str, value: int) -> int:
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise UsageError(f"caffe.{name} takes an int", got=repr(value)) from None
+
+
+def solver_count() -> int:
+    return _get("solver_count", 1)
+
+
+def set_solver_count(count: int) -> None:
+    _state.solver_count = _whole("set_solver_count", count)
+
+
+def solver_rank() -> int:
+    return _get("solver_rank", 0)
+
+
+def set_solver_rank(rank: int) -> None:
+    _state.solver_rank = _whole("set_solver_rank", rank)
+
+
+def multiprocess() -> bool:
+    return _get("multiprocess", False)
+
+
+def set_multiprocess(value: bool) -> None:
+    _state.multiprocess = bool(value)
 
 
 def set_random_seed(seed: int) -> None:

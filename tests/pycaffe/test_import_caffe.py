@@ -24,6 +24,14 @@ assert callable(caffe.coord_map.coord_map_from_to)
 import sys
 import caffe.proto.caffe_pb2
 assert sys.modules["caffe.proto.caffe_pb2"] is caffe_pb2
+import caffe._caffe
+from caffe._caffe import Timer, NCCL, init_log, log, has_nccl, solver_count, __version__
+assert caffe._caffe is torchcaffe._caffe and Timer is caffe.Timer and NCCL is caffe.NCCL
+assert __version__ == caffe.__version__ and not has_nccl() and solver_count() == 1
+for name in ("Net", "Layer", "SGDSolver", "AdamSolver", "get_solver", "layer_type_list",
+             "set_mode_cpu", "set_device", "set_random_seed", "set_solver_rank", "Blob"):
+    assert getattr(caffe._caffe, name) is getattr(caffe, name), name
+assert issubclass(caffe.SGDSolver, caffe._caffe.Solver)
 print("ok")
 """
 
