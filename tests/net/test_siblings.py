@@ -202,6 +202,17 @@ def test_grouped_convolutions_are_left_alone():
     _assert_all_blobs_match(net, torch.randn(2, 6, 9, 9))
 
 
+def test_a_large_bottom_runs_each_sibling(monkeypatch):
+    """Past MAX_POSITIONS bottom positions the members run one by one (same values)."""
+    net = _net()
+    stacked = _counted_convolutions(monkeypatch)
+    monkeypatch.setattr(siblings, "MAX_POSITIONS", 2 * 9 * 9 - 1)
+    _assert_all_blobs_match(net, torch.randn(2, 6, 9, 9))
+    assert stacked[0] == 0
+    _assert_all_blobs_match(net, torch.randn(1, 6, 9, 9))
+    assert stacked[0] == 1
+
+
 def test_a_traced_run_calls_each_sibling(monkeypatch):
     """Under torch.jit's tracer (as under torch.compile) each member runs as before."""
     net = _net()
