@@ -156,3 +156,48 @@ def test_check_size_refuses_a_record_of_another_size(tmp_path):
             check_size=True,
         )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["images", "list.txt"]
+
+
+def test_an_empty_line_takes_a_line_number_as_in_caffes_keys(tmp_path):
+    """convert_imageset.cpp's getline loop makes an entry of every line: an empty one fails
+    to load and is skipped, but the keys after it count it."""
+    image_folder(tmp_path, [(4, 4)] * 2)
+    (tmp_path / "list.txt").write_text("img_0.png 0\n\nimg_1.png 2\n")
+    n = convert_imageset(
+        str(tmp_path / "images") + "/", str(tmp_path / "list.txt"), str(tmp_path / "db")
+    )
+    assert n == 2
+    with open_db(tmp_path / "db") as db:
+        assert db.keys() == [b"00000000_img_0.png", b"00000002_img_1.png"]
+
+
+def test_a_name_that_is_not_utf8_keeps_its_bytes_in_the_key(tmp_path):
+    image_folder(tmp_path, [(4, 4)])
+    images = tmp_path / "images"
+    raw = bytes(images) + b"/caf\xe9.png"
+    (images / "img_0.png").rename(raw.decode("utf-8", "surrogateescape"))
+    (tmp_path / "list.txt").write_bytes(b"caf\xe9.png 3\n")
+    assert convert_imageset(str(images) + "/", str(tmp_path / "list.txt"), str(tmp_path / "db"))
+    with open_db(tmp_path / "db") as db:
+        assert db.keys() == [b"00000000_caf\xe9.png"]
+
+
+def test_a_line_without_a_space_is_labelled_by_atoi_of_the_whole_line(tmp_path):
+    """C's ``atoi(line.c_str() + npos + 1)`` reads the line from its start."""
+    from torchcaffe.data.listfile import read_list
+
+    (tmp_path / "list.txt").write_text("12.png\ncat.png\n7 dogs.png 4\n")
+    assert read_list(str(tmp_path / "list.txt")) == [
+        ("12.png", 12),
+        ("cat.png", 0),
+        ("7 dogs.png", 4),
+    ]
+
+
+def test_an_encoding_opencv_lacks_is_a_data_error(tmp_path, capsys):
+    image_folder(tmp_path, [(4, 4)])
+    root, listed = str(tmp_path / "images") + "/", str(tmp_path / "list.txt")
+    with pytest.raises(DataError, match="OpenCV cannot encode as 'xyz'"):
+        convert_imageset(root, listed, str(tmp_path / "db"), encode_type="xyz")
+    assert cli(["convert_imageset", "-encode_type=xyz", root, listed, str(tmp_path / "db")]) == 2
+    assert "cannot encode as 'xyz'" in capsys.readouterr().err

@@ -67,7 +67,11 @@ def resize(img: np.ndarray, height: int, width: int) -> np.ndarray:
 
 def encode(img: np.ndarray, ext: str, *, source: str) -> bytes:
     """``cv::imencode("." + ext, img)`` with OpenCV's default quality settings."""
-    ok, buf = cv2().imencode("." + ext, img)
+    cv = cv2()
+    try:
+        ok, buf = cv.imencode("." + ext, img)
+    except cv.error:  # no encoder for that extension (Caffe's tool dies on the exception)
+        ok = False
     if not ok:
         raise DataError(f"OpenCV cannot encode as {ext!r}", path=source, expected="jpg, png, ...")
     return buf.tobytes()

@@ -21,19 +21,24 @@ def read_text(path: str, what: str) -> str:
         ) from None
 
 
-def read_list(path: str, *, what: str = "image list") -> list[tuple[str, int]]:
+def read_list(
+    path: str, *, what: str = "image list", keep_empty: bool = False
+) -> list[tuple[str, int]]:
     """(name, label) pairs, as image_data_layer.cpp / convert_imageset read them: the label
-    is ``atoi`` of what follows the last space (a line without one is all name, label 0)."""
+    is ``atoi`` of what follows the last space; a line without one is all name, and its label
+    ``atoi`` of the whole line (C's pointer arithmetic on ``npos + 1``). ``keep_empty``: an
+    empty line is an entry ("", 0), as convert_imageset's getline loop makes it (its image
+    then fails to load, but it takes a line number, which the database keys carry)."""
     lines = read_text(path, what).splitlines()
     out = []
     for line in lines:
-        if not line:
+        if not line and not keep_empty:
             continue
         name, sep, label = line.rpartition(" ")
         if not sep:
-            name, label = line, ""
+            name, label = line, line
         out.append((name, _atoi(label)))
-    if not out:
+    if not any(name for name, _ in out):
         raise DataError(f"the {what} is empty", path=path, expected="'name label' lines")
     return out
 

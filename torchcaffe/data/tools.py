@@ -86,7 +86,7 @@ def convert_imageset(
 ) -> int:
     """Write the images of ``list_file`` (``name label`` lines) into a new database; returns
     the number of records written."""
-    lines = read_list(list_file, what="list file")
+    lines = read_list(list_file, what="list file", keep_empty=True)
     if shuffle:
         CaffeRNG().shuffle(lines)
     if encode_type and not encoded:
@@ -133,7 +133,9 @@ def convert_imageset(
                         expected=data_size,
                         got=len(datum.data),
                     )
-            db.put(f"{line_id:08d}_{name}".encode(), datum.SerializeToString())
+            # the name's bytes as the list file has them (Caffe's keys are bytes)
+            key = f"{line_id:08d}_{name}".encode("utf-8", "surrogateescape")
+            db.put(key, datum.SerializeToString())
             count += 1
     return count
 
