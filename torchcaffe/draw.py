@@ -13,7 +13,7 @@ import os
 import shutil
 from typing import Any
 
-from .errors import LayerParamError, UnsupportedError
+from .errors import LayerParamError, UnsupportedError, UsageError
 from .formats.atomic import atomic_write
 from .net.state import state_meets_rule
 from .proto import caffe_pb2
@@ -190,7 +190,13 @@ def draw_net(
     if shutil.which("dot") is None:
         raise UnsupportedError(f"caffe.draw cannot find graphviz's `dot` program; {_DOT_HINT}")
     graph = get_pydot_graph(caffe_net, rankdir, phase=phase, display_lrm=display_lrm)
-    return bytes(graph.create(format=ext))
+    try:
+        return bytes(graph.create(format=ext))
+    except (AssertionError, OSError):  # pydot's report of dot's failure
+        raise UsageError(
+            f"graphviz's dot cannot write a {ext!r} file",
+            hint="name the output by a format dot knows (.png, .svg, .pdf, ...)",
+        ) from None
 
 
 def draw_net_to_file(

@@ -67,3 +67,23 @@ def test_layers_table_lists_every_registered_type(capsys):
     text = capsys.readouterr().out
     for name in torchcaffe.layer_type_list():
         assert f"| {name} |" in text
+
+
+def test_run_on_a_device_this_machine_lacks_is_one_line(tmp_path, capsys):
+    import torch
+
+    proto = tmp_path / "tiny.prototxt"
+    proto.write_text(NET)
+    bad = ["foo"] + ([] if torch.cuda.is_available() else ["cuda"])
+    for device in bad:
+        assert main(["run", str(proto), "--device", device]) == 2
+        err = capsys.readouterr().err
+        assert f"--device {device}: not a device of this machine" in err
+        assert "Traceback" not in err
+
+
+def test_run_input_naming_no_input_blob_is_an_error(tmp_path, capsys):
+    proto = tmp_path / "tiny.prototxt"
+    proto.write_text(NET)
+    assert main(["run", str(proto), "--input", "foo=1,2,5,5"]) == 2
+    assert "input_shapes names ['foo']" in capsys.readouterr().err

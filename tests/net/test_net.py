@@ -106,6 +106,12 @@ def test_input_shapes_override():
     assert net.blob_shapes["ip2"] == (2, 3)
 
 
+def test_input_shapes_naming_a_blob_that_is_not_an_input_is_an_error():
+    for name in ("dta", "ip1"):
+        with pytest.raises(BlobWiringError, match=f"input_shapes names \\['{name}'\\]"):
+            build(MLP, input_shapes={name: (2, 6)})
+
+
 def test_missing_and_unknown_inputs_are_errors():
     net = build(MLP)
     with pytest.raises(BlobWiringError, match="missing input"):

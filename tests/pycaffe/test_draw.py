@@ -198,3 +198,28 @@ def test_lr_mult_of_a_layer_without_one_is_a_layer_param_error(lrm):
         caffe.draw.get_layer_lr_mult(conv)
     with pytest.raises(LayerParamError):
         caffe.draw.get_layer_label(conv, "LR", display_lrm=True)
+
+
+def test_cli_draw_net_takes_display_lrm_and_refuses_a_format_dot_lacks(
+    lrm, tmp_path, monkeypatch, capsys
+):
+    """draw_net.py's --display_lrm; an extension dot cannot write is one error line (pydot's
+    own report is an AssertionError traceback)."""
+    pydot = pytest.importorskip("pydot")
+    monkeypatch.setattr(caffe.draw.shutil, "which", lambda name: "/usr/bin/dot")
+
+    def create(self, format):
+        if format == "xyz":
+            raise AssertionError("\"dot\" with args ['-Txyz'] returned code: 1")
+        return self.to_string().encode()
+
+    monkeypatch.setattr(pydot.Dot, "create", create)
+    proto = tmp_path / "lrm.prototxt"
+    proto.write_text(str(lrm))
+    out = tmp_path / "lrm.dot"
+    assert cli_main(["draw_net", str(proto), str(out), "--display_lrm"]) == 0
+    assert "lr mult: 1.0, 2.0" in out.read_text()
+    assert cli_main(["draw_net", str(proto), str(tmp_path / "x.xyz")]) == 2
+    err = capsys.readouterr().err
+    assert "dot cannot write a 'xyz' file" in err and "Traceback" not in err
+    assert not (tmp_path / "x.xyz").exists()

@@ -1,6 +1,6 @@
 """Draw a net's graph to an image file (PNG/SVG/PDF by extension), as Caffe's draw_net.py.
 
-torchcaffe draw_net NET.prototxt OUT.png [--rankdir LR] [--phase TRAIN|TEST|ALL]
+torchcaffe draw_net NET.prototxt OUT.png [--rankdir LR] [--phase TRAIN|TEST|ALL] [--display_lrm]
 """
 
 from __future__ import annotations
@@ -17,11 +17,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("output_image_file")
     p.add_argument("--rankdir", default="LR", choices=["LR", "TB", "BT", "RL"])
     p.add_argument("--phase", default="ALL", choices=["TRAIN", "TEST", "ALL"])
+    p.add_argument(
+        "--display_lrm", action="store_true", help="show each layer's learning-rate multipliers"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     net = read_net(args.input_net_proto_file)
     phase = None if args.phase == "ALL" else caffe_pb2.Phase.Value(args.phase)
-    draw.draw_net_to_file(net, args.output_image_file, args.rankdir, phase)
+    draw.draw_net_to_file(net, args.output_image_file, args.rankdir, phase, args.display_lrm)
     print(f"drew {args.input_net_proto_file} -> {args.output_image_file}")
     return 0

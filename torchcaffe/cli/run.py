@@ -12,7 +12,7 @@ import time
 import torch
 
 from ..api import load, save_weights
-from ..errors import LayerParamError
+from ..errors import DeviceError, LayerParamError
 from .flags import add_python_layers_flag
 
 
@@ -46,7 +46,21 @@ def parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def torch_device(name: str) -> torch.device:
+    """``--device`` as a torch device this machine has, else a DeviceError."""
+    try:
+        device = torch.device(name)
+        torch.empty(0, device=device)  # CUDA or another backend missing from this build
+    except (RuntimeError, AssertionError) as err:
+        raise DeviceError(
+            f"--device {name}: not a device of this machine ({str(err).splitlines()[0]})",
+            hint="--device cpu",
+        ) from None
+    return device
+
+
 def main(args: argparse.Namespace) -> int:
+    device = torch_device(args.device)
     shapes = parse_shapes(args.input)
     net = load(
         args.prototxt,
@@ -54,10 +68,10 @@ def main(args: argparse.Namespace) -> int:
         args.phase,
         input_shapes=shapes or None,
         allow_python_layers=args.allow_python_layers,
-    ).to(args.device)
+    ).to(device)
     gen = torch.Generator().manual_seed(args.seed)
     inputs = {
-        name: torch.rand(net.blob_shapes[name], generator=gen).to(args.device)
+        name: torch.rand(net.blob_shapes[name], generator=gen).to(device)
         for name in net.input_names
     }
     start = time.perf_counter()

@@ -138,6 +138,14 @@ class _Builder:
             rows[-1].module.own_phase = own_phase
             for blob in automatic:  # anonymous tops are never net outputs
                 del self.available[blob]
+        unknown = sorted(set(self.input_shapes) - set(self.out.input_names))
+        if unknown:  # a misspelt name would leave the declared shape silently
+            raise BlobWiringError(
+                f"input_shapes names {unknown}, which are not input blobs of the net",
+                path=self.path,
+                expected=f"some of {self.out.input_names} (or a data layer's tops)",
+                got=unknown,
+            )
         self._prune_backward(rows)
         if self.param.force_backward:
             self._force_backward(rows)
