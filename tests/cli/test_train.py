@@ -96,3 +96,21 @@ def test_more_ranks_than_gpus_on_a_host_is_refused_before_nccl(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     with pytest.raises(DeviceError, match="2 training processes on this host but 1 GPU"):
         rank_gpu([0], distributed.ProcessGroup(1, 2, 1))
+
+
+def test_the_training_log_has_glogs_prefix_for_caffes_log_parsers(case, capsys):
+    """tools/extra/parse_log.py reads each line's time from glog's prefix
+    (``I0210 13:39:22.381027 25210 solver.cpp:204] ...``, extract_seconds.py) and the
+    iterations and outputs from the text after it."""
+    import re
+
+    text = (case / "solver.prototxt").read_text().replace("display: 0", "display: 5")
+    (case / "solver.prototxt").write_text(text)
+    assert main(["train", "--solver", "solver.prototxt", "--weights", "weights.caffemodel"]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "] " in line]
+    glog = re.compile(r"^[IWEC](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{6}) \d+ [\w.]+:\d+\] ")
+    assert lines and all(glog.match(line) for line in lines), lines[:3]
+    month, day = (int(v) for v in glog.match(lines[0]).groups()[:2])
+    assert 1 <= month <= 12 and 1 <= day <= 31
+    assert any(re.search(r"\] Iteration 5, lr = ", line) for line in lines)
+    assert any("Solving" in line for line in lines)  # parse_log's start time

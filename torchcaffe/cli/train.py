@@ -35,6 +35,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ..errors import DeviceError, SolverError
 from ..formats.prototxt import read_solver
+from ..glog import GlogFormatter
 from ..proto import caffe_pb2
 from ..pycaffe.solver import SOLVER_CLASSES
 from ..solver import distributed
@@ -173,7 +174,7 @@ def _logging(quiet: bool) -> Iterator[None]:
         yield
         return
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    handler.setFormatter(GlogFormatter())  # parse_log.py reads glog's prefix
     level = log.level
     log.addHandler(handler)
     log.setLevel(logging.INFO)

@@ -19,12 +19,12 @@ import torch
 
 from .. import runtime
 from ..errors import UnsupportedError, UsageError
+from ..glog import GlogFormatter
 
 logger = logging.getLogger("torchcaffe")
 
 # glog severities (FLAGS_minloglevel): 0 INFO, 1 WARNING, 2 ERROR, 3 FATAL
 _GLOG_LEVELS = (logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL)
-_GLOG_FORMAT = "%(levelname).1s%(asctime)s.%(msecs)03d %(process)d %(filename)s:%(lineno)d] "
 _handler: logging.Handler | None = None
 
 
@@ -42,7 +42,7 @@ def init_log(level: int = 0, stderr: bool = True) -> None:
     logger.setLevel(_GLOG_LEVELS[severity])
     if _handler is None and not logging.getLogger().handlers:
         _handler = logging.StreamHandler(sys.stderr)
-        _handler.setFormatter(logging.Formatter(_GLOG_FORMAT + "%(message)s", "%m%d %H:%M:%S"))
+        _handler.setFormatter(GlogFormatter())
         logger.addHandler(_handler)
     if _handler is not None:
         _handler.setLevel(logging.NOTSET if stderr else logging.ERROR)

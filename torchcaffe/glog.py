@@ -1,0 +1,24 @@
+"""Log lines in glog's format, as Caffe's tools write them.
+
+``I1127 09:16:21.381027 25210 solver.cpp:204] Iteration 100, lr = 0.01``: severity letter,
+month and day, time with microseconds, thread id, source file and line. Caffe's
+``tools/extra/parse_log.py`` and ``plot_training_log.py`` read the time from that prefix
+(``extract_seconds.py``), so a training log they can parse needs it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+
+
+class GlogFormatter(logging.Formatter):
+    """``logging`` records as glog lines (``logging``'s level letters: I, W, E, C)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        when = datetime.datetime.fromtimestamp(record.created)
+        prefix = (
+            f"{record.levelname[:1]}{when:%m%d %H:%M:%S}.{when.microsecond:06d} "
+            f"{record.thread or 0} {record.filename}:{record.lineno}] "
+        )
+        return prefix + super().format(record)
