@@ -64,6 +64,23 @@ def test_gflags_leaves_values_and_unknown_flags_alone():
     ]
 
 
+def test_gflags_booleans_glog_flags_and_other_actions_flags():
+    """gflags' -noflag and yes/no/t/f values; glog's flags taken and dropped; the caffe tool's
+    global flags taken by each action (``caffe time -weights w`` ignores -weights)."""
+    image = build_parser()[1]["convert_imageset"]
+    for spelling in (["-nogray"], ["-gray=no"], ["-gray=False"], ["--gray=F"]):
+        assert image.parse_args(gflags_argv(image, [*spelling, "r/", "l", "d"])).gray is False
+    for spelling in (["-gray"], ["-gray=yes"], ["-gray=T"]):
+        assert image.parse_args(gflags_argv(image, [*spelling, "r/", "l", "d"])).gray is True
+    p = train_parser()
+    argv = ["-log_dir", "/tmp", "-logtostderr", "-minloglevel=1", "-v", "2", "-solver", "s"]
+    assert gflags_argv(p, argv) == ["--solver", "s"]
+    time = build_parser()[1]["time"]
+    argv = ["-model", "m", "-weights", "w", "-phase=TEST", "-snapshot", "x"]
+    kept = gflags_argv(time, argv, frozenset({"weights", "snapshot"}))
+    assert kept == ["--model", "m", "--phase=TEST"]
+
+
 def test_gpu_ids_follow_caffe():
     assert gpu_ids("", 2) == [] and gpu_ids(None, 2) == [] and gpu_ids("-1", 2) == []
     assert gpu_ids("all", 3) == [0, 1, 2] and gpu_ids("0,2", 3) == [0, 2]
@@ -102,6 +119,7 @@ def test_single_dash_train_writes_the_same_caffemodel_as_double_dash(case):
     "argv,needle",
     [
         (["train", "-solver", "solver.prototxt", "-bogus", "1"], "unrecognized arguments: -bogus"),
+        (["time", "-model", "nope.prototxt", "-log_dir", "/tmp", "-weights", "w"], "nope.prototxt"),
         (["train", "-solver", "missing.prototxt"], "missing.prototxt"),
         (["train", "-solver", "solver.prototxt", "-snapshot", "gone.solverstate"], "gone"),
         (["train", "-solver", "solver.prototxt", "-sigint_effect", "x"], "invalid choice"),

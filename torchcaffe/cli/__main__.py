@@ -28,7 +28,7 @@ from . import (
     upgrade_net_proto_binary,
     upgrade_net_proto_text,
 )
-from .flags import FlagParser, gflags_argv
+from .flags import CAFFE_VALUED, FlagParser, gflags_argv
 
 Action = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
 # One line per action: name -> (add_arguments, main).
@@ -54,6 +54,8 @@ ACTIONS: dict[str, Action] = {
 
 # Actions that read nets or solvers and so take --caffe-proto (a fork's schema, user_schema).
 READS_NETS = frozenset({"run", "train", "test", "time", "draw_net"})
+# the caffe tool's actions, which take (and ignore) each other's flags as caffe.cpp does
+CAFFE_ACTIONS = frozenset({"train", "test", "time", "device_query"})
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -92,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     if action is None:
         args = parser.parse_args(argv)  # prints help or "invalid choice" and exits
     else:
-        args = actions[action].parse_args(gflags_argv(actions[action], rest))
+        ignored = CAFFE_VALUED if action in CAFFE_ACTIONS else frozenset()
+        args = actions[action].parse_args(gflags_argv(actions[action], rest, ignored))
         args.action = action
     try:
         with use_schema(getattr(args, "caffe_proto", None)):
@@ -104,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         name = f"{err.filename}: " if err.filename else ""
         print(f"torchcaffe {args.action}: error: {name}{err.strerror or err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C (train handles its own SIGINT): no traceback
+        print(f"torchcaffe {args.action}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

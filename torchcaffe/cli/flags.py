@@ -3,9 +3,12 @@
 Caffe's tools take their flags through gflags, where one dash and two are the same and
 ``-weights=a,b`` works. argparse only knows ``--weights``; ``gflags_argv`` rewrites a
 single-dash long flag to the option string the action's parser declares (``-sigint_effect``
-also finds ``--sigint-effect``) before argparse sees it. Anything it does not recognise is left
-alone, so argparse still reports it as unknown. ``add_flag`` declares a flag the way Caffe's
-image tools spell booleans (bare ``-shuffle``, or ``-shuffle=true`` / ``=0``).
+also finds ``--sigint-effect``) before argparse sees it, with gflags' boolean spellings
+(``-noshuffle``, ``-shuffle=yes``); glog's flags (``-log_dir``, ``-v``, ...) and, for the caffe
+tool's actions, each other's flags are taken and ignored, as gflags does. Anything else it does
+not recognise is left alone, so argparse still reports it as unknown. ``add_flag`` declares a
+flag the way Caffe's image tools spell booleans (bare ``-shuffle``, or ``-shuffle=true`` /
+``=0``).
 """
 
 from __future__ import annotations
@@ -18,28 +21,75 @@ from typing import NoReturn
 
 from ..errors import DeviceError
 
-_LONG = re.compile(r"^--?([A-Za-z][\w-]+)(=.*)?$", re.DOTALL)
+_LONG = re.compile(r"^--?([A-Za-z][\w-]*)(=.*)?$", re.DOTALL)
 
 
-def gflags_argv(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
-    """``argv`` with every single- or double-dash long flag spelt as ``parser`` declares it."""
+# glog's own flags, which every Caffe tool accepts (GlobalInit parses them); we log through
+# Python's logging, so they are taken and ignored
+GLOG_VALUED = frozenset(
+    {"log_dir", "minloglevel", "stderrthreshold", "v", "vmodule", "max_log_size",
+     "logbufsecs", "logbuflevel", "log_link"}
+)  # fmt: skip
+GLOG_BOOLS = frozenset(
+    {"logtostderr", "alsologtostderr", "colorlogtostderr", "log_prefix",
+     "stop_logging_if_full_disk", "timestamp_in_logfile_name"}
+)  # fmt: skip
+# The caffe tool defines its flags globally: each action takes every one of them, and uses
+# only its own (``caffe time -weights w`` runs, ignoring -weights)
+CAFFE_VALUED = frozenset(
+    {"gpu", "solver", "model", "snapshot", "weights", "iterations", "phase", "level", "stage",
+     "sigint_effect", "sighup_effect"}
+)  # fmt: skip
+# gflags' spellings of a boolean's value, any case
+_TRUTH = {"true": "true", "t": "true", "yes": "true", "y": "true", "1": "true",
+          "false": "false", "f": "false", "no": "false", "n": "false", "0": "false"}  # fmt: skip
+
+
+def gflags_argv(
+    parser: argparse.ArgumentParser, argv: Sequence[str], ignored: frozenset[str] = frozenset()
+) -> list[str]:
+    """``argv`` with every single- or double-dash long flag spelt as ``parser`` declares it;
+    a boolean's gflags spellings (``-noflag``, ``-flag=yes``, ``=F``) as its own; glog's flags
+    and those in ``ignored`` (with their values) dropped, as gflags takes and ignores them."""
     known = {
         s.lstrip("-"): s for action in parser._actions for s in action.option_strings
     }  # argparse keeps no public list of option strings
     out: list[str] = []
+    skip_value = False
     for i, token in enumerate(argv):
+        if skip_value:
+            skip_value = False
+            continue
         if token == "--":
             out.extend(argv[i:])
             break
         match = _LONG.match(token)
         if match:
             name, value = match.group(1), match.group(2) or ""
-            for spelling in (name, name.replace("_", "-"), name.replace("-", "_")):
-                if spelling in known and known[spelling].startswith("--"):
-                    token = known[spelling] + value
-                    break
+            truth = _TRUTH.get(value[1:].lower())
+            if truth and _declared(known, f"{name}=true"):  # a boolean: -flag=yes, -flag=F
+                declared, value = _declared(known, f"{name}={truth}"), ""
+            else:
+                declared = _declared(known, name)
+            if declared is None and name.startswith("no") and not value:  # -noflag
+                declared = _declared(known, f"{name[2:]}=false")
+            if declared is not None:
+                token = declared + value
+            elif name in GLOG_BOOLS or name.startswith("no") and name[2:] in GLOG_BOOLS:
+                continue
+            elif name in GLOG_VALUED or name in ignored:
+                skip_value = not value  # ``-log_dir /tmp``: the next token is its value
+                continue
         out.append(token)
     return out
+
+
+def _declared(known: dict[str, str], name: str) -> str | None:
+    """The option string ``parser`` declares for ``name`` (``_`` and ``-`` alike), if any."""
+    for spelling in (name, name.replace("_", "-"), name.replace("-", "_")):
+        if spelling in known and known[spelling].startswith("--"):
+            return known[spelling]
+    return None
 
 
 def add_flag(p: argparse.ArgumentParser, name: str, default: object, help: str) -> None:
