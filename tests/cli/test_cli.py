@@ -87,3 +87,21 @@ def test_run_input_naming_no_input_blob_is_an_error(tmp_path, capsys):
     proto.write_text(NET)
     assert main(["run", str(proto), "--input", "foo=1,2,5,5"]) == 2
     assert "input_shapes names ['foo']" in capsys.readouterr().err
+
+
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path, capsys, monkeypatch):
+    import torchcaffe.cli.run as run
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(
+        __import__("torchcaffe.cli.__main__", fromlist=["ACTIONS"]).ACTIONS,
+        "run",
+        (run.add_arguments, interrupted),
+    )
+    proto = tmp_path / "tiny.prototxt"
+    proto.write_text(NET)
+    assert main(["run", str(proto)]) == 130
+    err = capsys.readouterr().err
+    assert err == "torchcaffe run: interrupted\n"

@@ -201,3 +201,10 @@ def test_an_encoding_opencv_lacks_is_a_data_error(tmp_path, capsys):
         convert_imageset(root, listed, str(tmp_path / "db"), encode_type="xyz")
     assert cli(["convert_imageset", "-encode_type=xyz", root, listed, str(tmp_path / "db")]) == 2
     assert "cannot encode as 'xyz'" in capsys.readouterr().err
+
+
+def test_no_progress_bar_when_stderr_is_not_a_terminal(tmp_path, capsys):
+    image_folder(tmp_path, [(4, 4)] * 3)
+    root, listed = str(tmp_path / "images") + "/", str(tmp_path / "list.txt")
+    assert cli(["convert_imageset", root, listed, str(tmp_path / "db")]) == 0
+    assert "\r" not in capsys.readouterr().err  # a redirected log gets no bar redraws

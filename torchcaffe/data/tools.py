@@ -180,11 +180,12 @@ def compute_image_mean(
 
 
 def default_progress(desc: str) -> Callable[[Iterable, int], Iterable]:
-    """A tqdm progress bar on stderr."""
+    """A tqdm progress bar on stderr, where stderr is a terminal (a log file redirected from
+    it would fill with carriage-return redraws)."""
     from tqdm import tqdm
 
     def wrap(items: Iterable, total: int) -> Iterable:
-        return tqdm(items, desc=desc, total=total, unit="img", leave=False)
+        return tqdm(items, desc=desc, total=total, unit="img", leave=False, disable=None)
 
     return wrap
 
