@@ -163,3 +163,18 @@ def test_solver_snapshot_removes_litter_of_a_killed_snapshot(tmp_path, monkeypat
         "snap_iter_0.solverstate",
         "solver.prototxt",
     ]
+
+
+def test_a_missing_folder_is_reported_by_the_target_name(tmp_path, capsys):
+    """The error names the file asked for, not the temporary sibling atomic_write opens."""
+    from torchcaffe.cli.__main__ import main
+
+    target = tmp_path / "nowhere" / "o.prototxt"
+    with pytest.raises(FileNotFoundError) as info, atomic_write(target, "w"):
+        pass
+    assert info.value.filename == str(target)
+    net = tmp_path / "v1.prototxt"
+    net.write_text('name: "n"\nlayers { name: "r" type: RELU bottom: "x" top: "x" }\n')
+    assert main(["upgrade_net_proto_text", str(net), str(target)]) == 2
+    err = capsys.readouterr().err
+    assert f"{target}: No such file or directory" in err and "tmp-" not in err

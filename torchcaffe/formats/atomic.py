@@ -112,9 +112,12 @@ def atomic_write(path: PathLike, mode: str = "wb", **open_kw: Any) -> Iterator[I
     target = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(target))
     remove_stale_temp_files(target)
-    fd, tmp = tempfile.mkstemp(
-        prefix=os.path.basename(target) + TEMP_MARK, suffix="", dir=directory
-    )
+    try:
+        fd, tmp = tempfile.mkstemp(
+            prefix=os.path.basename(target) + TEMP_MARK, suffix="", dir=directory
+        )
+    except OSError as err:  # named after the file asked for, not the temporary one
+        raise OSError(err.errno, err.strerror, target) from None
     try:
         if fcntl is not None:
             fcntl.flock(fd, fcntl.LOCK_EX)  # held until the fd closes (or the process dies)
