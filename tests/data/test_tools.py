@@ -208,3 +208,15 @@ def test_no_progress_bar_when_stderr_is_not_a_terminal(tmp_path, capsys):
     root, listed = str(tmp_path / "images") + "/", str(tmp_path / "list.txt")
     assert cli(["convert_imageset", root, listed, str(tmp_path / "db")]) == 0
     assert "\r" not in capsys.readouterr().err  # a redirected log gets no bar redraws
+
+
+def test_the_database_folder_has_the_mode_caffes_tools_give_it(tmp_path):
+    """db_lmdb.cpp's mkdir(source, 0744), under the umask (mkdtemp's 0700 before)."""
+    import os
+
+    from torchcaffe.formats.atomic import current_umask
+
+    image_folder(tmp_path, [(4, 4)])
+    root, listed = str(tmp_path / "images") + "/", str(tmp_path / "list.txt")
+    convert_imageset(root, listed, str(tmp_path / "db"))
+    assert os.stat(tmp_path / "db").st_mode & 0o777 == 0o744 & ~current_umask()

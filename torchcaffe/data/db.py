@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import DataError, UnsupportedError
+from ..formats.atomic import current_umask
 
 BACKENDS = ("lmdb", "leveldb")
 COMMIT_EVERY = 1000
@@ -345,6 +346,9 @@ class DBWriter:
         if os.path.lexists(self.path):
             self.abort()
             raise DataError("the output database appeared while writing", path=self.path)
+        # the folder's mode as Caffe's tools make it (mkdtemp gave 0700): LMDB's
+        # mkdir(source, 0744), LevelDB's 0755, both under the umask
+        os.chmod(self.tmp, (0o744 if self.backend == "lmdb" else 0o755) & ~current_umask())
         os.rename(self.tmp, self.path)
         self._done = True
         return self.path

@@ -33,7 +33,7 @@ STALE_WITHOUT_LOCKS_S = 24 * 3600
 _LEGACY = re.compile(r"^\.(?P<name>.+)\.[A-Za-z0-9_]{8}\.tmp$")  # before issue 13: hidden names
 
 
-def _umask() -> int:
+def current_umask() -> int:
     """The process umask, read without changing it (``os.umask`` is racy across threads)."""
     try:
         with open("/proc/self/status", encoding="ascii") as f:
@@ -50,7 +50,7 @@ def _target_mode(path: str) -> int:
     try:
         return os.stat(path).st_mode & 0o7777
     except FileNotFoundError:
-        return 0o666 & ~_umask()
+        return 0o666 & ~current_umask()
 
 
 def temp_files_of(path: PathLike) -> list[str]:
