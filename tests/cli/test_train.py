@@ -114,3 +114,24 @@ def test_the_training_log_has_glogs_prefix_for_caffes_log_parsers(case, capsys):
     assert 1 <= month <= 12 and 1 <= day <= 31
     assert any(re.search(r"\] Iteration 5, lr = ", line) for line in lines)
     assert any("Solving" in line for line in lines)  # parse_log's start time
+
+
+def test_several_weights_files_warn_once_for_what_none_of_them_fills(case, capsys):
+    """-weights a,b: each file fills what it holds; one warning, one line, at the end, for
+    the layers no file filled (not, per file, for those the next file fills)."""
+    net = caffe.Net("train.prototxt", "weights.caffemodel", caffe.TRAIN)
+    caffe_pb2 = caffe.proto.caffe_pb2
+    for layer, name in (("ip1", "a.caffemodel"), ("ip2", "b.caffemodel")):
+        whole = caffe_pb2.NetParameter()
+        net.save(str(case / "whole.caffemodel"))
+        whole.ParseFromString((case / "whole.caffemodel").read_bytes())
+        keep = caffe_pb2.NetParameter(name=whole.name)
+        keep.layer.extend(lp for lp in whole.layer if lp.name == layer)
+        (case / name).write_bytes(keep.SerializeToString())
+    argv = ["train", "-solver", "solver.prototxt", "--quiet", "-weights"]
+    assert main([*argv, "a.caffemodel,b.caffemodel"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert main([*argv, "a.caffemodel,a.caffemodel"]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(err) == 1 and err[0].startswith("torchcaffe train: warning: 1 layers")
+    assert "'ip2'" in err[0] and "'ip1'" not in err[0]

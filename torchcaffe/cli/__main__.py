@@ -7,8 +7,11 @@ Like the ``caffe`` tool's RegisterBrewFunction table. Flags are gflags-style in 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
+import warnings
 from collections.abc import Callable
+from typing import Any
 
 from ..errors import TorchCaffeError
 from ..formats.user_schema import use_schema
@@ -87,6 +90,11 @@ def split_action(argv: list[str]) -> tuple[str | None, list[str]]:
     return None, argv
 
 
+def _show_warning(action: str, message: Warning | str, category: type, *rest: Any) -> None:
+    """A warning as one line naming the tool (not the source line that raised it)."""
+    print(f"torchcaffe {action}: warning: {message}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, actions = build_parser()
@@ -98,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         args = actions[action].parse_args(gflags_argv(actions[action], rest, ignored))
         args.action = action
     try:
-        with use_schema(getattr(args, "caffe_proto", None)):
+        with use_schema(getattr(args, "caffe_proto", None)), warnings.catch_warnings():
+            warnings.showwarning = functools.partial(_show_warning, args.action)
             return ACTIONS[args.action][1](args)
     except TorchCaffeError as err:  # a user's file problem: one clear line, no traceback
         print(f"torchcaffe {args.action}: error: {err}", file=sys.stderr)

@@ -790,10 +790,15 @@ class Net:
 
         ``strict``: unfilled param layers are an error, not a warning (see load_weights).
         """
+        self._copy_from(path, strict)
+
+    def _copy_from(self, path: str | os.PathLike, strict: bool = False) -> list[str]:
+        """``copy_from``, returning the layers filled (a solver's weights list reads them)."""
         self._ensure_device()
         self._lazy.settle()
-        load_weights(self._net, path, strict=strict)
+        filled = load_weights(self._net, path, strict=strict)
         self._params_written_on_device()
+        return filled
 
     def load_hdf5(self, path: str | os.PathLike) -> None:
         """pycaffe's load_hdf5 (Caffe's CopyTrainedLayersFromHDF5): weights from an HDF5 file."""

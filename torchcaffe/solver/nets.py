@@ -13,8 +13,10 @@ solver's ``train_state`` / ``test_state``.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
+from ..errors import PartialWeightsWarning
 from ..formats.prototxt import read_net
 from ..proto import caffe_pb2
 from ..pycaffe.net import Net
@@ -56,11 +58,34 @@ def _net(
 
 
 def load_weights(net: Net, param: caffe_pb2.SolverParameter, solver_path: str | None) -> None:
-    """The solver's ``weights`` entries (each a comma-separated list), in order."""
-    for entry in param.weights:
-        for name in entry.split(","):
-            name = name.strip()
-            net.copy_from(resolve(name, "weights", solver_path))
+    """The solver's ``weights`` entries (each a comma-separated list), in order. Of several
+    files, each fills what it holds: the layers none of them fills are named once, at the end
+    (not, per file, those that a later file fills)."""
+    paths = [
+        resolve(name.strip(), "weights", solver_path)
+        for entry in param.weights
+        for name in entry.split(",")
+    ]
+    if len(paths) == 1:
+        net.copy_from(paths[0])
+        return
+    filled: set[str] = set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PartialWeightsWarning)
+        for path in paths:
+            filled.update(net._copy_from(path))
+    tnet = net.module
+    layers = [(s.name, tnet.module_of(s).param_blobs()) for s in tnet.steps]
+    written = {id(b) for name, blobs in layers if name in filled for b in blobs}  # shared too
+    unfilled = [name for name, blobs in layers if any(id(b) not in written for b in blobs)]
+    if unfilled:
+        warnings.warn(
+            f"{len(unfilled)} layers with params got no weights from any of {paths} and keep "
+            f"their initial (filler) values: {', '.join(map(repr, unfilled[:20]))}"
+            + (f" and {len(unfilled) - 20} more" if len(unfilled) > 20 else ""),
+            PartialWeightsWarning,
+            stacklevel=2,
+        )
 
 
 def build_train_net(
