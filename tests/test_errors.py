@@ -91,3 +91,11 @@ def test_unknown_modes_in_loss_and_bbox_helpers_are_layer_param_errors():
         _bbox.encode(box, box, box, 99, False)
     with pytest.raises(LayerParamError, match="code_type; expected CORNER"):
         _bbox.decode(box, box, box, 99, False)
+
+
+def test_a_message_ending_in_a_period_gets_no_second_one_before_the_hint():
+    from torchcaffe.errors import LayerParamError
+
+    assert str(LayerParamError("bad field.", hint="see x")) == "bad field. see x"
+    assert str(LayerParamError("bad field", hint="see x")) == "bad field. see x"
+    assert str(LayerParamError("bad", expected=1, got=2, hint="h")) == "bad; expected 1, got 2. h"

@@ -44,7 +44,8 @@ class TorchCaffeError(Exception):
         if self.expected is not None or self.got is not None:
             parts.append(f"; expected {self.expected}, got {self.got}")
         if self.hint:
-            parts.append(f". {self.hint}")
+            end = "" if parts[-1].endswith(".") else "."  # a 'what' that is a sentence
+            parts.append(f"{end} {self.hint}")
         return "".join(parts)
 
     def located(
