@@ -35,6 +35,16 @@ def test_every_pycaffe_module_name_exists():
     assert set(PYCAFFE_NAMES) - {"__version__"} <= set(caffe.__all__)
 
 
+def test_caffe_pycaffe_has_what_pycaffe_py_imports_from_caffe():
+    """python/caffe/pycaffe.py imports Net, the six solvers, NCCL and Timer from _caffe."""
+    import torchcaffe.pycaffe as pycaffe
+
+    names = ["Net", "SGDSolver", "NesterovSolver", "AdaGradSolver", "RMSPropSolver"]
+    names += ["AdaDeltaSolver", "AdamSolver", "NCCL", "Timer"]
+    assert [n for n in names if not hasattr(pycaffe, n)] == []
+    assert pycaffe.Timer is caffe.Timer and pycaffe.NCCL is caffe.NCCL
+
+
 def test_solver_count_and_rank_default_and_set(solver_state):
     from torchcaffe import runtime
 

@@ -1,6 +1,8 @@
-"""pycaffe-compatible face: the Caffe-style Net over a compiled torch module."""
+"""pycaffe-compatible face: the Caffe-style Net over a compiled torch module (and what
+pycaffe's ``caffe.pycaffe`` module imports from ``_caffe``: the solvers, NCCL, Timer)."""
 
 from torchcaffe.pycaffe.net import Net
+from torchcaffe.pycaffe.process import NCCL, Timer
 from torchcaffe.pycaffe.solver import (
     AdaDeltaSolver,
     AdaGradSolver,
@@ -20,4 +22,6 @@ __all__ = [
     "AdaDeltaSolver",
     "AdamSolver",
     "get_solver",
+    "NCCL",
+    "Timer",
 ]
