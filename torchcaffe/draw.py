@@ -1,8 +1,10 @@
 """pycaffe's ``caffe.draw``: a NetParameter as a graphviz picture (PNG, SVG, PDF, ...).
 
-Layers are boxes (name, type and, for Convolution/Pooling/Deconvolution, kernel/stride/pad;
-with ``display_lrm`` the learning-rate multipliers of learning layers), blobs are octagons;
-in-place layers draw as an edge back onto their blob, as pycaffe's draw does. Needs ``pydot``
+Layers are boxes colored by type (name, type and, for Convolution/Pooling/Deconvolution,
+kernel/stride/pad; with ``display_lrm`` the learning-rate multipliers of learning layers),
+blobs are octagons, a layer's top edges carry pycaffe's edge label (``Batch N``,
+``num_output``); in-place layers draw as an edge back onto their blob, as pycaffe's draw does.
+Unlike pycaffe's, two layers with the same label stay two boxes. Needs ``pydot``
 (``pip install torchcaffe[draw]``) and graphviz's ``dot`` program (Debian/Ubuntu:
 ``apt-get install graphviz``; macOS: ``brew install graphviz``).
 """
@@ -52,11 +54,10 @@ def _geometry(lp: caffe_pb2.LayerParameter) -> str:
         return f"kernel size: {kernel}\\nstride: {stride}\\npad: {pad}"
     if lp.type == "Pooling":
         pp = lp.pooling_param
-        pool = caffe_pb2.PoolingParameter.PoolMethod.Name(pp.pool)
         kernel = pp.kernel_h if pp.HasField("kernel_h") else pp.kernel_size
         stride = pp.stride_h if pp.HasField("stride_h") else pp.stride
         pad = pp.pad_h if pp.HasField("pad_h") else pp.pad
-        return f"pool: {pool}\\nkernel size: {kernel}\\nstride: {stride}\\npad: {pad}"
+        return f"kernel size: {kernel}\\nstride: {stride}\\npad: {pad}"
     return ""
 
 
@@ -118,7 +119,10 @@ def get_layer_label(
     multipliers of learning layers ('lr mult: 1.0, 2.0'; left out when both are 0), on
     separate lines (one line for TB/BT)."""
     sep = " " if rankdir in ("TB", "BT") else "\\n"
-    parts = [layer.name, f"({layer.type})"]
+    kind = layer.type
+    if kind == "Pooling":  # pycaffe's "(Pooling MAX)"
+        kind += " " + caffe_pb2.PoolingParameter.PoolMethod.Name(layer.pooling_param.pool)
+    parts = [layer.name, f"({kind})"]
     geometry = _geometry(layer)
     if geometry:
         parts.append(geometry.replace("\\n", sep))
@@ -165,13 +169,17 @@ def get_pydot_graph(
             continue
         node_name = f"{lp.name}_{lp.type}_{index}"
         in_place = len(lp.bottom) == 1 and list(lp.top) == list(lp.bottom)
-        style = NEURON_LAYER_STYLE if in_place else LAYER_STYLE
+        style = NEURON_LAYER_STYLE
+        if not in_place:  # colored by type, as pycaffe's boxes
+            style = {**LAYER_STYLE, "fillcolor": choose_color_by_layertype(lp.type)}
         label = get_layer_label(lp, rankdir, display_lrm)
         graph.add_node(pydot.Node(node_name, label=label, **style))
         for bottom in lp.bottom:
-            edges.append((blob(bottom), node_name, bottom if label_edges else ""))
+            edges.append((blob(bottom), node_name, ""))
+        # pycaffe labels a layer's top edges (get_edge_label: 'Batch N', num_output)
+        top_label = get_edge_label(lp) if label_edges else ""
         for top in lp.top:
-            edges.append((node_name, blob(top), top if label_edges and in_place else ""))
+            edges.append((node_name, blob(top), "" if top_label == '""' else top_label))
     for node in blob_nodes.values():
         graph.add_node(node)
     for src, dst, label in edges:

@@ -41,9 +41,27 @@ def test_graph_has_layers_blobs_and_geometry(small):
     graph = caffe.draw.get_pydot_graph(small, "LR", phase=caffe.TEST)
     text = graph.to_string()
     assert "conv1" in text and "(Convolution)" in text and "stride: 2" in text and "pad: 1" in text
-    assert "pool: AVE" in text and "drop" not in text  # Dropout is TRAIN only
+    assert "(Pooling AVE)" in text and "drop" not in text  # Dropout is TRAIN only
     all_phases = caffe.draw.get_pydot_graph(small, "LR").to_string()
     assert "(Dropout)" in all_phases
+
+
+def test_graph_colors_and_edge_labels_follow_pycaffe(small):
+    """Boxes colored by type (conv red, pooling orange); a layer's top edges carry its
+    num_output; bottom edges carry no label."""
+    pytest.importorskip("pydot")
+    graph = caffe.draw.get_pydot_graph(small, "LR", phase=caffe.TEST)
+    nodes = {n.get_name().strip('"'): n for n in graph.get_nodes()}
+    colors = {
+        name.split("_")[0]: n.get("fillcolor")
+        for name, n in nodes.items()
+        if not name.endswith("_blob")
+    }
+    assert colors["conv1"].strip('"') == "#FF5050" and colors["pool1"].strip('"') == "#FF9900"
+    edges = {(e.get_source(), e.get_destination()): e.get("label") for e in graph.get_edges()}
+    conv = next(name for name in nodes if name.startswith("conv1_"))
+    assert str(edges[(conv, "conv1_blob")]).strip('"') == "4"
+    assert edges[("data_blob", conv)] is None
 
 
 @needs_dot
