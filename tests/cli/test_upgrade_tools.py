@@ -3,6 +3,8 @@ keeps the form of its input (a binary caffemodel no longer comes out as text).""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -71,3 +73,14 @@ def test_wrong_form_is_refused_and_nothing_written(tmp_path, models_root, capsys
     err = capsys.readouterr().err
     assert "not " in err and "use `torchcaffe upgrade_net_proto_" in err
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("case", ["v0_padding_net", "v1_conv_net"])
+def test_upgraded_text_is_caffes_byte_for_byte(case, tmp_path):
+    """Caffe's upgrade_net_proto_text output (golden/legacy): its C++ TextFormat prints an
+    integral float as ``1``, Python's as ``1.0``."""
+    golden = Path(__file__).resolve().parents[1] / "golden" / "legacy" / case
+    (source,) = [p for p in golden.glob("*.prototxt") if p.name != "upgraded.prototxt"]
+    out = tmp_path / "up.prototxt"
+    assert main(["upgrade_net_proto_text", str(source), str(out)]) == 0
+    assert out.read_bytes() == (golden / "upgraded.prototxt").read_bytes()

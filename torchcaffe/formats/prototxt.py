@@ -218,9 +218,20 @@ def read_binary_proto(path: PathLike, message_type: type[M]) -> M:
     return parse_binary_proto(read_bytes(path), message_type, path)
 
 
+# a float field whose value is integral, as Python's text_format prints it ("lr_mult: 1.0")
+_INTEGRAL_FLOAT = re.compile(r"^(\s*\w+: -?\d+)\.0$", re.MULTILINE)
+
+
+def caffe_text(msg: Message) -> str:
+    """``msg`` in text format as Caffe's C++ TextFormat prints it: Python's printer writes an
+    integral float as ``1.0`` where C++'s SimpleFtoa writes ``1`` (every other value prints
+    alike: shortest round trip, ``1e-05``, ``inf``)."""
+    return _INTEGRAL_FLOAT.sub(r"\1", text_format.MessageToString(msg))
+
+
 def write_text(msg: Message, path: PathLike) -> None:
     """Caffe's WriteProtoToTextFile, atomically."""
-    text = text_format.MessageToString(msg)
+    text = caffe_text(msg)
     with atomic_write(path, "w", encoding="utf-8") as f:
         f.write(text)
 
