@@ -53,7 +53,6 @@ MAX_POSITIONS = 2048
 class _Sibling:
     index: int
     step: LayerStep
-    conv: ConvolutionLayer  # the layer whose geometry it runs
     # what must match across siblings: (bottom, its producer, geometry, input channels,
     # ReLU slope or None, whether that ReLU may run in oneDNN's epilogue in a finite run)
     key: tuple[Any, ...]
@@ -82,7 +81,7 @@ def _sibling(program: OptimizedProgram, i: int) -> _Sibling | None:
         return None
     bottom = step.bottoms[0]
     key = (bottom, producer_of(program.steps, i, bottom), g, runner.channels, slope, finite)
-    return _Sibling(i, step, runner, key)
+    return _Sibling(i, step, key)
 
 
 def merge_sibling_convolutions(
