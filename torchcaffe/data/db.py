@@ -118,16 +118,26 @@ class WrapCursor:
             return True
 
 
-_LMDB_ENVS: dict[tuple[int, str], list[Any]] = {}  # (pid, realpath) -> [env, users]
+# (pid, realpath, the data file's device and inode) -> [env, users]: a database deleted and
+# written again at the same path is another file, which a new reader must not take the old
+# mapping for (Caffe's layers each open their own)
+_LMDB_ENVS: dict[tuple[int, str, int, int], list[Any]] = {}
 _LMDB_LOCK = threading.Lock()
 
 
-def _lmdb_env(path: str) -> Any:
-    """One read-only environment per database and process (py-lmdb refuses a second open of
-    the same path; a forked worker must open its own)."""
+def _lmdb_key(path: str) -> tuple[int, str, int, int]:
+    data = os.path.join(path, "data.mdb") if os.path.isdir(path) else path
+    st = os.stat(data)
+    return os.getpid(), os.path.realpath(path), st.st_dev, st.st_ino
+
+
+def _lmdb_env(path: str) -> tuple[Any, tuple[int, str, int, int]]:
+    """One read-only environment per database file and process (py-lmdb refuses a second
+    open of the same file; a forked worker must open its own), and the key to release it by
+    (kept by the reader: the working directory may change before it closes)."""
     import lmdb
 
-    key = (os.getpid(), os.path.realpath(path))
+    key = _lmdb_key(path)
     with _LMDB_LOCK:
         entry = _LMDB_ENVS.get(key)
         if entry is None:
@@ -142,11 +152,10 @@ def _lmdb_env(path: str) -> Any:
             )
             entry = _LMDB_ENVS[key] = [env, 0]
         entry[1] += 1
-        return entry[0]
+        return entry[0], key
 
 
-def _lmdb_release(path: str) -> None:
-    key = (os.getpid(), os.path.realpath(path))
+def _lmdb_release(key: tuple[int, str, int, int]) -> None:
     with _LMDB_LOCK:
         entry = _LMDB_ENVS.get(key)
         if entry is None:
@@ -180,7 +189,9 @@ class LMDBReader(DBReader):
         if not os.path.exists(path):
             raise DataError("LMDB database not found", path=path, expected="an LMDB directory")
         try:
-            self.env = _lmdb_env(path)
+            self.env, self._key = _lmdb_env(path)
+        except FileNotFoundError:
+            raise DataError("LMDB database not found", path=path, expected="data.mdb") from None
         except lmdb.Error as err:
             raise DataError(f"cannot open LMDB database ({err})", path=path) from None
         self._open, self._pid = True, os.getpid()
@@ -217,7 +228,7 @@ class LMDBReader(DBReader):
         if self._open:
             self._open = False
             if self._pid == os.getpid():  # a forked copy owns no reference
-                _lmdb_release(self.path)
+                _lmdb_release(self._key)
 
     def __del__(self) -> None:
         self.close()
