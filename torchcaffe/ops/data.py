@@ -95,9 +95,9 @@ class DataLayer(SourceLayer):
     param_field = "data_param"
     restrictions = (
         "mirror / TRAIN crop draw from an mt19937 seeded from torch's RNG (set_random_seed), "
-        "not from Caffe's global RNG: the same distribution, another stream; rand_skip skips "
-        "a random number of records below rand_skip at setup, as Caffe 1.0's DataReader did "
-        "(the final BVLC master ignores rand_skip in Data)"
+        "not from Caffe's global RNG: the same distribution, another stream; rand_skip is "
+        "read and ignored, as Caffe 1.0's data_layer.cpp does (only the DataReader of rc2 "
+        "and before skipped records)"
     )
 
     def __init__(self, layer_param, bottom_shapes):
@@ -120,10 +120,6 @@ class DataLayer(SourceLayer):
         self.loader = loader = DatumLoader(
             db, transformer, int(p.batch_size), self.num_tops > 1, self.phase
         )
-        if p.rand_skip:
-            skip = CaffeRNG().rand(p.rand_skip)  # Caffe 1.0's DataReader did this
-            for _ in range(skip):
-                loader._next()
         shape = loader.first_shape()
         self._top_shapes = [(int(p.batch_size), *shape)]
         if self.num_tops > 1:
