@@ -115,6 +115,20 @@ def test_mean_file_is_read_at_the_crop_offset(tmp_path):
     np.testing.assert_array_equal(data.numpy()[0], want)
 
 
+def test_a_mean_file_of_several_images_subtracts_the_first(tmp_path):
+    """data_transformer.cpp checks the mean's channels, height and width only, and reads its
+    first image."""
+    mean = RNG.uniform(0, 255, (2, 3, 8, 10)).astype(np.float32)
+    torchcaffe.formats.binaryproto.write_blob_proto(
+        torchcaffe.formats.binaryproto.array_to_blob_proto(mean, legacy_4d=True),
+        tmp_path / "mean.binaryproto",
+    )
+    layer = data_layer(_DB, 2, f'mean_file: "{tmp_path / "mean.binaryproto"}"')
+    data, _ = layer()
+    want = ref_transform(ARRAYS[0], crop=0, offset=(0, 0), mean=mean[0])
+    np.testing.assert_array_equal(data.numpy()[0], want)
+
+
 def test_train_mirror_and_crop_follow_caffes_draw_order():
     """do_mirror = Rand(2) first, then h_off, w_off: one mt19937 stream per transformer."""
     torch.manual_seed(7)

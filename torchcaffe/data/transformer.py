@@ -63,11 +63,14 @@ class DataTransformer:
                 path=self.where,
                 hint=f"mean_file is opened relative to the working directory {os.getcwd()}",
             ) from None
-        if mean.ndim == 4 and mean.shape[0] == 1:
-            mean = mean[0]
+        if mean.ndim == 4 and mean.shape[0] >= 1:
+            mean = mean[0]  # Caffe checks C, H, W only and reads the first image
         if mean.ndim != 3:
             raise DataError(
-                f"mean_file {path!r} is not a 1xCxHxW blob", path=self.where, got=mean.shape
+                f"mean_file {path!r} is not an NxCxHxW blob",
+                path=self.where,
+                expected="NxCxHxW",
+                got=mean.shape,
             )
         return np.ascontiguousarray(mean, np.float32)
 
