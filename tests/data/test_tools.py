@@ -220,3 +220,16 @@ def test_the_database_folder_has_the_mode_caffes_tools_give_it(tmp_path):
     root, listed = str(tmp_path / "images") + "/", str(tmp_path / "list.txt")
     convert_imageset(root, listed, str(tmp_path / "db"))
     assert os.stat(tmp_path / "db").st_mode & 0o777 == 0o744 & ~current_umask()
+
+
+def test_shuffle_maps_draws_as_boost_uniform_int():
+    """caffe::shuffle draws each index with boost::uniform_int over mt19937: the draw divided
+    by a bucket size (not taken modulo). Seed 42, ten items: the permutation a line-by-line
+    port of boost's generate_uniform_int gives."""
+    from torchcaffe.data.rng import CaffeRNG
+
+    items = list(range(10))
+    CaffeRNG(42).shuffle(items)
+    assert items == [5, 0, 6, 2, 9, 4, 1, 8, 7, 3]
+    rng, twin = CaffeRNG(3), CaffeRNG(3)
+    assert [rng._uniform_int(1) for _ in range(8)] == [twin.draw() >> 31 for _ in range(8)]

@@ -40,10 +40,13 @@ class CaffeRNG:
             items[i], items[j] = items[j], items[i]
 
     def _uniform_int(self, high: int) -> int:
-        """Uniform in [0, high] without modulo bias (boost::uniform_int's rejection)."""
-        span = high + 1
-        limit = (1 << 32) - ((1 << 32) % span)
+        """Uniform in [0, high] as boost::uniform_int maps mt19937's 32-bit draws (caffe::shuffle
+        uses it): the draw divided by a bucket size, a result past ``high`` drawn again."""
+        brange = (1 << 32) - 1
+        bucket = brange // (high + 1)
+        if brange % (high + 1) == high:  # (brange + 1) is a multiple of the range
+            bucket += 1
         while True:
-            x = self.draw()
-            if x < limit:
-                return x % span
+            result = self.draw() // bucket
+            if result <= high:
+                return result
