@@ -266,3 +266,48 @@ def test_load_hdf5_and_the_index_lists(prototxt, tmp_path):
     assert [net._blob_names[i] for i in net._inputs] == net.inputs == ["data", "label"]
     assert [net._blob_names[i] for i in net._outputs] == net.outputs
     assert net._blobs[2] is net.blobs["ip1"]
+
+
+DUMMY = """
+layer { name: "d" type: "DummyData" top: "x" top: "label"
+  dummy_data_param { shape { dim: 2 dim: 3 } shape { dim: 2 dim: 1 }
+    data_filler { type: "constant" value: 1 } data_filler { type: "constant" value: 0 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y"
+  inner_product_param { num_output: 1 weight_filler { type: "constant" value: 1 } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "y" bottom: "label" top: "loss" }
+"""
+
+
+@pytest.mark.parametrize("phase", [caffe.TEST, caffe.TRAIN])
+def test_a_constant_dummy_data_top_keeps_what_a_script_writes(tmp_path, phase):
+    """Caffe's DummyData fills a constant top once, at setup: a deploy net fed through it
+    (net.blobs['x'].data[...] = image; net.forward()) computes on the image."""
+    path = tmp_path / "dummy.prototxt"
+    path.write_text(DUMMY)
+    net = caffe.Net(str(path), phase)
+    np.testing.assert_array_equal(net.blobs["x"].data, np.ones((2, 3)))  # filled at setup
+    net.blobs["x"].data[...] = [[1, 2, 3], [4, 5, 6]]
+    out = net.forward()
+    np.testing.assert_allclose(net.blobs["y"].data.ravel(), [6, 15])
+    np.testing.assert_allclose(out["loss"], (36 + 225) / 4)
+    if phase == caffe.TRAIN:
+        net.forward_backward()  # the solver's one pass reads it too
+        # dL/dy = (y - label) / 2 = [3, 7.5]; dW = dy^T x
+        np.testing.assert_allclose(net.params["ip"][0].diff, [[33.0, 43.5, 54.0]])
+    tnet = net.module  # the torch face fills it each call, as a module has no blob state
+    np.testing.assert_allclose(tnet.forward_all_blobs()["y"].detach().numpy().ravel(), [3, 3])
+
+
+def test_an_in_place_layer_on_a_constant_dummy_top_accumulates_as_in_caffe(tmp_path):
+    path = tmp_path / "acc.prototxt"
+    path.write_text(
+        'layer { name: "d" type: "DummyData" top: "x" dummy_data_param { shape { dim: 3 }'
+        ' data_filler { type: "constant" value: 1 } } }\n'
+        'layer { name: "p" type: "Power" bottom: "x" top: "x" power_param { shift: 1 } }\n'
+    )
+    net = caffe.Net(str(path), caffe.TEST)
+    seen = []
+    for _ in range(3):
+        net.forward()
+        seen.append(float(net.blobs["x"].data[0]))
+    assert seen == [2.0, 3.0, 4.0]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 
 from .. import limits
@@ -9,6 +13,24 @@ from ..proto import caffe_pb2 as pb
 from ..registry import register_layer
 from .base import AtLeast, CaffeLayer, Exactly, Shape
 from .fillers import check_filler, fill_
+
+# layer name -> {top index: tensor}: what a constant top holds now, where a caller keeps it
+# (the Caffe face: Caffe fills a constant top once at setup and never again, so a value a
+# script writes into it, or an in-place layer's, stays for the next forward)
+_HELD_TOPS: ContextVar[Mapping[str, Mapping[int, torch.Tensor]] | None] = ContextVar(
+    "torchcaffe_dummy_data_held_tops", default=None
+)
+
+
+@contextmanager
+def holding_tops(held: Mapping[str, Mapping[int, torch.Tensor]]) -> Iterator[None]:
+    """Within: the DummyData layers named in ``held`` return those tensors as their constant
+    tops instead of filling them again."""
+    token = _HELD_TOPS.set(held)
+    try:
+        yield
+    finally:
+        _HELD_TOPS.reset(token)
 
 
 @register_layer("DummyData")
@@ -88,9 +110,12 @@ class DummyDataLayer(CaffeLayer):
 
     def forward(self):
         like: torch.Tensor = self._like  # type: ignore[assignment]
+        held = (_HELD_TOPS.get() or {}).get(self.name, {})
         tops = []
         for i, (s, f) in enumerate(zip(self.shapes, self.fillers)):
-            if i in self.constant:
+            if i in held:  # the Caffe face's blob: Caffe fills a constant top once, at setup
+                t = held[i]
+            elif i in self.constant:
                 t = self.constant[i].to(device=like.device, dtype=like.dtype)
             else:
                 t = torch.empty(s, device=like.device, dtype=like.dtype)

@@ -10,6 +10,7 @@ and blobs edited between calls behave as in Caffe.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import os
 from collections import OrderedDict
@@ -28,6 +29,7 @@ from ..errors import BlobWiringError, LayerParamError, UsageError, WeightsError
 from ..formats.caffemodel import check_weights_file, is_hdf5
 from ..net.net import TorchNet
 from ..ops.base import CaffeLayer
+from ..ops.dummy_data import DummyDataLayer, holding_tops
 from ..ops.python_layer import PythonLayer
 from ..precision import caffe_float32, on_cuda
 from ..proto import caffe_pb2
@@ -134,6 +136,7 @@ class Net:
         self._device = torch.device("cpu")
         self._note_sources()
         self._make_blobs()
+        self._held_tops = self._constant_dummy_tops()
         self._lazy = LazyForward(self._net, self.blobs, self._net.loss_weights())
         self._bind_params()
         self._records: dict[int, _Record] = {}
@@ -344,8 +347,38 @@ class Net:
 
     # -- forward / backward -----------------------------------------------------------------
     @_in_caffe_float32
+    def _constant_dummy_tops(self) -> dict[str, dict[int, str]]:
+        """The DummyData tops Caffe fills once, at setup (constant fillers): layer -> {top
+        index: blob}. Their blobs get the constant now; a forward then hands the layer what
+        they hold (``_holding_tops``), so a value a script writes there stays."""
+        held: dict[str, dict[int, str]] = {}
+        for step in self._net.steps:
+            module = self._net.module_of(step)
+            if isinstance(module, DummyDataLayer) and module.constant:
+                tops = {i: step.tops[i] for i in module.constant}
+                for i, name in tops.items():
+                    self.blobs[name].data[...] = module.constant[i].numpy()
+                held[step.name] = tops
+        return held
+
+    def _holding_tops(self) -> contextlib.AbstractContextManager[None]:
+        """Within: constant DummyData layers return their blobs' current data (see above)."""
+        if not self._held_tops:
+            return contextlib.nullcontext()
+        device = self._device
+        return holding_tops(
+            {
+                layer: {i: self.blobs[name].data_at(device) for i, name in tops.items()}
+                for layer, tops in self._held_tops.items()
+            }
+        )
+
     def _forward(self, start: int, end: int, observe: Sequence[str] = ()) -> float:
         """Run layers ``start..end``; ``observe``: blobs the caller reads right after."""
+        with self._holding_tops():
+            return self._forward_range(start, end, observe)
+
+    def _forward_range(self, start: int, end: int, observe: Sequence[str]) -> float:
         steps = self._net.steps
         backward = self._backward_steps
         first = bisect.bisect_left(backward, start)  # the first at or after ``start``
@@ -687,7 +720,8 @@ class Net:
         edit a blob in between, so where exact this is one autograd pass (one_pass.py)."""
         plan = self._one_pass_plan()
         if plan is not None:
-            return forward_backward_one_pass(self, plan)
+            with self._holding_tops():
+                return forward_backward_one_pass(self, plan)
         loss = self._forward(0, len(self._net.steps) - 1)
         self._backward(len(self._net.steps) - 1, 0, check_edits=False)
         return loss
@@ -700,7 +734,8 @@ class Net:
         if plan is None:
             self.clear_param_diffs()
             return self.forward_backward()
-        return forward_backward_one_pass(self, plan, clear=True)
+        with self._holding_tops():
+            return forward_backward_one_pass(self, plan, clear=True)
 
     def _one_pass_plan(self) -> OnePassPlan | None:
         """``plan_one_pass`` for the params as bound now (kept until they change)."""
