@@ -126,3 +126,47 @@ def test_train_phase_net_is_refused(tmp_path, models_root):
     )
     with pytest.raises(ExportError, match="TEST-phase"):
         export_onnx(net, tmp_path / "x.onnx", dynamo=False)
+
+
+OVERHANG_AND_GLOBAL = """
+name: "pools"
+layer { name: "data" type: "Input" top: "data"
+  input_param { shape { dim: 2 dim: 1 dim: 5 dim: 5 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+  convolution_param { num_output: 2 kernel_size: 1 weight_filler { type: "gaussian" std: 1 } } }
+layer { name: "ave" type: "Pooling" bottom: "conv" top: "ave"
+  pooling_param { pool: AVE kernel_size: 2 stride: 2 } }
+layer { name: "gave" type: "Pooling" bottom: "conv" top: "gave"
+  pooling_param { pool: AVE global_pooling: true } }
+layer { name: "gmax" type: "Pooling" bottom: "conv" top: "gmax"
+  pooling_param { pool: MAX global_pooling: true } }
+"""
+
+
+@pytest.mark.parametrize("dynamo", [True, False])
+def test_overhanging_and_global_pooling_export_with_a_symbolic_batch(tmp_path, dynamo):
+    """Caffe rounds AVE pooling's output up: the last 2x2 window over 5x5 overhangs and
+    divides by its full size (the dynamo exporter divided the explicit sums again when the
+    bottom needed grad); global pooling read its kernel off a traced shape, which the
+    TorchScript exporter refused with a symbolic batch."""
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    net = torchcaffe.load(torchcaffe.formats.prototxt.read_net(OVERHANG_AND_GLOBAL))
+    path = tmp_path / "pools.onnx"
+    export_onnx(net, path, dynamo=dynamo)
+    _check(net, path, ["ave", "gave", "gmax"], batch=3)
+
+
+def test_an_input_blob_as_an_output_is_refused_by_the_dynamo_exporter(tmp_path, models_root):
+    """Its graph would define the input's name twice, which onnxruntime refuses to load."""
+    pytest.importorskip("onnxscript")
+    net, _ = _load(models_root, "lenet")
+    with pytest.raises(ExportError, match=r"input blob\(s\) \['data'\] outputs too"):
+        export_onnx(net, tmp_path / "x.onnx", dynamo=True, outputs=["ip1", "data"])
+    assert not (tmp_path / "x.onnx").exists()
+    export_onnx(net, tmp_path / "ts.onnx", dynamo=False, outputs=["ip1", "data"])
+    sess = ort.InferenceSession(str(tmp_path / "ts.onnx"), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).random((2, 1, 28, 28), dtype=np.float32)
+    feed = {sess.get_inputs()[0].name: x}  # the TorchScript exporter renames the input
+    _, data = sess.run(None, feed)
+    np.testing.assert_array_equal(data, x)

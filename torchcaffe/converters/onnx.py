@@ -7,6 +7,7 @@ order) and the ONNX graph's input/output names are the Caffe blob names.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from collections.abc import Mapping, Sequence
@@ -71,6 +72,13 @@ def export_onnx(
         raise ExportError(
             f"unknown output blob(s) {unknown}", path=net.path, expected=f"blobs of {net.name}"
         )
+    passed_through = [b for b in outputs or () if b in net.input_names]
+    if dynamo and passed_through:  # its graph would define the name twice (onnxruntime refuses)
+        raise ExportError(
+            f"the dynamo exporter cannot make the input blob(s) {passed_through} outputs too",
+            path=net.path,
+            hint="export with dynamo=False, or leave them out of outputs",
+        )
     wrapper = PositionalNet(net, outputs).eval()
     was_training = net.training
     net.eval()
@@ -92,7 +100,10 @@ def export_onnx(
             warnings.simplefilter("ignore", (DeprecationWarning, torch.jit.TracerWarning))
             if not dynamo:
                 kw["f"] = os.fspath(path)
-            result = torch.onnx.export(wrapper, example, **kw)
+            # dynamo: without autograd recording (an AVE pooling that overhangs would take its
+            # explicit-sums form for compiled training, which this exporter divides again)
+            with torch.no_grad() if dynamo else contextlib.nullcontext():
+                result = torch.onnx.export(wrapper, example, **kw)
         if dynamo:
             assert result is not None
             result.save(os.fspath(path))

@@ -374,6 +374,13 @@ class PoolingLayer(CaffeLayer):
         return [(shape[0], shape[1], oh, ow)] * self.num_tops
 
     def forward(self, x: torch.Tensor):
+        if self.global_pooling and self.num_tops == 1 and torch.jit.is_tracing():
+            # the TorchScript ONNX exporter cannot take a kernel read off a traced shape
+            # (with a symbolic batch); over the whole plane Caffe's pool is torch's global one
+            if self.pool == PP.AVE:
+                return F.adaptive_avg_pool2d(x, 1)
+            if self.pool == PP.MAX:
+                return F.adaptive_max_pool2d(x, 1)
         kernel, out = self.geometry(tuple(x.shape))
         y, mask = caffe_pool2d(
             x,
