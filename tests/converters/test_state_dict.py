@@ -153,3 +153,25 @@ def test_exported_torch_model_reloads_from_readable_state_dict(tmp_path):
     for key, value in model.state_dict().items():
         if not key.endswith("num_batches_tracked"):
             torch.testing.assert_close(fresh.state_dict()[key], value, rtol=1e-6, atol=0)
+
+
+def test_a_readable_tensor_of_another_shape_but_the_same_count_is_refused(tmp_path):
+    """A (5, 8) weight for an InnerProduct with transpose: true, whose blob is (8, 5): a
+    reshape would scramble it silently (torch's load_state_dict refuses it too)."""
+    proto = tmp_path / "tp.prototxt"
+    proto.write_text(
+        'layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 8 } } }\n'
+        'layer { name: "fc" type: "InnerProduct" bottom: "data" top: "fc"\n'
+        "  inner_product_param { num_output: 5 transpose: true } }\n"
+    )
+    lin = torch.nn.Linear(8, 5)
+    torch.save({"fc.weight": lin.weight.detach(), "fc.bias": lin.bias.detach()}, tmp_path / "w.pt")
+    with pytest.raises(WeightsError, match=r"shape mismatch for 'fc.weight'.*\(8, 5\).*\(5, 8\)"):
+        state_dict_to_caffemodel(proto, tmp_path / "w.pt", tmp_path / "out.caffemodel")
+    # axes of size 1 may differ: a (5, 1) bias column is still the (5,) bias
+    torch.save({"fc.weight": lin.weight.detach().t(), "fc.bias": lin.bias.detach()[:, None]},
+               tmp_path / "ok.pt")  # fmt: skip
+    state_dict_to_caffemodel(proto, tmp_path / "ok.pt", tmp_path / "ok.caffemodel")
+    net = torchcaffe.load(proto, tmp_path / "ok.caffemodel")
+    x = torch.randn(1, 8)
+    torch.testing.assert_close(net(data=x)["fc"], lin(x).detach())

@@ -128,7 +128,9 @@ def load_readable_state_dict(
             f"unexpected {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}",
         )
     for key, target, value in assignments:
-        if tuple(value.shape) != tuple(target.shape) and value.numel() != target.numel():
+        # only axes of size 1 may differ (a (1,) scalar blob, a legacy 1x1xNxK one): a
+        # transposed weight has the same count, and reshaping it would scramble it silently
+        if _squeezed(value.shape) != _squeezed(target.shape):
             raise WeightsError(
                 f"shape mismatch for {key!r}",
                 path=source,
@@ -136,3 +138,7 @@ def load_readable_state_dict(
                 got=tuple(value.shape),
             )
         target.copy_(value.reshape(target.shape).to(target.dtype))
+
+
+def _squeezed(shape: torch.Size | tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(int(d) for d in shape if d != 1)
