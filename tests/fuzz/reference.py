@@ -42,13 +42,17 @@ def shape_equals(target: tuple[int, ...], blob: caffe_pb2.BlobProto) -> bool:
 
 
 def blob_values(blob: caffe_pb2.BlobProto, count: int) -> np.ndarray:
-    """Caffe's FromProto: double_data when non-empty, else data; the count must match."""
+    """Caffe's FromProto: double_data when non-empty, else data; the count must match, and
+    that of a stored diff (double_diff when non-empty) too."""
     if len(blob.double_data):
         values = np.asarray(blob.double_data, np.float64)
     else:
         values = np.asarray(blob.data, np.float32)
     if values.size != count:
         raise Reject(f"{values.size} values for {count}")
+    diff = blob.double_diff if len(blob.double_diff) else blob.diff  # checked the same way
+    if len(diff) and len(diff) != count:
+        raise Reject(f"{len(diff)} diff values for {count}")
     return values
 
 

@@ -42,7 +42,8 @@ def blob_proto_to_array(
     """The blob's data (or diff) as an array of its shape.
 
     float32 from ``data``, float64 from ``double_data`` (preferred when present, as Caffe's
-    FromProto). A value count that does not match the shape raises ``DataError``.
+    FromProto). A value count that does not match the shape raises ``DataError``, as does a
+    stored diff's (Caffe's FromProto checks both).
     """
     shape = blob_proto_shape(proto)
     problem = limits.shape_problem(shape)
@@ -66,6 +67,14 @@ def blob_proto_to_array(
             path=_name(path),
             expected=f"{count} values",
             got=values.size,
+        )
+    stored_diff = len(proto.double_diff) or len(proto.diff)
+    if not diff and stored_diff and stored_diff != count:  # Caffe's FromProto checks it too
+        raise DataError(
+            f"blob proto diff size does not match its shape {list(shape)}",
+            path=_name(path),
+            expected=f"{count} values",
+            got=stored_diff,
         )
     return values.reshape(shape)
 
