@@ -346,7 +346,6 @@ class Net:
                 blob.diff_memory.head = side
 
     # -- forward / backward -----------------------------------------------------------------
-    @_in_caffe_float32
     def _constant_dummy_tops(self) -> dict[str, dict[int, str]]:
         """The DummyData tops Caffe fills once, at setup (constant fillers): layer -> {top
         index: blob}. Their blobs get the constant now; a forward then hands the layer what
@@ -373,6 +372,7 @@ class Net:
             }
         )
 
+    @_in_caffe_float32
     def _forward(self, start: int, end: int, observe: Sequence[str] = ()) -> float:
         """Run layers ``start..end``; ``observe``: blobs the caller reads right after."""
         with self._holding_tops():
