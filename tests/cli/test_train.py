@@ -135,3 +135,12 @@ def test_several_weights_files_warn_once_for_what_none_of_them_fills(case, capsy
     err = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
     assert len(err) == 1 and err[0].startswith("torchcaffe train: warning: 1 layers")
     assert "'ip2'" in err[0] and "'ip1'" not in err[0]
+
+
+def test_a_solver_without_weights_warns_of_nothing(case):
+    """No -weights and no solver 'weights': nothing was asked to be filled."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", caffe.errors.PartialWeightsWarning)
+        caffe.SGDSolver("solver.prototxt")

@@ -66,8 +66,9 @@ def load_weights(net: Net, param: caffe_pb2.SolverParameter, solver_path: str | 
         for entry in param.weights
         for name in entry.split(",")
     ]
-    if len(paths) == 1:
-        net.copy_from(paths[0])
+    if len(paths) <= 1:
+        for path in paths:
+            net.copy_from(path)
         return
     filled: set[str] = set()
     with warnings.catch_warnings():
