@@ -311,3 +311,39 @@ def test_an_in_place_layer_on_a_constant_dummy_top_accumulates_as_in_caffe(tmp_p
         net.forward()
         seen.append(float(net.blobs["x"].data[0]))
     assert seen == [2.0, 3.0, 4.0]
+
+
+def test_per_layer_callbacks_see_every_layer_in_caffes_order(prototxt):
+    """pycaffe's before_forward / after_forward / before_backward / after_backward: run(i)
+    around layer i, for every layer of the range (Net::ForwardFromTo, BackwardFromTo); an
+    after_forward callback reads that layer's tops already written."""
+    net = caffe.Net(prototxt, caffe.TRAIN)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    label = rng.standard_normal((3, 2)).astype(np.float32)
+    calls: list[tuple[str, int]] = []
+    tops_seen: dict[int, np.ndarray] = {}
+    net.before_forward(lambda i: calls.append(("bf", i)))
+    net.after_forward(lambda i: calls.append(("af", i)))
+    net.after_forward(
+        lambda i: tops_seen.setdefault(
+            i, net.blobs[net.top_names[net._layer_names[i]][0]].data.copy()
+        )
+    )
+    net.before_backward(lambda i: calls.append(("bb", i)))
+    net.after_backward(lambda i: calls.append(("ab", i)))
+    out = net.forward(data=x, label=label)
+    n = len(net.layers)
+    assert calls == [(k, i) for i in range(n) for k in ("bf", "af")]
+    want = reference(net, x.astype(np.float64), label.astype(np.float64))
+    np.testing.assert_allclose(out["loss"], want["loss"], rtol=1e-5)
+    np.testing.assert_allclose(tops_seen[3], want["y"], rtol=1e-5)  # ip2's top, right after it
+    calls.clear()
+    net.backward()
+    assert calls == [(k, i) for i in reversed(range(n)) for k in ("bb", "ab")]
+    np.testing.assert_allclose(net.params["ip1"][0].diff, want["dw1"], rtol=1e-4, atol=1e-6)
+    calls.clear()
+    net.clear_param_diffs()
+    net.forward_backward()  # the solver's step: layer by layer too
+    assert [k for k, _ in calls] == ["bf", "af"] * n + ["bb", "ab"] * n
+    np.testing.assert_allclose(net.params["ip2"][0].diff, want["dw2"], rtol=1e-4, atol=1e-6)

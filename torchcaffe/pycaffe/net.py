@@ -14,7 +14,7 @@ import contextlib
 import functools
 import os
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,6 +140,10 @@ class Net:
         self._lazy = LazyForward(self._net, self.blobs, self._net.loss_weights())
         self._bind_params()
         self._records: dict[int, _Record] = {}
+        # pycaffe's per-layer callbacks (Net.before_forward & co.), by where they run
+        self._callbacks: dict[str, list[Callable[[int], Any]]] = {
+            k: [] for k in ("before_forward", "after_forward", "before_backward", "after_backward")
+        }
         self._overwritten = self._find_overwritten_bottoms()
         self._layer_tops = layer_tops(self._net)  # what a forward writes (inputs: in place)
         # the layers that need backward, in order: a forward asks whether its range has one
@@ -374,9 +378,38 @@ class Net:
 
     @_in_caffe_float32
     def _forward(self, start: int, end: int, observe: Sequence[str] = ()) -> float:
-        """Run layers ``start..end``; ``observe``: blobs the caller reads right after."""
+        """Run layers ``start..end``; ``observe``: blobs the caller reads right after. With
+        per-layer callbacks (``before_forward``, ``after_forward``) layer by layer."""
+        before, after = self._callbacks["before_forward"], self._callbacks["after_forward"]
         with self._holding_tops():
-            return self._forward_range(start, end, observe)
+            if not before and not after:
+                return self._forward_range(start, end, observe)
+            loss = 0.0
+            for i in range(start, end + 1):
+                for run in before:
+                    run(i)
+                loss += self._forward_range(i, i, observe)
+                for run in after:
+                    run(i)
+            return loss
+
+    def before_forward(self, run: Callable[[int], Any]) -> None:
+        """pycaffe's Net.before_forward: ``run(i)`` before layer ``i``'s Forward, every
+        forward after (forwards then run layer by layer)."""
+        self._callbacks["before_forward"].append(run)
+
+    def after_forward(self, run: Callable[[int], Any]) -> None:
+        """pycaffe's Net.after_forward: ``run(i)`` after layer ``i``'s Forward."""
+        self._callbacks["after_forward"].append(run)
+
+    def before_backward(self, run: Callable[[int], Any]) -> None:
+        """pycaffe's Net.before_backward: ``run(i)`` before layer ``i``'s Backward (every
+        layer in the range, whether it computes a backward or not, as Caffe calls it)."""
+        self._callbacks["before_backward"].append(run)
+
+    def after_backward(self, run: Callable[[int], Any]) -> None:
+        """pycaffe's Net.after_backward: ``run(i)`` after layer ``i``'s Backward."""
+        self._callbacks["after_backward"].append(run)
 
     def _forward_range(self, start: int, end: int, observe: Sequence[str]) -> float:
         steps = self._net.steps
@@ -542,52 +575,66 @@ class Net:
     @_in_caffe_float32
     def _backward(self, start: int, end: int, check_edits: bool = True) -> None:
         device = self._ensure_device()
-        steps = self._net.steps
         edited: dict[tuple[str, int], bool] = {}
+        before, after = self._callbacks["before_backward"], self._callbacks["after_backward"]
         for i in range(start, end - 1, -1):
-            step = steps[i]
-            if not step.need_backward or step.is_input:
-                continue
-            module = self._net.module_of(step)
-            if not module.has_backward:
-                continue
-            record = self._records.get(i)
-            rule = TOP_DATA_BACKWARD.get(step.type) if check_edits else None
-            if record is not None and rule is not None:
-                self._backward_from_top(i, rule, device)
-                continue
-            if record is None or (
-                check_edits and reads_bottom_data(step) and self._bottoms_edited(i, device, edited)
-            ):  # no forward since, or a script wrote a bottom this layer's Backward reads
-                record = self._replay(i, device)
-            outs, grads = [], []
-            for name, t in zip(step.tops, record.tops):
-                if t.requires_grad:
-                    outs.append(t)
-                    grads.append(self.blobs[name].diff_at(device).view(t.shape).to(t.dtype))
-            wanted = [
-                j
-                for j, b in enumerate(record.bottoms)
-                if step.bottom_need_backward[j] and b.requires_grad
-            ]
-            params = [
-                p
-                for p, need in zip(module.param_blobs(), step.param_need_backward)
-                if need and isinstance(p, nn.Parameter) and p.requires_grad
-            ]
-            inputs = [record.bottoms[j] for j in wanted] + params
-            if not outs or not inputs:
-                continue
-            got = torch.autograd.grad(outs, inputs, grads, allow_unused=True, retain_graph=True)
-            for j, g in zip(wanted, got[: len(wanted)]):
-                diff = self.blobs[step.bottoms[j]].diff_at(device, mutable=True)
-                if g is None:
-                    diff.zero_()
-                else:
-                    diff.copy_(g.view(diff.shape))
-            for p, g in zip(params, got[len(wanted) :]):
-                if g is not None:
-                    self._param_blob_of[id(p)].diff_at(device, mutable=True).add_(g.view(p.shape))
+            for run in before:  # Caffe's Net callbacks see every layer, backward or not
+                run(i)
+            self._backward_layer(i, device, check_edits, edited)
+            for run in after:
+                run(i)
+
+    def _backward_layer(
+        self,
+        i: int,
+        device: torch.device,
+        check_edits: bool,
+        edited: dict[tuple[str, int], bool],
+    ) -> None:
+        """Layer ``i``'s Backward: its bottom diffs written, its param diffs added to."""
+        step = self._net.steps[i]
+        if not step.need_backward or step.is_input:
+            return
+        module = self._net.module_of(step)
+        if not module.has_backward:
+            return
+        record = self._records.get(i)
+        rule = TOP_DATA_BACKWARD.get(step.type) if check_edits else None
+        if record is not None and rule is not None:
+            self._backward_from_top(i, rule, device)
+            return
+        if record is None or (
+            check_edits and reads_bottom_data(step) and self._bottoms_edited(i, device, edited)
+        ):  # no forward since, or a script wrote a bottom this layer's Backward reads
+            record = self._replay(i, device)
+        outs, grads = [], []
+        for name, t in zip(step.tops, record.tops):
+            if t.requires_grad:
+                outs.append(t)
+                grads.append(self.blobs[name].diff_at(device).view(t.shape).to(t.dtype))
+        wanted = [
+            j
+            for j, b in enumerate(record.bottoms)
+            if step.bottom_need_backward[j] and b.requires_grad
+        ]
+        params = [
+            p
+            for p, need in zip(module.param_blobs(), step.param_need_backward)
+            if need and isinstance(p, nn.Parameter) and p.requires_grad
+        ]
+        inputs = [record.bottoms[j] for j in wanted] + params
+        if not outs or not inputs:
+            return
+        got = torch.autograd.grad(outs, inputs, grads, allow_unused=True, retain_graph=True)
+        for j, g in zip(wanted, got[: len(wanted)]):
+            diff = self.blobs[step.bottoms[j]].diff_at(device, mutable=True)
+            if g is None:
+                diff.zero_()
+            else:
+                diff.copy_(g.view(diff.shape))
+        for p, g in zip(params, got[len(wanted) :]):
+            if g is not None:
+                self._param_blob_of[id(p)].diff_at(device, mutable=True).add_(g.view(p.shape))
 
     def _replay(self, i: int, device: torch.device) -> _Record:
         """Layer ``i``'s forward recomputed from its bottoms' current data, for a backward
@@ -717,8 +764,9 @@ class Net:
     @_in_caffe_float32
     def forward_backward(self) -> float:
         """Caffe's Net::ForwardBackward: forward, then backward; returns the loss. Nothing can
-        edit a blob in between, so where exact this is one autograd pass (one_pass.py)."""
-        plan = self._one_pass_plan()
+        edit a blob in between, so where exact this is one autograd pass (one_pass.py), unless
+        per-layer callbacks must see each layer."""
+        plan = None if any(self._callbacks.values()) else self._one_pass_plan()
         if plan is not None:
             with self._holding_tops():
                 return forward_backward_one_pass(self, plan)
@@ -730,7 +778,7 @@ class Net:
     def _clear_and_forward_backward(self) -> float:
         """ClearParamDiffs then ForwardBackward (a solver iteration of one pass); on the one
         pass each param diff is written once instead of zeroed and then added to."""
-        plan = self._one_pass_plan()
+        plan = None if any(self._callbacks.values()) else self._one_pass_plan()
         if plan is None:
             self.clear_param_diffs()
             return self.forward_backward()
