@@ -120,3 +120,15 @@ def test_compare_caffe_engine_steps_layer_by_layer(models_root, capsys, monkeypa
     report = json.loads(capsys.readouterr().out)
     assert len(report["blobs"]) == 10
     assert all(r["max_abs"] == 0.0 for r in report["blobs"])
+
+
+def test_compare_against_the_dynamo_exporters_graph(models_root, capsys):
+    """onnxruntime-dynamo runs the graph ``convert --to onnx`` writes by default: CIFAR-10
+    quick's AVE poolings overhang (Caffe rounds up), which that exporter once divided twice."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    root = models_root / "cifar10_quick"
+    argv = ["compare", str(root / "cifar10_quick.prototxt")]
+    argv += [str(root / "cifar10_quick_iter_5000.caffemodel"), "--against", "onnxruntime-dynamo"]
+    assert main(argv) == 0
+    assert "all 12 blobs agree with onnxruntime-dynamo" in capsys.readouterr().out

@@ -9,6 +9,7 @@ compared layer by layer, as the other engines report them.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -22,7 +23,9 @@ from ..errors import LayerParamError, UnsupportedError
 from ..net.net import TorchNet
 
 PathLike = str | os.PathLike
-ENGINES = ("opencv", "onnxruntime", "caffe")
+# onnxruntime runs the TorchScript exporter's graph, onnxruntime-dynamo the dynamo
+# exporter's (the default of ``convert --to onnx``)
+ENGINES = ("opencv", "onnxruntime", "onnxruntime-dynamo", "caffe")
 
 
 @dataclass
@@ -162,7 +165,9 @@ def run_opencv(prototxt, weights, net, inputs) -> dict[tuple[str, str], np.ndarr
     return {(layer, net.step(layer).tops[0]): np.asarray(o) for layer, o in zip(wanted, outs)}
 
 
-def run_onnxruntime(prototxt, weights, net, inputs) -> dict[tuple[str, str], np.ndarray]:
+def run_onnxruntime(
+    prototxt, weights, net, inputs, dynamo: bool = False
+) -> dict[tuple[str, str], np.ndarray]:
     try:
         import onnxruntime as ort
     except ImportError:
@@ -179,7 +184,7 @@ def run_onnxruntime(prototxt, weights, net, inputs) -> dict[tuple[str, str], np.
         export_onnx(
             _EveryTop(net, pairs),  # type: ignore[arg-type]
             path,
-            dynamo=False,
+            dynamo=dynamo,
             dynamic_batch=False,
             input_shapes={k: v.shape for k, v in inputs.items()},
         )
@@ -250,6 +255,7 @@ def reference_pycaffe():
 ENGINE_RUNS: dict[str, OtherRun] = {
     "opencv": run_opencv,
     "onnxruntime": run_onnxruntime,
+    "onnxruntime-dynamo": functools.partial(run_onnxruntime, dynamo=True),
     "caffe": run_caffe,
 }
 
