@@ -26,8 +26,11 @@ class DerivedCache(Generic[T]):
     autograd, so the value can be read by a later run that autograd records."""
 
     def __init__(self) -> None:
-        # (key, value) in one attribute: two threads running the net read a consistent pair
-        self._entry: tuple[list[tuple[int, int]], T] | None = None
+        # (key, sources, value) in one attribute: two threads running the net read a
+        # consistent entry. The sources are held so that no new tensor can take the address
+        # (and version 0) of one the key names: a source that is itself derived (a fold's
+        # weights, which a group stacks) is freed and made again when it changes.
+        self._entry: tuple[list[tuple[int, int]], tuple[torch.Tensor, ...], T] | None = None
 
     def get(self, sources: Sequence[torch.Tensor], compute: Callable[[], T]) -> T:
         try:
@@ -40,8 +43,8 @@ class DerivedCache(Generic[T]):
         entry = self._entry
         if entry is None or entry[0] != key:
             with torch.inference_mode(False), torch.no_grad():
-                entry = self._entry = (key, compute())
-        return entry[1]
+                entry = self._entry = (key, tuple(sources), compute())
+        return entry[2]
 
     def forget(self) -> None:
         """Drop the value: a source was written where its version does not show it."""

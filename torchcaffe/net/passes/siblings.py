@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from ...ops import fused_relu
+from ...ops._derived import DerivedCache
 from ...ops.convolution import ConvolutionLayer, conv2d
 from ...ops.onednn_conv import PackedConvWeight, is_channels_last
 from ..program import LayerStep
@@ -134,9 +135,8 @@ class SiblingConvolutions:
         # each member's layer or fold, which computes its (weight, bias)
         self.layers = tuple(m.runner if isinstance(m, ProducerWithReLU) else m for m in members)
         self.sizes = [_conv_of(layer).num_output for layer in self.layers]
-        # (the members' weights and biases, their (version, address), the stacked pair): the
-        # sources are held, so a new tensor cannot take an old one's address
-        self._stacked: tuple[tuple[torch.Tensor, ...], list[tuple[int, int]], Any] | None = None
+        # the members' weights and biases stacked, kept until one of them changes
+        self._stacked: DerivedCache[tuple[torch.Tensor, torch.Tensor]] = DerivedCache()
         self._packed = PackedConvWeight()
 
     @property
@@ -147,7 +147,7 @@ class SiblingConvolutions:
     def forget(self) -> None:
         """Drop the stacked and packed weights: a member's param was written where its version
         does not show it (``TorchNet.params_changed``)."""
-        self._stacked = None
+        self._stacked.forget()
         self._packed.forget()
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -166,13 +166,9 @@ class SiblingConvolutions:
                 sources += (w, b)
             else:
                 sources += (layer.weight, layer.bias) if layer.bias_term else (layer.weight,)
-        slope = self.slope
-        if self.finite_epilogue and fused_relu.run_is_finite():
-            slope = fused_relu.FINITE_RELU
-        if not finite:  # NaN may follow: no ReLU of this run in oneDNN's epilogue
-            fused_relu.taint_run()
-            slope = 0.0 if slope is fused_relu.FINITE_RELU else slope
-        weight, bias = self._stacked_weights(sources)
+        slope = fused_relu.slope_for_run(self.slope, self.finite_epilogue)
+        slope = fused_relu.after_derived_weights(slope, finite)
+        weight, bias = self._stacked.get(sources, lambda: self._stack(sources))
         conv = self.producer
         g = conv.geom
         extra = g.extra_pad(tuple(x.shape[2:]))
@@ -182,19 +178,9 @@ class SiblingConvolutions:
         layout = torch.channels_last if is_channels_last(y) else torch.contiguous_format
         return tuple(part.contiguous(memory_format=layout) for part in y.split(self.sizes, 1))
 
-    def _stacked_weights(self, sources: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The members' weights stacked along the outputs, and their biases (zeros for a member
-        without one), kept until a source changes."""
-        try:
-            key = [(t._version, t.data_ptr()) for t in sources]
-        except RuntimeError:  # inference tensors (a net built under inference_mode)
-            return self._stack(sources)
-        entry = self._stacked
-        if entry is None or entry[1] != key:
-            entry = self._stacked = (tuple(sources), key, self._stack(sources))
-        return entry[2]
-
     def _stack(self, sources: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The members' weights stacked along the outputs, and their biases (zeros for a
+        member without one)."""
         weights, biases = [], []
         it = iter(sources)
         for layer, size in zip(self.layers, self.sizes):
@@ -202,8 +188,7 @@ class SiblingConvolutions:
             has_bias = isinstance(layer, FoldedAffine) or layer.bias_term
             weights.append(w)
             biases.append(next(it) if has_bias else w.new_zeros(size))
-        with torch.inference_mode(False), torch.no_grad():
-            return torch.cat([w.detach() for w in weights]), torch.cat([b.detach() for b in biases])
+        return torch.cat(weights), torch.cat(biases)  # DerivedCache computes without autograd
 
 
 def _conv_of(layer: Any) -> ConvolutionLayer:
