@@ -63,6 +63,21 @@ def taint_run() -> None:
     _FINITE_RUN.set(False)
 
 
+def slope_for_run(slope: Slope, finite_epilogue: bool) -> Slope:
+    """The slope a fused ReLU takes in the current run: FINITE_RELU for a plain one that may
+    run in oneDNN's epilogue (``finite_epilogue``) when the run is finite."""
+    return FINITE_RELU if finite_epilogue and run_is_finite() else slope
+
+
+def after_derived_weights(slope: Slope, weights_finite: bool) -> Slope:
+    """``slope`` for a product over derived weights (a fold's): where they are not finite,
+    NaN may follow, so the rest of the run is tainted and this ReLU leaves the epilogue."""
+    if weights_finite:
+        return slope
+    taint_run()
+    return 0.0 if slope is FINITE_RELU else slope
+
+
 def onednn_call(op: Callable[..., torch.Tensor], slope: Slope, *args: Any) -> torch.Tensor:
     """``op(*args, attr, scalars, algorithm)``, one of oneDNN's pointwise ops
     (``mkldnn::_convolution_pointwise``, ``mkldnn::_linear_pointwise``), with a leaky ReLU

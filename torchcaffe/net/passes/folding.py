@@ -382,9 +382,7 @@ class FoldedAffine:
         if torch.compiler.is_compiling():
             return fused_relu.apply_(self._traced(x), slope)
         w, b = self.folded_weights()
-        if not self._finite:  # NaN may follow: no ReLU of this run in oneDNN's epilogue
-            fused_relu.taint_run()
-            slope = 0.0 if slope is fused_relu.FINITE_RELU else slope
+        slope = fused_relu.after_derived_weights(slope, self._finite)
         if self.producer_type == "Convolution" and self.weight_cache is not None:
             # the packed call made last, before ``run_folded``'s own checks: a bottom of the
             # shape that call had needs no extra pad (it had none, or was the padded one)

@@ -49,8 +49,7 @@ class ProducerWithReLU:
         slope: fused_relu.Slope = self.negative_slope
         # the flag is read only outside a trace: a compiled graph guards what it reads
         if not torch.compiler.is_compiling() and self.finite_epilogue:
-            if fused_relu.run_is_finite():
-                slope = fused_relu.FINITE_RELU
+            slope = fused_relu.slope_for_run(slope, True)
         return self.runner.top_with_relu(x, slope)
 
 
