@@ -1,28 +1,30 @@
 """What ``import caffe._caffe`` (pycaffe's C++ extension) gives: the names it binds that
 torchcaffe has, so scripts that import from it directly run unchanged.
 
-Not imported by ``torchcaffe/__init__`` (it reads ``__version__`` from there); the ``caffe``
-alias answers ``caffe._caffe`` with this module.
+The names come from ``torchcaffe`` itself (which does not import this module: it reads them
+from there); the ``caffe`` alias answers ``caffe._caffe`` with this module.
 """
 
 from __future__ import annotations
 
-from . import __version__
-from .blob import Blob
-from .pycaffe.layer import BlobVec, Layer
-from .pycaffe.net import Net
-from .pycaffe.process import NCCL, Timer, has_nccl, init_log, log
-from .pycaffe.solver import (
+from . import (
+    NCCL,
     AdaDeltaSolver,
     AdaGradSolver,
     AdamSolver,
+    Blob,
+    Layer,
     NesterovSolver,
+    Net,
     RMSPropSolver,
     SGDSolver,
+    Timer,
+    __version__,
     get_solver,
-)
-from .registry import layer_type_list
-from .runtime import (
+    has_nccl,
+    init_log,
+    layer_type_list,
+    log,
     set_device,
     set_mode_cpu,
     set_mode_gpu,
@@ -33,6 +35,7 @@ from .runtime import (
     solver_count,
     solver_rank,
 )
+from .pycaffe.layer import BlobVec  # not a top-level name of torchcaffe
 from .solver.solver import Solver
 
 __all__ = [
