@@ -32,6 +32,7 @@ from torchcaffe.net.passes import INFERENCE_PASSES, TRAINING_PASSES, layout
 from torchcaffe.proto import caffe_pb2
 
 from ..helpers.params import fill_params
+from ..helpers.programs import literal_blobs
 from .random_nets import random_net
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -51,15 +52,6 @@ def _load(text: str, phase: str, seed: int) -> torchcaffe.TorchNet:
     return net
 
 
-def _literal(net: torchcaffe.TorchNet, x: torch.Tensor) -> dict[str, torch.Tensor]:
-    net.optimize = False
-    try:
-        with torch.no_grad():
-            return {k: v.clone() for k, v in net.forward_all_blobs(data=x).items()}
-    finally:
-        net.optimize = True
-
-
 def _close(got, want, what: str) -> None:
     got = got.detach().numpy() if isinstance(got, torch.Tensor) else got
     np.testing.assert_allclose(got, want.numpy(), rtol=RTOL, atol=ATOL, err_msg=what)
@@ -76,7 +68,7 @@ def test_torch_face_matches_the_layer_by_layer_program(seed, layout_threshold):
     spec = random_net(seed)
     net = _load(spec.text, "test", seed)
     x = torch.randn(*spec.input_shape, generator=torch.Generator().manual_seed(seed))
-    want = _literal(net, x)
+    want = literal_blobs(net, x)
     with torch.inference_mode():
         outputs = net(data=x)
         every = net.forward_all_blobs(data=x)
@@ -106,7 +98,7 @@ def test_caffe_face_matches_before_and_after_surgery(seed, tmp_path, layout_thre
             net.params[name][0].data[...] += 0.25  # through the numpy view
             with torch.no_grad():
                 reference.layer(name).param_blobs()[0].add_(0.25)
-        want = _literal(reference, x)
+        want = literal_blobs(reference, x)
         net.blobs["data"].data[...] = x.numpy()
         outputs = net.forward()
         for name in net.outputs:
@@ -126,7 +118,7 @@ def test_exported_net_with_a_dynamic_batch_matches_at_other_batches(seed):
         x = torch.randn(
             batch, *spec.input_shape[1:], generator=torch.Generator().manual_seed(batch)
         )
-        want = _literal(net, x)
+        want = literal_blobs(net, x)
         with torch.no_grad():
             outputs = program.module()(x)
         assert outputs.keys() == set(net.output_names)
@@ -197,7 +189,7 @@ def test_compiled_net_matches_the_layer_by_layer_program(seed):
     spec = random_net(seed)
     net = _load(spec.text, "test", seed)
     x = torch.randn(*spec.input_shape, generator=torch.Generator().manual_seed(seed))
-    want = _literal(net, x)
+    want = literal_blobs(net, x)
     with torch.inference_mode():
         outputs = torch.compile(net)(data=x)
     for name, value in outputs.items():

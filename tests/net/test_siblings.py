@@ -15,6 +15,7 @@ from torchcaffe.proto import caffe_pb2
 
 from ..helpers.counting import count_calls
 from ..helpers.params import fill_params
+from ..helpers.programs import literal_blobs
 
 PASS = "merge_sibling_convolutions"
 
@@ -56,15 +57,6 @@ def _net(text: str = INCEPTION) -> torchcaffe.TorchNet:
     return net.eval()
 
 
-def _literal(net: torchcaffe.TorchNet, x: torch.Tensor) -> dict[str, torch.Tensor]:
-    net.optimize = False
-    try:
-        with torch.no_grad():
-            return {k: v.clone() for k, v in net.forward_all_blobs(data=x).items()}
-    finally:
-        net.optimize = True
-
-
 def _observed(net: torchcaffe.TorchNet, x: torch.Tensor, names: list[str]) -> dict:
     """The optimized inference run's ``names`` (the blobs it observes: a Split's tops, which
     ``forward_all_blobs`` observes too, would keep the siblings apart)."""
@@ -76,7 +68,7 @@ def _observed(net: torchcaffe.TorchNet, x: torch.Tensor, names: list[str]) -> di
 
 def _assert_all_blobs_match(net: torchcaffe.TorchNet, x: torch.Tensor) -> None:
     """Every blob but the Splits' tops, optimized and not; the siblings did merge."""
-    want = _literal(net, x)
+    want = literal_blobs(net, x)
     names = [n for n in want if "_split_" not in n]
     assert net.optimized_program(names).report[PASS] >= 1
     got = _observed(net, x, names)
@@ -103,7 +95,9 @@ def test_three_branches_over_one_bottom_run_as_one_convolution(monkeypatch):
     with torch.inference_mode():
         got = net(data=x)["out"]
     assert stacked[0] == 1
-    np.testing.assert_allclose(got.numpy(), _literal(net, x)["out"].numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        got.numpy(), literal_blobs(net, x)["out"].numpy(), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_every_blob_keeps_its_value_in_both_layouts():
@@ -153,7 +147,7 @@ def test_a_nan_folded_weight_keeps_caffes_relu():
     with torch.no_grad():
         net.layer("b2r_bn").variance.fill_(-5.0)
     x = torch.randn(1, 6, 9, 9)
-    want = _literal(net, x)
+    want = literal_blobs(net, x)
     got = _observed(net, x, ["b1", "b2r", "b3", "out"])
     assert torch.isnan(want["b2r"]).all()
     for name in ("b1", "b2r", "b3", "out"):
@@ -167,7 +161,7 @@ def test_a_nan_weight_of_a_member_keeps_caffes_relu():
     with torch.no_grad():
         net.layer("b1").weight[0, 0] = float("nan")
     x = torch.randn(1, 6, 9, 9)
-    want = _literal(net, x)
+    want = literal_blobs(net, x)
     got = _observed(net, x, ["b1", "b2r", "b3", "out"])
     assert torch.isnan(want["b1"][:, 0]).all()
     for name in ("b1", "b2r", "b3", "out"):
@@ -222,5 +216,8 @@ def test_a_traced_run_calls_each_sibling(monkeypatch):
         traced = torch.jit.trace(net, (x,), strict=False, check_trace=False)
     assert stacked[0] == 0
     np.testing.assert_allclose(
-        traced(x)["out"].detach().numpy(), _literal(net, x)["out"].numpy(), rtol=1e-5, atol=1e-6
+        traced(x)["out"].detach().numpy(),
+        literal_blobs(net, x)["out"].numpy(),
+        rtol=1e-5,
+        atol=1e-6,
     )
