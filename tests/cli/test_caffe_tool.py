@@ -74,7 +74,9 @@ def test_gflags_booleans_glog_flags_and_other_actions_flags():
         assert image.parse_args(gflags_argv(image, [*spelling, "r/", "l", "d"])).gray is True
     p = train_parser()
     argv = ["-log_dir", "/tmp", "-logtostderr", "-minloglevel=1", "-v", "2", "-solver", "s"]
-    assert gflags_argv(p, argv) == ["--solver", "s"]
+    dropped: list[str] = []
+    assert gflags_argv(p, argv, dropped_glog=dropped) == ["--solver", "s"]
+    assert dropped == ["log_dir", "logtostderr", "minloglevel", "v"]  # the CLI notes each
     time = build_parser()[1]["time"]
     argv = ["-model", "m", "-weights", "w", "-phase=TEST", "-snapshot", "x"]
     kept = gflags_argv(time, argv, frozenset({"weights", "snapshot"}))
@@ -119,7 +121,7 @@ def test_single_dash_train_writes_the_same_caffemodel_as_double_dash(case):
     "argv,needle",
     [
         (["train", "-solver", "solver.prototxt", "-bogus", "1"], "unrecognized arguments: -bogus"),
-        (["time", "-model", "nope.prototxt", "-log_dir", "/tmp", "-weights", "w"], "nope.prototxt"),
+        (["time", "-model", "nope.prototxt", "-weights", "w"], "nope.prototxt"),
         (["train", "-solver", "missing.prototxt"], "missing.prototxt"),
         (["train", "-solver", "solver.prototxt", "-snapshot", "gone.solverstate"], "gone"),
         (["train", "-solver", "solver.prototxt", "-sigint_effect", "x"], "invalid choice"),
@@ -250,3 +252,10 @@ def test_signal_effects(case, sigint, sighup, raised, stops_at, snapshots):
         solver.step(15)
     assert solver.iter == stops_at
     assert (case / "final_iter_3.caffemodel").exists() == snapshots
+
+
+def test_a_glog_flag_is_taken_with_a_note_that_it_has_no_effect(case, capsys):
+    code = main(["time", "-model", "train.prototxt", "-iterations", "1", "-log_dir", "/tmp"])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "torchcaffe time: note: glog's -log_dir has no effect" in err

@@ -103,7 +103,14 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)  # prints help or "invalid choice" and exits
     else:
         ignored = CAFFE_VALUED if action in CAFFE_ACTIONS else frozenset()
-        args = actions[action].parse_args(gflags_argv(actions[action], rest, ignored))
+        glog: list[str] = []
+        args = actions[action].parse_args(gflags_argv(actions[action], rest, ignored, glog))
+        for name in glog:  # accepted as Caffe's tools accept them, but not acted on
+            print(
+                f"torchcaffe {action}: note: glog's -{name} has no effect "
+                "(torchcaffe logs through Python's logging, to stderr)",
+                file=sys.stderr,
+            )
         args.action = action
     try:
         with use_schema(getattr(args, "caffe_proto", None)), warnings.catch_warnings():

@@ -46,11 +46,16 @@ _TRUTH = {"true": "true", "t": "true", "yes": "true", "y": "true", "1": "true",
 
 
 def gflags_argv(
-    parser: argparse.ArgumentParser, argv: Sequence[str], ignored: frozenset[str] = frozenset()
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str],
+    ignored: frozenset[str] = frozenset(),
+    dropped_glog: list[str] | None = None,
 ) -> list[str]:
     """``argv`` with every single- or double-dash long flag spelt as ``parser`` declares it;
     a boolean's gflags spellings (``-noflag``, ``-flag=yes``, ``=F``) as its own; glog's flags
-    and those in ``ignored`` (with their values) dropped, as gflags takes and ignores them."""
+    and those in ``ignored`` (with their values) dropped, as gflags takes and ignores them
+    (the glog ones named in ``dropped_glog``: torchcaffe logs to stderr only, so the caller
+    says they had no effect)."""
     known = {
         s.lstrip("-"): s for action in parser._actions for s in action.option_strings
     }  # argparse keeps no public list of option strings
@@ -76,8 +81,12 @@ def gflags_argv(
             if declared is not None:
                 token = declared + value
             elif name in GLOG_BOOLS or name.startswith("no") and name[2:] in GLOG_BOOLS:
+                if dropped_glog is not None:
+                    dropped_glog.append(name)
                 continue
             elif name in GLOG_VALUED or name in ignored:
+                if dropped_glog is not None and name in GLOG_VALUED:
+                    dropped_glog.append(name)
                 skip_value = not value  # ``-log_dir /tmp``: the next token is its value
                 continue
         out.append(token)
