@@ -92,6 +92,11 @@ class PrototxtError(TorchCaffeError):
         return super()._format()
 
 
+class MissingProtoError(PrototxtError, RuntimeError):
+    """A proto file that is not there. Also a RuntimeError: pycaffe raises one ("Could not
+    open file") for a net or weights file it cannot open, and scripts catch that."""
+
+
 class UnknownLayerTypeError(TorchCaffeError):
     """A layer type string no registered layer answers to; lists close matches."""
 
@@ -164,6 +169,10 @@ class RegistryError(TorchCaffeError):
 
 class WeightsError(TorchCaffeError):
     """A caffemodel / HDF5 weights file that does not fit the net."""
+
+
+class MissingWeightsError(WeightsError, RuntimeError):
+    """A weights file that is not there; also a RuntimeError (see ``MissingProtoError``)."""
 
 
 class UnsupportedError(TorchCaffeError, NotImplementedError):

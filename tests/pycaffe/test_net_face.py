@@ -201,6 +201,15 @@ def test_save_copy_from_and_constructor_forms(prototxt, tmp_path):
         caffe.Net(prototxt, str(tmp_path / "missing.caffemodel"), caffe.TEST)
 
 
+def test_missing_files_are_runtime_errors_as_in_pycaffe(prototxt, tmp_path):
+    """pycaffe's Net raises RuntimeError("Could not open file ...") for a missing net or
+    weights file, and scripts catch that; ours are TorchCaffeErrors that are RuntimeErrors too."""
+    with pytest.raises(RuntimeError, match="file not found"):
+        caffe.Net(str(tmp_path / "missing.prototxt"), caffe.TEST)
+    with pytest.raises(RuntimeError, match="weights file not found"):
+        caffe.Net(prototxt, str(tmp_path / "missing.caffemodel"), caffe.TEST)
+
+
 def test_share_with_uses_the_same_memory(prototxt):
     a, b = caffe.Net(prototxt, caffe.TRAIN), caffe.Net(prototxt, caffe.TEST)
     b.share_with(a)

@@ -21,7 +21,7 @@ import torch
 from google.protobuf.message import DecodeError
 
 from .. import limits
-from ..errors import PartialWeightsWarning, WeightsError
+from ..errors import MissingWeightsError, PartialWeightsWarning, WeightsError
 from ..proto import caffe_pb2
 from . import wire
 from .atomic import atomic_write
@@ -135,7 +135,7 @@ def check_weights_file(path: str | os.PathLike) -> str:
     opens it: a directory or a missing file is a WeightsError, not an OSError)."""
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise WeightsError("weights file not found", path=path)
+        raise MissingWeightsError("weights file not found", path=path)
     problem = limits.file_size_problem(os.path.getsize(path), weights=True)
     if problem:
         raise WeightsError(problem, path=path, hint=LIMITS_HINT)

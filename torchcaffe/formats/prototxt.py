@@ -16,7 +16,7 @@ from google.protobuf import text_format, unknown_fields
 from google.protobuf.message import DecodeError, Message
 
 from .. import limits
-from ..errors import PrototxtError, SchemaError, UsageError
+from ..errors import MissingProtoError, PrototxtError, SchemaError, UsageError
 from ..proto import caffe_pb2 as pb
 from . import user_schema
 from .atomic import atomic_write
@@ -59,7 +59,7 @@ def read_bytes(path: PathLike) -> bytes:
                 )
             return f.read()
     except FileNotFoundError:
-        raise PrototxtError("file not found", path=name) from None
+        raise MissingProtoError("file not found", path=name) from None
     except IsADirectoryError:
         raise PrototxtError("is a directory, not a proto file", path=name) from None
     except OSError as e:
