@@ -132,6 +132,11 @@ class UnknownNameError(TorchCaffeError, KeyError):
     """A layer or blob name the net does not have (also a KeyError, as a dict lookup is)."""
 
 
+class UnknownLayerError(UnknownNameError, ValueError):
+    """A layer name the net lacks. Also a ValueError: pycaffe finds ``forward``/``backward``'s
+    start and end layers with ``list.index``, which raises one."""
+
+
 class UsageError(TorchCaffeError, TypeError):
     """A Python call with the wrong arguments (e.g. ``caffe.Net`` without a phase)."""
 

@@ -118,6 +118,10 @@ def test_forward_start_end_and_kwargs(prototxt):
         net.forward(end="ip3")
     with pytest.raises(KeyError):  # a missing name is also a lookup error, as in a dict
         net.forward(start="nope")
+    with pytest.raises(ValueError):  # and pycaffe's list.index error
+        net.forward(start="nope")
+    with pytest.raises(ValueError):
+        net.backward(end="nope")
 
 
 def test_backward_with_top_diff_kwargs():

@@ -21,7 +21,7 @@ from ..errors import (
     BlobWiringError,
     LayerParamError,
     TorchCaffeError,
-    UnknownNameError,
+    UnknownLayerError,
     UsageError,
 )
 from ..ops import fused_relu, hook_watch
@@ -161,7 +161,7 @@ class TorchNet(nn.Module):
             import difflib
 
             close = difflib.get_close_matches(name, list(self._step_by_name), n=3)
-            raise UnknownNameError(
+            raise UnknownLayerError(
                 f"no layer named {name!r} in net '{self.name}'",
                 path=self.path,
                 hint=f"close matches: {close}" if close else None,
