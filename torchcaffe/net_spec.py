@@ -145,6 +145,12 @@ class Function:
         layers[self] = layer
 
 
+class NoSuchTop(AttributeError, KeyError):
+    """A name a NetSpec has no top for. pycaffe's lookup raises a KeyError (for ``n.x`` and
+    ``n['x']`` alike); an AttributeError too keeps ``hasattr`` and ``getattr(n, x, None)``
+    working."""
+
+
 class NetSpec:
     """Named tops, in assignment order; ``to_proto()`` gives the NetParameter."""
 
@@ -158,7 +164,7 @@ class NetSpec:
         try:
             return self.tops[name]
         except KeyError:
-            raise AttributeError(name) from None
+            raise NoSuchTop(name) from None
 
     def __setitem__(self, key: str, value: Any) -> None:
         self.__setattr__(key, value)

@@ -173,3 +173,14 @@ def test_params_enums():
     assert P.Eltwise.SUM == caffe_pb2.EltwiseParameter.SUM
     with pytest.raises(AttributeError):
         _ = P.NoSuchLayer.X
+
+
+def test_missing_top_is_pycaffes_key_error_and_an_attribute_error():
+    n = caffe.NetSpec()
+    n.data = L.Input(shape=dict(dim=[1, 2]))
+    with pytest.raises(KeyError):  # pycaffe looks the name up in its dict of tops
+        _ = n.nope
+    with pytest.raises(KeyError):
+        _ = n["nope"]
+    assert not hasattr(n, "nope")
+    assert n["data"] is n.data
