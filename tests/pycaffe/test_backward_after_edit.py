@@ -243,3 +243,35 @@ def test_gpu_reads_and_edits_between_forward_and_backward(tmp_path):
             caffe.set_mode_cpu()
     for name in results[0]:
         close(results[1][name], results[0][name])
+
+
+IN_PLACE_SLOPES = """
+force_backward: true
+input: "x" input_shape { dim: 2 dim: 4 }
+layer { name: "bnll" type: "BNLL" bottom: "x" top: "b" }
+layer { name: "bnll2" type: "BNLL" bottom: "b" top: "b" }
+layer { name: "log" type: "Log" bottom: "b" top: "b" log_param { scale: 2 shift: 3 } }
+layer { name: "clip" type: "Clip" bottom: "b" top: "b" clip_param { min: 1.4 max: 1.6 } }
+layer { name: "relu" type: "ReLU" bottom: "b" top: "b" relu_param { negative_slope: 0.5 } }
+"""
+
+
+def test_in_place_layers_read_their_overwritten_bottom_as_caffe_does(tmp_path):
+    # Caffe's in-place BNLL, Log and Clip Backward read blob b after the chain overwrote it:
+    # each local slope is taken at b's final data, not at what the layer's forward read.
+    path = tmp_path / "slopes.prototxt"
+    path.write_text(IN_PLACE_SLOPES)
+    net = caffe.Net(str(path), caffe.TRAIN)
+    net.blobs["x"].data[...] = [[-2, -0.5, 0, 0.3], [0.7, 1.2, 2.5, -4]]
+    net.forward()
+    b32 = net.blobs["b"].data.copy()
+    b = b32.astype(np.float64)
+    net.blobs["b"].diff[...] = 1.0
+    net.backward()
+    g = np.where(b > 0, 1.0, 0.5)  # relu
+    g = g * ((b32 >= np.float32(1.4)) & (b32 <= np.float32(1.6)))  # clip, in float
+    g = g * 2 / (2 * b + 3)  # log
+    g = g * np.exp(b) / (np.exp(b) + 1)  # bnll2
+    close(net.blobs["b"].diff, g)
+    x = net.blobs["x"].data.astype(np.float64)
+    close(net.blobs["x"].diff, g * np.exp(x) / (np.exp(x) + 1))  # bnll reads x

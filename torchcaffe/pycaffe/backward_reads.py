@@ -20,6 +20,7 @@ from collections.abc import Callable
 import torch
 
 from ..net.program import LayerStep
+from ..ops.base import CaffeLayer
 
 READS_BOTTOM_DATA = frozenset(
     {
@@ -52,6 +53,16 @@ def reads_bottom_data(step: LayerStep) -> bool:
         return False
     in_place = any(b in step.tops for b in step.bottoms)
     return not (in_place and step.type in COPY_BOTTOM_IN_PLACE)
+
+
+def slope_kept_when_overwritten(step: LayerStep, module: CaffeLayer) -> bool:
+    """Does ``step``'s Caffe Backward give the same diffs when its bottom blob holds what an
+    in-place layer (``step`` itself or a later one) overwrote it with? A ReLU with a slope
+    >= 0 does (its output has its input's sign), so its forward record serves. BNLL, Log and
+    Clip do not: in place, Caffe takes their slope at the overwritten data."""
+    if step.type != "ReLU":
+        return False
+    return module.param.negative_slope >= 0
 
 
 def _sigmoid_backward(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:

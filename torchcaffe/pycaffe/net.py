@@ -34,7 +34,7 @@ from ..ops.python_layer import PythonLayer
 from ..precision import caffe_float32, on_cuda
 from ..proto import caffe_pb2
 from ..syncedmem import Head, SyncedMemory
-from .backward_reads import TOP_DATA_BACKWARD, reads_bottom_data
+from .backward_reads import TOP_DATA_BACKWARD, reads_bottom_data, slope_kept_when_overwritten
 from .lazy_forward import LazyForward, layer_tops
 from .one_pass import OnePassPlan, forward_backward_one_pass, plan_one_pass
 
@@ -455,9 +455,12 @@ class Net:
         """After a public ``forward()``: remember what each bottom a recorded layer's Caffe
         Backward reads held, so a later ``backward()`` can tell a script's edits from it. The
         last writer's top tensor (kept alive by its record) serves without a copy; other blobs
-        are cloned. (``forward_backward`` skips this: nothing can edit in between.)"""
+        are cloned. A bottom an in-place layer overwrote after the layer read it is compared
+        with what the layer read (its record's clone), so Backward replays on the blob as Caffe
+        reads it. (``forward_backward`` skips this: nothing can edit in between.)"""
         device = self._device
         steps = self._net.steps
+        overwritten = self._overwritten
         last_top: dict[str, tuple[torch.Tensor, _Record]] = {}
         for i in range(start, end + 1):
             record = self._records.get(i)
@@ -471,8 +474,14 @@ class Net:
             record = self._records.get(i)
             if record is None or not reads_bottom_data(steps[i]):
                 continue
-            for name in steps[i].bottoms:
-                if name in kept:
+            if not slope_kept_when_overwritten(steps[i], self._net.module_of(steps[i])):
+                # a bottom that an in-place layer overwrote after this layer read it: Caffe's
+                # Backward reads the overwritten blob, so compare with what this forward read
+                read = [b.detach() if o else None for b, o in zip(record.bottoms, overwritten[i])]
+            else:
+                read = [None] * len(record.bottoms)
+            for name, before in zip(steps[i].bottoms, read):
+                if before is not None or name in kept:
                     continue
                 if name not in last_top:
                     kept[name] = self.blobs[name].data_at(device).clone()
@@ -484,7 +493,10 @@ class Net:
                 if any(b.untyped_storage().data_ptr() == ptr for b in writer.bottoms):
                     t = t.clone()
                 kept[name] = t
-            record.seen = [kept[name] for name in steps[i].bottoms]
+            record.seen = [
+                kept[name] if before is None else before
+                for name, before in zip(steps[i].bottoms, read)
+            ]
 
     def _bottoms_edited(
         self, i: int, device: torch.device, cache: dict[tuple[str, int], bool]
