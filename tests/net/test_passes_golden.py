@@ -44,7 +44,20 @@ def _build(case):
     )
     arrays = case.arrays()
     inputs = {k[3:]: torch.from_numpy(v) for k, v in arrays.items() if k.startswith("in/")}
-    return net, arrays, inputs
+    return net, arrays, _without_parameter_tops(net, inputs)
+
+
+def _without_parameter_tops(net, inputs):
+    """``inputs`` less the blobs a Parameter layer makes: the case records them as inputs, but
+    the net takes them from the weights file, which must hold the same values (their diffs
+    are the cases' ``paramdiff/<layer>/0``)."""
+    kept = dict(inputs)
+    for step in net.steps:
+        if step.type == "Parameter" and step.tops[0] in kept:
+            value = kept.pop(step.tops[0])
+            weight = net.module_of(step).param_blobs()[0].detach()
+            assert torch.equal(weight, value), f"Parameter {step.name}: weights differ from in/"
+    return kept
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
