@@ -40,7 +40,12 @@ class Detector(Net):
         self.configure_crop(context_pad)
 
     def detect_windows(self, images_windows: Sequence[tuple[Any, Sequence[Any]]]) -> list[dict]:
-        """Scores for each window of each image: ``[(filename or H x W x K array, windows)]``."""
+        """Scores for each window of each image: ``[(filename or H x W x K array, windows)]``.
+
+        Read once into lists: pycaffe walks the pairs twice (crops, then the results), so an
+        iterator such as ``zip(files, windows)`` would give no results on Python 3.
+        """
+        images_windows = [(image, list(windows)) for image, windows in images_windows]
         window_inputs = []
         for image, windows in images_windows:
             im = image if isinstance(image, np.ndarray) else caffe_io.load_image(image)

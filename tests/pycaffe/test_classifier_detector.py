@@ -77,3 +77,18 @@ def test_detector_windows_and_context_pad(model):
     assert crop.shape == (8, 8, 3)
     assert np.all(crop[0, 0] == 0.5)  # the context outside the image is the mean
     assert len(padded.detect_windows([(image, windows)])) == 2
+
+
+def test_detector_takes_an_iterator_of_pairs(model):
+    """pycaffe's own detect_selective_search passes ``zip(...)``: each window still gets a
+    detection (Python 2's list semantics), not an empty result."""
+    proto, weights, _ = model
+    image = np.random.default_rng(2).random((20, 20, 3)).astype(np.float32)
+    windows = [np.array([0, 0, 8, 8]), np.array([2, 4, 18, 20])]
+    det = caffe.Detector(proto, weights)
+    want = det.detect_windows([(image, windows)])
+    got = det.detect_windows(zip([image], iter([iter(windows)])))
+    assert len(got) == 2
+    for d, w in zip(got, want):
+        assert d["window"] is w["window"]
+        np.testing.assert_array_equal(d["prediction"], w["prediction"])
