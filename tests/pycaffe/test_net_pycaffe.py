@@ -116,3 +116,32 @@ def test_layer_reshape_shapes_tops_from_bottoms(net):
     layer = net.layer_dict["conv"]
     layer.reshape([net.blobs["data"]], [net.blobs["conv"]])
     assert net.blobs["conv"].data.shape == (2, 11, 10, 11)  # (5 + 6 - 2) + 1, (6 + 6 - 2) + 1
+
+
+STAGED = """
+name: "staged"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 2 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" } } }
+layer { name: "deep" type: "ReLU" bottom: "ip" top: "deep" include { min_level: 1 } }
+layer { name: "staged" type: "Sigmoid" bottom: "ip" top: "staged" include { stage: "s" } }
+"""
+
+
+def test_net_takes_level_stages_and_weights_positionally(tmp_path):
+    """pycaffe's Net(network_file, phase, level=0, stages=None, weights=None) is a boost
+    constructor: the three after phase may be positional too."""
+    path = tmp_path / "staged.prototxt"
+    path.write_text(STAGED)
+    weights = str(tmp_path / "w.caffemodel")
+    caffe.Net(str(path), caffe.TEST).save(weights)
+    saved = caffe.Net(str(path), weights, caffe.TEST).params["ip"][0].data
+    net = caffe.Net(str(path), caffe.TEST, 1, ["s"], weights)
+    assert {"deep", "staged"} <= set(net._layer_names)
+    np.testing.assert_array_equal(net.params["ip"][0].data, saved)
+    assert caffe.Net(str(path), caffe.TEST, 1)._layer_names == ["data", "ip", "deep"]
+    net = caffe.Net(str(path), caffe.TEST, 0, ["s"], weights=weights)
+    assert net._layer_names == ["data", "ip", "staged"]
+    np.testing.assert_array_equal(net.params["ip"][0].data, saved)
+    with pytest.raises(TypeError):
+        caffe.Net(str(path), caffe.TEST, 1, level=1)

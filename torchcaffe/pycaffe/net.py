@@ -129,7 +129,7 @@ class Net:
         stages: Sequence[str] | None = None,
         **load_options: Any,
     ) -> None:
-        weights, phase = _parse_net_args(args, weights, phase)
+        weights, phase, level, stages = _parse_net_args(args, weights, phase, level, stages)
         self._net: TorchNet = load(
             network_file, None, phase, level=level, stages=stages or (), **load_options
         )
@@ -948,12 +948,31 @@ class Net:
         )
 
 
-def _parse_net_args(args: tuple, weights: Any, phase: Any) -> tuple[Any, Any]:
-    """pycaffe accepts (phase), (weights, phase) and keywords; sort them out."""
-    if len(args) == 1:
-        if phase is None and not isinstance(args[0], (str, os.PathLike)):
-            phase = args[0]
-        elif weights is None:
+def _parse_net_args(
+    args: tuple, weights: Any, phase: Any, level: int, stages: Any
+) -> tuple[Any, Any, int, Any]:
+    """pycaffe's two constructors: ``(phase, level=0, stages=None, weights=None)``, each
+    positional or keyword, and the old ``(weights, phase)``; sort them out."""
+    if args and not isinstance(args[0], (str, os.PathLike)):  # (phase, level, stages, weights)
+        if phase is not None:
+            raise UsageError("caffe.Net got phase twice", got=args)
+        if len(args) > 4:
+            raise UsageError(
+                "caffe.Net takes (network_file, phase, level, stages, weights)",
+                expected="at most 5 positional arguments",
+                got=len(args) + 1,
+            )
+        given = dict(zip(("level", "stages", "weights"), args[1:]))
+        if "level" in given and level != 0 or "stages" in given and stages is not None:
+            raise UsageError("caffe.Net got level/stages twice", got=args)
+        if "weights" in given and weights is not None:
+            raise UsageError("caffe.Net got weights twice", got=args)
+        phase = args[0]
+        level = given.get("level", level)
+        stages = given.get("stages", stages)
+        weights = given.get("weights", weights)
+    elif len(args) == 1:
+        if weights is None:
             weights = args[0]
         else:
             raise UsageError("caffe.Net got weights twice", got=args)
@@ -964,12 +983,12 @@ def _parse_net_args(args: tuple, weights: Any, phase: Any) -> tuple[Any, Any]:
     elif len(args) > 2:
         raise UsageError(
             "caffe.Net takes (network_file, [weights], phase)",
-            expected="at most 3 positional arguments",
+            expected="at most 3 positional arguments after weights",
             got=len(args) + 1,
         )
     if phase is None:
         raise UsageError("caffe.Net needs a phase", expected="caffe.TRAIN or caffe.TEST", got=None)
-    return weights, phase
+    return weights, phase, level, stages
 
 
 def _unpadded(
