@@ -72,6 +72,18 @@ class RoiData(caffe.Layer):
     def backward(self, top, propagate_down, bottom):
         pass
 
+class Regroups(caffe.Layer):
+    # tops shaped (2, 3) at set-up, (3, 2) from the first forward on
+    def setup(self, bottom, top):
+        top[0].reshape(2, 3)
+    def reshape(self, bottom, top):
+        pass
+    def forward(self, bottom, top):
+        top[0].reshape(3, 2)
+        top[0].data[...] = 1
+    def backward(self, top, propagate_down, bottom):
+        pass
+
 class Learns(caffe.Layer):
     def setup(self, bottom, top):
         self.blobs.add_blob(1)
@@ -127,6 +139,21 @@ def test_top_shapes_from_setup_are_kept(pymodule, tmp_path, phase):
     net.forward()
     np.testing.assert_array_equal(net.blobs["x"].data, np.ones((2, 3)))
     np.testing.assert_array_equal(net.blobs["y"].data, np.full((2, 4), 3.0))  # 3 ones summed
+
+
+@pytest.mark.parametrize("min_weights", [0, 1 << 18])  # on oneDNN's product, and on torch's
+def test_a_top_regrouped_at_run_time_is_refused_by_inner_product(
+    pymodule, tmp_path, monkeypatch, min_weights
+):
+    """Caffe's InnerProduct Reshape, run on every forward, stops when the count from its axis
+    changes; the (3, 2) top must not be read as two rows of 3."""
+    from torchcaffe.errors import TorchCaffeError
+    from torchcaffe.ops import onednn_linear
+
+    monkeypatch.setattr(onednn_linear, "MIN_WEIGHTS", min_weights)
+    net = _net(tmp_path, _python("py", "Regroups", top="x") + IP)
+    with pytest.raises(TorchCaffeError, match="incompatible with inner product"):
+        net.forward()
 
 
 def test_net_reshape_keeps_the_shapes_setup_gave(pymodule, tmp_path):

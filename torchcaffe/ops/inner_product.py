@@ -64,5 +64,19 @@ class InnerProductLayer(CaffeLayer):
         lead = x.shape[: self.axis]
         weight = self.weight.t() if self.transpose else self.weight
         bias = self.bias if self.param.bias_term else None
-        y = onednn_linear.linear(x.reshape(-1, self.k), weight, bias, slope)
+        # flattened by the layer's axis, not to (-1, k): a top whose shape a data or Python
+        # layer changed at run time must not be regrouped into other rows
+        flat = x.flatten(self.axis)
+        if flat.dim() != 2:
+            flat = flat.reshape(-1, flat.shape[-1])
+        try:
+            y = onednn_linear.linear(flat, weight, bias, slope)
+        except RuntimeError:
+            if flat.shape[-1] == self.k:
+                raise
+            raise self.error(
+                "input size incompatible with inner product parameters",
+                expected=f"{self.k} values from axis {self.axis} on",
+                got=flat.shape[-1],
+            ) from None
         return y if len(lead) == 1 else y.view(*lead, -1)
