@@ -317,6 +317,39 @@ def test_torch_face_optimizer_trains_like_the_solver(setup):
             )
 
 
+@pytest.mark.parametrize("rule", ['type: "SGD" momentum: 0.9', 'type: "Adam"'])
+def test_torch_face_steps_params_that_backward_leaves_without_a_grad(setup, rule):
+    """With ``propagate_down: false`` above ip1 its diff stays zero, yet Caffe's ApplyUpdate
+    still decays it (and runs the rule, momentum and Adam's count included): after
+    ``zero_grad`` its grad is None, and the optimizer must step it as with a zero gradient."""
+    from torchcaffe.solver import load_solver_param, make_lr_policy, make_optimizer
+
+    text = (setup.root / "train.prototxt").read_text()
+    text = text.replace('top: "ip1" }', 'top: "ip1" propagate_down: false }')
+    (setup.root / "frozen.prototxt").write_text(text)
+    name = setup.solver(
+        f"{rule} base_lr: 0.1 weight_decay: 0.1 lr_policy: 'fixed'", net="frozen.prototxt"
+    )
+    solver = caffe.get_solver(name)
+    solver.net.save("init.caffemodel")
+    solver.step(3)
+    param, _ = load_solver_param(name)
+    net = caffe.load("frozen.prototxt", "init.caffemodel", phase="train")
+    opt = make_optimizer(param, net)
+    sched = make_lr_policy(param, opt)
+    for _ in range(3):
+        opt.zero_grad()
+        net.total_loss(net.forward_all_blobs()).backward()
+        assert net.layer("ip1").param_blobs()[0].grad is None
+        opt.step()
+        sched.step()
+    for layer in ("ip1", "ip2"):
+        for i, tensor in enumerate(net.layer(layer).param_blobs()):
+            np.testing.assert_allclose(
+                tensor.detach().numpy(), solver.net.params[layer][i].data, rtol=1e-5, atol=1e-6
+            )
+
+
 def test_fused_clear_runs_and_equals_the_separate_clear_bitwise(setup, monkeypatch):
     """With iter_size 1 and no callbacks, Step clears the param diffs inside the one pass
     (diff = grad + 0, never zeroed first); params, history, diffs and losses are those of the

@@ -37,7 +37,10 @@ def make_optimizer(
     net: TorchNet | list[Learnable],
     solver_type: str | None = None,
 ) -> CaffeOptimizer:
-    """The update rule of ``solver_type`` (default: ``param.type``) over ``net``'s params."""
+    """The update rule of ``solver_type`` (default: ``param.type``) over ``net``'s params.
+
+    Every learnable param is stepped each ``step``, a zero gradient standing in where backward
+    left none (after ``zero_grad``), as Caffe's ApplyUpdate does with the cleared diffs."""
     solver_type = solver_type or param.type
     cls = OPTIMIZERS[solver_type]
     rule = {name: getattr(param, name) for name in RULE_FIELDS[solver_type]}
@@ -52,6 +55,7 @@ def make_optimizer(
         regularization_type=regularization,
         clip_gradients=param.clip_gradients,
         iter_size=param.iter_size,
+        zero_absent_grads=True,
         **rule,
     )
 

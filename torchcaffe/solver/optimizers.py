@@ -21,7 +21,11 @@ per-param Python dispatch. ``foreach=False`` keeps the per-param loop (the refer
 ``group["decay_mult"]`` are the ParamSpec multipliers. State per param holds Caffe's history
 blobs under ``history_keys``; ``CaffeOptimizer.history_blobs`` lists them in Caffe's order
 (all params' first history, then all params' second one), as a .solverstate stores them.
-Params whose ``grad`` is None are skipped (torch's convention).
+Params whose ``grad`` is None are skipped (torch's convention), unless ``zero_absent_grads``:
+then they are updated as with a zero gradient, as Caffe's solver updates every learnable param
+each iteration, a cleared diff where backward wrote none (``propagate_down: false`` above it,
+a branch no loss reads, ``lr_mult: 0``) -- weight decay and momentum still move it.
+``make_optimizer`` sets it, so a torch loop follows the solver's trajectory.
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ class CaffeOptimizer(Optimizer, metaclass=abc.ABCMeta):
 
     ``clip_gradients`` < 0 disables clipping; ``iter_size`` is the number of forward/backward
     passes whose gradients were summed before this step (the step divides by it).
+    ``zero_absent_grads``: a param without a grad is stepped with a zero one (Caffe), not
+    skipped (torch).
     """
 
     history_keys: ClassVar[tuple[str, ...]] = ("history",)
@@ -74,6 +80,7 @@ class CaffeOptimizer(Optimizer, metaclass=abc.ABCMeta):
         clip_gradients: float = -1.0,
         iter_size: int = 1,
         foreach: bool = True,
+        zero_absent_grads: bool = False,
         **rule: Any,
     ) -> None:
         if lr < 0:
@@ -98,6 +105,7 @@ class CaffeOptimizer(Optimizer, metaclass=abc.ABCMeta):
         self.clip_gradients = float(clip_gradients)
         self.iter_size = int(iter_size)
         self.foreach = bool(foreach)
+        self.zero_absent_grads = bool(zero_absent_grads)
 
     # -- Caffe's ApplyUpdate --------------------------------------------------------------
     @torch.no_grad()
@@ -106,6 +114,11 @@ class CaffeOptimizer(Optimizer, metaclass=abc.ABCMeta):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self.zero_absent_grads:
+            for g in self.param_groups:
+                for p in g["params"]:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
         live = [
             (g, p, p.grad) for g in self.param_groups for p in g["params"] if p.grad is not None
         ]
