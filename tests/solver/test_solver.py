@@ -99,6 +99,25 @@ def test_snapshot_files_hold_the_state(setup):
     assert len(ip1.blobs[0].diff) == 20  # snapshot_diff writes the diffs too
 
 
+def test_hdf5_solver_state_has_caffes_layout(setup):
+    """As hdf5_save_int / hdf5_save_string write them: Caffe's hdf5_load_string reads
+    learned_net into a buffer of the string type's size and stops at the first NUL, so the
+    stored string must carry its terminator; iter and current_step are 1-element int32."""
+    import h5py
+
+    solver = caffe.get_solver(setup.solver(f"{SGD} snapshot_prefix: 'run' snapshot_format: HDF5"))
+    solver.step(2)
+    with h5py.File(solver.snapshot(), "r") as h5:
+        learned = h5["learned_net"]
+        string_type = learned.id.get_type()
+        assert learned.shape == ()
+        assert string_type.get_size() == len("run_iter_2.caffemodel.h5") + 1
+        assert string_type.get_strpad() == h5py.h5t.STR_NULLTERM
+        for key, value in (("iter", 2), ("current_step", 0)):
+            assert h5[key].shape == (1,) and h5[key].dtype == np.int32
+            assert h5[key][0] == value
+
+
 def test_solve_snapshots_on_schedule_and_after_training(setup):
     name = setup.solver(f"{SGD} max_iter: 5 snapshot: 2 snapshot_prefix: 's'")
     (setup.root / name).write_text(

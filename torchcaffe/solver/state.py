@@ -47,17 +47,32 @@ def write_solverstate(path: PathLike, snap: SolverSnapshot) -> None:
 
 
 def write_solverstate_hdf5(path: PathLike, snap: SolverSnapshot) -> None:
-    """HDF5 SolverState (Caffe's SnapshotSolverStateToHDF5 layout), atomically."""
+    """HDF5 SolverState (Caffe's SnapshotSolverStateToHDF5 layout), atomically: the ints as
+    hdf5_save_int writes them (one-element int32 arrays), the model name as hdf5_save_string
+    (a NUL-terminated fixed string; hdf5_load_string reads it into a buffer of the type's size
+    and takes it up to the first NUL, so an unterminated one would read past the end)."""
     import h5py
 
     with atomic_write(path, "w+b") as f, h5py.File(f, "w") as h5:
-        h5.create_dataset("iter", data=np.int32(snap.iter))
+        h5.create_dataset("iter", data=np.array([snap.iter], np.int32))
         if snap.learned_net is not None:
-            h5.create_dataset("learned_net", data=np.bytes_(snap.learned_net))
-        h5.create_dataset("current_step", data=np.int32(snap.current_step))
+            _write_c_string(h5, "learned_net", snap.learned_net)
+        h5.create_dataset("current_step", data=np.array([snap.current_step], np.int32))
         group = h5.create_group("history")
         for i, blob in enumerate(snap.history):
             group.create_dataset(str(i), data=np.asarray(blob, np.float32))
+
+
+def _write_c_string(h5, name: str, value: str) -> None:
+    """H5LTmake_dataset_string's dataset: scalar, C string type of strlen + 1, NUL-terminated."""
+    import h5py
+
+    raw = value.encode("utf-8", errors="surrogateescape") + b"\0"
+    tid = h5py.h5t.C_S1.copy()
+    tid.set_size(len(raw))
+    tid.set_strpad(h5py.h5t.STR_NULLTERM)
+    dset = h5py.h5d.create(h5.id, name.encode(), tid, h5py.h5s.create(h5py.h5s.SCALAR))
+    dset.write(h5py.h5s.ALL, h5py.h5s.ALL, np.array(raw, dtype=f"S{len(raw)}"))
 
 
 def read_solverstate(
