@@ -127,3 +127,15 @@ def test_make_lr_policy_reads_the_solver_fields():
     np.testing.assert_allclose(
         got, ref_rates("multistep", 7, {"gamma": 0.3, "stepvalue": [2, 5]}), rtol=1e-6
     )
+
+
+def test_rates_where_python_float_arithmetic_would_fail_follow_c():
+    """C's pow and exp give NaN or inf where Python's ``**`` turns complex or raises: poly
+    past max_iter with a fractional power (a pycaffe loop stepping beyond max_iter), sigmoid
+    long before its stepsize (gamma * stepsize > 709: a rate of 0, as in Caffe)."""
+    opt, sched = scheduler("poly", {"power": 0.9, "max_iter": 3})
+    got = run_rates(opt, sched, 5)
+    np.testing.assert_allclose(got[:4], ref_rates("poly", 4, {"power": 0.9, "max_iter": 3}))
+    assert math.isnan(got[4])
+    opt, sched = scheduler("sigmoid", {"gamma": 0.01, "stepsize": 100000})
+    assert run_rates(opt, sched, 2) == [0.0, 0.0]

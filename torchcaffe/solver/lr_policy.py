@@ -21,7 +21,6 @@ optimizer multiplies by the group's ``lr_mult``. ``current_step`` is Caffe's
 from __future__ import annotations
 
 import abc
-import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -33,6 +32,19 @@ from torch.optim.lr_scheduler import LRScheduler
 
 def _f32(x: float) -> float:
     return float(np.float32(x))
+
+
+def _pow(base: float, exponent: float) -> float:
+    """C's pow: NaN for a negative base and a non-integer exponent (poly past max_iter), inf
+    on overflow, where Python's ``**`` gives a complex number or raises."""
+    with np.errstate(all="ignore"):
+        return float(np.power(np.float64(base), np.float64(exponent)))
+
+
+def _exp(x: float) -> float:
+    """C's exp: inf on overflow (sigmoid far before its stepsize), where math.exp raises."""
+    with np.errstate(all="ignore"):
+        return float(np.exp(np.float64(x)))
 
 
 class CaffeLRPolicy(LRScheduler, metaclass=abc.ABCMeta):
@@ -95,7 +107,7 @@ class StepPolicy(CaffeLRPolicy):
         self.current_step = iteration // self.stepsize
 
     def factor(self, iteration):
-        return self.gamma**self.current_step
+        return _pow(self.gamma, self.current_step)
 
 
 class ExpPolicy(CaffeLRPolicy):
@@ -106,7 +118,7 @@ class ExpPolicy(CaffeLRPolicy):
         super().__init__(optimizer, last_epoch)
 
     def factor(self, iteration):
-        return self.gamma**iteration
+        return _pow(self.gamma, iteration)
 
 
 class InvPolicy(CaffeLRPolicy):
@@ -117,7 +129,7 @@ class InvPolicy(CaffeLRPolicy):
         super().__init__(optimizer, last_epoch)
 
     def factor(self, iteration):
-        return _f32(1.0 + _f32(self.gamma * iteration)) ** -self.power
+        return _pow(_f32(1.0 + _f32(self.gamma * iteration)), -self.power)
 
 
 class MultiStepPolicy(CaffeLRPolicy):
@@ -139,7 +151,7 @@ class MultiStepPolicy(CaffeLRPolicy):
             self.current_step += 1
 
     def factor(self, iteration):
-        return self.gamma**self.current_step
+        return _pow(self.gamma, self.current_step)
 
 
 class PolyPolicy(CaffeLRPolicy):
@@ -150,7 +162,7 @@ class PolyPolicy(CaffeLRPolicy):
         super().__init__(optimizer, last_epoch)
 
     def factor(self, iteration):
-        return _f32(1.0 - _f32(iteration / self.max_iter)) ** self.power
+        return _pow(_f32(1.0 - _f32(iteration / self.max_iter)), self.power)
 
 
 class SigmoidPolicy(CaffeLRPolicy):
@@ -161,7 +173,7 @@ class SigmoidPolicy(CaffeLRPolicy):
         super().__init__(optimizer, last_epoch)
 
     def factor(self, iteration):
-        return 1.0 / (1.0 + math.exp(-self.gamma * (iteration - self.stepsize)))
+        return 1.0 / (1.0 + _exp(-self.gamma * (iteration - self.stepsize)))
 
 
 LR_POLICIES: dict[str, type[CaffeLRPolicy]] = {
