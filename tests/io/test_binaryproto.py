@@ -47,6 +47,16 @@ def test_nd_round_trip(shape):
     np.testing.assert_array_equal(back, arr)
 
 
+def test_zero_axis_array_has_no_shape_field():
+    """Blob::ToProto only touches ``shape`` to add a dim, so a 0-axis blob (a PReLU
+    channel_shared slope's history in a .solverstate) is written without one."""
+    proto = array_to_blob_proto(np.float32(0.25))
+    assert not proto.HasField("shape")
+    assert proto.SerializeToString() == b"*\x04\x00\x00\x80>"  # data only
+    back = blob_proto_to_array(proto)
+    assert back.shape == () and back == np.float32(0.25)
+
+
 @pytest.mark.parametrize(
     "shape,legacy", [((2, 3, 4, 5), (2, 3, 4, 5)), ((4, 5), (1, 1, 4, 5)), ((6,), (1, 1, 1, 6))]
 )

@@ -104,7 +104,7 @@ def array_to_blob_proto(
                 got=arr.shape,
             )
         proto.num, proto.channels, proto.height, proto.width = (1,) * (4 - arr.ndim) + arr.shape
-    else:
+    elif arr.ndim:  # Blob::ToProto adds dims one by one: a 0-axis blob gets no shape field
         proto.shape.dim.extend(int(d) for d in arr.shape)
     double = arr.dtype == np.float64
     chunks = [_packed(_DOUBLE_DATA if double else _DATA, arr, double)]
