@@ -276,3 +276,21 @@ def test_file_over_protobuf_2gb_limit_loads(tmp_path):
     torchcaffe.load_weights(fresh, path)
     assert torch.equal(fresh.layer("fc").weight[:, :4], net.layer("fc").weight[:, :4])
     assert bool((fresh.layer("fc").weight[:, -1] == -1).all())
+
+
+def test_zero_axis_blob_is_saved_without_a_shape(tmp_path):
+    """Blob::ToProto adds shape dims one by one, so a 0-axis blob (PReLU channel_shared's
+    slope) is written with no shape field at all, not an empty one; it loads back."""
+    text = """
+        layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 } } }
+        layer { name: "prelu" type: "PReLU" bottom: "data" top: "out"
+                prelu_param { channel_shared: true } }
+        """
+    a = build(text)
+    path = tmp_path / "m.caffemodel"
+    torchcaffe.save_weights(a, path)
+    blob = caffe_pb2.NetParameter.FromString(path.read_bytes()).layer[1].blobs[0]
+    assert not blob.HasField("shape") and len(blob.data) == 1
+    b = build(text)
+    torchcaffe.load_weights(b, path)
+    assert_same_params(a, b)

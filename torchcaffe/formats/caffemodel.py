@@ -593,11 +593,12 @@ def _blob_chunks(tensor: torch.Tensor, diff: torch.Tensor | None, double: bool) 
     if diff is not None:
         d = _host_bytes(diff, double)
         chunks += [wire.len_field_header(diff_field, len(d)), d]
-    dims = b"".join(wire.encode_varint(int(s)) for s in tensor.shape)
-    shape = wire.len_field_header(SHAPE_DIM_FIELD_NUMBER, len(dims)) + dims if tensor.dim() else b""
-    chunks += [wire.len_field_header(BLOB_SHAPE_FIELD_NUMBER, len(shape)), shape]
-    if double:  # canonical field order: shape (7) before double_data (8)
-        chunks = chunks[-2:] + chunks[:-2]
+    if tensor.dim():  # Blob::ToProto sets no shape at all for a 0-axis blob
+        dims = b"".join(wire.encode_varint(int(s)) for s in tensor.shape)
+        shape = wire.len_field_header(SHAPE_DIM_FIELD_NUMBER, len(dims)) + dims
+        chunks += [wire.len_field_header(BLOB_SHAPE_FIELD_NUMBER, len(shape)), shape]
+        if double:  # canonical field order: shape (7) before double_data (8)
+            chunks = chunks[-2:] + chunks[:-2]
     return chunks
 
 
