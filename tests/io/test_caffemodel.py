@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -294,3 +296,48 @@ def test_zero_axis_blob_is_saved_without_a_shape(tmp_path):
     b = build(text)
     torchcaffe.load_weights(b, path)
     assert_same_params(a, b)
+
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+SAVED_BY_CAFFE = sorted(
+    p.parent for p in GOLDEN.glob("*/*/weights.caffemodel") if (p.parent / "net.prototxt").exists()
+)
+
+
+@pytest.mark.parametrize("case", SAVED_BY_CAFFE, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_save_writes_the_bytes_caffes_net_save_wrote(case, tmp_path):
+    """Each golden weights.caffemodel was written by Caffe's Net::Save: loading it into the
+    case's net and saving again gives the same bytes (layer params as LayerSetUp left them:
+    a loss layer's loss_weight 1, BatchNorm's lr_mult 0 ParamSpecs, the split layers)."""
+    import torchcaffe as caffe
+
+    meta = json.loads((case / "meta.json").read_text())
+    phase = caffe.TRAIN if meta["phase"] == "TRAIN" else caffe.TEST
+    net = caffe.Net(str(case / "net.prototxt"), str(case / "weights.caffemodel"), phase)
+    out = tmp_path / "resaved.caffemodel"
+    net.save(str(out))
+    want = (case / "weights.caffemodel").read_bytes()
+    got = out.read_bytes()
+    if got != want:  # show the first layer that differs, not two megabytes of floats
+        a, b = (caffe_pb2.NetParameter.FromString(x) for x in (want, got))
+        assert [lp.name for lp in a.layer] == [lp.name for lp in b.layer]
+        for la, lb in zip(a.layer, b.layer):
+            assert la == lb, f"layer {la.name!r}"
+        assert a == b
+        assert got == want
+
+
+def test_save_leaves_out_automatic_tops(tmp_path):
+    """A loss layer without a top gets one from Net::Init (AutoTopBlobs), which Caffe does
+    not list in the layer's own parameter: the saved layer has no top, and loss_weight 1."""
+    net = build(
+        """
+        layer { name: "data" type: "Input" top: "data" top: "label"
+                input_param { shape { dim: 2 dim: 3 } shape { dim: 2 } } }
+        layer { name: "loss" type: "SoftmaxWithLoss" bottom: "data" bottom: "label" }
+        """
+    )
+    path = tmp_path / "m.caffemodel"
+    torchcaffe.save_weights(net, path)
+    loss = caffe_pb2.NetParameter.FromString(path.read_bytes()).layer[1]
+    assert list(loss.top) == [] and list(loss.loss_weight) == [1.0]

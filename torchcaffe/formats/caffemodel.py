@@ -610,7 +610,7 @@ def save_caffemodel(net: TorchNet, path: str | os.PathLike, write_diff: bool = F
             f.write(wire.len_field_header(NET_NAME_FIELD_NUMBER, len(name)) + name)
         for step in net.steps:
             module = net.module_of(step)
-            low, high = _split_layer_param(module.layer_param)
+            low, high = _split_layer_param(module.saved_param())
             blob_parts = []
             for blob in module.param_blobs():
                 double = blob.dtype == torch.float64

@@ -136,6 +136,7 @@ class _Builder:
             automatic = self._add_automatic_tops(lp)
             rows.append(self._add_layer(index, lp))
             rows[-1].module.own_phase = own_phase
+            rows[-1].module.automatic_tops = len(automatic)
             for blob in automatic:  # anonymous tops are never net outputs
                 del self.available[blob]
         unknown = sorted(set(self.input_shapes) - set(self.out.input_names))

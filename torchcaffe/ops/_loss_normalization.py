@@ -53,6 +53,11 @@ class LossLayer(CaffeLayer):
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         return [()] + [tuple(int(d) for d in bottom_shapes[0])] * (self.num_tops - 1)
 
+    def complete_param(self, lp: caffe_pb2.LayerParameter) -> None:
+        """LossLayer::LayerSetUp: no loss_weight means a weight of 1 on the loss top."""
+        if not lp.loss_weight:
+            lp.loss_weight.append(1.0)
+
 
 def check_label_count(
     layer: CaffeLayer, shape: Sequence[int], label_shape: Sequence[int], axis: int

@@ -114,6 +114,24 @@ class CaffeLayer(nn.Module):
     # and ``eval`` on the net leave such a layer in its phase's mode (the builder sets it).
     own_phase = False
 
+    # Tops the builder appended for Caffe's AutoTopBlobs. Net::Init makes those blobs without
+    # listing them in the layer's own LayerParameter, so Net::Save never writes them.
+    automatic_tops = 0
+
+    def saved_param(self) -> caffe_pb2.LayerParameter:
+        """The LayerParameter Caffe's Layer::ToProto writes into a caffemodel: the layer's
+        layer_param_ as LayerSetUp left it (see ``complete_param``), automatic tops left out."""
+        lp = caffe_pb2.LayerParameter()
+        lp.CopyFrom(self.layer_param)
+        if self.automatic_tops:
+            del lp.top[len(lp.top) - self.automatic_tops :]
+        self.complete_param(lp)
+        return lp
+
+    def complete_param(self, lp: caffe_pb2.LayerParameter) -> None:
+        """Add what Caffe's LayerSetUp adds to its own layer_param_ (Net::Save writes it);
+        most layers add nothing."""
+
     def train(self, mode: bool = True) -> CaffeLayer:
         if self.own_phase:
             mode = self.phase == caffe_pb2.TRAIN

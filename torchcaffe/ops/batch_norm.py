@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from ..proto import caffe_pb2
 from ..registry import register_layer
 from ._derived import DerivedCache
 from ._launches import launch_bound
@@ -81,6 +82,12 @@ class BatchNormLayer(CaffeLayer):
                     expected="lr_mult: 0 or no param spec",
                     got=spec.lr_mult,
                 )
+
+    def complete_param(self, lp: caffe_pb2.LayerParameter) -> None:
+        """BatchNormLayer::LayerSetUp masks the statistics from the solver: a ParamSpec with
+        lr_mult 0 for each of the 3 blobs the prototxt gave none."""
+        while len(lp.param) < 3:
+            lp.param.add().lr_mult = 0.0
 
     @property
     def uses_global_stats(self) -> bool:

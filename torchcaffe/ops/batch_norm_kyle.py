@@ -46,6 +46,9 @@ class BatchNormKyleLayer(BatchNormLayer):
     def _check_param(self, p, layer_param) -> None:
         """The fork takes use_alpha_beta and leaves ParamSpecs as written."""
 
+    def complete_param(self, lp) -> None:
+        """Nothing: the fork's LayerSetUp adds no ParamSpecs."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self._normalize(x)
         if not self.use_alpha_beta:

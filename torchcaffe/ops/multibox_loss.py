@@ -73,6 +73,14 @@ class MultiBoxLossLayer(CaffeLayer):
             else [c for c in range(self.num_classes) if c != self.background]
         )
 
+    def complete_param(self, lp: caffe_pb2.LayerParameter) -> None:
+        """The fork's LayerSetUp: LossLayer's loss_weight 1, and propagate_down 1, 1, 0, 0
+        when the prototxt gives none."""
+        if not lp.loss_weight:
+            lp.loss_weight.append(1.0)
+        if not lp.propagate_down:
+            lp.propagate_down.extend([True, True, False, False])
+
     # -- LayerSetUp checks ----------------------------------------------------------------
     def _check_classes(self, p) -> None:
         if not p.HasField("num_classes") or p.num_classes < 1:
