@@ -341,3 +341,14 @@ def test_save_leaves_out_automatic_tops(tmp_path):
     torchcaffe.save_weights(net, path)
     loss = caffe_pb2.NetParameter.FromString(path.read_bytes()).layer[1]
     assert list(loss.top) == [] and list(loss.loss_weight) == [1.0]
+
+
+def test_unnamed_net_is_saved_with_an_empty_name(tmp_path):
+    """Net::ToProto calls set_name(name_) whatever the name: a net without one is written
+    with an empty name field (2 bytes), which protobuf's parser reports as present."""
+    net = build(NET.replace('name: "small"', ""))
+    path = tmp_path / "m.caffemodel"
+    torchcaffe.save_weights(net, path)
+    data = path.read_bytes()
+    assert data[:2] == b"\x0a\x00"
+    assert caffe_pb2.NetParameter.FromString(data).HasField("name")

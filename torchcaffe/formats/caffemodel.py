@@ -605,9 +605,8 @@ def _blob_chunks(tensor: torch.Tensor, diff: torch.Tensor | None, double: bool) 
 def save_caffemodel(net: TorchNet, path: str | os.PathLike, write_diff: bool = False) -> None:
     """Write ``net`` as Caffe's Net::ToProto + WriteProtoToBinaryFile would, atomically."""
     with atomic_write(path, "wb") as f:
-        if net.name:
-            name = net.name.encode()
-            f.write(wire.len_field_header(NET_NAME_FIELD_NUMBER, len(name)) + name)
+        name = net.name.encode()  # Net::ToProto sets it always, an empty name too
+        f.write(wire.len_field_header(NET_NAME_FIELD_NUMBER, len(name)) + name)
         for step in net.steps:
             module = net.module_of(step)
             low, high = _split_layer_param(module.saved_param())
