@@ -352,3 +352,15 @@ def test_unnamed_net_is_saved_with_an_empty_name(tmp_path):
     data = path.read_bytes()
     assert data[:2] == b"\x0a\x00"
     assert caffe_pb2.NetParameter.FromString(data).HasField("name")
+
+
+def test_hdf5_save_refuses_a_layer_name_with_a_slash(tmp_path):
+    """Caffe's ToHDF5 cannot create /data/inception_3a/1x1 (H5Gcreate2 makes no intermediate
+    group) and aborts; h5py would nest it, and neither Caffe nor load_weights would read it
+    back as that layer. A clear error, and no file."""
+    net = build(NET.replace('name: "conv"', 'name: "block/conv"'))
+    path = tmp_path / "m.caffemodel.h5"
+    with pytest.raises(WeightsError, match="holds '/'") as err:
+        torchcaffe.save_weights(net, path)
+    assert "block/conv" in str(err.value)
+    assert os.listdir(tmp_path) == []

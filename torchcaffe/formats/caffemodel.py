@@ -632,6 +632,7 @@ def save_hdf5(net: TorchNet, path: str | os.PathLike, write_diff: bool = False) 
     """Caffe's Net::ToHDF5: data/<layer>/<i> for owned params, diff/<layer>/<i> for all."""
     import h5py
 
+    _check_hdf5_layer_names(net, path)
     owners: set[int] = set()
     with atomic_write(path, "wb") as raw:
         with h5py.File(raw, "w") as f:
@@ -649,3 +650,30 @@ def save_hdf5(net: TorchNet, path: str | os.PathLike, write_diff: bool = False) 
                     if dgroup is not None:
                         grad = blob.grad if blob.grad is not None else torch.zeros_like(blob)
                         dgroup.create_dataset(str(i), data=grad.detach().to("cpu").numpy())
+
+
+def _check_hdf5_layer_names(net: TorchNet, path: str | os.PathLike) -> None:
+    """Each layer is a group /data/<name>, made by H5Gcreate2 in Caffe's ToHDF5, which fails
+    (and Caffe aborts) for a name holding '/' (GoogLeNet's 'inception_3a/1x1'), an empty name
+    or one used twice. h5py would nest 'a/b' as group b in group a, which no loader reads back
+    as layer 'a/b': refuse before anything is written."""
+    seen: set[str] = set()
+    for step in net.steps:
+        name = step.name
+        problem = None
+        if "/" in name:
+            problem = "holds '/'"
+        elif name in ("", "."):
+            problem = f"is {name!r}"
+        elif name in seen:
+            problem = "is used by two layers"
+        if problem:
+            raise WeightsError(
+                f"cannot save HDF5 weights: the layer name {problem}, and each layer is an "
+                "HDF5 group /data/<layer name>",
+                path=os.fspath(path),
+                layer=name,
+                layer_type=step.type,
+                hint="save a binary .caffemodel instead (net.save, snapshot_format: BINARYPROTO)",
+            )
+        seen.add(name)
