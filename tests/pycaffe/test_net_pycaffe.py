@@ -111,6 +111,18 @@ def test_save_and_copy_from(net, tmp_path):
             np.testing.assert_array_equal(a.data, b.data)
 
 
+def test_save_writes_a_binary_caffemodel_whatever_the_name(net, tmp_path):
+    """pycaffe's Net_Save is ToProto + WriteProtoToBinaryFile: a '.h5' name does not make
+    it HDF5 (only save_hdf5 writes that)."""
+    from torchcaffe.formats.caffemodel import is_hdf5
+
+    weights = str(tmp_path / "w.h5")
+    net.save(weights)
+    assert not is_hdf5(weights)
+    other = caffe.Net(str(tmp_path / "net.prototxt"), weights, caffe.TRAIN)
+    np.testing.assert_array_equal(net.params["ip"][0].data, other.params["ip"][0].data)
+
+
 def test_layer_reshape_shapes_tops_from_bottoms(net):
     net.blobs["data"].reshape(2, 2, 5, 6)
     layer = net.layer_dict["conv"]

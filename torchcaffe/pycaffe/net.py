@@ -902,8 +902,9 @@ class Net:
         self.copy_from(path)
 
     def save(self, path: str | os.PathLike, write_diff: bool = False) -> None:
+        """pycaffe's Net_Save: a binary caffemodel, whatever the file name ends in."""
         self._ensure_device()
-        save_weights(self._net, path, write_diff=write_diff)
+        save_weights(self._net, path, write_diff=write_diff, hdf5=False)
 
     def save_hdf5(self, path: str | os.PathLike, write_diff: bool = False) -> None:
         self._ensure_device()
