@@ -250,6 +250,17 @@ def test_write_text_failing_serialization_keeps_original(tmp_path, tiny, monkeyp
     assert listing(tmp_path) == ["n.prototxt"]
 
 
+def test_atomic_write_to_a_directory_names_it_and_writes_nothing(tmp_path):
+    """The error names the path asked for (not the temporary file), before any byte."""
+    target = tmp_path / "out"
+    target.mkdir()
+    with pytest.raises(IsADirectoryError) as err:
+        with atomic_write(target) as f:
+            f.write(b"x")
+    assert err.value.filename == str(target)
+    assert listing(tmp_path) == ["out"] and listing(target) == []
+
+
 def test_atomic_write_replaces_and_keeps_permissions(tmp_path):
     target = tmp_path / "n.prototxt"
     target.write_text("old")

@@ -15,6 +15,7 @@ than a day are removed).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import tempfile
@@ -111,6 +112,8 @@ def atomic_write(path: PathLike, mode: str = "wb", **open_kw: Any) -> Iterator[I
         raise ValueError(f"atomic_write needs a write mode ('w', 'wb', 'w+b'); got {mode!r}")
     target = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(target))
+    if os.path.isdir(target):  # the rename would fail after all the bytes were written
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), target)
     remove_stale_temp_files(target)
     try:
         fd, tmp = tempfile.mkstemp(
@@ -143,7 +146,10 @@ def atomic_write(path: PathLike, mode: str = "wb", **open_kw: Any) -> Iterator[I
 
 def _publish(tmp: str, target: str) -> None:
     os.chmod(tmp, _target_mode(target))
-    os.replace(tmp, target)
+    try:
+        os.replace(tmp, target)
+    except OSError as err:  # named after the file asked for, not the temporary one
+        raise OSError(err.errno, err.strerror, target) from None
 
 
 def _fsync_directory(directory: str) -> None:
