@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from .formats.caffemodel import (
     LayerRecord,
@@ -20,6 +21,10 @@ from .net.net import TorchNet
 from .ops._fill_skip import plan_from_records, skipping_fillers
 from .proto import caffe_pb2
 from .trust import allow_python_layers as _allow_python
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 PathLike = str | os.PathLike
 
@@ -115,16 +120,23 @@ def _unique_layers_only(
     return {name: held for name, held in plan.items() if name not in twice}
 
 
-def load_weights(net: TorchNet, caffemodel: PathLike, *, strict: bool = False) -> list[str]:
+def load_weights(
+    net: TorchNet,
+    caffemodel: PathLike,
+    *,
+    strict: bool = False,
+    set_diff: Callable[[torch.Tensor, np.ndarray], None] | None = None,
+) -> list[str]:
     """Copy trained blobs into ``net`` by layer name; returns the layers filled.
 
     All or nothing: every record is checked before any param changes. Param layers the file
     does not fill keep their values, as in Caffe (fine-tuning), with a
     ``PartialWeightsWarning`` naming them; ``strict=True`` raises ``WeightsError`` instead.
+    ``set_diff``: see ``copy_trained_layers`` (the Caffe face loads stored diffs).
     """
     path = os.fspath(caffemodel)
     records = read_weights(path, names=set(net.layer_names))
-    return copy_trained_layers(net, records, path, strict=strict)
+    return copy_trained_layers(net, records, path, strict=strict, set_diff=set_diff)
 
 
 def save_weights(

@@ -111,6 +111,28 @@ def test_save_and_copy_from(net, tmp_path):
             np.testing.assert_array_equal(a.data, b.data)
 
 
+def test_stored_diffs_load_into_the_param_diffs(net, tmp_path):
+    """Caffe's Blob::FromProto copies a stored diff (snapshot_diff) into the blob's diff, and
+    a backward then accumulates onto it; a file without diffs leaves the diffs alone."""
+    net.forward()
+    net.backward()
+    weights = str(tmp_path / "w.caffemodel")
+    net.save(weights, write_diff=True)
+    other = caffe.Net(str(tmp_path / "net.prototxt"), weights, caffe.TRAIN)
+    for name in net.params:
+        for a, b in zip(net.params[name], other.params[name]):
+            assert np.abs(a.diff).max() > 0
+            np.testing.assert_array_equal(a.diff, b.diff)
+    other.blobs["data"].data[...] = net.blobs["data"].data
+    other.blobs["label"].data[...] = net.blobs["label"].data
+    other.forward()
+    other.backward()
+    np.testing.assert_allclose(other.params["ip"][0].diff, 2 * net.params["ip"][0].diff, 1e-5)
+    net.save(weights)
+    other.copy_from(weights)
+    np.testing.assert_allclose(other.params["ip"][0].diff, 2 * net.params["ip"][0].diff, 1e-5)
+
+
 def test_save_writes_a_binary_caffemodel_whatever_the_name(net, tmp_path):
     """pycaffe's Net_Save is ToProto + WriteProtoToBinaryFile: a '.h5' name does not make
     it HDF5 (only save_hdf5 writes that)."""

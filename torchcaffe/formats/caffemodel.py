@@ -12,7 +12,7 @@ from __future__ import annotations
 import mmap
 import os
 import warnings
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -439,15 +439,18 @@ def copy_trained_layers(
     path: str | None = None,
     *,
     strict: bool = False,
+    set_diff: Callable[[torch.Tensor, np.ndarray], None] | None = None,
 ) -> list[str]:
     """Copy blobs into ``net`` by layer name; returns the names of the layers filled.
 
     Every record is checked against the net before any param changes (all or nothing). Param
     layers the file leaves unfilled keep their fillers, as in Caffe, with a
     ``PartialWeightsWarning`` naming them; ``strict=True`` makes that a ``WeightsError``.
+    ``set_diff(param, values)`` gets each stored diff (a snapshot_diff file), which Caffe's
+    Blob::FromProto copies into the blob's diff; without it diffs are left unread.
     """
     filled: list[str] = []
-    plan: list[tuple[torch.Tensor, np.ndarray]] = []
+    plan: list[tuple[torch.Tensor, np.ndarray, np.ndarray | None]] = []
     first_user: dict[int, tuple[str, int]] = {}
     for step in net.steps:
         for j, blob in enumerate(net.module_of(step).param_blobs()):
@@ -461,9 +464,13 @@ def copy_trained_layers(
             continue
         plan += _check_record(net, found, record, first_user, path)
         filled.append(record.name)
-    written = {id(target) for target, _ in plan}
+    written = {id(target) for target, _, _ in plan}
     _report_unfilled(net, written, path, strict)
-    _assign_all(plan)
+    _assign_all([(target, values) for target, values, _ in plan])
+    if set_diff is not None:
+        for target, _, diff in plan:
+            if diff is not None and diff.size:
+                set_diff(target, np.array(diff))  # a copy: the file's view is read-only
     return filled
 
 
@@ -473,8 +480,9 @@ def _check_record(
     record: LayerRecord,
     first_user: dict[int, tuple[str, int]],
     path: str | None,
-) -> list[tuple[torch.Tensor, np.ndarray]]:
-    """The (param, values) copies one record makes, after Caffe's checks on every blob."""
+) -> list[tuple[torch.Tensor, np.ndarray, np.ndarray | None]]:
+    """The (param, values, stored diff) copies one record makes, after Caffe's checks on
+    every blob."""
     targets = net.module_of(step).param_blobs()
     where = {"path": path, "layer": record.name, "layer_type": step.type}
     count = len(record.blobs) if record.links is None else record.links
@@ -514,7 +522,7 @@ def _check_record(
                 got=diff.size,
                 **where,
             )
-        plan.append((target, _materialize(blob, target.dtype)))
+        plan.append((target, _materialize(blob, target.dtype), diff))
     return plan
 
 

@@ -891,9 +891,15 @@ class Net:
         """``copy_from``, returning the layers filled (a solver's weights list reads them)."""
         self._ensure_device()
         self._lazy.settle()
-        filled = load_weights(self._net, path, strict=strict)
+        filled = load_weights(self._net, path, strict=strict, set_diff=self._set_param_diff)
         self._params_written_on_device()
         return filled
+
+    def _set_param_diff(self, tensor: torch.Tensor, values: np.ndarray) -> None:
+        """A diff the caffemodel stores (snapshot_diff) goes into the param blob's diff, as
+        Caffe's Blob::FromProto copies it: a later backward accumulates onto it."""
+        diff = self._param_blob_of[id(tensor)].diff_at(self._device, mutable=True)
+        diff.copy_(torch.from_numpy(values).view(diff.shape))
 
     def load_hdf5(self, path: str | os.PathLike) -> None:
         """pycaffe's load_hdf5 (Caffe's CopyTrainedLayersFromHDF5): weights from an HDF5 file."""
