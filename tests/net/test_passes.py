@@ -157,6 +157,24 @@ def test_no_fold_with_batch_statistics_or_autograd():
     assert x.grad is not None
 
 
+def test_fold_follows_a_batchnorm_switched_to_batch_statistics_alone():
+    """``bn.train()`` on one layer after an inference run (unfreezing BatchNorm while the
+    net is in eval) makes the next run use batch statistics, not the fold built before."""
+    net = _net()
+    x = torch.randn(2, 3, 7, 6)
+    with torch.no_grad():
+        net(data=x)  # the program folds bn into conv
+        net.layer("bn").train()
+        factor = net.layer("bn").scale_factor.item()
+        got = net(data=x)
+    assert net.layer("bn").scale_factor.item() != factor  # the batch statistics were used
+    want = _unoptimized(net, data=x)
+    _assert_close(got["d"], want["d"])
+    net.layer("bn").eval()
+    _assert_inference_matches_unoptimized(net, x, ["d", "h"])
+    assert net.optimized_program().report[FOLD] == 3
+
+
 def test_inplace_relu_skips_split_views_and_inputs():
     text = """
 input: "data" input_shape { dim: 2 dim: 3 }

@@ -25,7 +25,7 @@ from ..errors import (
     UsageError,
 )
 from ..ops import fused_relu, hook_watch
-from ..ops.base import CaffeLayer, Shape
+from ..ops.base import MODE_EPOCH, CaffeLayer, Shape
 from ..precision import caffe_float32, caffe_float32_backward, on_cuda
 from ..proto import caffe_pb2
 from .builder import build_net, set_requires_grad
@@ -41,6 +41,8 @@ from .program import LayerStep, ParamInfo
 from .state import make_state
 
 PathLike = str | os.PathLike
+# (observable blobs, net.training, autograd, on the CPU, layers whose mode is not the net's)
+ProgramKey = tuple[tuple[str, ...], bool, bool, bool, tuple[str, ...]]
 
 
 @contextlib.contextmanager
@@ -108,11 +110,15 @@ class TorchNet(nn.Module):
         # it is; off: Caffe's literal layer-by-layer program always. Programs are cached per
         # observable set (as sorted names: dynamo names a param it reaches through this dict
         # by the key, and inductor's cache cannot pickle a frozenset there), mode, kind and
-        # whether it runs on the CPU (some passes are for the CPU's kernels alone).
+        # whether it runs on the CPU (some passes are for the CPU's kernels alone), and the
+        # layers whose own mode differs from the net's.
         self.optimize = True
-        self._programs: dict[tuple[tuple[str, ...], bool, bool, bool], OptimizedProgram] = {}
+        self._programs: dict[ProgramKey, OptimizedProgram] = {}
         self._finite_params = FiniteParams()
         self._hooks_seen = (-1, False)  # (hook_watch.EPOCH when scanned, any layer hooked)
+        # layers whose mode is not the net's, and (MODE_EPOCH, net mode) when scanned
+        self._off_mode_layers: tuple[str, ...] = ()
+        self._modes_seen = (-1, self.training)
         self._observe_outputs = frozenset(self.output_names)
         self._observe_all = frozenset(self.blob_names)
         self.__class__ = with_own_forward(type(self))
@@ -133,6 +139,8 @@ class TorchNet(nn.Module):
         super().__setstate__(state)
         self.__dict__.setdefault("_hooks_seen", (-1, False))  # a pickle from before 363eaaf
         self.__dict__.setdefault("_finite_params", FiniteParams())  # and from before this
+        self.__dict__.setdefault("_off_mode_layers", ())
+        self.__dict__.setdefault("_modes_seen", (-1, self.training))
         if "_known_inputs" not in self.__dict__:  # a pickle from before the dtype check
             self._known_inputs = {}
         self.__class__ = with_own_forward(type(self))
@@ -327,7 +335,7 @@ class TorchNet(nn.Module):
         if device is None:
             device = next((p.device for p in self.parameters()), None)
         on_cpu = device is None or device.type == "cpu"
-        key = (tuple(sorted(seen)), self.training, autograd, on_cpu)
+        key = (tuple(sorted(seen)), self.training, autograd, on_cpu, self.layers_off_mode())
         program = self._programs.get(key)
         if program is None:
             if autograd:
@@ -337,6 +345,22 @@ class TorchNet(nn.Module):
             program = program.with_releases(seen)
             self._programs[key] = program
         return program
+
+    def layers_off_mode(self) -> tuple[str, ...]:
+        """The layers whose train/eval mode is not the net's (``train()`` on one layer, or a
+        layer with its own ``phase``), part of a program's key: a pass decides by the modes
+        (a BatchNorm whose mode picks global statistics folds into its Convolution, which
+        would go on using them after ``bn.train()``). Scanned again only after a layer's
+        mode or the net's changed (``MODE_EPOCH``). Under torch.compile the last eager scan
+        is used, as for hooks (its guards would read the global epoch)."""
+        if not torch.compiler.is_compiling():
+            seen = (MODE_EPOCH[0], self.training)
+            if seen != self._modes_seen:
+                self._off_mode_layers = tuple(
+                    key for key, m in self.layers.items() if m.training != self.training
+                )
+                self._modes_seen = seen
+        return self._off_mode_layers
 
     def _program_for(
         self, observable: frozenset[str], device: torch.device | None

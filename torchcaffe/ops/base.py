@@ -28,6 +28,10 @@ from .fillers import check_filler, fill_
 
 Shape = tuple[int, ...]
 _OUR_LAYER_FIELDS = frozenset(caffe_pb2.LayerParameter.DESCRIPTOR.fields_by_name)
+# Bumped when ``train()`` / ``eval()`` changes a layer's mode. The passes decide some merges
+# by the modes (a BatchNorm folds into its Convolution only while it uses global statistics),
+# so a net reads its layers' modes again for its program key (``TorchNet``).
+MODE_EPOCH = [0]
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,8 @@ class CaffeLayer(nn.Module):
     def train(self, mode: bool = True) -> CaffeLayer:
         if self.own_phase:
             mode = self.phase == caffe_pb2.TRAIN
+        if mode != self.training:
+            MODE_EPOCH[0] += 1
         return super().train(mode)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
