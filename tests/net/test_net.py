@@ -120,6 +120,26 @@ def test_missing_and_unknown_inputs_are_errors():
         net(dta=torch.randn(4, 6))
 
 
+def test_a_tensor_for_a_computed_blob_is_refused_not_ignored():
+    """The run would overwrite it: a data layer's top (a train_val net loaded without
+    ``input_shapes``) or a layer's top. pycaffe's ``forward(**kwargs)`` refuses them too."""
+    text = """
+layer { name: "d" type: "DummyData" top: "data" top: "label"
+        dummy_data_param { shape { dim: 2 dim: 6 } shape { dim: 2 } } }
+layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "ip1"
+        inner_product_param { num_output: 3 } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip1" bottom: "label" top: "loss" }
+"""
+    net = build(text, phase="train")
+    with pytest.raises(BlobWiringError, match="layer 'd' \\(DummyData\\) computes it") as err:
+        net(data=torch.randn(2, 6), label=torch.zeros(2))
+    assert "input_shapes={'data'" in str(err.value)
+    with pytest.raises(BlobWiringError, match="'ip1' is not an input"):
+        build(MLP)(data=torch.randn(4, 6), ip1=torch.zeros(4, 5))
+    fed = build(text, phase="train", input_shapes={"data": (2, 6), "label": (2,)})
+    assert fed(data=torch.randn(2, 6), label=torch.zeros(2))["loss"].dim() == 0
+
+
 def test_an_input_that_is_not_a_tensor_of_the_params_dtype_is_a_usage_error():
     """torch would stop inside the first layer (a numpy array has no ``shape`` torch reads,
     a float64 tensor meets float32 weights); the error names the input and what it takes."""

@@ -29,6 +29,7 @@ from ..ops.base import MODE_EPOCH, CaffeLayer, Shape
 from ..precision import caffe_float32, caffe_float32_backward, on_cuda
 from ..proto import caffe_pb2
 from .builder import build_net, set_requires_grad
+from .feeds import SOURCE_LAYER_TYPES
 from .finite import FiniteParams
 from .own_forward import base_class, new_instance, with_own_forward
 from .passes import (
@@ -206,13 +207,8 @@ class TorchNet(nn.Module):
             )
         blobs = dict(zip(self.input_names, args))
         for name, value in kwargs.items():
-            if name not in self.blob_shapes:
-                raise BlobWiringError(
-                    f"unknown input blob {name!r}",
-                    path=self.path,
-                    expected=f"one of {self.input_names}",
-                    got=name,
-                )
+            if name not in self.input_names:
+                raise self._not_an_input(name)
             if name in blobs:
                 raise BlobWiringError(f"input {name!r} given twice", path=self.path)
             blobs[name] = value
@@ -225,6 +221,33 @@ class TorchNet(nn.Module):
             )
         self._check_inputs(blobs)
         return blobs
+
+    def _not_an_input(self, name: str) -> BlobWiringError:
+        """The error for a keyword that names no input blob. A blob a layer computes (a data
+        layer's top included) would be overwritten by the run, so the tensor is refused
+        rather than silently ignored, as pycaffe's ``forward(**kwargs)`` refuses it."""
+        producer = next((s for s in self.steps if name in s.tops and not s.is_input), None)
+        if producer is None:
+            return BlobWiringError(
+                f"unknown input blob {name!r}",
+                path=self.path,
+                expected=f"one of {self.input_names}",
+                got=name,
+            )
+        hint = None
+        if producer.type in SOURCE_LAYER_TYPES:
+            hint = (
+                f"to feed it, load with input_shapes={{{name!r}: (N, ...)}}, which turns "
+                f"{producer.type} layer '{producer.name}' into an input"
+            )
+        return BlobWiringError(
+            f"blob {name!r} is not an input: layer '{producer.name}' ({producer.type}) "
+            "computes it, so the tensor given for it would be ignored",
+            path=self.path,
+            expected=f"one of {self.input_names}",
+            got=name,
+            hint=hint,
+        )
 
     def _check_inputs(self, blobs: Mapping[str, torch.Tensor]) -> None:
         """Each input is a tensor; per new input shape or dtype, the shapes are inferred again
