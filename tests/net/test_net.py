@@ -156,6 +156,19 @@ def test_an_input_that_is_not_a_tensor_of_the_params_dtype_is_a_usage_error():
     assert net.double()(data=x.double())["ip2"].dtype == torch.float64
 
 
+def test_inputs_are_checked_again_after_the_net_changes_dtype():
+    """A float32 call, then ``net.double()``: the same float32 input is now the wrong dtype."""
+    net = build(MLP)
+    x = torch.randn(4, 6)
+    net(data=x)
+    net.double()
+    with pytest.raises(UsageError, match="input 'data' is torch.float32 but the net's params"):
+        net(data=x)
+    assert net(data=x.double())["ip2"].dtype == torch.float64
+    net.float()
+    assert net(data=x)["ip2"].dtype == torch.float32
+
+
 def test_missing_bottom_names_layer():
     text = MLP + 'layer { name: "bad" type: "ReLU" bottom: "nope" top: "y" }'
     with pytest.raises(BlobWiringError, match=r"layer 'bad' \(ReLU\).*nope"):

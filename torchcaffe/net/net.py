@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import cast
 
 import torch
@@ -274,6 +274,13 @@ class TorchNet(nn.Module):
             if shapes != {n: shape for n, (shape, _) in known.items()}:
                 self.infer_shapes(shapes)  # once per shape: a Python layer's reshape runs
             self._known_inputs = kinds
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> TorchNet:
+        """nn.Module's ``.to()`` / ``.double()`` / ``.half()``, after which the next call checks
+        its inputs' dtypes again (the params' dtype may have changed; shapes stay known)."""
+        out = super()._apply(fn, recurse)
+        self._known_inputs = {n: (shape, None) for n, (shape, _) in self._known_inputs.items()}
+        return out
 
     def _check_dtypes(self, blobs: Mapping[str, torch.Tensor]) -> None:
         param = next(self.parameters(), None)
