@@ -364,3 +364,23 @@ def test_a_traced_fold_scales_the_weights_only_where_that_is_cheaper(batch, fold
     (graph,) = graphs
     epilogues = [n for n in graph.graph.nodes if n.target is torch.addcmul]
     assert (not epilogues) is folded, graph.code
+
+
+def test_a_layer_switched_to_train_after_the_trace_compiles_again():
+    """``bn.train()`` alone on a compiled net in eval: the next compiled call uses batch
+    statistics (and updates them), as the eager net does, not the fold traced before."""
+    net = _layout_net()
+    x = torch.randn(2, 4, 8, 8)
+    compiled = torch.compile(net, backend="eager")
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled(data=x)
+        bn = net.layer("bn")
+        bn.train()
+        factor = bn.scale_factor.item()
+        got = compiled(data=x)["p"]
+        assert bn.scale_factor.item() != factor  # the batch statistics were used
+        net.optimize = False
+        bn.scale_factor.fill_(factor)
+        want = net(data=x)["p"]
+    _close({"p": got}, {"p": want})

@@ -24,8 +24,8 @@ from ..errors import (
     UnknownLayerError,
     UsageError,
 )
-from ..ops import fused_relu, hook_watch
-from ..ops.base import MODE_EPOCH, CaffeLayer, Shape
+from ..ops import fused_relu, hook_watch, mode_watch
+from ..ops.base import CaffeLayer, Shape
 from ..precision import caffe_float32, caffe_float32_backward, on_cuda
 from ..proto import caffe_pb2
 from .builder import build_net, set_requires_grad
@@ -117,9 +117,7 @@ class TorchNet(nn.Module):
         self._programs: dict[ProgramKey, OptimizedProgram] = {}
         self._finite_params = FiniteParams()
         self._hooks_seen = (-1, False)  # (hook_watch.EPOCH when scanned, any layer hooked)
-        # layers whose mode is not the net's, and (MODE_EPOCH, net mode) when scanned
-        self._off_mode_layers: tuple[str, ...] = ()
-        self._modes_seen = (-1, self.training)
+        mode_watch.watch(self)  # keeps ``_off_mode_layers`` (set by ``train`` above) current
         self._observe_outputs = frozenset(self.output_names)
         self._observe_all = frozenset(self.blob_names)
         self.__class__ = with_own_forward(type(self))
@@ -140,8 +138,9 @@ class TorchNet(nn.Module):
         super().__setstate__(state)
         self.__dict__.setdefault("_hooks_seen", (-1, False))  # a pickle from before 363eaaf
         self.__dict__.setdefault("_finite_params", FiniteParams())  # and from before this
-        self.__dict__.setdefault("_off_mode_layers", ())
-        self.__dict__.setdefault("_modes_seen", (-1, self.training))
+        self.__dict__.pop("_modes_seen", None)  # a pickle from before mode_watch
+        self.layer_modes_changed()
+        mode_watch.watch(self)
         if "_known_inputs" not in self.__dict__:  # a pickle from before the dtype check
             self._known_inputs = {}
         self.__class__ = with_own_forward(type(self))
@@ -380,17 +379,24 @@ class TorchNet(nn.Module):
         """The layers whose train/eval mode is not the net's (``train()`` on one layer, or a
         layer with its own ``phase``), part of a program's key: a pass decides by the modes
         (a BatchNorm whose mode picks global statistics folds into its Convolution, which
-        would go on using them after ``bn.train()``). Scanned again only after a layer's
-        mode or the net's changed (``MODE_EPOCH``). Under torch.compile the last eager scan
-        is used, as for hooks (its guards would read the global epoch)."""
-        if not torch.compiler.is_compiling():
-            seen = (MODE_EPOCH[0], self.training)
-            if seen != self._modes_seen:
-                self._off_mode_layers = tuple(
-                    key for key, m in self.layers.items() if m.training != self.training
-                )
-                self._modes_seen = seen
+        would go on using them after ``bn.train()``). Kept current by ``train`` and by
+        ``mode_watch``; dynamo guards its value, so a compiled net traces again after a
+        switch."""
         return self._off_mode_layers
+
+    def layer_modes_changed(self) -> None:
+        """Read the layers' modes again (``mode_watch``)."""
+        self._off_mode_layers: tuple[str, ...] = tuple(
+            key for key, m in self.layers.items() if m.training != self.training
+        )
+
+    def train(self, mode: bool = True) -> TorchNet:
+        """nn.Module's ``train``; the layers left in another mode (their own ``phase``) are
+        read once after, not once per layer switched."""
+        with mode_watch.quiet():
+            super().train(mode)
+        self.layer_modes_changed()
+        return self
 
     def _program_for(
         self, observable: frozenset[str], device: torch.device | None

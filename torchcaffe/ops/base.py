@@ -21,17 +21,13 @@ from .. import limits
 from ..errors import BlobWiringError, LayerParamError, TorchCaffeError
 from ..formats import user_schema
 from ..proto import caffe_pb2
-from . import hook_watch, opaque_conv
+from . import hook_watch, mode_watch, opaque_conv
 from ._fill_skip import will_be_loaded
 from ._zero_blobs import zero_blob
 from .fillers import check_filler, fill_
 
 Shape = tuple[int, ...]
 _OUR_LAYER_FIELDS = frozenset(caffe_pb2.LayerParameter.DESCRIPTOR.fields_by_name)
-# Bumped when ``train()`` / ``eval()`` changes a layer's mode. The passes decide some merges
-# by the modes (a BatchNorm folds into its Convolution only while it uses global statistics),
-# so a net reads its layers' modes again for its program key (``TorchNet``).
-MODE_EPOCH = [0]
 
 
 @dataclass(frozen=True)
@@ -139,9 +135,11 @@ class CaffeLayer(nn.Module):
     def train(self, mode: bool = True) -> CaffeLayer:
         if self.own_phase:
             mode = self.phase == caffe_pb2.TRAIN
-        if mode != self.training:
-            MODE_EPOCH[0] += 1
-        return super().train(mode)
+        switched = mode != self.training
+        out = super().train(mode)
+        if switched:
+            mode_watch.layer_switched()  # the nets' program keys (``TorchNet.layers_off_mode``)
+        return out
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """A copy (``copy.deepcopy``, unpickling) is a layer of its own for compiled graphs."""
