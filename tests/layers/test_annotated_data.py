@@ -141,6 +141,31 @@ def test_warp_resize_keeps_boxes_and_mirror_flips_them(tmp_path):
     assert seen == {True, False}
 
 
+@pytest.mark.parametrize("encoded", [True, False])
+def test_mirror_with_mean_file_reads_the_mean_where_the_fork_does(tmp_path, encoded):
+    """SSD's cv::Mat path (encoded records) subtracts the mean at the output pixel of a
+    mirrored image; its Datum path (raw records) at the source pixel, as BVLC's."""
+    db = anno_db(tmp_path / "db", encoded=encoded)
+    mean = RNG.random((1, 3, 12, 16), dtype=np.float32) * 50
+    blob = pb.BlobProto(num=1, channels=3, height=12, width=16)
+    blob.data.extend(mean.ravel().tolist())
+    (tmp_path / "mean.binaryproto").write_bytes(blob.SerializeToString())
+    torch.manual_seed(1)
+    m = layer(db, f'mirror: true mean_file: "{tmp_path / "mean.binaryproto"}"', batch=3)
+    seen = set()
+    for _ in range(4):
+        data, _ = m()
+        for item, img in enumerate(IMAGES):
+            chw = img.transpose(2, 0, 1).astype(np.float32)
+            plain = chw - mean[0]
+            flipped = chw[:, :, ::-1] - (mean[0] if encoded else mean[0][:, :, ::-1])
+            got = data.numpy()[item]
+            mirrored = np.array_equal(got, flipped)
+            assert mirrored or np.array_equal(got, plain)
+            seen.add(mirrored)
+    assert seen == {True, False}
+
+
 def test_expand_and_sample_keep_boxes_on_their_pixels(tmp_path):
     """A box painted white stays under its label row through expansion and sample crops."""
     img = np.zeros((40, 40, 3), np.uint8)

@@ -138,8 +138,13 @@ class AnnotatedLoader(BatchLoader):
             raise DataError("crop larger than the image", path=self.db.path, got=(h, w))
         return (c, self.crop_h or h, self.crop_w or w)
 
-    def transform(self, img: np.ndarray, out: np.ndarray) -> tuple[ssd.Box, bool]:
-        """SSD's Transform(cv::Mat, blob, crop_bbox, do_mirror)."""
+    def transform(
+        self, img: np.ndarray, out: np.ndarray, encoded: bool = True
+    ) -> tuple[ssd.Box, bool]:
+        """SSD's Transform(cv::Mat, blob, crop_bbox, do_mirror) for encoded records, its
+        Transform(Datum, ...) for raw ones; they differ in where a mirrored image reads the
+        mean_file: raw records at the source pixel (the mean flips with the image), encoded
+        ones at the output pixel (``mean_index`` uses the mirrored ``w_idx``)."""
         tp = self.tp
         do_mirror = bool(tp.mirror) and self.rng.rand(2) == 1
         if tp.HasField("resize_param"):
@@ -179,7 +184,7 @@ class AnnotatedLoader(BatchLoader):
                     expected=out.shape,
                     got=self.mean.shape,
                 )
-            out -= self.mean[:, :, ::-1] if do_mirror else self.mean
+            out -= self.mean[:, :, ::-1] if do_mirror and not encoded else self.mean
         elif self.mean_values.size:
             if self.mean_values.size not in (1, c):
                 raise DataError(
@@ -205,7 +210,7 @@ class AnnotatedLoader(BatchLoader):
             img, groups = self.augment(anno, img)
             if data is None:
                 data = np.empty((self.batch_size, *self.out_shape(img)), F)
-            crop_box, mirrored = self.transform(img, data[item])
+            crop_box, mirrored = self.transform(img, data[item], anno.datum.encoded)
             hw = img.shape[:2]
             resize = self.tp.resize_param if self.tp.HasField("resize_param") else None
             emit = self.tp.emit_constraint if self.tp.HasField("emit_constraint") else None
