@@ -28,7 +28,7 @@ def test_serves_rows_and_wraps():
     m = layer()
     data = np.arange(4 * 6, dtype=np.float32).reshape(4, 1, 2, 3)
     m.reset(data, np.arange(4))
-    assert m.output_shapes([]) == [(2, 1, 2, 3), (2, 1, 1, 1)]
+    assert m.output_shapes([]) == [(2, 1, 2, 3), (2,)]  # setup; each forward gives 4-D
     for rows in ([0, 1], [2, 3], [0, 1]):
         d, y = m()
         np.testing.assert_array_equal(d.numpy(), data[rows])
@@ -73,3 +73,15 @@ def test_net_set_input_arrays(tmp_path):
     other.write_text('input: "x" input_shape { dim: 1 }')
     with pytest.raises(BlobWiringError, match="MemoryData"):
         torchcaffe.Net(str(other), torchcaffe.TEST).set_input_arrays(data, np.arange(4))
+
+
+def test_label_is_1d_until_the_first_forward(tmp_path):
+    """Caffe's DataLayerSetUp shapes the label (batch_size,); Forward_cpu reshapes it to
+    (batch_size, 1, 1, 1). Scripts print the blob shapes right after building the net."""
+    path = tmp_path / "net.prototxt"
+    path.write_text(f'layer {{ name: "m" type: "MemoryData" {SNIPPET} }}')
+    net = torchcaffe.Net(str(path), torchcaffe.TEST)
+    assert net.blobs["label"].data.shape == (2,)
+    net.set_input_arrays(np.zeros((2, 1, 2, 3), np.float32), np.zeros(2, np.float32))
+    net.forward()
+    assert net.blobs["label"].data.shape == (2, 1, 1, 1)

@@ -16,7 +16,8 @@ class MemoryDataLayer(CaffeLayer):
 
     ``reset(data, labels)`` (pycaffe: ``net.set_input_arrays``) gives N x C x H x W float
     data and N labels, N a multiple of batch_size; each forward serves the next batch_size
-    rows and wraps. Tops: data (batch, C, H, W) and label (batch, 1, 1, 1). No transform is
+    rows and wraps. Tops: data (batch, C, H, W) and label (batch, 1, 1, 1) ((batch,) before the
+    first forward, as Caffe sets it up). No transform is
     applied to arrays given this way, as in Caffe's Reset path.
     """
 
@@ -43,7 +44,8 @@ class MemoryDataLayer(CaffeLayer):
         self.register_buffer("_like", torch.zeros(0), persistent=False)
 
     def output_shapes(self, bottom_shapes) -> list[Shape]:
-        return [(self.batch_size, *self.dims), (self.batch_size, 1, 1, 1)]
+        """As DataLayerSetUp: the label is (batch,) until a forward reshapes it to 4-D."""
+        return [(self.batch_size, *self.dims), (self.batch_size,)]
 
     def reset(self, data, labels) -> None:
         """Serve ``data`` (N, C, H, W) and ``labels`` (N,) or (N, 1, 1, 1) from row 0."""
