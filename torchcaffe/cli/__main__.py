@@ -30,6 +30,7 @@ from . import (
     upgrade,
     upgrade_net_proto_binary,
     upgrade_net_proto_text,
+    upgrade_solver_proto_text,
 )
 from .flags import CAFFE_VALUED, FlagParser, gflags_argv
 
@@ -52,6 +53,10 @@ ACTIONS: dict[str, Action] = {
     "upgrade_net_proto_binary": (
         upgrade_net_proto_binary.add_arguments,
         upgrade_net_proto_binary.main,
+    ),
+    "upgrade_solver_proto_text": (
+        upgrade_solver_proto_text.add_arguments,
+        upgrade_solver_proto_text.main,
     ),
 }
 
