@@ -22,6 +22,7 @@ from . import (
     convert_imageset,
     device_query,
     draw_net,
+    extract_features,
     layers_table,
     run,
     test,
@@ -43,6 +44,7 @@ ACTIONS: dict[str, Action] = {
     "train": (train.add_arguments, train.main),
     "convert_imageset": (convert_imageset.add_arguments, convert_imageset.main),
     "compute_image_mean": (compute_image_mean.add_arguments, compute_image_mean.main),
+    "extract_features": (extract_features.add_arguments, extract_features.main),
     "draw_net": (draw_net.add_arguments, draw_net.main),
     "test": (test.add_arguments, test.main),
     "time": (time_net.add_arguments, time_net.main),
@@ -61,7 +63,7 @@ ACTIONS: dict[str, Action] = {
 }
 
 # Actions that read nets or solvers and so take --caffe-proto (a fork's schema, user_schema).
-READS_NETS = frozenset({"run", "train", "test", "time", "draw_net"})
+READS_NETS = frozenset({"run", "train", "test", "time", "draw_net", "extract_features"})
 # the caffe tool's actions, which take (and ignore) each other's flags as caffe.cpp does
 CAFFE_ACTIONS = frozenset({"train", "test", "time", "device_query"})
 
