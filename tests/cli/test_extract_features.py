@@ -149,6 +149,19 @@ def test_a_failure_mid_run_leaves_no_database(tmp_path, tiny, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
+def test_a_blob_of_more_than_4_axes_is_refused_by_name(tmp_path, tiny, capsys):
+    proto, weights = tiny
+    with open(proto, "a") as f:
+        f.write(
+            'layer { name: "r" type: "Reshape" bottom: "conv" top: "r5" '
+            "reshape_param { shape { dim: 0 dim: 1 dim: 2 dim: 2 dim: 2 } } }"
+        )
+    out = tmp_path / "f"
+    assert main(["extract_features", str(weights), str(proto), "r5", str(out), "1", "lmdb"]) == 2
+    assert "feature blob 'r5' has more than 4 axes" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_zero_batches_write_empty_databases(tmp_path, tiny):
     proto, weights = tiny
     out = tmp_path / "empty"

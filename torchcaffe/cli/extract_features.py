@@ -118,7 +118,14 @@ def _extract(net: Net, blob_names: list[str], writers: list[DBWriter], batches: 
         net.forward()
         for i, name in enumerate(blob_names):
             blob = net.blobs[name]
-            num = blob.num  # legacy axes, as Caffe's tool reads them (more than 4: an error)
+            if blob.num_axes > 4:  # Caffe's tool reads the legacy num/channels/height/width
+                raise BlobShapeError(
+                    f"feature blob {name!r} has more than 4 axes, which Caffe's Datum layout "
+                    "(channels, height, width) cannot hold",
+                    expected="at most 4 axes",
+                    got=blob.shape,
+                )
+            num = blob.num
             if num == 0:
                 raise BlobShapeError(
                     f"feature blob {name!r} holds no items", expected="num > 0", got=blob.shape
