@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 import torchcaffe as caffe
 from tests.helpers.datasets import raw_lmdb
@@ -159,6 +160,17 @@ def test_a_blob_of_more_than_4_axes_is_refused_by_name(tmp_path, tiny, capsys):
     out = tmp_path / "f"
     assert main(["extract_features", str(weights), str(proto), "r5", str(out), "1", "lmdb"]) == 2
     assert "feature blob 'r5' has more than 4 axes" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message where CUDA is absent")
+def test_gpu_mode_without_cuda_says_so_in_this_tools_terms(tmp_path, tiny, capsys):
+    proto, weights = tiny
+    out = tmp_path / "f"
+    argv = [str(weights), str(proto), "fc", str(out), "1", "lmdb", "GPU", "1"]
+    assert main(["extract_features", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "GPU mode: CUDA is not available" in err and "-gpu" not in err
     assert not out.exists()
 
 

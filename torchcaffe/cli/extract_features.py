@@ -17,6 +17,8 @@ import argparse
 import os
 import sys
 
+import torch
+
 from ..data.db import BACKENDS, DBWriter, backend_name
 from ..errors import BlobShapeError, DataError, DeviceError, UnknownNameError, UsageError
 from ..proto import caffe_pb2
@@ -61,6 +63,11 @@ def main(args: argparse.Namespace) -> int:
     if args.mode == "GPU":
         if args.device_id < 0:
             raise DeviceError("DEVICE_ID must not be negative", expected=">= 0", got=args.device_id)
+        if not torch.cuda.is_available():
+            raise DeviceError(
+                "GPU mode: CUDA is not available on this machine",
+                hint="pass CPU (or leave the mode out) to run on the CPU",
+            )
         use_device(requested_gpus(str(args.device_id))[0])
         _log(f"Using GPU\nUsing Device_id={args.device_id}")
     else:  # Caffe's tool: anything but "GPU" runs on the CPU
