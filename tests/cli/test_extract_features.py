@@ -132,6 +132,22 @@ def test_bad_arguments_are_one_line_and_leave_nothing(
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
+def test_swapped_weights_and_prototxt_are_refused_with_caffes_order(tmp_path, tiny, capsys):
+    proto, weights = tiny
+    out = tmp_path / "f"
+    assert main(["extract_features", str(proto), str(weights), "fc", str(out), "1", "lmdb"]) == 2
+    err = capsys.readouterr().err
+    assert "look swapped" in err and "weights first" in err
+    assert not out.exists()
+
+
+def test_a_missing_output_folder_is_refused_before_the_net_is_built(tmp_path, capsys):
+    out = tmp_path / "no" / "f"
+    argv = ["w.caffemodel", "absent.prototxt", "fc", str(out), "1", "lmdb"]
+    assert main(["extract_features", *argv]) == 2
+    assert f"{tmp_path / 'no'}: the output directory does not exist" in capsys.readouterr().err
+
+
 def test_a_failure_mid_run_leaves_no_database(tmp_path, tiny, monkeypatch):
     proto, weights = tiny
     calls = []

@@ -21,6 +21,7 @@ import torch
 
 from ..data.db import BACKENDS, DBWriter, backend_name
 from ..errors import BlobShapeError, DataError, DeviceError, UnknownNameError, UsageError
+from ..formats.prototxt import BINARY_SUFFIXES, TEXT_SUFFIXES
 from ..proto import caffe_pb2
 from ..pycaffe.net import Net
 from .devices import requested_gpus, use_device
@@ -59,6 +60,7 @@ def main(args: argparse.Namespace) -> int:
             "num_mini_batches must not be negative", expected=">= 0", got=args.num_mini_batches
         )
     backend = backend_name(args.db_type)
+    _check_order(args.pretrained_net_param, args.feature_extraction_proto_file)
     _check_targets(dataset_names)
     if args.mode == "GPU":
         if args.device_id < 0:
@@ -99,6 +101,18 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_order(weights: str, proto: str) -> None:
+    """Caffe's order puts the weights first; file names that say otherwise are refused."""
+    weights_suffix, proto_suffix = (os.path.splitext(p)[1].lower() for p in (weights, proto))
+    if weights_suffix in TEXT_SUFFIXES or proto_suffix in BINARY_SUFFIXES | {".h5"}:
+        raise UsageError(
+            "the weights and the net prototxt look swapped",
+            expected="PRETRAINED.caffemodel NET.prototxt",
+            got=f"{weights} {proto}",
+            hint="Caffe's extract_features takes the weights first, then the prototxt",
+        )
+
+
 def _check_targets(dataset_names: list[str]) -> None:
     """Every database is new and named once, checked before the net is built."""
     seen: set[str] = set()
@@ -109,6 +123,8 @@ def _check_targets(dataset_names: list[str]) -> None:
         if path in seen:
             raise UsageError("the same database is named twice", got=name)
         seen.add(path)
+        if not os.path.isdir(os.path.dirname(path)):
+            raise DataError("the output directory does not exist", path=os.path.dirname(path))
         if os.path.lexists(path):
             raise DataError(
                 "the output database already exists",
