@@ -240,9 +240,7 @@ def test_write_text_failing_serialization_keeps_original(tmp_path, tiny, monkeyp
     target = tmp_path / "n.prototxt"
     target.write_text("original")
     monkeypatch.setattr(
-        ptx.text_format,
-        "MessageToString",
-        lambda msg: (_ for _ in ()).throw(ValueError("cannot print")),
+        ptx, "caffe_text", lambda msg: (_ for _ in ()).throw(ValueError("cannot print"))
     )
     with pytest.raises(ValueError, match="cannot print"):
         write_text(tiny, target)
@@ -288,3 +286,42 @@ def test_atomic_write_refuses_non_write_modes(tmp_path, mode):
     with pytest.raises(ValueError, match="write mode"):
         with atomic_write(tmp_path / "x", mode):
             pass
+
+
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        (1.0, "1"),
+        (0.01, "0.01"),
+        (1e-05, "1e-05"),
+        (1e6, "1e+06"),  # %g switches to an exponent at 6 digits; Python's repr at 16
+        (1.5e6, "1.5e+06"),
+        (16777216.0, "16777216"),
+        (123456789.0, "123456792"),  # the float's 9 digits, not Python's "123456790"
+        (0.1234567, "0.123456702"),  # 6 digits do not read back: 9 (FLT_DIG + 3)
+        (104.00699, "104.006989"),
+        (float("inf"), "inf"),
+        (float("-inf"), "-inf"),
+        (-0.0, "-0"),
+    ],
+)
+def test_caffe_text_spells_floats_as_cpp_simple_ftoa(value, text):
+    """protobuf's FloatToBuffer: %.6g when it reads back as the same float, else %.9g."""
+    assert ptx.caffe_text(pb.SolverParameter(base_lr=value)) == f"base_lr: {text}\n"
+
+
+@pytest.mark.parametrize(
+    "value, text", [(0.1, "0.1"), (1 / 3, "0.33333333333333331"), (1e20, "1e+20"), (2.0, "2")]
+)
+def test_caffe_text_spells_doubles_as_cpp_simple_dtoa(value, text):
+    """DoubleToBuffer: %.15g when it reads back as the same double, else %.17g."""
+    blob = pb.BlobProto(double_data=[value])
+    assert ptx.caffe_text(blob) == f"double_data: {text}\n"
+
+
+def test_caffe_text_escapes_non_ascii_bytes_in_octal():
+    """C++ TextFormat's default CEscape: bytes outside printable ASCII as \\ooo, and the
+    usual \\n \\t \\" \\' \\\\ escapes."""
+    net = pb.NetParameter(name="сеть\"'\\\t\n")
+    want = 'name: "\\321\\201\\320\\265\\321\\202\\321\\214\\"\\\'\\\\\\t\\n"\n'
+    assert ptx.caffe_text(net) == want

@@ -7,12 +7,16 @@ Readers mirror Caffe's ``ReadProtoFromTextFile`` / ``ReadProtoFromBinaryFile`` a
 
 from __future__ import annotations
 
+import io
+import math
 import os
 import re
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import numpy as np
 from google.protobuf import text_format, unknown_fields
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from .. import limits
@@ -218,15 +222,41 @@ def read_binary_proto(path: PathLike, message_type: type[M]) -> M:
     return parse_binary_proto(read_bytes(path), message_type, path)
 
 
-# a float field whose value is integral, as Python's text_format prints it ("lr_mult: 1.0")
-_INTEGRAL_FLOAT = re.compile(r"^(\s*\w+: -?\d+)\.0$", re.MULTILINE)
+class _CaffePrinter(text_format._Printer):  # the public printer has no hook for numbers
+    """Python's text printer, spelling numbers as C++ TextFormat does (SimpleFtoa/SimpleDtoa)."""
+
+    def PrintFieldValue(self, field: FieldDescriptor, value: Any) -> None:  # noqa: N802
+        if field.cpp_type == FieldDescriptor.CPPTYPE_FLOAT:
+            self.out.write(_cpp_number(value, 6, 9, float32=True))
+        elif field.cpp_type == FieldDescriptor.CPPTYPE_DOUBLE:
+            self.out.write(_cpp_number(value, 15, 17, float32=False))
+        else:
+            super().PrintFieldValue(field, value)
+
+
+def _cpp_number(value: float, digits: int, fallback: int, *, float32: bool) -> str:
+    """protobuf's FloatToBuffer/DoubleToBuffer: ``%.{FLT,DBL}_DIG g`` when that reads back as
+    the same value, else 9 (float) / 17 (double) digits. Python's own printer writes the
+    shortest round trip instead (``1000000.0`` where C++ writes ``1e+06``, ``104.00699`` for
+    C++'s ``104.006989``)."""
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    if math.isnan(value):
+        return "nan"
+    text = f"{value:.{digits}g}"
+    back = float(text)
+    if float32:  # a 6-digit decimal is never close enough to a tie for double rounding
+        back = float(np.float32(back))
+    return text if back == value else f"{value:.{fallback}g}"
 
 
 def caffe_text(msg: Message) -> str:
-    """``msg`` in text format as Caffe's C++ TextFormat prints it: Python's printer writes an
-    integral float as ``1.0`` where C++'s SimpleFtoa writes ``1`` (every other value prints
-    alike: shortest round trip, ``1e-05``, ``inf``)."""
-    return _INTEGRAL_FLOAT.sub(r"\1", text_format.MessageToString(msg))
+    """``msg`` in text format as Caffe's C++ TextFormat prints it: numbers as ``SimpleFtoa``
+    spells them (``1``, ``1e+06``, ``0.123456702``) and strings with every byte outside
+    printable ASCII escaped in octal (C++'s default; Python's printer keeps UTF-8)."""
+    out = io.StringIO()
+    _CaffePrinter(out=out, as_utf8=False).PrintMessage(msg)
+    return out.getvalue()
 
 
 def write_text(msg: Message, path: PathLike) -> None:
