@@ -146,3 +146,16 @@ def test_shards_sample_their_own_windows(tmp_path):
     a.set_shard(0, 2)
     b.set_shard(1, 2)
     assert a.loader.rng.seed != b.loader.rng.seed
+
+
+def test_overlaps_are_read_as_floats_and_compared_in_float32(tmp_path):
+    """Caffe reads each window's overlap into a float and compares it with the float
+    thresholds: 0.30000001 is the float 0.3, so with bg_threshold 0.3 the window is neither
+    background nor foreground (a double compare, numpy 1's, would make it background)."""
+    from torchcaffe.ops.window_data import read_window_file
+
+    listing = tmp_path / "windows.txt"
+    listing.write_text("# 0\nimg.png\n3\n4\n8\n2\n1 0.30000001 0 0 3 3\n1 0.7 0 0 3 3\n")
+    _, fg, bg = read_window_file(str(listing), "", 0.5, float(np.float32(0.3)))
+    assert bg == [] and len(fg) == 1
+    assert all(isinstance(w[2], np.float32) for w in fg)

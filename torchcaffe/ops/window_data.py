@@ -59,7 +59,9 @@ def read_window_file(source: str, root: str, fg: float, bg: float):
                 )
             images.append(root + path)
             for _ in range(count):
-                label, overlap = int(tokens[pos]), float(tokens[pos + 1])
+                # a float, as Caffe reads it: compared with the thresholds in float32 (numpy 1
+                # would compare a Python float with a float32 in double)
+                label, overlap = int(tokens[pos]), np.float32(tokens[pos + 1])
                 box = [int(t) for t in tokens[pos + 2 : pos + 6]]
                 if len(box) != 4:
                     raise IndexError("the last window line is cut short")
