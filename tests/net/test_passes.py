@@ -336,3 +336,30 @@ layer { name: "relu" type: "ReLU" bottom: "b" top: "b" }
     want = _unoptimized(net.module, data=torch.from_numpy(x))
     for name in ("c", "b"):
         np.testing.assert_allclose(net.blobs[name].data, want[name].numpy(), rtol=RTOL, atol=ATOL)
+
+
+def test_a_parametrized_weight_is_used_by_every_path_and_saved_as_computed(tmp_path):
+    """torch.nn.utils.parametrize (weight_norm, spectral_norm, a user's own) moves a blob
+    out of the layer's dicts into a property: the passes, the training program and
+    save_weights read it as the layer computes it."""
+    from torch.nn.utils import parametrize
+
+    class Doubled(torch.nn.Module):
+        def forward(self, w):
+            return w * 2
+
+    net = _net()
+    x = torch.randn(2, 3, 7, 6)
+    plain = [t.clone() for t in net.layer("conv").param_blobs()]
+    parametrize.register_parametrization(net.layer("conv"), "weight", Doubled())
+    want = _unoptimized(net, data=x)
+    assert not torch.allclose(want["d"], _unoptimized(_net(), data=x)["d"])  # it took effect
+    _assert_inference_matches_unoptimized(net, x, ["d", "h"])
+    assert net.optimized_program().report[FOLD] >= 1  # the fold read the computed weight
+    got = net(data=x)  # grad mode: the training program
+    for name in ("d", "h"):
+        _assert_close(got[name].detach(), want[name])
+    torchcaffe.save_weights(net, tmp_path / "w.caffemodel")
+    saved = torchcaffe.load(text_format.Parse(CONV_BN_SCALE_RELU, caffe_pb2.NetParameter()))
+    torchcaffe.load_weights(saved, tmp_path / "w.caffemodel")
+    torch.testing.assert_close(saved.layer("conv").param_blobs()[0], plain[0] * 2)

@@ -299,7 +299,10 @@ class CaffeLayer(nn.Module):
         a folded layer checks its sources on every inference call (``FoldedAffine``: 8.3 ->
         4.5 us a call, 53 calls per MobileNetV2 forward)."""
         params, buffers = self._parameters, self._buffers  # values typed Optional; none is
-        blobs = [params[n] if n in params else buffers[n] for n in self._blob_names]
+        blobs = [
+            params[n] if n in params else buffers[n] if n in buffers else getattr(self, n)
+            for n in self._blob_names
+        ]  # (in neither dict: a parametrized blob, torch.nn.utils.parametrize's property)
         return cast("list[torch.Tensor]", blobs)
 
     def set_param_blob(self, index: int, tensor: torch.Tensor) -> None:
@@ -361,8 +364,8 @@ def canonical_axis(layer: CaffeLayer, axis: int, num_axes: int, field: str = "ax
     return axis + num_axes if axis < 0 else axis
 
 
-# Where a param blob lives: its layer's parameters dict, buffers dict, and its name.
-BlobSlot = tuple[dict[str, Any], dict[str, Any], str]
+# Where a param blob lives: its layer's parameters dict, buffers dict, its name, the layer.
+BlobSlot = tuple[dict[str, Any], dict[str, Any], str, "CaffeLayer"]
 
 
 def blob_slots(layers: Iterable[CaffeLayer]) -> tuple[BlobSlot, ...]:
@@ -370,10 +373,15 @@ def blob_slots(layers: Iterable[CaffeLayer]) -> tuple[BlobSlot, ...]:
     from the layers' dicts on each call, so a blob replaced since (a Parameter moves between
     the two dicts) is seen, for a dict lookup instead of ``__getattr__``'s ~1 us a blob."""
     return tuple(
-        (layer._parameters, layer._buffers, name) for layer in layers for name in layer.blob_names
+        (layer._parameters, layer._buffers, name, layer)
+        for layer in layers
+        for name in layer.blob_names
     )
 
 
 def read_slots(slots: Iterable[BlobSlot]) -> list[torch.Tensor]:
-    """The tensors ``blob_slots`` located, as they are now."""
-    return [ps[n] if n in ps else bs[n] for ps, bs, n in slots]
+    """The tensors ``blob_slots`` located, as they are now (a parametrized blob, in neither
+    dict, as its layer computes it)."""
+    return [
+        ps[n] if n in ps else bs[n] if n in bs else getattr(layer, n) for ps, bs, n, layer in slots
+    ]
