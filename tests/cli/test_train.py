@@ -144,3 +144,29 @@ def test_a_solver_without_weights_warns_of_nothing(case):
     with warnings.catch_warnings():
         warnings.simplefilter("error", caffe.errors.PartialWeightsWarning)
         caffe.SGDSolver("solver.prototxt")
+
+
+def test_the_log_ends_with_caffe_tools_own_optimization_done(case, capsys, monkeypatch):
+    """caffe.cpp logs "Optimization Done." after Solver::Solve returns: a finished run has
+    the solver's line and the tool's, a stopped run "Optimization stopped early." and then
+    the tool's (scripts watching the log wait for it)."""
+    import signal
+
+    from torchcaffe.solver.solver import Solver
+
+    def tail() -> list[str]:
+        err = capsys.readouterr().err.splitlines()
+        return [line.split("] ", 1)[1] for line in err if "] Optimization" in line]
+
+    assert main(["train", "-solver", "solver.prototxt", "-weights", "weights.caffemodel"]) == 0
+    assert tail() == ["Optimization Done.", "Optimization Done."]
+    update = Solver.apply_update
+
+    def interrupted(self: Solver) -> None:
+        update(self)
+        if self.iter == 2:
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(Solver, "apply_update", interrupted)
+    assert main(["train", "-solver", "solver.prototxt", "-weights", "weights.caffemodel"]) == 0
+    assert tail() == ["Optimization stopped early.", "Optimization Done."]

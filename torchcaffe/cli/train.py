@@ -104,6 +104,8 @@ def main(args: argparse.Namespace) -> int:
                 log.info("Resuming from %s", args.snapshot)
             log.info("Starting Optimization")
             solver.solve(args.snapshot)
+            # caffe.cpp's own line after Solve returns, also after a stop (scripts wait for it)
+            log.info("Optimization Done.")
         completed = True
     finally:
         if group is not None:
