@@ -170,3 +170,27 @@ def test_the_log_ends_with_caffe_tools_own_optimization_done(case, capsys, monke
     monkeypatch.setattr(Solver, "apply_update", interrupted)
     assert main(["train", "-solver", "solver.prototxt", "-weights", "weights.caffemodel"]) == 0
     assert tail() == ["Optimization stopped early.", "Optimization Done."]
+
+
+def test_the_display_line_prints_the_lapse_as_caffe_streams_a_float(case, capsys, monkeypatch):
+    """Solver::Step logs ``Iteration N (R iter/s, Ls/D iters), loss = X`` with L and R
+    streamed as floats: 6 significant digits, no padding zeros (0.25s, not 0.250s)."""
+    import itertools
+    import re
+    import types
+
+    from torchcaffe.solver import solver as solver_module
+
+    clock = itertools.count(0.0, 0.25)
+    monkeypatch.setattr(
+        solver_module, "time", types.SimpleNamespace(perf_counter=lambda: next(clock))
+    )
+    text = (case / "solver.prototxt").read_text().replace("display: 0", "display: 5")
+    (case / "solver.prototxt").write_text(text)
+    assert main(["train", "-solver", "solver.prototxt", "-weights", "weights.caffemodel"]) == 0
+    line = re.compile(r"\] Iteration (\d+) \((\S+) iter/s, (\S+)s/5 iters\), loss = \S+$")
+    found = [m.groups() for m in map(line.search, capsys.readouterr().err.splitlines()) if m]
+    assert [int(it) for it, _, _ in found] == [0, 5, 10]
+    for _, rate, lapse in found:
+        assert lapse == f"{float(lapse):g}" and rate == f"{float(rate):g}"
+        assert float(lapse) > 0

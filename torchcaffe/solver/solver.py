@@ -261,10 +261,11 @@ class Solver:
             self._losses[idx] = loss
 
     def _display(self, lapse: float, iters: int) -> None:
+        # Caffe streams the float lapse and rate as they are (6 significant digits)
         log.info(
-            "Iteration %d (%g iter/s, %.3fs/%d iters), loss = %g",
+            "Iteration %d (%g iter/s, %gs/%d iters), loss = %g",
             self._iter,
-            iters / lapse if lapse else 0.0,
+            iters / (lapse or 1.0),
             lapse,
             self.param.display,
             self.smoothed_loss,
