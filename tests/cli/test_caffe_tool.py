@@ -254,6 +254,29 @@ def test_signal_effects(case, sigint, sighup, raised, stops_at, snapshots):
     assert (case / "final_iter_3.caffemodel").exists() == snapshots
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP on this platform")
+@pytest.mark.parametrize(
+    "sigint,sighup,raised,stops_at,snapshots",
+    [
+        # Ctrl-C twice in one iteration: one flag, one snapshot (not one per signal)
+        ("snapshot", "none", [signal.SIGINT, signal.SIGINT], 15, [3]),
+        # both in one iteration: SIGHUP's effect is read first, SIGINT's the next iteration
+        ("snapshot", "stop", [signal.SIGINT, signal.SIGHUP], 3, []),
+        ("stop", "snapshot", [signal.SIGINT, signal.SIGHUP], 4, [3]),
+    ],
+)
+def test_signals_are_flags_read_sighup_first(case, sigint, sighup, raised, stops_at, snapshots):
+    """Caffe's SignalHandler keeps one flag per signal and CheckForSignals reads SIGHUP's
+    before SIGINT's, one per call (util/signal_handler.cpp)."""
+    solver = caffe.get_solver("solver.prototxt")
+    solver.add_callback(lambda: solver.iter == 2 and [signal.raise_signal(s) for s in raised])
+    with _signal_actions(solver, sigint, sighup):
+        solver.step(15)
+    assert solver.iter == stops_at
+    written = sorted(int(p.stem.split("_")[-1]) for p in case.glob("final_iter_*.caffemodel"))
+    assert written == snapshots
+
+
 def test_a_glog_flag_is_taken_with_a_note_that_it_has_no_effect(case, capsys):
     code = main(["time", "-model", "train.prototxt", "-iterations", "1", "-log_dir", "/tmp"])
     assert code == 0

@@ -189,20 +189,28 @@ def _logging(quiet: bool) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _signal_actions(solver: Solver, sigint_effect: str, sighup_effect: str) -> Iterator[None]:
-    """Caffe's SignalHandler: SIGINT/SIGHUP set a request the loop reads between iterations
-    (an effect of ``none`` swallows the signal, as Caffe does)."""
-    pending: list[str] = []
+    """Caffe's SignalHandler: SIGINT/SIGHUP raise a flag the loop reads between iterations.
+    As its CheckForSignals, one request per read, SIGHUP's before SIGINT's, and a signal
+    that comes again before its flag is read counts once (an effect of ``none`` swallows
+    the signal)."""
+    effects = {signal.SIGINT: sigint_effect}
+    if hasattr(signal, "SIGHUP"):
+        effects = {signal.SIGHUP: sighup_effect, **effects}  # Caffe reads SIGHUP first
+    raised = dict.fromkeys(effects, False)
 
     def request() -> str:
-        return pending.pop(0) if pending else NONE
+        for sig, effect in effects.items():
+            if raised[sig]:
+                raised[sig] = False
+                return effect
+        return NONE
 
-    handlers = {signal.SIGINT: sigint_effect}
-    if hasattr(signal, "SIGHUP"):
-        handlers[signal.SIGHUP] = sighup_effect
     previous = {}
     try:
-        for sig, action in handlers.items():
-            previous[sig] = signal.signal(sig, lambda *_, a=action: pending.append(a))
+        for sig in effects:
+            previous[sig] = signal.signal(
+                sig, lambda s, _: raised.__setitem__(signal.Signals(s), True)
+            )
     except ValueError:  # not the main thread: leave signals alone
         previous = {}
     solver.action_request = request
