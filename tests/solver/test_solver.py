@@ -118,6 +118,21 @@ def test_hdf5_solver_state_has_caffes_layout(setup):
             assert h5[key][0] == value
 
 
+@pytest.mark.parametrize("fmt,kind", [("BINARYPROTO", "binary proto"), ("HDF5", "HDF5")])
+def test_snapshot_log_lines_name_the_format_as_caffe(setup, caplog, fmt, kind):
+    """Solver::SnapshotToBinaryProto / ToHDF5 and SGDSolver's SnapshotSolverState* log
+    "Snapshotting to <kind> file M" and "Snapshotting solver state to <kind> file S"."""
+    solver = caffe.get_solver(setup.solver(f"{SGD} snapshot_prefix: 'run' snapshot_format: {fmt}"))
+    solver.step(1)
+    with caplog.at_level("INFO", logger="torchcaffe.solver"):
+        state = solver.snapshot()
+    h5 = ".h5" if fmt == "HDF5" else ""
+    assert [r.getMessage() for r in caplog.records] == [
+        f"Snapshotting to {kind} file run_iter_1.caffemodel{h5}",
+        f"Snapshotting solver state to {kind} file {state}",
+    ]
+
+
 def test_solve_snapshots_on_schedule_and_after_training(setup):
     name = setup.solver(f"{SGD} max_iter: 5 snapshot: 2 snapshot_prefix: 's'")
     (setup.root / name).write_text(

@@ -314,7 +314,8 @@ class Solver:
         returns the solver state's file name."""
         hdf5 = self.param.snapshot_format == HDF5
         model = self._filename(".caffemodel.h5" if hdf5 else ".caffemodel")
-        log.info("Snapshotting to %s file %s", "HDF5" if hdf5 else "binary proto", model)
+        kind = "HDF5" if hdf5 else "binary proto"
+        log.info("Snapshotting to %s file %s", kind, model)
         (self.net.save_hdf5 if hdf5 else self.net.save)(model, write_diff=self.param.snapshot_diff)
         history = self.optimizer.history_blobs([e.tensor for e in self._learnables])
         snap = SolverSnapshot(
@@ -324,7 +325,7 @@ class Solver:
             [h.detach().cpu().numpy() for h in history],
         )
         state_file = self._filename(".solverstate.h5" if hdf5 else ".solverstate")
-        log.info("Snapshotting solver state to %s", state_file)
+        log.info("Snapshotting solver state to %s file %s", kind, state_file)
         (write_solverstate_hdf5 if hdf5 else write_solverstate)(state_file, snap)
         return state_file
 
