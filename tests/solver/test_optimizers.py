@@ -131,6 +131,20 @@ def test_clip_is_a_no_op_below_the_threshold():
     run_both("SGD", clip=1e6)
 
 
+def test_clipping_logs_caffes_line_and_no_clip_logs_nothing(caplog):
+    """SGDSolver::ClipGradients logs "Gradient clipping: scaling down gradients (L2 norm N >
+    C) by scale factor F" when it scales, and nothing when the norm is within the bound."""
+    param = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+    opt = OPTIMIZERS["SGD"]([{"params": [param]}], 0.1, clip_gradients=2.5)
+    with caplog.at_level("INFO", logger="torchcaffe.solver"):
+        for grad in ([3.0, 4.0], [0.3, 0.4]):
+            param.grad = torch.tensor(grad, dtype=torch.float64)
+            opt.step()
+    assert [r.getMessage() for r in caplog.records] == [
+        "Gradient clipping: scaling down gradients (L2 norm 5 > 2.5) by scale factor 0.5"
+    ]
+
+
 @pytest.mark.parametrize("rule", ["SGD", "RMSProp"])
 def test_iter_size_divides_the_accumulated_gradient(rule):
     run_both(rule, iter_size=3)

@@ -31,6 +31,7 @@ a branch no loss reads, ``lr_mult: 0``) -- weight decay and momentum still move 
 from __future__ import annotations
 
 import abc
+import logging
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
@@ -40,6 +41,8 @@ import torch
 from torch.optim import Optimizer
 
 from ..errors import SolverError
+
+log = logging.getLogger("torchcaffe.solver")
 
 REGULARIZATION_TYPES = ("L2", "L1")
 
@@ -169,6 +172,12 @@ class CaffeOptimizer(Optimizer, metaclass=abc.ABCMeta):
         norm = math.sqrt(math.fsum(float(g.double().square().sum()) for g in grads))
         if norm > self.clip_gradients:
             factor = self.clip_gradients / norm
+            log.info(  # SGDSolver::ClipGradients' line, which users watch in the log
+                "Gradient clipping: scaling down gradients (L2 norm %g > %g) by scale factor %g",
+                norm,
+                self.clip_gradients,
+                factor,
+            )
             for g in grads:
                 g.mul_(_scalar(factor, g.dtype))
 
