@@ -91,6 +91,17 @@ def test_multistep_steps_once_per_iteration_past_repeated_values():
     np.testing.assert_allclose(got, [0.1, 0.05, 0.025, 0.0125, 0.0125], rtol=1e-6)
 
 
+def test_multistep_logs_caffes_status_line_at_each_step(caplog):
+    """SGDSolver::GetLearningRate logs "MultiStep Status: Iteration N, step = K" when it
+    moves current_step_, once per step taken."""
+    with caplog.at_level("INFO", logger="torchcaffe.solver"):
+        opt, sched = scheduler("multistep", {"gamma": 0.5, "stepvalue": [1, 1, 3]})
+        run_rates(opt, sched, 6)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"MultiStep Status: Iteration {it}, step = {k}" for it, k in ((1, 1), (2, 2), (3, 3))
+    ]
+
+
 @pytest.mark.parametrize("policy,k", [("step", 4), ("multistep", 6), ("poly", 5)])
 def test_restore_resumes_the_same_rates(policy, k):
     opt, sched = scheduler(policy)

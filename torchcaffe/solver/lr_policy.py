@@ -21,6 +21,7 @@ optimizer multiplies by the group's ``lr_mult``. ``current_step`` is Caffe's
 from __future__ import annotations
 
 import abc
+import logging
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -28,6 +29,8 @@ import numpy as np
 from torch import Tensor
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
+
+log = logging.getLogger("torchcaffe.solver")
 
 
 def _f32(x: float) -> float:
@@ -149,6 +152,7 @@ class MultiStepPolicy(CaffeLRPolicy):
             and iteration >= self.stepvalue[self.current_step]
         ):
             self.current_step += 1
+            log.info("MultiStep Status: Iteration %d, step = %d", iteration, self.current_step)
 
     def factor(self, iteration):
         return _pow(self.gamma, self.current_step)
