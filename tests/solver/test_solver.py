@@ -271,6 +271,18 @@ def test_weights_field_fills_train_and_test_nets(setup):
     assert (solver.test_nets[0].params["ip1"][0].data == 0.25).all()
 
 
+def test_each_weights_file_is_logged_for_each_net_as_caffe(setup, caplog):
+    """LoadNetWeights logs "Finetuning from F" for each file, into the train net and then
+    into each test net."""
+    caffe.get_solver(setup.solver(SGD)).net.save("w.caffemodel")
+    caffe.get_solver(setup.solver(SGD)).net.save("v.caffemodel")
+    body = f"{SGD} weights: 'w.caffemodel, v.caffemodel' test_iter: 1 test_interval: 5"
+    with caplog.at_level("INFO", logger="torchcaffe.solver"):
+        caffe.get_solver(setup.solver(body, "s3.prototxt"))
+    lines = [r.getMessage() for r in caplog.records if "Finetuning" in r.getMessage()]
+    assert lines == ["Finetuning from w.caffemodel", "Finetuning from v.caffemodel"] * 2
+
+
 def test_random_seed_makes_the_initial_weights_repeatable(setup):
     a = caffe.get_solver(setup.solver(SGD, seed=3))
     b = caffe.get_solver(setup.solver(SGD, seed=3))

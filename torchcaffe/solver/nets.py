@@ -12,6 +12,7 @@ solver's ``train_state`` / ``test_state``.
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from typing import Any
@@ -21,6 +22,8 @@ from ..formats.prototxt import read_net
 from ..proto import caffe_pb2
 from ..pycaffe.net import Net
 from .config import field_error
+
+log = logging.getLogger("torchcaffe.solver")
 
 
 def resolve(name: str, field: str, solver_path: str | None) -> str:
@@ -68,12 +71,14 @@ def load_weights(net: Net, param: caffe_pb2.SolverParameter, solver_path: str | 
     ]
     if len(paths) <= 1:
         for path in paths:
+            log.info("Finetuning from %s", path)  # Caffe's LoadNetWeights, per net and file
             net.copy_from(path)
         return
     filled: set[str] = set()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PartialWeightsWarning)
         for path in paths:
+            log.info("Finetuning from %s", path)
             filled.update(net._copy_from(path))
     tnet = net.module
     layers = [(s.name, tnet.module_of(s).param_blobs()) for s in tnet.steps]
