@@ -282,3 +282,20 @@ def test_a_glog_flag_is_taken_with_a_note_that_it_has_no_effect(case, capsys):
     assert code == 0
     err = capsys.readouterr().err
     assert "torchcaffe time: note: glog's -log_dir has no effect" in err
+
+
+@pytest.mark.parametrize(
+    "argv,head",
+    [
+        ([], "no action given"),
+        (["-solver", "solver.prototxt"], "no action given"),  # the action forgotten
+        (["tarin", "-solver", "solver.prototxt"], "unknown action 'tarin'"),
+    ],
+)
+def test_no_or_an_unknown_action_is_one_line_naming_the_actions(capsys, argv, head):
+    """Caffe's tool shows its usage (the actions) without an action; here one line that
+    names them, not argparse's "invalid choice: 'solver.prototxt'" for a flag's value."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"torchcaffe: error: {head}; ") and err.count("\n") == 1
+    assert all(name in err for name in ("train", "test", "time", "device_query"))

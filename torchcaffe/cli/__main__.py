@@ -97,6 +97,18 @@ def split_action(argv: list[str]) -> tuple[str | None, list[str]]:
     return None, argv
 
 
+def _no_action(argv: list[str]) -> int:
+    """Caffe's tool shows its usage without an action: one line here naming the actions (not
+    argparse's "invalid choice" for a flag's value, as for ``torchcaffe -solver s.prototxt``)."""
+    unknown = f"unknown action {argv[0]!r}" if argv and not argv[0].startswith("-") else None
+    print(
+        f"torchcaffe: error: {unknown or 'no action given'}; the first word names one of: "
+        f"{', '.join(ACTIONS)} (torchcaffe -h, torchcaffe ACTION -h for their flags)",
+        file=sys.stderr,
+    )
+    return 2
+
+
 def _show_warning(action: str, message: Warning | str, category: type, *rest: Any) -> None:
     """A warning as one line naming the tool (not the source line that raised it)."""
     print(f"torchcaffe {action}: warning: {message}", file=sys.stderr)
@@ -107,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     parser, actions = build_parser()
     action, rest = split_action(argv)
     if action is None:
-        args = parser.parse_args(argv)  # prints help or "invalid choice" and exits
+        if any(token in ("-h", "--help") for token in argv):
+            parser.parse_args(argv)  # prints the help and exits
+        return _no_action(argv)
     else:
         ignored = CAFFE_VALUED if action in CAFFE_ACTIONS else frozenset()
         glog: list[str] = []
