@@ -299,3 +299,18 @@ def test_no_or_an_unknown_action_is_one_line_naming_the_actions(capsys, argv, he
     err = capsys.readouterr().err
     assert err.startswith(f"torchcaffe: error: {head}; ") and err.count("\n") == 1
     assert all(name in err for name in ("train", "test", "time", "device_query"))
+
+
+def test_a_refused_python_layer_names_the_command_line_flag(tmp_path, capsys, monkeypatch):
+    """Caffe's tool runs Python layers; ours asks for an opt-in, and a command-line user is
+    told the flag that gives it (not only the Python keyword)."""
+    monkeypatch.delenv("TORCHCAFFE_ALLOW_PYTHON_LAYERS", raising=False)
+    model = tmp_path / "py.prototxt"
+    model.write_text(
+        'layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 dim: 2 } } }\n'
+        'layer { name: "py" type: "Python" bottom: "x" top: "y"\n'
+        '  python_param { module: "nowhere_module" layer: "Nothing" } }\n'
+    )
+    assert main(["time", "-model", str(model), "-iterations", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "-allow_python_layers" in err

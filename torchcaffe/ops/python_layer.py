@@ -33,8 +33,8 @@ from .base import ANY, Arity, CaffeLayer, Shape
 
 OPT_IN_HINT = (
     "Python layers import and run code named by the model; if you trust this "
-    "model, pass allow_python_layers=True (torchcaffe.load / caffe.Net) or set "
-    f"{ENV_VAR}=1"
+    "model, pass allow_python_layers=True (torchcaffe.load / caffe.Net), "
+    f"-allow_python_layers (the torchcaffe command line) or set {ENV_VAR}=1"
 )
 
 
