@@ -194,3 +194,13 @@ def test_the_display_line_prints_the_lapse_as_caffe_streams_a_float(case, capsys
     for _, rate, lapse in found:
         assert lapse == f"{float(lapse):g}" and rate == f"{float(rate):g}"
         assert float(lapse) > 0
+
+
+def test_what_building_the_solver_logs_is_in_the_training_log(case, capsys):
+    """caffe.cpp logs "Use CPU." and then builds the solver, whose LoadNetWeights logs
+    "Finetuning from F": both before "Starting Optimization", in the same log."""
+    assert main(["train", "-solver", "solver.prototxt", "-weights", "weights.caffemodel"]) == 0
+    lines = [
+        line.split("] ", 1)[1] for line in capsys.readouterr().err.splitlines() if "] " in line
+    ]
+    assert lines[:3] == ["Use CPU.", "Finetuning from weights.caffemodel", "Starting Optimization"]

@@ -89,23 +89,24 @@ def main(args: argparse.Namespace) -> int:
     cls = SOLVER_CLASSES.get(param.type, Solver)
     completed = False
     try:
-        solver = cls(
-            param, path=args.solver, allow_python_layers=args.allow_python_layers, root=root
-        )
-        if group is not None:
-            distributed.attach(solver, group)
-        with (
-            _logging(args.quiet or not root),
-            _signal_actions(solver, args.sigint_effect, args.sighup_effect),
-            logging_redirect_tqdm(loggers=[log]),
-        ):
+        # the log is on before the solver is built, for what building it logs (Finetuning)
+        with _logging(args.quiet or not root):
             log.info("Use CPU." if gpu is None else f"Using GPUs {', '.join(map(str, gpus))}")
-            if args.snapshot:
-                log.info("Resuming from %s", args.snapshot)
-            log.info("Starting Optimization")
-            solver.solve(args.snapshot)
-            # caffe.cpp's own line after Solve returns, also after a stop (scripts wait for it)
-            log.info("Optimization Done.")
+            solver = cls(
+                param, path=args.solver, allow_python_layers=args.allow_python_layers, root=root
+            )
+            if group is not None:
+                distributed.attach(solver, group)
+            with (
+                _signal_actions(solver, args.sigint_effect, args.sighup_effect),
+                logging_redirect_tqdm(loggers=[log]),
+            ):
+                if args.snapshot:
+                    log.info("Resuming from %s", args.snapshot)
+                log.info("Starting Optimization")
+                solver.solve(args.snapshot)
+                # caffe.cpp's own line after Solve returns, also after a stop
+                log.info("Optimization Done.")
         completed = True
     finally:
         if group is not None:
