@@ -13,6 +13,7 @@ import bisect
 import contextlib
 import functools
 import os
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -138,6 +139,12 @@ class Net:
         self._make_blobs()
         self._held_tops = self._constant_dummy_tops()
         self._lazy = LazyForward(self._net, self.blobs, self._net.loss_weights())
+        # share_with: (layer, param index) -> (the tensor put there, the source's tensor, the
+        # source net); the nets either side of a share (their writes change ours)
+        self._shared: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor, Net]] = {}
+        self._partners: weakref.WeakSet[Net] = weakref.WeakSet()
+        self._following_shares = False
+        self._binds = 0  # _bind_params calls: a solver re-reads its params when this moves
         self._bind_params()
         self._records: dict[int, _Record] = {}
         # pycaffe's per-layer callbacks (Net.before_forward & co.), by where they run
@@ -188,20 +195,26 @@ class Net:
             self._layer_views.append(LayerView(step.name, step.type, module, blobs))
         self.layers: list[Any] = [pycaffe_layer(view) for view in self._layer_views]
         self._param_blob_of = by_tensor
-        self._written_params: dict[int, Blob] = {}  # handed out writable since the last run
+        # handed out writable since the last run: blob -> (blob, references to it when bare)
+        self._written_params: dict[int, tuple[Blob, int]] = {}
         # SyncedMemory.device_heads when every param's host side was last found current
         self._host_synced_at = -1
         for blob in by_tensor.values():
             self._param_users[id(blob)] = blob.data_memory.cpu_users()
         self._parameters = tuple(self._net.parameters())
         self._one_pass_cache: tuple[tuple[bool, ...], OnePassPlan | None] | None = None
+        self._binds += 1
 
     def _param_may_change(self, blob: Blob) -> None:
         """A param blob is handed out writable (a numpy view: net surgery). Blobs the lazy
         forward would recompute from the old values are settled now; the next run forgets
-        the folds derived from the params (a write through numpy bumps no tensor version)."""
+        the folds derived from the params (a write through numpy bumps no tensor version),
+        and so does the next run of every net sharing params with this one."""
         self._lazy.settle()
-        self._written_params[id(blob)] = blob
+        written = (blob, self._param_users[id(blob)])
+        self._written_params[id(blob)] = written
+        for partner in self._partners:
+            partner._written_params[id(blob)] = written
 
     def _forget_written_params(self) -> None:
         """Before a run: folds derived from params written since the last run are dropped. A
@@ -209,9 +222,9 @@ class Net:
         stays on the list (its folds are redone every run) until the view is gone."""
         self._net.params_changed()
         self._written_params = {
-            k: b
-            for k, b in self._written_params.items()
-            if b.data_memory.cpu_users() > self._param_users[k]
+            k: (b, bare)
+            for k, (b, bare) in self._written_params.items()
+            if b.data_memory.cpu_users() > bare
         }
 
     def _param_blob(self, tensor: torch.Tensor) -> Blob:
@@ -325,6 +338,10 @@ class Net:
             self._net.to(device)
             self._device = device
             self._bind_params()
+        if self._shared and any(
+            put.data_ptr() != source.data_ptr() for put, source, _ in self._shared.values()
+        ):
+            self._follow_shares()
         # pull edits on the other side to the module's; a param blob whose head is on the
         # module's side (or SYNCED) is current there: its buffer is the module's tensor.
         # Synced through the flat buffers: no per-blob view is made (see SyncedMemory.take).
@@ -917,26 +934,30 @@ class Net:
         save_weights(self._net, path, write_diff=write_diff, hdf5=True)
 
     def share_with(self, other: Net) -> None:
-        """Caffe's ShareTrainedLayersWith: same-named layers use ``other``'s param memory."""
+        """Caffe's ShareTrainedLayersWith: same-named layers use ``other``'s param *data*
+        memory (Blob::ShareData); each net keeps its own diffs, so one net's backward does not
+        write the other's, and this net's solver updates the data both nets use."""
         self._ensure_device()
         other._ensure_device()
         for net in (self, other):  # updates of one net's params now reach the other unseen
             net._lazy.settle()
             net._lazy.shares_params = True
+        self._partners.add(other)
+        other._partners.add(self)
         for step in self._net.steps:
             if step.name not in other._net.layer_names:
                 continue
-            mine = self._net.module_of(step)
+            mine = self._net.module_of(step).param_blobs()
             theirs = other._net.layer(step.name).param_blobs()
-            if len(theirs) != len(mine.param_blobs()):
+            if len(theirs) != len(mine):
                 raise LayerParamError(
                     "incompatible number of blobs",
                     layer=step.name,
                     layer_type=step.type,
-                    expected=len(mine.param_blobs()),
+                    expected=len(mine),
                     got=len(theirs),
                 )
-            for j, (t, s) in enumerate(zip(mine.param_blobs(), theirs)):
+            for j, (t, s) in enumerate(zip(mine, theirs)):
                 if tuple(t.shape) != tuple(s.shape):
                     raise LayerParamError(
                         f"cannot share param {j} weights; shape mismatch",
@@ -945,8 +966,49 @@ class Net:
                         expected=tuple(t.shape),
                         got=tuple(s.shape),
                     )
-                mine.set_param_blob(j, s)
-        self._bind_params()
+                self._shared[(step.name, j)] = (t, s, other)
+        if self._reshare():
+            self._bind_params()
+
+    def _reshare(self) -> bool:
+        """Point every shared param at its source's memory (again, after a device move took
+        either side elsewhere); returns whether any param changed. A Parameter over the
+        source's tensor (``detach``: the same memory and version counter, so folds cached on
+        either side see the other's in-place updates) with this net's own grad, the diff."""
+        made: dict[int, torch.Tensor] = {}  # params this net shares between layers stay one
+        changed = False
+        for (layer, j), (put, source, _) in self._shared.items():
+            if put.data_ptr() == source.data_ptr() or put.device != source.device:
+                continue
+            module = self._net.layer(layer)
+            current = module.param_blobs()[j]
+            new = made.get(id(current))
+            if new is None:
+                if isinstance(source, nn.Parameter):
+                    new = nn.Parameter(source.detach(), requires_grad=current.requires_grad)
+                    if current.grad is not None and current.grad.device == new.device:
+                        new.grad = current.grad  # the target keeps its diff
+                else:
+                    new = source
+                made[id(current)] = new
+            module.set_param_blob(j, new)
+            self._shared[(layer, j)] = (new, source, self._shared[(layer, j)][2])
+            changed = True
+        return changed
+
+    def _follow_shares(self) -> None:
+        """A shared param no longer has its source's memory (a device move): bring the
+        source nets to this device, then share again."""
+        if self._following_shares:  # nets sharing both ways reach each other once
+            return
+        self._following_shares = True
+        try:
+            for other in {id(o): o for _, _, o in self._shared.values()}.values():
+                other._ensure_device()
+            if self._reshare():
+                self._bind_params()
+        finally:
+            self._following_shares = False
 
     def __repr__(self) -> str:
         return (

@@ -97,6 +97,7 @@ class Solver:
             self.net: Net = build_train_net(param, path, **options)
             self.test_nets: list[Net] = build_test_nets(param, path, **options)
         self._learnables = learnable_params(self.net.module)
+        self._net_binds_seen = self.net._binds
         self.optimizer = make_optimizer(param, self._learnables, self.type)
         self.scheduler = make_lr_policy(param, self.optimizer)
         self._losses: list[float] = []
@@ -140,6 +141,29 @@ class Solver:
     ) -> None:
         cb = on_start if isinstance(on_start, Callback) else Callback(on_start, on_gradients_ready)
         self._callbacks.append(cb)
+
+    def _follow_net_params(self) -> None:
+        """The train net took other param tensors (``net.share_with``): the update and its
+        history move to them, as Caffe's solver updates the net's learnable blobs whatever
+        memory they were given."""
+        if self._net_binds_seen == self.net._binds:
+            return
+        self._net_binds_seen = self.net._binds
+        learnables = learnable_params(self.net.module)
+        swap = {
+            id(old.tensor): (old.tensor, new.tensor)
+            for old, new in zip(self._learnables, learnables)
+            if old.tensor is not new.tensor
+        }
+        self._learnables = learnables
+        if not swap:
+            return
+        for group in self.optimizer.param_groups:
+            group["params"] = [swap[id(p)][1] if id(p) in swap else p for p in group["params"]]
+        state = self.optimizer.state
+        for old, new in swap.values():
+            if old in state:
+                state[new] = state.pop(old)
 
     def share_weights(self, net: Net) -> None:
         """Let ``net`` use this solver's train-net params (pycaffe's share_weights)."""
@@ -215,6 +239,7 @@ class Solver:
         if self.root and p.display and self._iter % p.display == 0:
             log.info("Iteration %d, lr = %g", self._iter, self.lr)
         self.net._ensure_device()  # host-side edits of diffs reach the module's tensors
+        self._follow_net_params()
         self.optimizer.step()
         self.net._params_written_on_device(diff=True)
         self.scheduler.step()
@@ -314,6 +339,7 @@ class Solver:
         returns the solver state's file name."""
         hdf5 = self.param.snapshot_format == HDF5
         model = self._filename(".caffemodel.h5" if hdf5 else ".caffemodel")
+        self._follow_net_params()
         kind = "HDF5" if hdf5 else "binary proto"
         log.info("Snapshotting to %s file %s", kind, model)
         (self.net.save_hdf5 if hdf5 else self.net.save)(model, write_diff=self.param.snapshot_diff)
@@ -332,13 +358,14 @@ class Solver:
     def restore(self, state_file: PathLike) -> None:
         """Caffe's Restore: iteration, learned net, lr policy step and history."""
         name = os.fspath(state_file)
-        tensors = [e.tensor for e in self._learnables]
-        shapes = [tuple(t.shape) for t in tensors] * len(self.optimizer.history_keys)
-        snap = read_solverstate(name, expected_shapes=shapes)
+        shapes = [tuple(e.tensor.shape) for e in self._learnables]
+        snap = read_solverstate(name, expected_shapes=shapes * len(self.optimizer.history_keys))
         if snap.learned_net:
             self.net.copy_from(snap.learned_net)
         self._iter = snap.iter
         self.net._ensure_device()
+        self._follow_net_params()
+        tensors = [e.tensor for e in self._learnables]
         self.optimizer.load_history_blobs(
             tensors, [torch.from_numpy(np.asarray(h)) for h in snap.history], snap.iter
         )
