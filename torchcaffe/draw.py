@@ -20,7 +20,9 @@ from .formats.atomic import atomic_write
 from .net.state import state_meets_rule
 from .proto import caffe_pb2
 
-LAYER_STYLE = {"shape": "record", "fillcolor": "#6495ED", "style": "filled"}
+# pycaffe's module-level styles (a script may edit them before drawing)
+LAYER_STYLE_DEFAULT = {"shape": "record", "fillcolor": "#6495ED", "style": "filled"}
+LAYER_STYLE = LAYER_STYLE_DEFAULT  # the name torchcaffe used first
 NEURON_LAYER_STYLE = {"shape": "record", "fillcolor": "#90EE90", "style": "filled"}
 BLOB_STYLE = {"shape": "octagon", "fillcolor": "#E0E0E0", "style": "filled"}
 
@@ -171,7 +173,7 @@ def get_pydot_graph(
         in_place = len(lp.bottom) == 1 and list(lp.top) == list(lp.bottom)
         style = NEURON_LAYER_STYLE
         if not in_place:  # colored by type, as pycaffe's boxes
-            style = {**LAYER_STYLE, "fillcolor": choose_color_by_layertype(lp.type)}
+            style = {**LAYER_STYLE_DEFAULT, "fillcolor": choose_color_by_layertype(lp.type)}
         label = get_layer_label(lp, rankdir, display_lrm)
         graph.add_node(pydot.Node(node_name, label=label, **style))
         for bottom in lp.bottom:

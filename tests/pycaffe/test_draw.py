@@ -46,6 +46,17 @@ def test_graph_has_layers_blobs_and_geometry(small):
     assert "(Dropout)" in all_phases
 
 
+def test_module_styles_have_pycaffes_names_and_are_used(small, monkeypatch):
+    """pycaffe's draw.py styles are LAYER_STYLE_DEFAULT, NEURON_LAYER_STYLE, BLOB_STYLE."""
+    pytest.importorskip("pydot")
+    monkeypatch.setitem(caffe.draw.LAYER_STYLE_DEFAULT, "shape", "box")
+    graph = caffe.draw.get_pydot_graph(small, "LR", phase=caffe.TEST)
+    names = {n.get_name().strip('"'): n for n in graph.get_nodes()}
+    shapes = {k.split("_")[0]: n.get("shape") for k, n in names.items() if "_blob" not in k}
+    assert shapes["conv1"] == "box" and shapes["relu1"] == "record"
+    assert caffe.draw.BLOB_STYLE["shape"] == "octagon"
+
+
 def test_graph_colors_and_edge_labels_follow_pycaffe(small):
     """Boxes colored by type (conv red, pooling orange); a layer's top edges carry its
     num_output; bottom edges carry no label."""
