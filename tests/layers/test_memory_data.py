@@ -69,6 +69,11 @@ def test_net_set_input_arrays(tmp_path):
     net.set_input_arrays(data, np.arange(4, dtype=np.float32))
     net.forward()
     np.testing.assert_array_equal(net.blobs["data"].data, data[:2])
+    labels = np.arange(4, dtype=np.float32).reshape(4, 1, 1, 1)
+    net._set_input_arrays(data[::-1].copy(), labels)  # pycaffe's binding, 4-D labels
+    net.forward()
+    np.testing.assert_array_equal(net.blobs["data"].data, data[3:1:-1])
+    np.testing.assert_array_equal(net.blobs["label"].data.ravel(), [0, 1])
     other = tmp_path / "other.prototxt"
     other.write_text('input: "x" input_shape { dim: 1 }')
     with pytest.raises(BlobWiringError, match="MemoryData"):

@@ -790,6 +790,11 @@ class Net:
             )
         first.reset(data, labels)
 
+    def _set_input_arrays(self, data: np.ndarray, labels: np.ndarray) -> None:
+        """pycaffe's binding behind set_input_arrays (scripts call it with N x 1 x 1 x 1
+        labels); the same checks and feed."""
+        self.set_input_arrays(data, labels)
+
     @_in_caffe_float32
     def forward_backward(self) -> float:
         """Caffe's Net::ForwardBackward: forward, then backward; returns the loss. Nothing can
