@@ -200,6 +200,21 @@ def test_load_history_round_trip_and_device_follow():
         opt.load_history_blobs([p], blobs[:1], iteration=0)
 
 
+@pytest.mark.parametrize(
+    "momentum, momentum2, step",
+    [(0.9, 2.0, 0), (1.0, 0.999, 0), (0.9, 10.0, 400)],
+)
+def test_adam_out_of_range_betas_give_nan_as_caffe(momentum, momentum2, step):
+    """Caffe takes any momentum/momentum2 and its C arithmetic makes the update NaN; Python's
+    math raised ValueError / ZeroDivisionError / OverflowError from the middle of a step."""
+    p = torch.nn.Parameter(torch.ones(2))
+    opt = OPTIMIZERS["Adam"]([p], 0.01, momentum=momentum, momentum2=momentum2)
+    opt.state[p]["step"] = step
+    p.grad = torch.ones(2)
+    opt.step()
+    assert torch.isnan(p).all()
+
+
 def test_bad_constructor_arguments():
     p = [torch.nn.Parameter(torch.zeros(1))]
     with pytest.raises(SolverError, match="regularization_type"):

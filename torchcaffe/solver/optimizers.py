@@ -380,11 +380,21 @@ class CaffeAdam(CaffeOptimizer):
         beta1, beta2 = _scalar(group["momentum"], p.dtype), _scalar(group["momentum2"], p.dtype)
         t = state.get("step", 0) + 1
         state["step"] = t
-        correction = math.sqrt(1.0 - beta2**t) / (1.0 - beta1**t)
+        correction = _adam_correction(beta1, beta2, t)
         rate = _scalar(local_rate * _scalar(correction, p.dtype), p.dtype)
         m.mul_(beta1).add_(grad, alpha=_one_minus(beta1, p.dtype))
         v.mul_(beta2).add_(grad.square(), alpha=_one_minus(beta2, p.dtype))
         grad.copy_(m).div_(v.sqrt().add_(_scalar(group["delta"], p.dtype))).mul_(rate)
+
+
+def _adam_correction(beta1: float, beta2: float, t: int) -> float:
+    """Caffe's ``sqrt(1 - pow(beta2, t)) / (1 - pow(beta1, t))`` in C's double arithmetic:
+    NaN or inf for momentum2 > 1 or momentum 1 (the params go NaN, as in Caffe), where
+    Python's math raises ValueError, ZeroDivisionError or OverflowError mid-training."""
+    with np.errstate(all="ignore"):
+        b1, b2 = np.float64(beta1), np.float64(beta2)
+        one = np.float64(1.0)
+        return float(np.sqrt(one - np.power(b2, t)) / (one - np.power(b1, t)))
 
 
 def _batches(
