@@ -329,6 +329,21 @@ def test_records_of_another_shape_inside_a_batch(tmp_path):
         layer()
 
 
+def test_a_bad_record_after_set_up_names_the_layer(tmp_path):
+    """Set-up reads only the first record; one found bad later (in the prefetch thread) is
+    located at the layer too, not only at the database."""
+    from torchcaffe.data.db import DBWriter
+    from torchcaffe.proto import caffe_pb2
+
+    good = caffe_pb2.Datum(channels=1, height=1, width=1, data=b"\0").SerializeToString()
+    with DBWriter(tmp_path / "db") as w:
+        w.put(b"0", good)
+        w.put(b"1", b"\xff\xff\xff")
+    layer = data_layer(tmp_path / "db", 2, "")
+    with pytest.raises(DataError, match=r"db: layer 'layer' \(Data\): record '1' is not a valid"):
+        layer()
+
+
 def test_deepcopy_reopens_the_source():
     import copy
 

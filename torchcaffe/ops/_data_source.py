@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..data.prefetch import Prefetcher
-from ..errors import DataError
+from ..errors import DataError, TorchCaffeError
 from .base import CaffeLayer, Exactly, Shape
 
 
@@ -109,6 +109,14 @@ class SourceLayer(CaffeLayer):
         return list(self._top_shapes)
 
     def _next_arrays(self) -> Sequence[Any]:
+        """The next batch; a reader's error (a bad record or image found after set-up, in the
+        prefetch thread or here) is located at this layer, as one found at set-up is."""
+        try:
+            return self._read_next()
+        except TorchCaffeError as err:
+            raise err.located(layer=self.name, layer_type=self.caffe_type) from None
+
+    def _read_next(self) -> Sequence[Any]:
         if self._feed is not None:
             return self._next_fed()
         assert self.loader is not None
