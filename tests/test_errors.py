@@ -99,3 +99,10 @@ def test_a_message_ending_in_a_period_gets_no_second_one_before_the_hint():
     assert str(LayerParamError("bad field.", hint="see x")) == "bad field. see x"
     assert str(LayerParamError("bad field", hint="see x")) == "bad field. see x"
     assert str(LayerParamError("bad", expected=1, got=2, hint="h")) == "bad; expected 1, got 2. h"
+
+
+def test_a_side_not_given_is_left_out_not_printed_as_none():
+    """``expected`` alone (nothing was found) read "..., got None", as if None had been."""
+    assert str(errors.DataError("no db", expected="data.mdb")) == "no db; expected data.mdb"
+    assert str(errors.DataError("bad", got=3)) == "bad; got 3"
+    assert str(errors.DataError("bad", expected=0, got=0)) == "bad; expected 0, got 0"

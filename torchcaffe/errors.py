@@ -41,8 +41,12 @@ class TorchCaffeError(Exception):
             kind = f" ({self.layer_type})" if self.layer_type else ""
             parts.append(f"layer '{self.layer}'{kind}: ")
         parts.append(self.what)
-        if self.expected is not None or self.got is not None:
-            parts.append(f"; expected {self.expected}, got {self.got}")
+        # a side that is None was not given ("got None" read as if None had been found)
+        found = [] if self.got is None else [f"got {self.got}"]
+        if self.expected is not None:
+            found.insert(0, f"expected {self.expected}")
+        if found:
+            parts.append("; " + ", ".join(found))
         if self.hint:
             end = "" if parts[-1].endswith(".") else "."  # a 'what' that is a sentence
             parts.append(f"{end} {self.hint}")
