@@ -39,6 +39,27 @@ def test_mismatched_state_dict_is_a_weights_error(tmp_path):
         state_dict_to_caffemodel(proto, tmp_path / "bad.pt", tmp_path / "x.caffemodel")
 
 
+class _NotATensor:
+    pass
+
+
+@pytest.mark.parametrize("content", ["random", "pickled_object"])
+def test_unreadable_state_dict_is_one_line_without_torchs_advice(tmp_path, content):
+    """torch.load's refusal is a paragraph that advises weights_only=False (running the
+    file's code); the error keeps one line: its reason."""
+    proto = tmp_path / "net.prototxt"
+    proto.write_text(NET)
+    bad = tmp_path / "bad.pt"
+    if content == "random":
+        bad.write_bytes(bytes(range(256)) * 4)
+    else:
+        torch.save({"x": _NotATensor()}, bad)
+    with pytest.raises(WeightsError, match=r"bad\.pt: cannot read a state_dict") as err:
+        state_dict_to_caffemodel(proto, bad, tmp_path / "x.caffemodel")
+    assert "\n" not in str(err.value) and "weights_only" not in str(err.value)
+    assert not (tmp_path / "x.caffemodel").exists()
+
+
 # -- readable keys and safetensors ---------------------------------------------------------
 BN_NET = """
 layer { name: "data" type: "Input" top: "data"

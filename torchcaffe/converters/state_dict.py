@@ -41,7 +41,9 @@ def state_dict_to_caffemodel(prototxt: PathLike, state_dict: PathLike, out: Path
         state = torch.load(state_dict, map_location="cpu", weights_only=True)
     except Exception as err:  # torch.load raises many kinds for a bad file
         raise WeightsError(
-            f"cannot read a state_dict: {type(err).__name__}: {err}", path=os.fspath(state_dict)
+            f"cannot read a state_dict: {type(err).__name__}: {_load_problem(err)}",
+            path=os.fspath(state_dict),
+            expected="a torch.save'd dict of tensors",
         ) from None
     if not isinstance(state, Mapping):
         raise WeightsError(
@@ -49,6 +51,18 @@ def state_dict_to_caffemodel(prototxt: PathLike, state_dict: PathLike, out: Path
         )
     load_state_into(net, state, os.fspath(state_dict))
     save_weights(net, out)
+
+
+def _load_problem(err: Exception) -> str:
+    """torch.load's reason in one line. For a file ``weights_only`` refuses (random bytes, a
+    pickle of other objects) torch writes a paragraph that ends by advising
+    ``weights_only=False``, which would run code from the file; only its reason is kept."""
+    text = str(err)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        text = text.split(marker, 1)[1]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else "no reason given"
 
 
 def is_torchnet_state(state: Mapping[str, torch.Tensor]) -> bool:
