@@ -81,6 +81,19 @@ def test_gpu_solver_mode_without_cuda_falls_back_to_cpu(case, capsys, monkeypatc
     assert main(["train", "--solver", "solver.prototxt", "--quiet"]) == 0
 
 
+def test_solver_mode_unset_trains_on_the_cpu_as_caffe(monkeypatch):
+    """caffe.cpp takes the GPU only for a solver_mode written in the file; the field's
+    default (GPU) gave device 0 on a CUDA machine and a spurious warning on others."""
+    import torch
+
+    from torchcaffe.cli.train import _gpus
+    from torchcaffe.proto import caffe_pb2
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert _gpus(caffe_pb2.SolverParameter(), "") == []
+    assert _gpus(caffe_pb2.SolverParameter(solver_mode="GPU", device_id=2), "") == [2]
+
+
 @pytest.mark.parametrize(
     "gpus, local_rank, per_host, want",
     [([], 1, "2", None), ([3, 5], 1, "2", 5), ([2], 0, "1", 2), ([0, 1, 2], 2, "3", 2)],

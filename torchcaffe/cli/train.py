@@ -120,8 +120,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _gpus(param: caffe_pb2.SolverParameter, flag: str) -> list[int]:
-    """Caffe's rule: ``-gpu`` wins; else ``solver_mode: GPU`` means ``[device_id]``."""
-    if flag.strip() == "" and param.solver_mode == caffe_pb2.SolverParameter.GPU:
+    """Caffe's rule: ``-gpu`` wins; else ``solver_mode: GPU`` written in the file means
+    ``[device_id]`` (caffe.cpp tests has_solver_mode(): the field's default GPU does not)."""
+    mode_gpu = param.HasField("solver_mode") and param.solver_mode == param.GPU
+    if flag.strip() == "" and mode_gpu:
         if not torch.cuda.is_available():
             log.warning("solver_mode: GPU but CUDA is not available; training on the CPU")
             return []
