@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import torchcaffe
-from torchcaffe.errors import BlobWiringError, LayerParamError, TorchCaffeError
+from torchcaffe.errors import BlobWiringError, LayerParamError, TorchCaffeError, UsageError
 from torchcaffe.formats.prototxt import read_net
 
 
@@ -223,3 +223,11 @@ def test_dummy_data_top_over_the_limits_is_refused_before_allocation(shape, monk
     with pytest.raises(LayerParamError, match="top shape.*max_blob_elements") as info:
         load(text)
     assert info.value.layer == "d"
+
+
+@pytest.mark.parametrize("dims", [(1, "x"), 5, "1,3", (1.5, 3), (2**70, 3)])
+def test_input_shapes_that_are_not_shapes_are_usage_errors(dims):
+    """int() on each dim raised a bare ValueError/TypeError from inside the builder (and cut
+    1.5 to 1 silently); a dim past int64 escaped from protobuf."""
+    with pytest.raises(UsageError, match=r"input_shapes\['data'\]"):
+        torchcaffe.load('input: "data" input_shape { dim: 1 dim: 3 }', input_shapes={"data": dims})

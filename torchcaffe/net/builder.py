@@ -8,6 +8,7 @@ force_backward is applied. Shared params (ParamSpec.name) are tied to their owne
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -15,7 +16,13 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .. import limits
-from ..errors import BlobWiringError, LayerParamError, TorchCaffeError, UnsupportedError
+from ..errors import (
+    BlobWiringError,
+    LayerParamError,
+    TorchCaffeError,
+    UnsupportedError,
+    UsageError,
+)
 from ..ops.base import CaffeLayer, Shape
 from ..ops.python_layer import from_user_code, note_user_error
 from ..proto import caffe_pb2
@@ -90,11 +97,41 @@ def build_net(
     input_shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> BuiltNet:
     check_layer_count(net, path)
+    input_shapes = _checked_input_shapes(input_shapes, path)
     filtered = filter_net(net, state, path)
     if input_shapes:
         filtered = feed_data_layers(filtered, input_shapes)
     param = insert_splits(filtered, path)
     return _Builder(param, state, path, dict(input_shapes or {})).build()
+
+
+def _checked_input_shapes(
+    input_shapes: Mapping[str, Sequence[int]] | None, path: str | None
+) -> dict[str, tuple[int, ...]]:
+    """``input_shapes`` as int tuples; a value that is not a sequence of integers (a string
+    dim, a float, a bare int) is a UsageError naming the blob, not a ValueError from deep in
+    the builder."""
+    out: dict[str, tuple[int, ...]] = {}
+    for blob, dims in (input_shapes or {}).items():
+        try:
+            if isinstance(dims, (str, bytes)):
+                raise TypeError
+            out[blob] = tuple(operator.index(d) for d in dims)
+        except TypeError:
+            raise UsageError(
+                f"input_shapes[{blob!r}] is not a shape",
+                path=path,
+                expected="a sequence of integer dims, e.g. (1, 3, 224, 224)",
+                got=repr(dims),
+            ) from None
+        if any(not -(2**63) <= d < 2**63 for d in out[blob]):
+            raise UsageError(
+                f"input_shapes[{blob!r}] has a dim outside int64",
+                path=path,
+                expected="dims that fit in int64",
+                got=repr(dims),
+            )
+    return out
 
 
 class _Builder:
