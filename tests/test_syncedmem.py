@@ -358,3 +358,30 @@ def test_host_side_work_leaves_the_device_count():
     mem.take(torch.ones(2))
     mem.release()
     assert SyncedMemory.device_heads == before
+
+
+def test_a_side_first_read_inside_inference_mode_stays_writable():
+    """A buffer made while a forward read it under inference_mode was an inference tensor,
+    and the next in-place write outside (a deferred top, ``data[...] = x``) raised."""
+    mem = SyncedMemory(4)
+    with torch.inference_mode():
+        mem.cpu_data()
+    mem.defer(lambda: torch.ones(4))
+    assert mem.cpu_data().tolist() == [1.0] * 4
+    mem.mutable_cpu_data()[:] = 2
+
+
+@pytest.mark.parametrize(
+    "layer, want", [('type: "ReLU"', 1.0), ('type: "Power" power_param { shift: 1 }', 2.0)]
+)
+def test_caffe_face_in_place_layer_on_an_input_never_written(layer, want):
+    import torchcaffe as caffe
+
+    net = caffe.Net(
+        f'input: "a" input_shape {{ dim: 2 dim: 3 }} '
+        f'layer {{ name: "l" {layer} bottom: "a" top: "a" }}',
+        caffe.TEST,
+    )
+    assert net.forward()["a"].tolist() == [[want - 1.0] * 3] * 2
+    net.blobs["a"].data[...] = 1
+    assert net.forward()["a"].tolist() == [[want] * 3] * 2

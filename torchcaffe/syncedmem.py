@@ -173,11 +173,22 @@ class SyncedMemory:
     def _host_buffer(self) -> torch.Tensor:
         """A new host side (uninitialized): page-locked while Caffe's mode is GPU, as Caffe's
         CaffeMallocHost allocates it, so that copies to and from the device go by DMA
-        without a staging copy through pageable memory."""
+        without a staging copy through pageable memory. Never an inference tensor (see
+        ``_device_buffer``)."""
         from . import runtime
 
         pin = runtime.mode() == runtime.GPU and torch.cuda.is_available()
-        return torch.empty(self.count, dtype=self.dtype, pin_memory=pin)
+        with torch.inference_mode(False):
+            return torch.empty(self.count, dtype=self.dtype, pin_memory=pin)
+
+    def _device_buffer(self, zero: bool) -> torch.Tensor:
+        """A new device side. Made outside inference_mode even when first read inside one (a
+        forward reading an input blob never written): an inference tensor would refuse the
+        in-place writes that come later outside it (a deferred top of an in-place layer,
+        a script's ``blob.data[...] = x``)."""
+        make = torch.zeros if zero else torch.empty
+        with torch.inference_mode(False):
+            return make(self.count, dtype=self.dtype, device=self.gpu_device)
 
     def _report(self, direction: str) -> None:
         for hook in list(copy_hooks):
@@ -222,7 +233,7 @@ class SyncedMemory:
                 self._move_head(Head.HEAD_AT_CPU)
             else:
                 if self._gpu is None:
-                    self._gpu = torch.zeros(self.count, dtype=self.dtype, device=self.gpu_device)
+                    self._gpu = self._device_buffer(zero=True)
                 buffer = self._gpu
                 self._move_head(Head.HEAD_AT_GPU)
             # through a view of the value's shape: a strided (channels_last) value is copied
@@ -251,12 +262,12 @@ class SyncedMemory:
         if self._deferred is not None:
             self._write_deferred(to_cpu=False)
         if self._head is Head.UNINITIALIZED:
-            self._gpu = torch.zeros(self.count, dtype=self.dtype, device=self.gpu_device)
+            self._gpu = self._device_buffer(zero=True)
             self._move_head(Head.HEAD_AT_GPU)
         elif self._head is Head.HEAD_AT_CPU:
             assert self._cpu is not None
             if self._gpu is None:
-                self._gpu = torch.empty(self.count, dtype=self.dtype, device=self.gpu_device)
+                self._gpu = self._device_buffer(zero=False)
             self._gpu.copy_(self._cpu)
             self._report("cpu->gpu")
             self._move_head(Head.SYNCED)
