@@ -143,3 +143,16 @@ def test_restore_with_a_missing_learned_net(setup):
 def test_every_error_is_a_torchcaffe_error():
     for cls in (SolverError, UnsupportedError, PrototxtError, WeightsError):
         assert issubclass(cls, TorchCaffeError)
+
+
+def test_negative_base_lr_trains_uphill_as_caffe(setup):
+    """Caffe checks no sign on base_lr; the file's value was refused by the optimizer's
+    construction check, with neither the file nor the field named."""
+    moves = []
+    for lr in (0.1, -0.1):
+        solver = caffe.get_solver(setup.solver(f'type: "SGD" base_lr: {lr} lr_policy: "fixed"'))
+        before = solver.net.params["ip2"][0].data.copy()
+        solver.step(1)
+        assert solver.lr == np.float32(lr)
+        moves.append(solver.net.params["ip2"][0].data - before)
+    np.testing.assert_allclose(moves[1], -moves[0], rtol=1e-5, atol=1e-7)

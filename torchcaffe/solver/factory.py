@@ -48,9 +48,9 @@ def make_optimizer(
     regularization = param.regularization_type
     if regularization not in REGULARIZATION_TYPES:  # unused without weight decay, as in Caffe
         regularization = "L2"
-    return cls(
+    optimizer = cls(
         groups,
-        param.base_lr,
+        max(param.base_lr, 0.0),
         weight_decay=param.weight_decay,
         regularization_type=regularization,
         clip_gradients=param.clip_gradients,
@@ -58,6 +58,11 @@ def make_optimizer(
         zero_absent_grads=True,
         **rule,
     )
+    # Caffe takes a negative base_lr (the update climbs the loss); the optimizer's own check
+    # (torch's convention for a hand-built optimizer) refuses one at construction only
+    for group in optimizer.param_groups:
+        group["lr"] = param.base_lr
+    return optimizer
 
 
 def make_lr_policy(param: caffe_pb2.SolverParameter, optimizer: CaffeOptimizer) -> CaffeLRPolicy:
