@@ -242,6 +242,8 @@ def test_gradient_test_phase_with_stored_statistics():
             LayerParamError,
         ),
         ("batch_norm_param { use_alpha_beta: true }", (2, 3), r"use_alpha_beta", UnsupportedError),
+        # torch's kernels raised a bare ValueError at the first forward
+        ("batch_norm_param { eps: -1e-9 }", (2, 3), r"negative eps", UnsupportedError),
     ],
 )
 def test_error(snippet, shape, what, cls):

@@ -32,7 +32,9 @@ class BatchNormLayer(CaffeLayer):
     """
 
     param_field = "batch_norm_param"
-    restrictions = "brocolli's use_alpha_beta (affine BatchNorm) is not supported"
+    restrictions = (
+        "brocolli's use_alpha_beta (affine BatchNorm) and a negative eps are not supported"
+    )
 
     # param blobs, registered by add_blob
     mean: torch.Tensor
@@ -55,6 +57,16 @@ class BatchNormLayer(CaffeLayer):
         self.use_global_stats = p.use_global_stats if p.HasField("use_global_stats") else None
         self.moving_average_fraction = p.moving_average_fraction
         self.eps = p.eps
+        if self.eps < 0:  # torch's batch-norm kernels refuse it, mid-forward
+            from ..errors import UnsupportedError
+
+            raise self.error(
+                "a negative eps is not supported",
+                expected="eps >= 0",
+                got=self.eps,
+                cls=UnsupportedError,
+                hint="Caffe adds eps to the variance and takes its square root as is",
+            )
         channels = shape[1]
         self.add_blob("mean", (channels,), learnable=False)
         self.add_blob("variance", (channels,), learnable=False)

@@ -28,7 +28,8 @@ class BatchNormKyleLayer(BatchNormLayer):
         "alpha / beta diffs are accumulated; Caffe overwrites them (shows only "
         "with iter_size > 1 or shared params). Blobs 0-2 are buffers; Caffe "
         "leaves them solver-visible with their ParamSpec's lr_mult / decay_mult, "
-        "so weight decay there would shrink the running statistics"
+        "so weight decay there would shrink the running statistics. A negative eps "
+        "is not supported"
     )
 
     # param blobs, registered by add_blob
