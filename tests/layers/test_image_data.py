@@ -122,6 +122,16 @@ def test_new_height_without_new_width(tmp_path):
         image_layer(tmp_path, 1, "new_height: 4")
 
 
+@pytest.mark.parametrize("gray", [False, True])
+def test_resize_past_the_blob_limit_is_refused_before_opencv_allocates(tmp_path, gray):
+    """The first image was resized (30 GB asked of OpenCV) before any top shape was known."""
+    image_folder(tmp_path, [(3, 3)])
+    side = 50_000 if gray else 30_000  # 2.5e9 gray values; 2.7e9 colour ones
+    extra = f"new_height: {side} new_width: {side}" + (" is_color: false" if gray else "")
+    with pytest.raises(LayerParamError, match=r"\(ImageData\): images resized to .*limit"):
+        image_layer(tmp_path, 1, extra)
+
+
 def test_shard_takes_every_world_size_th_line(tmp_path):
     image_folder(tmp_path, [(3, 3)] * 6)
     layer = image_layer(tmp_path, 3)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import limits
 from ..data.prefetch import Prefetcher
 from ..errors import DataError, TorchCaffeError
 from .base import CaffeLayer, Exactly, Shape
@@ -52,13 +53,23 @@ class SourceLayer(CaffeLayer):
         if batch_size <= 0:
             raise self.error("batch_size must be positive", expected="> 0", got=batch_size)
 
-    def _check_resize(self, new_height: int, new_width: int) -> None:
-        """Caffe's image readers resize only when both sides are given."""
+    def _check_resize(self, new_height: int, new_width: int, is_color: bool = True) -> None:
+        """Caffe's image readers resize only when both sides are given. The resized image
+        is made when the first one is read, before any top shape is known, so its size is
+        checked against the limits here (OpenCV would try to allocate it)."""
         if (new_height > 0) != (new_width > 0):
             raise self.error(
                 "new_height and new_width must be set together",
                 expected="both 0 or both > 0",
                 got=(new_height, new_width),
+            )
+        shape = (3 if is_color else 1, int(new_height), int(new_width))
+        problem = limits.shape_problem(shape) if new_height > 0 else None
+        if problem:
+            raise self.error(
+                f"images resized to new_height x new_width = {new_height} x {new_width} "
+                f"would have shape {list(shape)}: {problem}",
+                hint="see docs/limits.md to raise a limit for a net you trust",
             )
 
     # -- contract for DDP and torch users ---------------------------------------------------

@@ -132,7 +132,7 @@ class DenseImageDataLayer(SourceLayer):
         super().__init__(layer_param, bottom_shapes)
         p = self.param
         self._check_batch_size(p.batch_size)
-        self._check_resize(p.new_height, p.new_width)
+        self._check_resize(p.new_height, p.new_width, p.is_color)
         if (p.crop_height > 0) != (p.crop_width > 0):
             raise self.error(
                 "crop_height and crop_width must be set together", got=(p.crop_height, p.crop_width)

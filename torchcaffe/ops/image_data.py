@@ -81,7 +81,7 @@ class ImageDataLayer(SourceLayer):
         super().__init__(layer_param, bottom_shapes)
         p = self.param
         self._check_batch_size(p.batch_size)
-        self._check_resize(p.new_height, p.new_width)
+        self._check_resize(p.new_height, p.new_width, p.is_color)
         try:
             lines = read_list(p.source)
             transformer = DataTransformer(layer_param.transform_param, self.phase, where=p.source)
