@@ -8,8 +8,11 @@ month and day, time with microseconds, thread id, source file and line. Caffe's
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
+import sys
+from collections.abc import Iterator
 
 
 class GlogFormatter(logging.Formatter):
@@ -22,3 +25,23 @@ class GlogFormatter(logging.Formatter):
             f"{record.thread or 0} {record.filename}:{record.lineno}] "
         )
         return prefix + super().format(record)
+
+
+@contextlib.contextmanager
+def on_stderr(log: logging.Logger, quiet: bool = False) -> Iterator[None]:
+    """``log``'s INFO lines on stderr in glog's format for the block, as Caffe's tools log
+    (``FLAGS_alsologtostderr``); nothing added if ``quiet`` or ``log`` has handlers of its
+    own (an application that set up logging)."""
+    if quiet or log.handlers:
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(GlogFormatter())
+    level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)

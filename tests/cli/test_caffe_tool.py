@@ -4,6 +4,7 @@ effects, and errors as one line."""
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from torchcaffe.cli.train import _signal_actions
 from torchcaffe.errors import DeviceError
 from torchcaffe.formats.prototxt import read_net
 
+GLOG_LINE = re.compile(r"I\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ \S+:\d+\] ")
 CASE = Path(__file__).resolve().parents[1] / "golden" / "solvers" / "sgd_momentum_step"
 
 
@@ -142,9 +144,14 @@ def test_bad_flags_and_files_are_one_line(case, capsys, monkeypatch, argv, needl
     except SystemExit as exit_:  # argparse's own errors
         code = exit_.code
     assert code == 2
-    err = capsys.readouterr().err
+    err = _without_log_lines(capsys.readouterr().err)
     assert err.count("\n") == 1 and needle in err and "Traceback" not in err
     assert err.startswith(f"torchcaffe {argv[0]}: error: ")
+
+
+def _without_log_lines(err: str) -> str:
+    """stderr less the glog lines logged before an error (Caffe logs "Use CPU." first too)."""
+    return "".join(line for line in err.splitlines(True) if not GLOG_LINE.match(line))
 
 
 def test_python_dash_m_runs_the_same_tool(case):
@@ -167,13 +174,23 @@ def test_python_dash_m_times_a_net(case):
         cwd=case,
     )
     assert done.returncode == 0, done.stderr
-    assert "       ip1\tforward: " in done.stdout and "Total Time: " in done.stdout
+    assert done.stdout == ""  # Caffe's tool logs everything to stderr
+    assert "       ip1\tforward: " in done.stderr and "Total Time: " in done.stderr
+
+
+def _logged(capsys) -> list[str]:
+    """The tool's lines, as Caffe logs them: on stderr, each after glog's prefix."""
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert all(GLOG_LINE.match(line) for line in lines)
+    return [line.split("] ", 1)[1] for line in lines]
 
 
 def test_test_prints_batches_and_means_as_caffe(case, capsys):
     """Scores checked against numpy: softmax loss of the two-layer net on each 4-row batch."""
     assert main(["test", "-model", "train.prototxt", "-weights", "weights.caffemodel"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    lines = _logged(capsys)
     net = caffe.Net("train.prototxt", "weights.caffemodel", caffe.TEST)
     (w1, b1), (w2, b2) = ([b.data for b in net.params[n]] for n in ("ip1", "ip2"))
     with h5py.File("data.h5") as f:
@@ -201,7 +218,7 @@ def test_test_prints_batches_and_means_as_caffe(case, capsys):
 
 def test_time_prints_a_per_layer_table_and_totals(case, capsys):
     assert main(["time", "-model", "train.prototxt", "-iterations", "2"]) == 0
-    out = capsys.readouterr().out
+    out = "\n".join(_logged(capsys))
     for layer in ("data", "ip1", "relu1", "ip2", "loss"):
         assert f"{layer:>10}\tforward: " in out and f"{layer:>10}\tbackward: " in out
     for total in ("Average Forward pass: ", "Average Backward pass: ", "Total Time: "):
@@ -218,7 +235,7 @@ def test_time_prints_a_per_layer_table_for_googlenet(models_root, tmp_path, caps
     text = text.replace("dim: 10 dim: 3 dim: 224", "dim: 1 dim: 3 dim: 224", 1)
     model.write_text("force_backward: true\n" + text)
     assert main(["time", "-model", str(model), "-iterations", "1"]) == 0
-    out = capsys.readouterr().out.splitlines()
+    out = _logged(capsys)
     names = [layer.name for layer in read_net(str(model)).layer]
     assert len(names) > 140 and "inception_5b/output" in names
     for kind in ("forward", "backward"):
@@ -312,5 +329,5 @@ def test_a_refused_python_layer_names_the_command_line_flag(tmp_path, capsys, mo
         '  python_param { module: "nowhere_module" layer: "Nothing" } }\n'
     )
     assert main(["time", "-model", str(model), "-iterations", "1"]) == 2
-    err = capsys.readouterr().err
+    err = _without_log_lines(capsys.readouterr().err)
     assert err.count("\n") == 1 and "-allow_python_layers" in err

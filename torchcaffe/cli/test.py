@@ -4,17 +4,20 @@
                     [-level N] [-stage A,B] [-allow_python_layers]
 
 The net is built in the TEST phase and run ``-iterations`` times (its data layers advance each
-time). Prints Caffe's lines: ``Batch i, name = value`` for every element of every output, then
-``Loss: mean loss`` and ``name = mean`` (with ``(* weight = weighted loss)`` for loss outputs).
+time). Logs Caffe's lines to stderr with glog's prefix, as caffe.cpp does: ``Batch i, name =
+value`` for every element of every output, then ``Loss: mean loss`` and ``name = mean`` (with
+``(* weight = weighted loss)`` for loss outputs).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 
 import numpy as np
 
 from ..errors import SolverError
+from ..glog import on_stderr
 from ..proto import caffe_pb2
 from ..pycaffe.net import Net
 from .devices import requested_gpus, use_device
@@ -29,12 +32,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_net_state_flags(p)
 
 
+log = logging.getLogger("torchcaffe.caffe")
+
+
 def main(args: argparse.Namespace) -> int:
+    """Caffe's ``test``, its lines logged to stderr with glog's prefix, as caffe.cpp logs."""
+    with on_stderr(log):
+        return _test(args)
+
+
+def _test(args: argparse.Namespace) -> int:
     if args.iterations < 1:
         raise SolverError("-iterations must be positive", expected=">= 1", got=args.iterations)
     gpus = requested_gpus(args.gpu)
     use_device(gpus[0] if gpus else None)
-    print("Use CPU." if not gpus else f"Use GPU with device ID {gpus[0]}")
+    log.info("Use CPU." if not gpus else f"Use GPU with device ID {gpus[0]}")
     stages = [s for s in args.stage.split(",") if s]
     net = Net(
         args.model,
@@ -45,7 +57,7 @@ def main(args: argparse.Namespace) -> int:
     )
     for name in args.weights.split(","):
         net.copy_from(name.strip())
-    print(f"Running for {args.iterations} iterations.")
+    log.info(f"Running for {args.iterations} iterations.")
     weights = net.blob_loss_weights
     sums: dict[str, np.ndarray] = {}
     loss = 0.0
@@ -55,12 +67,12 @@ def main(args: argparse.Namespace) -> int:
         for name in net.outputs:
             scores = net.blobs[name].data.astype(np.float32).ravel()
             for score in scores:
-                print(f"Batch {i}, {name} = {score:g}")
+                log.info(f"Batch {i}, {name} = {score:g}")
             sums[name] = sums[name] + scores if name in sums else scores.copy()
-    print(f"Loss: {loss / args.iterations:g}")
+    log.info(f"Loss: {loss / args.iterations:g}")
     for name, total in sums.items():
         w = weights.get(name, 0.0)
         for score in total / np.float32(args.iterations):
             extra = f" (* {w:g} = {w * score:g} loss)" if w else ""
-            print(f"{name} = {score:g}{extra}")
+            log.info(f"{name} = {score:g}{extra}")
     return 0

@@ -5,7 +5,8 @@
 
 One untimed forward and backward first (allocations, warm-up), then ``-iterations`` rounds of
 every layer's forward in order and every layer's backward in reverse, each layer timed on its
-own (with a device synchronise on a GPU, as Caffe's CUDA timers). Prints Caffe's report: each
+own (with a device synchronise on a GPU, as Caffe's CUDA timers). Logs Caffe's report (to
+stderr, with glog's prefix): each
 iteration's forward-backward time, the average forward and backward time per layer, the
 average forward pass, backward pass, forward-backward and the total. Input blobs are left as
 Caffe leaves them (zeros): the net is assumed to take no real input.
@@ -18,12 +19,14 @@ that backward runs (it then also computes bottom gradients, which Caffe skips th
 from __future__ import annotations
 
 import argparse
+import logging
 import time
 
 import torch
 
 from ..errors import LayerParamError
 from ..formats.prototxt import read_net
+from ..glog import on_stderr
 from ..proto import caffe_pb2
 from ..pycaffe.net import Net
 from .devices import requested_gpus, use_device
@@ -50,12 +53,21 @@ class _Clock:
         return time.perf_counter() * 1e3
 
 
+log = logging.getLogger("torchcaffe.caffe")
+
+
 def main(args: argparse.Namespace) -> int:
+    """Caffe's ``time``, its lines logged to stderr with glog's prefix, as caffe.cpp logs."""
+    with on_stderr(log):
+        return _time(args)
+
+
+def _time(args: argparse.Namespace) -> int:
     if args.iterations < 1:
         raise LayerParamError("-iterations must be positive", expected=">= 1", got=args.iterations)
     gpus = requested_gpus(args.gpu)
     use_device(gpus[0] if gpus else None)
-    print("Use CPU." if not gpus else f"Use GPU with device ID {gpus[0]}")
+    log.info("Use CPU." if not gpus else f"Use GPU with device ID {gpus[0]}")
     net_param = read_net(args.model)
     options = dict(
         phase=caffe_pb2.Phase.Value(args.phase),
@@ -65,21 +77,21 @@ def main(args: argparse.Namespace) -> int:
     )
     net = Net(net_param, **options)
     if not any(net.blob_loss_weights.values()) and not net_param.force_backward:
-        print("The net has no loss: timing backward with force_backward: true.")
+        log.info("The net has no loss: timing backward with force_backward: true.")
         net_param.force_backward = True
         net = Net(net_param, **options)
     last = len(net.layers) - 1
-    print("Performing Forward")
-    print(f"Initial loss: {net._forward(0, last):g}")
-    print("Performing Backward")
+    log.info("Performing Forward")
+    log.info(f"Initial loss: {net._forward(0, last):g}")
+    log.info("Performing Backward")
     net._backward(last, 0)
     clock = _Clock(net._ensure_device())
     names = list(net._layer_names)
     forward = [0.0] * len(names)
     backward = [0.0] * len(names)
     forward_total = backward_total = 0.0
-    print("*** Benchmark begins ***")
-    print(f"Testing for {args.iterations} iterations.")
+    log.info("*** Benchmark begins ***")
+    log.info(f"Testing for {args.iterations} iterations.")
     start = clock.now()
     for j in range(args.iterations):
         iter_start = clock.now()
@@ -95,16 +107,16 @@ def main(args: argparse.Namespace) -> int:
             backward[i] += clock.now() - t
         end = clock.now()
         backward_total += end - backward_start
-        print(f"Iteration: {j + 1} forward-backward time: {end - iter_start:g} ms.")
+        log.info(f"Iteration: {j + 1} forward-backward time: {end - iter_start:g} ms.")
     total = clock.now() - start
     n = args.iterations
-    print("Average time per layer: ")
+    log.info("Average time per layer: ")
     for name, f, b in zip(names, forward, backward):
-        print(f"{name:>10}\tforward: {f / n:g} ms.")
-        print(f"{name:>10}\tbackward: {b / n:g} ms.")
-    print(f"Average Forward pass: {forward_total / n:g} ms.")
-    print(f"Average Backward pass: {backward_total / n:g} ms.")
-    print(f"Average Forward-Backward: {total / n:g} ms.")
-    print(f"Total Time: {total:g} ms.")
-    print("*** Benchmark ends ***")
+        log.info(f"{name:>10}\tforward: {f / n:g} ms.")
+        log.info(f"{name:>10}\tbackward: {b / n:g} ms.")
+    log.info(f"Average Forward pass: {forward_total / n:g} ms.")
+    log.info(f"Average Backward pass: {backward_total / n:g} ms.")
+    log.info(f"Average Forward-Backward: {total / n:g} ms.")
+    log.info(f"Total Time: {total:g} ms.")
+    log.info("*** Benchmark ends ***")
     return 0

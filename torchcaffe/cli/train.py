@@ -27,7 +27,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 from collections.abc import Iterator
 
 import torch
@@ -35,7 +34,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ..errors import DeviceError, SolverError
 from ..formats.prototxt import read_solver
-from ..glog import GlogFormatter
+from ..glog import on_stderr
 from ..proto import caffe_pb2
 from ..pycaffe.solver import SOLVER_CLASSES
 from ..solver import distributed
@@ -90,7 +89,7 @@ def main(args: argparse.Namespace) -> int:
     completed = False
     try:
         # the log is on before the solver is built, for what building it logs (Finetuning)
-        with _logging(args.quiet or not root):
+        with on_stderr(log, args.quiet or not root):  # parse_log.py reads glog's prefix
             log.info("Use CPU." if gpu is None else f"Using GPUs {', '.join(map(str, gpus))}")
             solver = cls(
                 param, path=args.solver, allow_python_layers=args.allow_python_layers, root=root
@@ -170,24 +169,6 @@ def _rank_main(rank: int, args: argparse.Namespace, world_size: int, port: int) 
         WORLD_SIZE=str(world_size),
     )
     main(args)
-
-
-@contextlib.contextmanager
-def _logging(quiet: bool) -> Iterator[None]:
-    """Solver log lines on stderr for the run (none if quiet or configured elsewhere)."""
-    if quiet or log.handlers:
-        yield
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(GlogFormatter())  # parse_log.py reads glog's prefix
-    level = log.level
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    try:
-        yield
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(level)
 
 
 @contextlib.contextmanager
