@@ -35,6 +35,7 @@ from ..ops.python_layer import PythonLayer
 from ..precision import caffe_float32, on_cuda
 from ..proto import caffe_pb2
 from ..syncedmem import Head, SyncedMemory
+from . import debug_info
 from .backward_reads import TOP_DATA_BACKWARD, reads_bottom_data, slope_kept_when_overwritten
 from .lazy_forward import LazyForward, layer_tops
 from .one_pass import OnePassPlan, forward_backward_one_pass, plan_one_pass
@@ -151,6 +152,9 @@ class Net:
         self._callbacks: dict[str, list[Callable[[int], Any]]] = {
             k: [] for k in ("before_forward", "after_forward", "before_backward", "after_backward")
         }
+        # Caffe's debug_info_: log each layer's blobs as it runs (debug_info.py); a solver
+        # sets it per iteration as Caffe's Solver::Step does
+        self._debug_info = bool(self._net.net_param.debug_info)
         self._overwritten = self._find_overwritten_bottoms()
         self._layer_tops = layer_tops(self._net)  # what a forward writes (inputs: in place)
         # the layers that need backward, in order: a forward asks whether its range has one
@@ -396,16 +400,20 @@ class Net:
     @_in_caffe_float32
     def _forward(self, start: int, end: int, observe: Sequence[str] = ()) -> float:
         """Run layers ``start..end``; ``observe``: blobs the caller reads right after. With
-        per-layer callbacks (``before_forward``, ``after_forward``) layer by layer."""
+        per-layer callbacks (``before_forward``, ``after_forward``) or ``debug_info``, layer by
+        layer."""
         before, after = self._callbacks["before_forward"], self._callbacks["after_forward"]
+        debug = self._debug_info
         with self._holding_tops():
-            if not before and not after:
+            if not before and not after and not debug:
                 return self._forward_range(start, end, observe)
             loss = 0.0
             for i in range(start, end + 1):
                 for run in before:
                     run(i)
                 loss += self._forward_range(i, i, observe)
+                if debug:
+                    debug_info.log_forward(self, i)
                 for run in after:
                     run(i)
             return loss
@@ -606,10 +614,13 @@ class Net:
         device = self._ensure_device()
         edited: dict[tuple[str, int], bool] = {}
         before, after = self._callbacks["before_backward"], self._callbacks["after_backward"]
+        debug = self._debug_info
         for i in range(start, end - 1, -1):
             for run in before:  # Caffe's Net callbacks see every layer, backward or not
                 run(i)
             self._backward_layer(i, device, check_edits, edited)
+            if debug and self._net.steps[i].need_backward:
+                debug_info.log_backward(self, i)
             for run in after:
                 run(i)
 
@@ -799,20 +810,26 @@ class Net:
     def forward_backward(self) -> float:
         """Caffe's Net::ForwardBackward: forward, then backward; returns the loss. Nothing can
         edit a blob in between, so where exact this is one autograd pass (one_pass.py), unless
-        per-layer callbacks must see each layer."""
-        plan = None if any(self._callbacks.values()) else self._one_pass_plan()
+        per-layer callbacks or ``debug_info`` must see each layer."""
+        plan = None if self._layer_by_layer() else self._one_pass_plan()
         if plan is not None:
             with self._holding_tops():
                 return forward_backward_one_pass(self, plan)
         loss = self._forward(0, len(self._net.steps) - 1)
         self._backward(len(self._net.steps) - 1, 0, check_edits=False)
+        if self._debug_info:  # Net::Backward's closing line
+            debug_info.log_param_norms(self)
         return loss
+
+    def _layer_by_layer(self) -> bool:
+        """Must passes run layer by layer (per-layer callbacks, debug_info)?"""
+        return self._debug_info or any(self._callbacks.values())
 
     @_in_caffe_float32
     def _clear_and_forward_backward(self) -> float:
         """ClearParamDiffs then ForwardBackward (a solver iteration of one pass); on the one
         pass each param diff is written once instead of zeroed and then added to."""
-        plan = None if any(self._callbacks.values()) else self._one_pass_plan()
+        plan = None if self._layer_by_layer() else self._one_pass_plan()
         if plan is None:
             self.clear_param_diffs()
             return self.forward_backward()

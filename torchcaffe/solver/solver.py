@@ -96,6 +96,8 @@ class Solver:
             options = {"allow_python_layers": allow_python_layers}
             self.net: Net = build_train_net(param, path, **options)
             self.test_nets: list[Net] = build_test_nets(param, path, **options)
+        for test_net in self.test_nets:  # Caffe's InitTestNets: the solver's flag wins
+            test_net._debug_info = param.debug_info
         self._learnables = learnable_params(self.net.module)
         self._net_binds_seen = self.net._binds
         self.optimizer = make_optimizer(param, self._learnables, self.type)
@@ -197,6 +199,7 @@ class Solver:
                 for cb in self._callbacks:
                     cb.on_start()
                 display = self.root and bool(p.display) and self._iter % p.display == 0
+                self.net._debug_info = display and p.debug_info  # as Caffe's Step sets it
                 if fused:
                     loss = self.net._clear_and_forward_backward()
                 else:
