@@ -70,3 +70,16 @@ class NoBackwardLayer(caffe.Layer):
 
     def forward(self, bottom, top):
         top[0].data[...] = bottom[0].data * 2
+
+
+class ForkParamStrLayer(caffe.Layer):
+    """py-faster-rcnn style: setup reads ``self.param_str_`` (rbgirshick/caffe-fast-rcnn)."""
+
+    def setup(self, bottom, top):
+        self._scale = float(eval(self.param_str_)["scale"])  # noqa: S307
+
+    def reshape(self, bottom, top):
+        top[0].reshape(*bottom[0].data.shape)
+
+    def forward(self, bottom, top):
+        top[0].data[...] = bottom[0].data * self._scale

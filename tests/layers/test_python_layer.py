@@ -128,3 +128,14 @@ def test_missing_backward_is_a_clear_error():
     x.requires_grad_(True)
     with pytest.raises(UnsupportedError, match="defines no backward"):
         layer(x).sum().backward()
+
+
+def test_param_str_underscore_alias_for_py_faster_rcnn_layers():
+    """py-faster-rcnn's layers read ``self.param_str_``, which its Caffe fork sets."""
+    snippet = (
+        'python_param { module: "tests.helpers.python_layers" layer: "ForkParamStrLayer" '
+        "param_str: \"{'scale': 3.0}\" }"
+    )
+    layer, (x,) = make(snippet, [(2, 3)])
+    assert layer.py.param_str_ == layer.py.param_str == "{'scale': 3.0}"
+    np.testing.assert_allclose(layer(x).detach().numpy(), x.numpy() * 3.0)

@@ -208,6 +208,8 @@ class PythonLayer(CaffeLayer):
         try:
             self.py = cls(layer_param)
             self.py.param_str = layer_param.python_param.param_str
+            # rbgirshick/caffe-fast-rcnn names it param_str_; py-faster-rcnn's layers read that.
+            self.py.param_str_ = self.py.param_str
             self.py.phase = int(layer_param.phase)
             self._bottoms = [Blob(s) for s in self.bottom_shapes]
             self._tops = [Blob() for _ in range(self.num_tops)]

@@ -33,6 +33,7 @@ class Layer:
         self.layer_param = layer_param or caffe_pb2.LayerParameter()
         self.blobs = BlobVec()
         self.param_str = self.layer_param.python_param.param_str
+        self.param_str_ = self.param_str  # caffe-fast-rcnn's name, read by py-faster-rcnn
         self.phase = int(self.layer_param.phase)
 
     @property
