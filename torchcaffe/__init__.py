@@ -37,6 +37,7 @@ from .errors import (
     WeightsError,
 )
 from .net.net import TorchNet
+from .net.state import Phase
 from .net_spec import NetSpec, to_proto
 from .ops._python_substitutes import NativeSubstituteWarning
 from .ops.base import CaffeLayer
@@ -68,8 +69,8 @@ from .runtime import (
 )
 from .solver.param_groups import param_groups
 
-TRAIN = caffe_pb2.TRAIN
-TEST = caffe_pb2.TEST
+TRAIN = Phase(caffe_pb2.TRAIN)
+TEST = Phase(caffe_pb2.TEST)
 
 __version__ = "0.1.0"
 

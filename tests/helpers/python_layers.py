@@ -83,3 +83,18 @@ class ForkParamStrLayer(caffe.Layer):
 
     def forward(self, bottom, top):
         top[0].data[...] = bottom[0].data * self._scale
+
+
+class PhaseKeyedLayer(caffe.Layer):
+    """py-faster-rcnn style: ``cfg[str(self.phase)]`` picks per-phase settings."""
+
+    CFG = {"TRAIN": 2.0, "TEST": 5.0}
+
+    def setup(self, bottom, top):
+        self._scale = self.CFG[str(self.phase)]
+
+    def reshape(self, bottom, top):
+        top[0].reshape(*bottom[0].data.shape)
+
+    def forward(self, bottom, top):
+        top[0].data[...] = bottom[0].data * self._scale

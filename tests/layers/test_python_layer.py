@@ -139,3 +139,22 @@ def test_param_str_underscore_alias_for_py_faster_rcnn_layers():
     layer, (x,) = make(snippet, [(2, 3)])
     assert layer.py.param_str_ == layer.py.param_str == "{'scale': 3.0}"
     np.testing.assert_allclose(layer(x).detach().numpy(), x.numpy() * 3.0)
+
+
+def test_phase_is_an_int_named_as_pycaffes_enum(monkeypatch, tmp_path):
+    """pycaffe's TRAIN/TEST are Boost.Python enums (str gives the name); py-faster-rcnn's
+    layers look their settings up by ``cfg[str(self.phase)]``."""
+    assert (str(caffe.TRAIN), str(caffe.TEST)) == ("TRAIN", "TEST")
+    assert caffe.TRAIN == 0 and caffe.TEST == 1 and repr(caffe.TEST) == "caffe._caffe.Phase.TEST"
+    path = tmp_path / "net.prototxt"
+    path.write_text(
+        'input: "x" input_shape { dim: 2 dim: 3 }\n'
+        'layer { name: "p" type: "Python" bottom: "x" top: "y" python_param { '
+        'module: "tests.helpers.python_layers" layer: "PhaseKeyedLayer" } }'
+    )
+    monkeypatch.setenv(ENV_VAR, "1")
+    for phase, scale in ((caffe.TRAIN, 2.0), (caffe.TEST, 5.0)):
+        net = caffe.Net(str(path), phase)
+        assert net.layer_dict["p"].phase == phase
+        out = net.forward(x=np.ones((2, 3), np.float32))["y"]
+        np.testing.assert_allclose(out, np.full((2, 3), scale))

@@ -10,6 +10,17 @@ from ..proto import caffe_pb2
 PHASES = {"train": caffe_pb2.TRAIN, "test": caffe_pb2.TEST}
 
 
+class Phase(int):
+    """pycaffe's ``caffe.TRAIN``/``caffe.TEST``: a Boost.Python enum, an int whose ``str`` is
+    its name, so py-faster-rcnn's ``cfg[str(self.phase)]`` finds ``cfg['TRAIN']``."""
+
+    def __str__(self) -> str:
+        return caffe_pb2.Phase.Name(int(self))
+
+    def __repr__(self) -> str:
+        return f"caffe._caffe.Phase.{self}"
+
+
 def parse_phase(phase: int | str) -> caffe_pb2.Phase:
     """Accept caffe_pb2.TRAIN/TEST, 0/1, or "train"/"test" (any case)."""
     if isinstance(phase, str):

@@ -25,6 +25,7 @@ import torch
 
 from ..blob import Blob
 from ..errors import LayerParamError, TorchCaffeError, TrustError
+from ..net.state import Phase
 from ..proto import caffe_pb2
 from ..registry import register_layer
 from ..trust import ENV_VAR, python_layers_allowed
@@ -210,7 +211,8 @@ class PythonLayer(CaffeLayer):
             self.py.param_str = layer_param.python_param.param_str
             # rbgirshick/caffe-fast-rcnn names it param_str_; py-faster-rcnn's layers read that.
             self.py.param_str_ = self.py.param_str
-            self.py.phase = int(layer_param.phase)
+            # An int as in BVLC; named as caffe-fast-rcnn's enum, which py-faster-rcnn reads.
+            self.py.phase = Phase(layer_param.phase)
             self._bottoms = [Blob(s) for s in self.bottom_shapes]
             self._tops = [Blob() for _ in range(self.num_tops)]
             self.py.setup(self._bottoms, self._tops)

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..blob import Blob
 from ..errors import UnsupportedError
+from ..net.state import Phase
 from ..proto import caffe_pb2
 
 
@@ -34,7 +35,7 @@ class Layer:
         self.blobs = BlobVec()
         self.param_str = self.layer_param.python_param.param_str
         self.param_str_ = self.param_str  # caffe-fast-rcnn's name, read by py-faster-rcnn
-        self.phase = int(self.layer_param.phase)
+        self.phase = Phase(self.layer_param.phase)
 
     @property
     def type(self) -> str:
