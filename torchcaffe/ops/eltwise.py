@@ -8,7 +8,7 @@ import torch
 
 from ..proto import caffe_pb2
 from ..registry import register_layer
-from ._functional.eltwise import caffe_unstable_prod
+from ._functional.eltwise import caffe_eltwise_in_place, caffe_unstable_prod
 from .base import AtLeast, CaffeLayer, Exactly, Shape
 
 EltwiseOp = caffe_pb2.EltwiseParameter
@@ -51,6 +51,8 @@ class EltwiseLayer(CaffeLayer):
         self.coeff = list(p.coeff) or [1.0] * n
         self.stable_prod_grad = p.stable_prod_grad
         self.output_shapes(self.bottom_shapes)
+        # In place (Caffe allows only top == bottom 0), Caffe's loops read the top they write.
+        self.in_place = layer_param.top[0] == layer_param.bottom[0]
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         first = tuple(int(d) for d in bottom_shapes[0])
@@ -62,6 +64,9 @@ class EltwiseLayer(CaffeLayer):
         return [first]
 
     def forward(self, *bottoms: torch.Tensor) -> torch.Tensor:
+        if self.in_place:
+            op = EltwiseOp.EltwiseOp.Name(self.operation)
+            return caffe_eltwise_in_place(op, self.coeff, self.stable_prod_grad, *bottoms)
         if self.operation == EltwiseOp.PROD:
             if not self.stable_prod_grad:
                 return caffe_unstable_prod(*bottoms)

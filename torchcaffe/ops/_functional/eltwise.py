@@ -33,3 +33,75 @@ class CaffeUnstableProd(torch.autograd.Function):
 
 def caffe_unstable_prod(*bottoms: torch.Tensor) -> torch.Tensor:
     return CaffeUnstableProd.apply(*bottoms)
+
+
+FLT_MAX = 3.4028234663852886e38
+
+
+class CaffeEltwiseInPlace(torch.autograd.Function):
+    """Eltwise whose top is bottom 0's blob (the one in-place form Caffe's Net accepts), as
+    EltwiseLayer's CPU code runs it: it writes the top while it reads bottom 0.
+
+    Forward: SUM clears the top first, so bottom 0 adds 0 (sum of coeff_i * b_i, i >= 1);
+    MAX sets it to -FLT_MAX, so bottom 0 competes as -FLT_MAX; PROD reads bottom 0 before
+    writing. Backward reads the top as bottom 0's data, and bottom 0's diff is the top diff,
+    so bottoms 1.. see bottom 0's diff as their top diff once it is written.
+    """
+
+    @staticmethod
+    def forward(ctx, op: str, coeff: list[float], stable: bool, *bottoms):
+        mask = None
+        if op == "SUM":
+            top = torch.zeros_like(bottoms[0])
+            for b, c in zip(bottoms[1:], coeff[1:]):
+                top = top + c * b
+        elif op == "MAX":
+            first = torch.full_like(bottoms[0], -FLT_MAX)
+            win = first > bottoms[1]
+            top = torch.where(win, first, bottoms[1])
+            mask = torch.where(win, 0, 1)
+            for i, b in enumerate(bottoms[2:], start=2):
+                win = b > top
+                top = torch.where(win, b, top)
+                mask = torch.where(win, i, mask)
+        else:
+            top = bottoms[0] * bottoms[1]
+            for b in bottoms[2:]:
+                top = top * b
+        ctx.params = (op, coeff, stable)
+        ctx.save_for_backward(top, mask, *bottoms[1:])
+        return top
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        op, coeff, stable = ctx.params
+        top, mask, *rest = ctx.saved_tensors
+        data = [top, *rest]  # bottom 0's data is the top
+        grads: list[torch.Tensor | None] = []
+        for i in range(len(data)):
+            if not ctx.needs_input_grad[3 + i]:
+                grads.append(None)
+                continue
+            if op == "SUM":
+                g = grad if coeff[i] == 1 else grad * coeff[i]
+            elif op == "MAX":
+                g = torch.where(mask == i, grad, torch.zeros_like(grad))
+            elif stable:
+                others = [d for j, d in enumerate(data) if j != i]
+                g = others[0]
+                for d in others[1:]:
+                    g = g * d
+                g = g * grad
+            else:
+                g = (top / data[i]) * grad
+            grads.append(g)
+            if i == 0:  # bottom 0's diff is the top diff the later bottoms read
+                grad = g
+        return (None, None, None, *grads)
+
+
+def caffe_eltwise_in_place(
+    op: str, coeff: list[float], stable: bool, *bottoms: torch.Tensor
+) -> torch.Tensor:
+    return CaffeEltwiseInPlace.apply(op, coeff, stable, *bottoms)
