@@ -115,3 +115,131 @@ def test_eltwise_in_place_torch_face(tmp_path, op, k, coeff, stable):
     for i, (x, want) in enumerate(zip(xs, diffs)):
         # the torch face's inputs are distinct tensors: bottom k's grad is its diff
         np.testing.assert_allclose(x.grad.numpy(), want, rtol=1e-6, atol=1e-7, err_msg=str(i))
+
+
+# Neuron layers in place: Caffe's Backward reads the overwritten blob as its bottom data.
+F32 = np.float32
+
+
+def bnll_slope(x, y):
+    e = np.exp(np.minimum(x, F32(50)))
+    return e / (e + 1)
+
+
+def relu_slope(s):
+    return lambda x, y: (x > 0) + F32(s) * (x <= 0)
+
+
+def elu_slope(a):
+    return lambda x, y: (x > 0) + (F32(a) + y) * (x <= 0)
+
+
+def log_slope(scale, shift, base):
+    # backward_num_scale_ = input_scale_ / log(base), in float
+    num = F32(scale) / F32(np.log(np.float64(base)))
+    return lambda x, y: num / (x * F32(scale) + F32(shift))
+
+
+def clip_slope(lo, hi):
+    return lambda x, y: ((x >= F32(lo)) & (x <= F32(hi))).astype(F32)
+
+
+def power_slope(p, scale, shift):
+    ds = F32(p * scale)
+    if p == 2:
+        return lambda x, y: ds * F32(scale) * x + ds * F32(shift)
+    return lambda x, y: ds * y / (F32(shift) + F32(scale) * x)
+
+
+NEURONS = {
+    "bnll": ('type: "BNLL"', bnll_slope),
+    "relu": ('type: "ReLU" relu_param { negative_slope: -0.5 }', relu_slope(-0.5)),
+    "elu": ('type: "ELU" elu_param { alpha: -0.7 }', elu_slope(-0.7)),
+    "log": ('type: "Log" log_param { scale: 2 shift: 5 base: 3 }', log_slope(2, 5, 3)),
+    "clip": ('type: "Clip" clip_param { min: -1 max: 0.5 }', clip_slope(-1, 0.5)),
+    "power": ('type: "Power" power_param { power: 3 scale: 0.5 shift: 1 }', power_slope(3, 0.5, 1)),
+    "power2": ('type: "Power" power_param { power: 2 scale: 2 shift: 1 }', power_slope(2, 2, 1)),
+}
+
+# ip -> neuron (in place on "h") -> EuclideanLoss against zeros: the solver sees it too.
+NEURON_NET = """
+force_backward: true
+layer {{ name: "data" type: "Input" top: "x" top: "t"
+  input_param {{ shape {{ dim: 2 dim: 3 }} shape {{ dim: 2 dim: 4 }} }} }}
+layer {{ name: "ip" type: "InnerProduct" bottom: "x" top: "h"
+  inner_product_param {{ num_output: 4 weight_filler {{ type: "uniform" min: -1 max: 1 }} }} }}
+layer {{ name: "n" {layer} bottom: "h" top: "h" }}
+layer {{ name: "loss" type: "EuclideanLoss" bottom: "h" bottom: "t" top: "loss" }}
+"""
+
+
+def neuron_net(tmp_path, layer):
+    path = tmp_path / "net.prototxt"
+    path.write_text(NEURON_NET.format(layer=layer))
+    return path
+
+
+def inputs():
+    rng = np.random.default_rng(1)
+    return rng.uniform(-1, 1, (2, 3)).astype(F32), np.zeros((2, 4), F32)
+
+
+def expected_h_diff(net, slope):
+    """Caffe: the loss writes h's diff (h - t), then the neuron scales it by its slope at h."""
+    h = net.blobs["h"].data.copy()
+    return (h / F32(2)) * slope(h, h)
+
+
+@pytest.mark.parametrize("name", sorted(NEURONS))
+def test_in_place_neuron_caffe_face_forward_then_backward(tmp_path, name):
+    layer, slope = NEURONS[name]
+    net = caffe.Net(str(neuron_net(tmp_path, layer)), caffe.TRAIN)
+    net.blobs["x"].data[...], net.blobs["t"].data[...] = inputs()
+    net.forward()
+    want = expected_h_diff(net, slope)
+    net.backward()
+    np.testing.assert_allclose(net.blobs["h"].diff, want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", sorted(NEURONS))
+def test_in_place_neuron_one_pass_and_torch_face(tmp_path, name):
+    layer, slope = NEURONS[name]
+    path = neuron_net(tmp_path, layer)
+    net = caffe.Net(str(path), caffe.TRAIN)
+    x, t = inputs()
+    net.blobs["x"].data[...], net.blobs["t"].data[...] = x, t
+    net.forward_backward()  # the solver's step: one autograd pass
+    want = expected_h_diff(net, slope)
+    w = net.params["ip"][0].data
+    want_w = want.T @ x
+    np.testing.assert_allclose(net.params["ip"][0].diff, want_w, rtol=1e-5, atol=1e-6)
+
+    model = torchcaffe.load(str(path))
+    with torch.no_grad():
+        model.layer("ip").weight.copy_(torch.tensor(w))
+        model.layer("ip").bias.zero_()
+    out = model(x=torch.tensor(x), t=torch.tensor(t))
+    out["loss"].backward()
+    got = model.layer("ip").weight.grad.numpy()
+    np.testing.assert_allclose(got, want_w, rtol=1e-5, atol=1e-6)  # same weights, bias 0
+
+
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_in_place_chain_takes_slopes_at_the_final_blob(tmp_path, one_pass):
+    # Clip then Power, both in place on h: Caffe's Clip Backward reads h after Power wrote it.
+    layer = (
+        'type: "Clip" clip_param { min: -1 max: 0.5 } bottom: "h" top: "h" }\n'
+        'layer { name: "p" type: "Power" power_param { power: 2 shift: 1 }'
+    )
+    net = caffe.Net(str(neuron_net(tmp_path, layer)), caffe.TRAIN)
+    x, t = inputs()
+    net.blobs["x"].data[...], net.blobs["t"].data[...] = x, t
+    if one_pass:
+        net.forward_backward()
+    else:
+        net.forward()
+        net.backward()
+    h = net.blobs["h"].data.copy()
+    want = (h / F32(2)) * power_slope(2, 1, 1)(h, h) * clip_slope(-1, 0.5)(h, h)
+    np.testing.assert_allclose(net.blobs["h"].diff, want, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(net.params["ip"][0].diff, want.T @ x, rtol=1e-5, atol=1e-6)

@@ -3,6 +3,12 @@
 ReLU, Sigmoid, TanH, AbsVal, BNLL, Power, Exp, Log, ELU, Threshold, Swish and Clip. Each is a
 line or two of torch; where Caffe's backward differs from the mathematical gradient the layer
 says so (Power uses a custom Function, Threshold has no backward).
+
+In place (top == bottom), Caffe's Backward reads the shared blob, i.e. the layer's output, as
+if it were the input. Where that changes the slope (BNLL, Log, Clip, Power, ReLU with a
+negative slope, ELU with a negative alpha), an in-place instance is built with a Function
+that takes ``caffe_slope`` at its output (``in_place_slope``); the others keep torch's.
+The Caffe face reads the same ``caffe_slope`` at the blob as it is at Backward time.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from ..registry import register_layer
 from ._functional.power import caffe_power
@@ -24,8 +31,45 @@ KBNLL_THRESHOLD = 50.0
 class NeuronLayer(CaffeLayer):
     """Base of the element-wise layers; in-place use (top == bottom) is allowed."""
 
+    def __init__(self, layer_param, bottom_shapes):
+        super().__init__(layer_param, bottom_shapes)
+        in_place = list(layer_param.top[:1]) == list(layer_param.bottom[:1])
+        self.in_place_slope = in_place and self.slope_reads_output()
+        if self.in_place_slope:  # decided here: other instances run the class's forward
+            self.forward = self._forward_slope_at_output
+
+    def slope_reads_output(self) -> bool:
+        """Does Caffe's Backward, in place, take a slope at the output that differs from the
+        one at the input? (Read from ``self.param`` alone: called before subclass set-up.)"""
+        return False
+
+    def caffe_slope(self, x: torch.Tensor) -> torch.Tensor:
+        """Caffe's Backward_cpu local slope when the bottom (and top) blob holds ``x``."""
+        raise NotImplementedError
+
+    def _forward_slope_at_output(self, x: torch.Tensor) -> torch.Tensor:
+        return SlopeAtOutput.apply(x, self)
+
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         return [tuple(int(d) for d in bottom_shapes[0])]
+
+
+class SlopeAtOutput(torch.autograd.Function):
+    """An in-place neuron layer: Caffe's Backward reads the overwritten blob, so the slope
+    is ``layer.caffe_slope`` at the output."""
+
+    @staticmethod
+    def forward(ctx, x, layer):
+        y = type(layer).forward(layer, x)
+        ctx.layer = layer
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        return grad * ctx.layer.caffe_slope(y), None
 
 
 def _log_base(layer: CaffeLayer, base: float) -> float:
@@ -51,6 +95,12 @@ class ReLULayer(NeuronLayer):
     """
 
     param_field = "relu_param"
+
+    def slope_reads_output(self) -> bool:
+        return self.param.negative_slope < 0
+
+    def caffe_slope(self, x: torch.Tensor) -> torch.Tensor:
+        return (x > 0).to(x.dtype) + self.param.negative_slope * (x <= 0).to(x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         slope = self.param.negative_slope
@@ -112,6 +162,13 @@ class BNLLLayer(NeuronLayer):
     Differs from torch: none.
     """
 
+    def slope_reads_output(self) -> bool:
+        return True
+
+    def caffe_slope(self, x: torch.Tensor) -> torch.Tensor:
+        e = torch.exp(torch.clamp(x, max=KBNLL_THRESHOLD))
+        return e / (e + 1)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.softplus(x, beta=1.0, threshold=KBNLL_THRESHOLD)
 
@@ -131,6 +188,20 @@ class PowerLayer(NeuronLayer):
         super().__init__(layer_param, bottom_shapes)
         p = self.param
         self.power, self.scale, self.shift = p.power, p.scale, p.shift
+
+    def slope_reads_output(self) -> bool:
+        return self.param.power != 1 and self.param.power * self.param.scale != 0
+
+    def caffe_slope(self, x: torch.Tensor) -> torch.Tensor:
+        # PowerLayer::Backward_cpu with bottom and top data both ``x``
+        diff_scale = self.power * self.scale
+        if self.power == 2:
+            slope = x * (diff_scale * self.scale)
+            return slope + diff_scale * self.shift if self.shift != 0 else slope
+        if self.shift == 0:
+            return (x / x) * self.power
+        slope = x / (x * self.scale + self.shift if self.scale != 1 else x + self.shift)
+        return slope * diff_scale if diff_scale != 1 else slope
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return caffe_power(x, self.power, self.scale, self.shift)
@@ -182,6 +253,21 @@ class LogLayer(NeuronLayer):
         self.base_scale = 1.0 / log_base
         self.input_scale, self.input_shift = p.scale, p.shift
 
+    def slope_reads_output(self) -> bool:
+        return True
+
+    def caffe_slope(self, x: torch.Tensor) -> torch.Tensor:
+        # LogLayer::Backward_cpu: backward_num_scale / (input_scale * x + input_shift)
+        if self.input_scale != 1:
+            x = x * self.input_scale
+        if self.input_shift != 0:
+            x = x + self.input_shift
+        slope = torch.pow(x, -1)
+        num_scale = torch.tensor(self.input_scale, dtype=torch.float32) / torch.tensor(
+            1.0 / self.base_scale, dtype=torch.float32
+        )
+        return slope if num_scale == 1 else slope * num_scale.to(x.dtype)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.input_scale != 1:
             x = x * self.input_scale
@@ -199,6 +285,13 @@ class ELULayer(NeuronLayer):
     """
 
     param_field = "elu_param"
+
+    def slope_reads_output(self) -> bool:
+        return self.param.alpha < 0
+
+    def caffe_slope(self, x: torch.Tensor) -> torch.Tensor:
+        # (bottom > 0) + (alpha + top) * (bottom <= 0), bottom and top both ``x``
+        return (x > 0).to(x.dtype) + (self.param.alpha + x) * (x <= 0).to(x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.elu(x, alpha=self.param.alpha)
@@ -255,6 +348,12 @@ class ClipLayer(NeuronLayer):
                     got=f"no {' and '.join(missing)}",
                 )
         self.min, self.max = p.min, p.max
+
+    def slope_reads_output(self) -> bool:
+        return True
+
+    def caffe_slope(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x >= self.min) & (x <= self.max)).to(x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.min <= self.max:

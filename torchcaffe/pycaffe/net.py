@@ -117,6 +117,11 @@ class BlobLossWeights(list):
         return self[name] if name in self._index else default
 
 
+def _slope_rule(module: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """An in-place neuron layer's Caffe Backward from the blob it shares with its bottom."""
+    return lambda y, dy: dy * module.caffe_slope(y)
+
+
 class Net:
     """``caffe.Net(network_file, phase)``, ``caffe.Net(network_file, weights, phase)``, or the
     keyword forms ``caffe.Net(network_file, phase=..., weights=..., level=..., stages=...)``."""
@@ -639,6 +644,10 @@ class Net:
         if not module.has_backward:
             return
         record = self._records.get(i)
+        if getattr(module, "in_place_slope", False):
+            # in place, Caffe's Backward takes its slope at the shared blob as it is now
+            self._backward_from_top(i, _slope_rule(module), device)
+            return
         rule = TOP_DATA_BACKWARD.get(step.type) if check_edits else None
         if record is not None and rule is not None:
             self._backward_from_top(i, rule, device)

@@ -27,9 +27,10 @@ and faults back more pages.)
 
 ``plan_one_pass`` says None for a net the one pass cannot reproduce exactly, which then takes
 the layer-by-layer path: a layer that needs backward but has no Backward in Caffe, a Python
-layer (its code may read blobs), a param whose diff Caffe skips in one of its layers, or a
-param shared by more than two layers (autograd's sum of three could round differently from
-Caffe's running sum).
+layer (its code may read blobs), an in-place BNLL, Log, Clip... whose blob a later layer
+overwrites (Caffe takes its slope at the final data; see ops/neuron.py), a param whose diff
+Caffe skips in one of its layers, or a param shared by more than two layers (autograd's sum
+of three could round differently from Caffe's running sum).
 """
 
 from __future__ import annotations
@@ -86,6 +87,10 @@ def plan_one_pass(net: Net) -> OnePassPlan | None:
         if not step.need_backward or step.is_input:
             continue
         if isinstance(module, CaffeLayer) and not module.has_backward:
+            return None
+        if getattr(module, "in_place_slope", False) and any(
+            step.tops[0] in later.tops for later in tnet.steps[i + 1 :]
+        ):  # its Caffe slope is taken at the blob's final data, not at its own output
             return None
         recorded.add(i)
         for p, need in zip(module.param_blobs(), step.param_need_backward):

@@ -54,6 +54,8 @@ def rewrite_relus_in_place(
     for i, step in enumerate(steps):
         if step.type != "ReLU" or step.bottoms != step.tops or len(step.bottoms) != 1:
             continue
+        if getattr(program.runners[step.key], "in_place_slope", False):
+            continue  # a negative slope: its own Function takes Caffe's slope at the output
         blob = step.bottoms[0]
         j = producer_of(steps, i, blob)
         if j is None or not producer_ok(steps[j]):
