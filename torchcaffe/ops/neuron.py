@@ -44,8 +44,9 @@ class NeuronLayer(CaffeLayer):
         return False
 
     def caffe_slope(self, x: torch.Tensor) -> torch.Tensor:
-        """Caffe's Backward_cpu local slope when the bottom (and top) blob holds ``x``."""
-        raise NotImplementedError
+        """Caffe's Backward_cpu local slope when the bottom (and top) blob holds ``x``; asked
+        only of a layer whose ``slope_reads_output`` is true, which defines it."""
+        raise TypeError(f"{self.caffe_type} takes its backward slope at its input")
 
     def _forward_slope_at_output(self, x: torch.Tensor) -> torch.Tensor:
         return SlopeAtOutput.apply(x, self)
