@@ -53,7 +53,7 @@ def eltwise_cpu(op, k, coeff, stable, bottoms, top_diff):
     return top, d
 
 
-CASES = [
+SLOPE_CONFIGS = [
     ("SUM", 0, [2.0, 3.0, -1.0], True),
     ("SUM", 0, None, True),
     ("MAX", 0, None, True),
@@ -83,7 +83,7 @@ def data():
     return [rng.uniform(-2, 2, (2, 3)).astype(np.float32) for _ in range(3)]
 
 
-@pytest.mark.parametrize("op,k,coeff,stable", CASES)
+@pytest.mark.parametrize("op,k,coeff,stable", SLOPE_CONFIGS)
 def test_eltwise_in_place_caffe_face(tmp_path, op, k, coeff, stable):
     path = tmp_path / "net.prototxt"
     path.write_text(proto(op, k, coeff, stable))
@@ -101,7 +101,7 @@ def test_eltwise_in_place_caffe_face(tmp_path, op, k, coeff, stable):
         np.testing.assert_allclose(net.blobs[n].diff, want, rtol=1e-6, atol=1e-7, err_msg=n)
 
 
-@pytest.mark.parametrize("op,k,coeff,stable", CASES)
+@pytest.mark.parametrize("op,k,coeff,stable", SLOPE_CONFIGS)
 def test_eltwise_in_place_torch_face(tmp_path, op, k, coeff, stable):
     path = tmp_path / "net.prototxt"
     path.write_text(proto(op, k, coeff, stable))
