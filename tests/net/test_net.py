@@ -390,3 +390,36 @@ def test_a_pickle_from_before_the_hook_watch_loads_and_runs():
     got = pickle.loads(pickle.dumps(net))
     with torch.inference_mode():
         torch.testing.assert_close(got(data=x)["out"], want, rtol=0, atol=0)
+
+
+def test_building_a_net_tells_no_other_net_of_mode_switches():
+    """A layer built in TEST switches to eval inside its constructor: no live net needs to
+    hear of that (each notice rescans a net's layers: ResNet-50's build took 0.146 s
+    against 0.099 s with three nets alive). A switch of a built layer is told once."""
+    from google.protobuf import text_format
+
+    from torchcaffe.ops import mode_watch
+    from torchcaffe.proto import caffe_pb2
+
+    class Counter:
+        calls = 0
+
+        def layer_modes_changed(self):
+            self.calls += 1
+
+    counter = Counter()
+    mode_watch.watch(counter)
+    net = torchcaffe.load(
+        text_format.Parse(
+            'input: "x" input_shape { dim: 1 dim: 2 }\n'
+            'layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y" '
+            "inner_product_param { num_output: 2 } }",
+            caffe_pb2.NetParameter(),
+        ),
+        phase="test",
+    )
+    assert counter.calls == 0
+    net.layer("ip").train()
+    assert counter.calls == 1
+    net.train()  # the net's own switch is read by the net, not told to every net
+    assert counter.calls == 1

@@ -106,7 +106,8 @@ class CaffeLayer(nn.Module):
         self._blob_names = []
         self._user_schema = user_schema.active()  # a fork's caffe.proto, for its param fields
         self._fork_param = None
-        self.train(self.phase == caffe_pb2.TRAIN)
+        with mode_watch.quiet():  # a layer being built is in no net yet: none to tell
+            self.train(self.phase == caffe_pb2.TRAIN)
         # how a compiled graph's opaque op names this layer (``opaque_conv``)
         self.graph_handle = opaque_conv.register(self)
 
