@@ -253,6 +253,10 @@ class LogLayer(NeuronLayer):
             raise self.error("1 / log(base) is not finite", expected="base != 1", got=p.base)
         self.base_scale = 1.0 / log_base
         self.input_scale, self.input_shift = p.scale, p.shift
+        # LogLayer::LayerSetUp's backward_num_scale_, a float: input_scale / log(base)
+        self.backward_num_scale = float(
+            torch.tensor(p.scale, dtype=torch.float32) / torch.tensor(log_base, dtype=torch.float32)
+        )
 
     def slope_reads_output(self) -> bool:
         return True
@@ -264,10 +268,7 @@ class LogLayer(NeuronLayer):
         if self.input_shift != 0:
             x = x + self.input_shift
         slope = torch.pow(x, -1)
-        num_scale = torch.tensor(self.input_scale, dtype=torch.float32) / torch.tensor(
-            1.0 / self.base_scale, dtype=torch.float32
-        )
-        return slope if num_scale == 1 else slope * num_scale.to(x.dtype)
+        return slope if self.backward_num_scale == 1 else slope * self.backward_num_scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.input_scale != 1:
