@@ -491,3 +491,25 @@ def test_step_builds_no_progress_bar_it_would_not_show(setup, monkeypatch):
     assert made == []
     caffe.get_solver(name, progress=True).step(3)
     assert len(made) == 1 and made[0]["total"] == 3
+
+
+def test_test_scores_sum_in_float32_as_caffe(tmp_path):
+    """Solver::Test keeps its sums in a vector<Dtype>: a hundred 0.1f add up to 10.000002f."""
+    net = tmp_path / "net.prototxt"
+    net.write_text(
+        'layer { name: "d" type: "DummyData" top: "x" dummy_data_param { shape { dim: 1 } '
+        'data_filler { type: "constant" value: 0.1 } } }'
+    )
+    solver_file = tmp_path / "solver.prototxt"
+    solver_file.write_text(
+        f'net: "{net}" test_iter: 100 test_interval: 1000 base_lr: 0.1 lr_policy: "fixed" '
+        "max_iter: 1 test_initialization: false"
+    )
+    solver = caffe.get_solver(str(solver_file))
+    total = np.float32(0.0)
+    for _ in range(100):
+        total += np.float32(0.1)
+    want = total / np.float32(100)
+    assert want != np.float32(np.float64(np.float32(0.1)) * 100 / 100)  # the case tells them apart
+    score = solver.test(0)["x"]
+    assert score.dtype == np.float32 and score.item() == want

@@ -20,6 +20,7 @@ from ..errors import SolverError
 from ..glog import on_stderr
 from ..proto import caffe_pb2
 from ..pycaffe.net import Net
+from ..solver.evaluation import weighted_loss
 from .devices import requested_gpus, use_device
 from .flags import add_net_state_flags
 
@@ -60,16 +61,16 @@ def _test(args: argparse.Namespace) -> int:
     log.info(f"Running for {args.iterations} iterations.")
     weights = net.blob_loss_weights
     sums: dict[str, np.ndarray] = {}
-    loss = 0.0
+    loss = np.float32(0.0)  # caffe.cpp keeps the loss and the sums in float
     for i in range(args.iterations):
         net.forward()
-        loss += sum(w * float(net.blobs[n].data.sum()) for n, w in weights.items() if w)
+        loss += np.float32(weighted_loss(net))
         for name in net.outputs:
             scores = net.blobs[name].data.astype(np.float32).ravel()
             for score in scores:
                 log.info(f"Batch {i}, {name} = {score:g}")
             sums[name] = sums[name] + scores if name in sums else scores.copy()
-    log.info(f"Loss: {loss / args.iterations:g}")
+    log.info(f"Loss: {loss / np.float32(args.iterations):g}")
     for name, total in sums.items():
         w = weights.get(name, 0.0)
         for score in total / np.float32(args.iterations):

@@ -1,8 +1,10 @@
 """Caffe's Solver::Test: evaluate a test net with the train net's current params.
 
 Every output blob is summed element-wise over ``test_iter`` forwards and averaged; with
-``test_compute_loss`` the weighted loss is averaged too. Results are logged as Caffe logs them
-("Test net output #k: name = value (* weight = loss)") and returned by name.
+``test_compute_loss`` the weighted loss is averaged too. Sums and means are float32, as
+Caffe's ``vector<Dtype>``: the logged score of a long test is Caffe's to the last digit.
+Results are logged as Caffe logs them ("Test net output #k: name = value (* weight =
+loss)") and returned by name.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def run_test(solver: Solver, index: int) -> OrderedDict[str, np.ndarray]:
     net.share_with(solver.net)
     iters = solver.param.test_iter[index]
     sums: OrderedDict[str, np.ndarray] = OrderedDict()
-    loss = 0.0
+    loss = np.float32(0.0)
     for _ in range(iters):
         request = solver._requested()
         while request != NONE:
@@ -43,13 +45,13 @@ def run_test(solver: Solver, index: int) -> OrderedDict[str, np.ndarray]:
             return OrderedDict()
         net.forward()
         if solver.param.test_compute_loss:
-            loss += weighted_loss(net)
+            loss += np.float32(weighted_loss(net))
         for name in net.outputs:
-            value = net.blobs[name].data.astype(np.float64).ravel()
+            value = net.blobs[name].data.astype(np.float32).ravel()
             sums[name] = sums[name] + value if name in sums else value.copy()
     if solver.param.test_compute_loss:
-        log.info("Test loss: %g", loss / iters)
-    means = OrderedDict((n, (v / iters).astype(np.float32)) for n, v in sums.items())
+        log.info("Test loss: %g", loss / np.float32(iters))
+    means = OrderedDict((n, v / np.float32(iters)) for n, v in sums.items())
     log_outputs(net, "Test", means)
     return means
 
