@@ -513,3 +513,51 @@ def test_test_scores_sum_in_float32_as_caffe(tmp_path):
     assert want != np.float32(np.float64(np.float32(0.1)) * 100 / 100)  # the case tells them apart
     score = solver.test(0)["x"]
     assert score.dtype == np.float32 and score.item() == want
+
+
+@pytest.mark.parametrize("iter_size", [1, 3])
+def test_smoothed_loss_is_kept_in_float_as_caffe(tmp_path, iter_size):
+    """UpdateSmoothedLoss's running mean is Dtype arithmetic; so is Step's iter_size average."""
+    net = tmp_path / "net.prototxt"
+    net.write_text(
+        'layer { name: "d" type: "DummyData" top: "a" top: "b" dummy_data_param { '
+        "shape { dim: 2 dim: 3 } shape { dim: 2 dim: 3 } "
+        'data_filler { type: "uniform" min: 0 max: 1 } } } '
+        'layer { name: "ip" type: "InnerProduct" bottom: "a" top: "y" '
+        'inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.1 } } } '
+        'layer { name: "loss" type: "EuclideanLoss" bottom: "y" bottom: "b" top: "loss" }'
+    )
+    solver_file = tmp_path / "solver.prototxt"
+    solver_file.write_text(
+        f'net: "{net}" base_lr: 0.1 lr_policy: "fixed" max_iter: 20 average_loss: 3 '
+        f"iter_size: {iter_size} random_seed: 7"
+    )
+    solver = caffe.get_solver(str(solver_file))
+    passes: list[float] = []
+    for name in ("forward_backward", "_clear_and_forward_backward"):
+        run = getattr(solver.net, name)
+        setattr(solver.net, name, lambda run=run: passes.append(run()) or passes[-1])
+    smoothed = []
+    original = solver._update_smoothed_loss
+
+    def spy(loss, start_iter):
+        original(loss, start_iter)
+        smoothed.append(solver.smoothed_loss)
+
+    solver._update_smoothed_loss = spy
+    solver.step(12)
+    # Caffe's arithmetic, in float
+    want, window, mean = [], [], np.float32(0.0)
+    for it in range(12):
+        loss = np.float32(0.0)
+        for k in range(iter_size):
+            loss += np.float32(passes[it * iter_size + k])
+        loss /= np.float32(iter_size)
+        if len(window) < 3:
+            window.append(loss)
+            mean = (mean * np.float32(len(window) - 1) + loss) / np.float32(len(window))
+        else:
+            mean += (loss - window[it % 3]) / np.float32(3)
+            window[it % 3] = loss
+        want.append(mean)
+    assert [np.float32(s) for s in smoothed] == want

@@ -102,8 +102,8 @@ class Solver:
         self._net_binds_seen = self.net._binds
         self.optimizer = make_optimizer(param, self._learnables, self.type)
         self.scheduler = make_lr_policy(param, self.optimizer)
-        self._losses: list[float] = []
-        self.smoothed_loss = 0.0
+        self._losses: list[np.float32] = []
+        self.smoothed_loss: float | np.float32 = 0.0
         self.test_scores: list[OrderedDict[str, np.ndarray]] = []
         self.requested_early_exit = False
         self.action_request: Callable[[], str] | None = None
@@ -203,8 +203,10 @@ class Solver:
                 if fused:
                     loss = self.net._clear_and_forward_backward()
                 else:
-                    loss = sum(self.net.forward_backward() for _ in range(p.iter_size))
-                    loss /= p.iter_size
+                    loss = np.float32(0.0)  # Step's Dtype loss
+                    for _ in range(p.iter_size):
+                        loss += np.float32(self.net.forward_backward())
+                    loss /= np.float32(p.iter_size)
                 self._update_smoothed_loss(loss, start_iter)
                 if display:
                     lapse = time.perf_counter() - timer
@@ -278,15 +280,18 @@ class Solver:
         return self.action_request() if self.action_request is not None else NONE
 
     def _update_smoothed_loss(self, loss: float, start_iter: int) -> None:
+        """Solver::UpdateSmoothedLoss, in float as Caffe's Dtype (the displayed loss's digits)."""
         average = self.param.average_loss
+        value = np.float32(loss)
+        smoothed = np.float32(self.smoothed_loss)
         if len(self._losses) < average:
-            self._losses.append(loss)
+            self._losses.append(value)
             n = len(self._losses)
-            self.smoothed_loss = (self.smoothed_loss * (n - 1) + loss) / n
+            self.smoothed_loss = (smoothed * np.float32(n - 1) + value) / np.float32(n)
         else:
             idx = (self._iter - start_iter) % average
-            self.smoothed_loss += (loss - self._losses[idx]) / average
-            self._losses[idx] = loss
+            self.smoothed_loss = smoothed + (value - self._losses[idx]) / np.float32(average)
+            self._losses[idx] = value
 
     def _display(self, lapse: float, iters: int) -> None:
         # Caffe streams the float lapse and rate as they are (6 significant digits)
