@@ -122,11 +122,17 @@ class Detector(Net):
         if mean is None:
             self.crop_mean = np.zeros(self.crop_dims, dtype=np.float32)
             return
-        crop_mean = np.broadcast_to(mean, self.blobs[in_].data.shape[1:]).transpose(inv_tpose)
-        crop_mean = crop_mean.astype(np.float32)
+        # In the mean's own dtype and shape ((1, 1, K) for a per-channel mean), as pycaffe's
+        # in-place ``/=``: a float64 mean stays float64, so the padding is m / raw_scale exactly.
+        mean = np.asarray(mean)
+        if mean.ndim != 3:  # an H x W mean of a one-channel input
+            mean = np.broadcast_to(mean, self.blobs[in_].data.shape[1:])
+        crop_mean = mean.transpose(inv_tpose)
         if channel_order is not None:
             order = list(channel_order)
             crop_mean = crop_mean[:, :, [order.index(i) for i in range(crop_mean.shape[2])]]
         if raw_scale is not None:
-            crop_mean = crop_mean / raw_scale
-        self.crop_mean = crop_mean
+            scaled = crop_mean / raw_scale
+            kind = crop_mean.dtype if crop_mean.dtype.kind == "f" else scaled.dtype
+            crop_mean = scaled.astype(kind)
+        self.crop_mean = np.array(crop_mean)

@@ -92,3 +92,19 @@ def test_detector_takes_an_iterator_of_pairs(model):
     for d, w in zip(got, want):
         assert d["window"] is w["window"]
         np.testing.assert_array_equal(d["prediction"], w["prediction"])
+
+
+def test_detector_context_mean_keeps_the_mean_dtype_as_pycaffe(model):
+    """configure_crop divides the mean by raw_scale in the mean's dtype (pycaffe's in-place
+    ``/=``): a float64 mean pads with float64 m / 255, not a float32 rounding of it."""
+    proto, weights, _ = model
+    mean = np.array([104.3, 117.7, 123.1])
+    det = caffe.Detector(
+        proto, weights, mean=mean, raw_scale=255, channel_swap=[2, 0, 1], context_pad=2
+    )
+    want = mean[[1, 2, 0]].reshape(1, 1, 3) / 255
+    assert det.crop_mean.dtype == np.float64
+    np.testing.assert_array_equal(det.crop_mean, want)
+    image = np.random.default_rng(3).random((30, 40, 3)).astype(np.float32)
+    crop = det.crop(image, np.array([0, 0, 8, 8]))
+    np.testing.assert_array_equal(crop[0, 0], want[0, 0])  # out-of-image context is the mean
