@@ -15,7 +15,7 @@ import numpy as np
 
 from . import io as caffe_io
 from .classifier import _configure_transformer
-from .errors import UnsupportedError
+from .errors import MissingPackageError
 from .proto import caffe_pb2
 from .pycaffe.net import Net, forward_in_batches
 
@@ -71,11 +71,21 @@ class Detector(Net):
         return detections
 
     def detect_selective_search(self, image_fnames: Sequence[str]) -> list[dict]:
-        raise UnsupportedError(
-            "detect_selective_search needs the selective_search_ijcv_with_python MATLAB "
-            "package, which torchcaffe does not bundle",
-            hint="compute windows yourself and call detect_windows",
-        )
+        """Scores for the Selective Search windows of each image, as pycaffe's: windows from
+        the selective_search_ijcv_with_python package (it runs MATLAB), then detect_windows.
+        Without the package, a MissingPackageError, an ImportError as pycaffe's import gives."""
+        try:
+            import selective_search_ijcv_with_python as selective_search
+        except ImportError as err:
+            raise MissingPackageError(
+                f"detect_selective_search needs the selective_search_ijcv_with_python "
+                f"package ({err})",
+                hint="install it from github.com/sergeyk/selective_search_ijcv_with_python, "
+                "or compute windows yourself and call detect_windows",
+            ) from err
+        image_fnames = [os.path.abspath(f) for f in image_fnames]  # MATLAB's working dir differs
+        windows_list = selective_search.get_windows(image_fnames, cmd="selective_search_rcnn")
+        return self.detect_windows(list(zip(image_fnames, windows_list)))
 
     def crop(self, im: np.ndarray, window: np.ndarray) -> np.ndarray:
         """The window's pixels, or with context_pad the padded, warped context crop."""

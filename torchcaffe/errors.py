@@ -188,6 +188,11 @@ class UnsupportedError(TorchCaffeError, NotImplementedError):
     """Input that is valid Caffe but that torchcaffe does not implement (yet)."""
 
 
+class MissingPackageError(UnsupportedError, ImportError):
+    """An optional package a pycaffe function needs is not installed. Also an ImportError:
+    pycaffe imports it (scikit-image, selective_search_ijcv_with_python) and fails there."""
+
+
 class SolverError(TorchCaffeError):
     """A solver definition or solver state that Caffe would reject."""
 

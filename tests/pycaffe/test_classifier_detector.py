@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import types
+
 import numpy as np
 import pytest
 
@@ -108,3 +111,37 @@ def test_detector_context_mean_keeps_the_mean_dtype_as_pycaffe(model):
     image = np.random.default_rng(3).random((30, 40, 3)).astype(np.float32)
     crop = det.crop(image, np.array([0, 0, 8, 8]))
     np.testing.assert_array_equal(crop[0, 0], want[0, 0])  # out-of-image context is the mean
+
+
+def test_detect_selective_search_uses_the_package_or_raises_import_error(
+    model, tmp_path, monkeypatch
+):
+    """pycaffe imports selective_search_ijcv_with_python inside the call: missing, scripts see
+    an ImportError; present, its windows (for absolute paths) go to detect_windows."""
+    import skimage.io
+
+    proto, weights, _ = model
+    det = caffe.Detector(proto, weights)
+    monkeypatch.setitem(sys.modules, "selective_search_ijcv_with_python", None)
+    with pytest.raises(ImportError, match="selective_search_ijcv_with_python"):
+        det.detect_selective_search(["a.png"])
+
+    monkeypatch.chdir(tmp_path)
+    image = (np.random.default_rng(4).random((20, 24, 3)) * 255).astype(np.uint8)
+    skimage.io.imsave("im.png", image, check_contrast=False)
+    windows = [np.array([0, 0, 8, 8]), np.array([2, 4, 18, 20])]
+    calls = []
+
+    def get_windows(fnames, cmd):
+        calls.append((fnames, cmd))
+        return [windows]
+
+    fake = types.SimpleNamespace(get_windows=get_windows)
+    monkeypatch.setitem(sys.modules, "selective_search_ijcv_with_python", fake)
+    got = det.detect_selective_search(["im.png"])
+    full = str(tmp_path / "im.png")
+    assert calls == [([full], "selective_search_rcnn")]
+    want = det.detect_windows([(full, windows)])
+    assert [d["filename"] for d in got] == [full, full]
+    for d, w in zip(got, want):
+        np.testing.assert_array_equal(d["prediction"], w["prediction"])
