@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ArrayShapeError, UnsupportedError, UsageError
+from .errors import ArrayShapeError, MissingPackageError, UsageError
 from .proto import caffe_pb2
 
 _EXTRA_HINT = "pip install torchcaffe[pycaffe]"
@@ -24,8 +24,8 @@ def _skimage() -> Any:
         import skimage
         import skimage.io
         import skimage.transform
-    except ImportError as err:
-        raise UnsupportedError(
+    except ImportError as err:  # also an ImportError, as pycaffe's ``import caffe.io`` raises
+        raise MissingPackageError(
             f"caffe.io image functions need scikit-image ({err}); install it with {_EXTRA_HINT}"
         ) from err
     return skimage

@@ -315,3 +315,14 @@ def test_preprocess_mean_that_does_not_broadcast_is_a_value_error():
     t.set_mean("data", np.zeros((3, 4, 5)))
     with pytest.raises(ArrayShapeError, match="transpose"):  # no transpose: H x W x K data
         t.preprocess("data", np.zeros((4, 5, 3), np.float32))
+
+
+def test_image_functions_without_scikit_image_raise_import_error(monkeypatch):
+    """pycaffe's caffe.io imports scikit-image, so scripts guard it with ``except ImportError``."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "skimage", None)
+    with pytest.raises(ImportError, match="scikit-image"):
+        caffe.io.load_image("missing.png")
+    with pytest.raises(ImportError, match="scikit-image"):
+        caffe.io.resize_image(np.zeros((4, 5, 3), np.float32) + np.arange(5)[:, None], (2, 2))
