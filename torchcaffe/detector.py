@@ -88,12 +88,16 @@ class Detector(Net):
         return self.detect_windows(list(zip(image_fnames, windows_list)))
 
     def crop(self, im: np.ndarray, window: np.ndarray) -> np.ndarray:
-        """The window's pixels, or with context_pad the padded, warped context crop."""
+        """The window's pixels, or with context_pad the padded, warped context crop.
+
+        Slicing truncates a fractional window (old numpy's float indices); the context box is
+        computed from the window's own values, as pycaffe's arithmetic on ``window.copy()``.
+        """
         w = np.asarray(window).astype(int)
         crop = im[w[0] : w[2], w[1] : w[3]]
         if not self.context_pad:
             return crop
-        box = w.astype(float)
+        box = np.asarray(window, dtype=float)
         crop_size = int(self.blobs[self.inputs[0]].data.shape[3])  # assumes square input
         scale = crop_size / (1.0 * crop_size - self.context_pad * 2)
         half_h = (box[2] - box[0] + 1) / 2.0

@@ -145,3 +145,34 @@ def test_detect_selective_search_uses_the_package_or_raises_import_error(
     assert [d["filename"] for d in got] == [full, full]
     for d, w in zip(got, want):
         np.testing.assert_array_equal(d["prediction"], w["prediction"])
+
+
+def _pycaffe_context_crop(im, window, crop_size, pad, crop_mean):
+    """pycaffe Detector.crop's context arithmetic, float window as given (slices truncate)."""
+    scale = crop_size / (1.0 * crop_size - pad * 2)
+    half_h = (window[2] - window[0] + 1) / 2.0
+    half_w = (window[3] - window[1] + 1) / 2.0
+    center = (window[0] + half_h, window[1] + half_w)
+    box = np.round(np.tile(center, 2) + scale * np.array((-half_h, -half_w, half_h, half_w)))
+    scale_h = crop_size / (box[2] - box[0] + 1)
+    scale_w = crop_size / (box[3] - box[1] + 1)
+    pad_y = round(max(0, -box[0]) * scale_h)
+    pad_x = round(max(0, -box[1]) * scale_w)
+    box = np.clip(box, 0.0, [im.shape[0], im.shape[1]] * 2)
+    crop_h = min(round((box[2] - box[0] + 1) * scale_h), crop_size - pad_y)
+    crop_w = min(round((box[3] - box[1] + 1) * scale_w), crop_size - pad_x)
+    b = box.astype(int)
+    context = caffe.io.resize_image(im[b[0] : b[2], b[1] : b[3]], (crop_h, crop_w))
+    out = np.ones((crop_size, crop_size, im.shape[2]), np.float32) * crop_mean
+    out[pad_y : pad_y + crop_h, pad_x : pad_x + crop_w] = context
+    return out
+
+
+def test_detector_context_crop_of_a_fractional_window_as_pycaffe(model):
+    """The context box comes from the window's float values, not from them truncated."""
+    proto, weights, _ = model
+    det = caffe.Detector(proto, weights, mean=np.array([0.5, 0.4, 0.3]), context_pad=2)
+    image = np.random.default_rng(5).random((30, 40, 3)).astype(np.float32)
+    for window in (np.array([10.7, 5.2, 20.9, 30.5]), np.array([0.5, 0.5, 6.5, 7.5])):
+        want = _pycaffe_context_crop(image, window, 8, 2, det.crop_mean)
+        np.testing.assert_array_equal(det.crop(image, window), want)
