@@ -31,6 +31,22 @@ def _skimage() -> Any:
     return skimage
 
 
+def __getattr__(name: str) -> Any:
+    """``skimage``, ``resize`` and ``zoom``: names pycaffe's caffe.io imported into itself,
+    which scripts use (``caffe.io.resize(im, (h, w, 3))``, ``caffe.io.skimage.img_as_float``).
+    Imported on first use, so that scikit-image stays optional."""
+    if name == "skimage":
+        return _skimage()
+    if name == "resize":
+        return _skimage().transform.resize
+    if name == "zoom":
+        _skimage()  # scipy comes with scikit-image: one extra for both
+        from scipy.ndimage import zoom
+
+        return zoom
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 # -- images -----------------------------------------------------------------------------------
 
 

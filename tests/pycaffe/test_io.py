@@ -326,3 +326,17 @@ def test_image_functions_without_scikit_image_raise_import_error(monkeypatch):
         caffe.io.load_image("missing.png")
     with pytest.raises(ImportError, match="scikit-image"):
         caffe.io.resize_image(np.zeros((4, 5, 3), np.float32) + np.arange(5)[:, None], (2, 2))
+
+
+def test_module_names_pycaffe_imported_into_caffe_io():
+    """Scripts call caffe.io.resize (skimage's) and caffe.io.skimage.img_as_float."""
+    import scipy.ndimage
+    import skimage.transform
+
+    assert caffe.io.resize is skimage.transform.resize
+    assert caffe.io.zoom is scipy.ndimage.zoom
+    assert caffe.io.skimage.io.imread is not None
+    img = caffe.io.skimage.img_as_float(np.full((4, 6, 3), 255, np.uint8))
+    assert caffe.io.resize(img, (2, 3, 3)).shape == (2, 3, 3)
+    with pytest.raises(AttributeError):
+        caffe.io.not_a_name  # noqa: B018
