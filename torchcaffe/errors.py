@@ -201,6 +201,11 @@ class DataError(TorchCaffeError):
     """A data source (DB, image list, HDF5 file, mean file) that cannot be read as asked."""
 
 
+class InputArrayError(DataError, RuntimeError):
+    """Arrays ``net.set_input_arrays`` cannot serve. Also a RuntimeError, as pycaffe's
+    binding throws for each of its checks."""
+
+
 class DeviceError(TorchCaffeError):
     """A device request the machine cannot serve (e.g. GPU calls without CUDA)."""
 

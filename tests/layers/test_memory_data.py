@@ -8,7 +8,7 @@ import pytest
 import torchcaffe
 from tests.helpers.cases import LayerCase
 from tests.helpers.harness import make_layer
-from torchcaffe.errors import BlobWiringError, DataError, LayerParamError
+from torchcaffe.errors import DataError, LayerParamError
 
 SNIPPET = (
     'top: "data" top: "label" memory_data_param { batch_size: 2 channels: 1 height: 2 width: 3 }'
@@ -76,8 +76,54 @@ def test_net_set_input_arrays(tmp_path):
     np.testing.assert_array_equal(net.blobs["label"].data.ravel(), [0, 1])
     other = tmp_path / "other.prototxt"
     other.write_text('input: "x" input_shape { dim: 1 }')
-    with pytest.raises(BlobWiringError, match="MemoryData"):
+    with pytest.raises(RuntimeError, match="MemoryData"):
         torchcaffe.Net(str(other), torchcaffe.TEST).set_input_arrays(data, np.arange(4))
+
+
+@pytest.mark.parametrize(
+    "data,labels,match",
+    [
+        (np.zeros((4, 1, 2, 3)), np.zeros(4, np.float32), "data array must be float32"),
+        (np.zeros((4, 1, 2, 3), np.float32), np.arange(4), "labels array must be float32"),
+        (
+            np.zeros((4, 1, 3, 2), np.float32).transpose(0, 1, 3, 2),
+            np.zeros(4, np.float32),
+            "data array must be C contiguous",
+        ),
+        (np.zeros((4, 6), np.float32), np.zeros(4, np.float32), "data array must be 4-d"),
+        (
+            np.zeros((4, 1, 2, 3), np.float32),
+            np.zeros((4, 1), np.float32),
+            "labels array must be 4-d",
+        ),
+        (
+            np.zeros((4, 2, 2, 3), np.float32),
+            np.zeros(4, np.float32),
+            "data array has the wrong shape",
+        ),
+        (np.zeros((4, 1, 2, 3), np.float32), np.zeros(3, np.float32), "same first dimension"),
+        (np.zeros((3, 1, 2, 3), np.float32), np.zeros(3, np.float32), "multiple of batch_size"),
+    ],
+)
+def test_set_input_arrays_checks_as_pycaffe(tmp_path, data, labels, match):
+    """pycaffe's binding refuses what MemoryData cannot serve in place, with a RuntimeError."""
+    path = tmp_path / "net.prototxt"
+    path.write_text(f'layer {{ name: "m" type: "MemoryData" {SNIPPET} }}')
+    net = torchcaffe.Net(str(path), torchcaffe.TEST)
+    with pytest.raises(RuntimeError, match=match):
+        net.set_input_arrays(data, labels)
+
+
+def test_set_input_arrays_serves_the_callers_memory(tmp_path):
+    """Reset keeps the caller's pointer: rows written after the call are what a forward reads."""
+    path = tmp_path / "net.prototxt"
+    path.write_text(f'layer {{ name: "m" type: "MemoryData" {SNIPPET} }}')
+    net = torchcaffe.Net(str(path), torchcaffe.TEST)
+    data = np.zeros((2, 1, 2, 3), np.float32)
+    net.set_input_arrays(data, np.zeros(2, np.float32))
+    data[...] = 7
+    net.forward()
+    np.testing.assert_array_equal(net.blobs["data"].data, data)
 
 
 def test_label_is_1d_until_the_first_forward(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..errors import DataError
+from ..errors import DataError, InputArrayError
 from ..registry import register_layer
 from .base import CaffeLayer, Exactly, Shape
 
@@ -47,6 +47,24 @@ class MemoryDataLayer(CaffeLayer):
         """As DataLayerSetUp: the label is (batch,) until a forward reshapes it to 4-D."""
         return [(self.batch_size, *self.dims), (self.batch_size,)]
 
+    def check_array(self, array: object, what: str, dims: tuple[int, ...]) -> None:
+        """pycaffe's CheckContiguousArray: Reset keeps a pointer to the caller's memory, so
+        the array must already be 4-D, C-contiguous float32 of the layer's (or label's) dims."""
+        if not isinstance(array, np.ndarray):
+            raise self.error(
+                f"{what} must be a numpy array", got=type(array).__name__, cls=InputArrayError
+            )
+        for ok, problem, expected, got in (
+            (array.flags.c_contiguous, "must be C contiguous", "C-contiguous", "strided"),
+            (array.ndim == 4, "must be 4-d", 4, array.ndim),
+            (array.dtype == np.float32, "must be float32", "float32", array.dtype),
+            (array.shape[1:] == dims, "has the wrong shape", ("N", *dims), array.shape),
+        ):
+            if not ok:
+                raise self.error(
+                    f"{what} {problem}", expected=expected, got=got, cls=InputArrayError
+                )
+
     def reset(self, data, labels) -> None:
         """Serve ``data`` (N, C, H, W) and ``labels`` (N,) or (N, 1, 1, 1) from row 0."""
         data = np.asarray(data, dtype=np.float32)
@@ -56,7 +74,7 @@ class MemoryDataLayer(CaffeLayer):
                 "data array has the wrong shape",
                 expected=("N", *self.dims),
                 got=data.shape,
-                cls=DataError,
+                cls=InputArrayError,
             )
         if labels.ndim == 1:
             labels = labels[:, None, None, None]
@@ -65,21 +83,21 @@ class MemoryDataLayer(CaffeLayer):
                 "label array has the wrong shape",
                 expected="(N,) or (N, 1, 1, 1)",
                 got=labels.shape,
-                cls=DataError,
+                cls=InputArrayError,
             )
         if data.shape[0] != labels.shape[0]:
             raise self.error(
                 "data and labels must have the same first dimension",
                 expected=data.shape[0],
                 got=labels.shape[0],
-                cls=DataError,
+                cls=InputArrayError,
             )
         if data.shape[0] == 0 or data.shape[0] % self.batch_size:
             raise self.error(
                 "first dimension of the input arrays must be a multiple of batch_size",
                 expected=f"a positive multiple of {self.batch_size}",
                 got=data.shape[0],
-                cls=DataError,
+                cls=InputArrayError,
             )
         self._data = torch.from_numpy(np.ascontiguousarray(data))
         self._labels = torch.from_numpy(np.ascontiguousarray(labels))

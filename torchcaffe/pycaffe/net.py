@@ -26,7 +26,7 @@ from torch import nn
 from .. import runtime
 from ..api import load, load_weights, save_weights
 from ..blob import Blob, memories_at
-from ..errors import BlobWiringError, LayerParamError, UsageError, WeightsError
+from ..errors import BlobWiringError, InputArrayError, LayerParamError, UsageError, WeightsError
 from ..formats.caffemodel import check_weights_file, is_hdf5
 from ..net.net import TorchNet
 from ..ops.base import CaffeLayer
@@ -798,22 +798,26 @@ class Net:
 
     def set_input_arrays(self, data: np.ndarray, labels: np.ndarray) -> None:
         """pycaffe: feed the first layer, a MemoryData layer, with ``data`` and ``labels``
-        (a 1-D label array is reshaped to N x 1 x 1 x 1)."""
+        (a 1-D label array is reshaped to N x 1 x 1 x 1, as pycaffe's wrapper does)."""
+        if isinstance(labels, np.ndarray) and labels.ndim == 1:
+            labels = np.ascontiguousarray(labels[:, np.newaxis, np.newaxis, np.newaxis])
+        self._set_input_arrays(data, labels)
+
+    def _set_input_arrays(self, data: np.ndarray, labels: np.ndarray) -> None:
+        """pycaffe's binding: both arrays 4-D, C-contiguous float32 (the layer serves them in
+        place, as MemoryDataLayer::Reset keeps the pointer); a RuntimeError otherwise."""
         from ..ops.memory_data import MemoryDataLayer
 
         first = self._net.module_of(self._net.steps[0]) if self._net.steps else None
         if not isinstance(first, MemoryDataLayer):
-            raise BlobWiringError(
+            raise InputArrayError(
                 "set_input_arrays may only be called if the first layer is a MemoryData layer",
                 expected="MemoryData",
                 got=self._net.steps[0].type if self._net.steps else "no layers",
             )
+        first.check_array(data, "data array", first.dims)
+        first.check_array(labels, "labels array", (1, 1, 1))
         first.reset(data, labels)
-
-    def _set_input_arrays(self, data: np.ndarray, labels: np.ndarray) -> None:
-        """pycaffe's binding behind set_input_arrays (scripts call it with N x 1 x 1 x 1
-        labels); the same checks and feed."""
-        self.set_input_arrays(data, labels)
 
     @_in_caffe_float32
     def forward_backward(self) -> float:
