@@ -10,7 +10,7 @@ import torch
 
 import torchcaffe
 from torchcaffe.cli.__main__ import main
-from torchcaffe.formats.prototxt import read_net_binary, read_net_text
+from torchcaffe.formats.prototxt import parse_net_text, read_net_binary, read_net_text
 
 V1_MODELS = [
     ("lenet_mnist", "lenet.prototxt", "lenet_iter_10000.caffemodel"),
@@ -84,3 +84,40 @@ def test_upgraded_text_is_caffes_byte_for_byte(case, tmp_path):
     out = tmp_path / "up.prototxt"
     assert main(["upgrade_net_proto_text", str(source), str(out)]) == 0
     assert out.read_bytes() == (golden / "upgraded.prototxt").read_bytes()
+
+
+V0_RELU_WITH_NUM_OUTPUT = """name: "v0"
+input: "data" input_dim: 1 input_dim: 1 input_dim: 4 input_dim: 4
+layers { layer { name: "r" type: "relu" num_output: 3 } bottom: "data" top: "r" }
+"""
+
+
+@pytest.mark.parametrize("tool", ["upgrade_net_proto_text", "upgrade"])
+def test_v0_field_the_layer_does_not_take_exits_1_after_writing(tmp_path, capsys, tool):
+    """Caffe's UpgradeV0LayerParameter logs "Unknown parameter num_output for layer type relu"
+    and returns false; upgrade_net_proto_text still writes the file and returns !success."""
+    src, out = tmp_path / "v0.prototxt", tmp_path / "v2.prototxt"
+    src.write_text(V0_RELU_WITH_NUM_OUTPUT)
+    assert main([tool, str(src), str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "'num_output'" in err and "Encountered error(s) while upgrading" in err
+    assert [lp.type for lp in read_net_text(out).layer] == ["Input", "ReLU"]
+
+
+def test_v0_binary_with_a_stray_field_exits_1(tmp_path):
+    net = parse_net_text(V0_RELU_WITH_NUM_OUTPUT)
+    src, out = tmp_path / "v0.caffemodel", tmp_path / "v2.caffemodel"
+    src.write_bytes(net.SerializeToString())
+    assert main(["upgrade_net_proto_binary", str(src), str(out)]) == 1
+    assert [lp.type for lp in read_net_binary(out).layer] == ["Input", "ReLU"]
+
+
+def test_v0_net_fields_dropped_by_the_upgrade_exit_0(tmp_path, capsys):
+    """UpgradeV0Net keeps only name, layers, input, input_dim and force_backward, silently: we
+    warn about the rest, but Caffe's tool reports success."""
+    src, out = tmp_path / "v0.prototxt", tmp_path / "v2.prototxt"
+    src.write_text(
+        V0_RELU_WITH_NUM_OUTPUT.replace(" num_output: 3", "") + "state { phase: TEST }\n"
+    )
+    assert main(["upgrade_net_proto_text", str(src), str(out)]) == 0
+    assert "drops net field(s) state" in capsys.readouterr().err

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from ..errors import PrototxtError
@@ -22,7 +23,12 @@ from ..formats.prototxt import (
     write_binary,
     write_text,
 )
-from ..formats.upgrade import net_needs_data_upgrade, net_needs_upgrade, upgrade_net_as_needed
+from ..formats.upgrade import (
+    IncompatibleUpgradeWarning,
+    net_needs_data_upgrade,
+    net_needs_upgrade,
+    upgrade_net_as_needed,
+)
 from ..proto import caffe_pb2 as pb
 
 
@@ -46,11 +52,13 @@ def is_binary(data: bytes, path: str) -> bool:
     return False
 
 
-def upgrade_file(source: str, target: str, form: str | None = None) -> str:
+def upgrade_file(source: str, target: str, form: str | None = None) -> tuple[str, bool]:
     """Caffe's upgrade_net_proto_{text,binary}: read, UpgradeNetAsNeeded, write the same form.
 
     ``form`` ("text" or "binary") insists on one form, as Caffe's two tools do; None follows
-    the source. Returns the form written. Nothing is written when reading or upgrading fails.
+    the source. Returns the form written and whether the upgrade was fully compatible (no
+    ``IncompatibleUpgradeWarning``; Caffe's tools exit 1 otherwise). Nothing is written when
+    reading or upgrading fails.
     """
     data = read_bytes(source)
     binary = is_binary(data, source)
@@ -67,15 +75,28 @@ def upgrade_file(source: str, target: str, form: str | None = None) -> str:
         if binary
         else parse_text_proto(data, pb.NetParameter, source)
     )
+    compatible = True
     if net_needs_upgrade(net) or net_needs_data_upgrade(net):
-        net = upgrade_net_as_needed(net, source)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            net = upgrade_net_as_needed(net, source)
+        for w in caught:  # raised again, under the caller's filters
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        compatible = not any(issubclass(w.category, IncompatibleUpgradeWarning) for w in caught)
     else:
         print("File already in latest proto format; writing it unchanged.", file=sys.stderr)
     (write_binary if binary else write_text)(net, target)
-    return found
+    return found, compatible
+
+
+def status(compatible: bool) -> int:
+    """The exit status of Caffe's upgrade tools: 1 when the upgrade logged errors."""
+    if not compatible:
+        print("Encountered error(s) while upgrading prototxt; see details above.", file=sys.stderr)
+    return 0 if compatible else 1
 
 
 def main(args: argparse.Namespace) -> int:
-    form = upgrade_file(args.source, args.target)
+    form, compatible = upgrade_file(args.source, args.target)
     print(f"upgraded {args.source} -> {args.target} ({form}, {os.path.getsize(args.target)} bytes)")
-    return 0
+    return status(compatible)

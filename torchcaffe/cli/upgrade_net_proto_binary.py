@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from .upgrade import upgrade_file
+from .upgrade import status, upgrade_file
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -17,6 +17,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    upgrade_file(args.input_file, args.output_file, form="binary")
+    _, compatible = upgrade_file(args.input_file, args.output_file, form="binary")
     print(f"Wrote upgraded NetParameter binary proto to {args.output_file}")
-    return 0
+    return status(compatible)

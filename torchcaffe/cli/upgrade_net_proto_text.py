@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from .upgrade import upgrade_file
+from .upgrade import status, upgrade_file
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -16,6 +16,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    upgrade_file(args.input_file, args.output_file, form="text")
+    _, compatible = upgrade_file(args.input_file, args.output_file, form="text")
     print(f"Wrote upgraded NetParameter text proto to {args.output_file}")
-    return 0
+    return status(compatible)

@@ -37,6 +37,11 @@ class UpgradeWarning(UserWarning):
     """Part of a legacy definition that Caffe's upgrade drops while "continuing anyway"."""
 
 
+class IncompatibleUpgradeWarning(UpgradeWarning):
+    """What Caffe's upgrade logs as an error (``is_fully_compatible = false``): its
+    upgrade_net_proto_text/binary tools then still write the file but exit with status 1."""
+
+
 def _warn(
     what: str,
     *,
@@ -44,9 +49,10 @@ def _warn(
     layer: str | None = None,
     layer_type: str | None = None,
     hint: str | None = None,
+    category: type[UpgradeWarning] = UpgradeWarning,
 ) -> None:
     msg = TorchCaffeError(what, path=path, layer=layer, layer_type=layer_type, hint=hint)
-    warnings.warn(str(msg), UpgradeWarning, stacklevel=3)
+    warnings.warn(str(msg), category, stacklevel=3)
 
 
 def _copy(msg: M) -> M:
@@ -354,6 +360,7 @@ def _v0_layer_into(conn: pb.V1LayerParameter, dst: pb.V1LayerParameter, path: st
                 path=path,
                 layer=v0.name,
                 layer_type=type_name,
+                category=IncompatibleUpgradeWarning,
             )
             continue
         param, name = target
@@ -581,6 +588,7 @@ def _v1_layer_into(v1: pb.V1LayerParameter, dst: pb.LayerParameter, path: str | 
             path=path,
             layer=v1.name,
             layer_type=dst.type or None,
+            category=IncompatibleUpgradeWarning,
         )
 
 
