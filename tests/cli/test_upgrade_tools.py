@@ -121,3 +121,15 @@ def test_v0_net_fields_dropped_by_the_upgrade_exit_0(tmp_path, capsys):
     )
     assert main(["upgrade_net_proto_text", str(src), str(out)]) == 0
     assert "drops net field(s) state" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tool", ["upgrade_net_proto_text", "upgrade"])
+def test_text_net_with_a_typo_reports_its_line_whatever_the_extension(tmp_path, capsys, tool):
+    """A text net with an unknown extension (deploy.prototxt.old) that does not parse is a text
+    error at its line, as Caffe's ReadProtoFromTextFile reports it, not "a binary proto"."""
+    src, out = tmp_path / "deploy.prototxt.old", tmp_path / "out"
+    src.write_text('name: "x"\nlayers { name: "c" type: CONVOLUTON }\n')
+    assert main([tool, str(src), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{src}:2:" in err and "CONVOLUTON" in err and "binary" not in err
+    assert not out.exists()

@@ -11,45 +11,20 @@ import argparse
 import os
 import sys
 import warnings
-from pathlib import Path
 
 from ..errors import PrototxtError
-from ..formats.prototxt import (
-    BINARY_SUFFIXES,
-    TEXT_SUFFIXES,
-    parse_binary_proto,
-    parse_text_proto,
-    read_bytes,
-    write_binary,
-    write_text,
-)
+from ..formats.prototxt import parse_net_auto, read_bytes, write_binary, write_text
 from ..formats.upgrade import (
     IncompatibleUpgradeWarning,
     net_needs_data_upgrade,
     net_needs_upgrade,
     upgrade_net_as_needed,
 )
-from ..proto import caffe_pb2 as pb
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", help="net to upgrade (text prototxt or binary caffemodel)")
     p.add_argument("target", help="where the upgraded net goes (same form as the source)")
-
-
-def is_binary(data: bytes, path: str) -> bool:
-    """Binary protobuf rather than text: by extension, else by content (text is UTF-8 and
-    parses as a NetParameter)."""
-    suffix = Path(path).suffix.lower()
-    if suffix in BINARY_SUFFIXES:
-        return True
-    if suffix in TEXT_SUFFIXES:
-        return False
-    try:
-        parse_text_proto(data.decode("utf-8"), pb.NetParameter, path)
-    except (UnicodeDecodeError, PrototxtError):
-        return True
-    return False
 
 
 def upgrade_file(source: str, target: str, form: str | None = None) -> tuple[str, bool]:
@@ -60,8 +35,7 @@ def upgrade_file(source: str, target: str, form: str | None = None) -> tuple[str
     ``IncompatibleUpgradeWarning``; Caffe's tools exit 1 otherwise). Nothing is written when
     reading or upgrading fails.
     """
-    data = read_bytes(source)
-    binary = is_binary(data, source)
+    net, binary = parse_net_auto(read_bytes(source), source)
     found = "binary" if binary else "text"
     if form is not None and found != form:
         other = "upgrade_net_proto_binary" if binary else "upgrade_net_proto_text"
@@ -70,11 +44,6 @@ def upgrade_file(source: str, target: str, form: str | None = None) -> tuple[str
             path=source,
             hint=f"use `torchcaffe {other}` (or `torchcaffe upgrade`, which keeps the form)",
         )
-    net = (
-        parse_binary_proto(data, pb.NetParameter, source)
-        if binary
-        else parse_text_proto(data, pb.NetParameter, source)
-    )
     compatible = True
     if net_needs_upgrade(net) or net_needs_data_upgrade(net):
         with warnings.catch_warnings(record=True) as caught:

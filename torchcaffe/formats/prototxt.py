@@ -333,17 +333,25 @@ def _resolve(source: PathLike) -> tuple[str | None, str | None]:
 
 
 def _parse_net_auto(data: bytes, path: str) -> pb.NetParameter:
+    return parse_net_auto(data, path)[0]
+
+
+def parse_net_auto(data: bytes, path: str) -> tuple[pb.NetParameter, bool]:
+    """A net file's ``NetParameter`` and whether it was binary: by the file extension, else text
+    when the bytes are UTF-8, else binary. A text parse error stands unless the bytes read
+    cleanly as binary (so a typo in a text file is reported at its line, not as bad wire data).
+    """
     suffix = Path(path).suffix.lower()
     if suffix in BINARY_SUFFIXES:
-        return parse_binary_proto(data, pb.NetParameter, path)
+        return parse_binary_proto(data, pb.NetParameter, path), True
     if suffix in TEXT_SUFFIXES:
-        return parse_text_proto(data, pb.NetParameter, path)
+        return parse_text_proto(data, pb.NetParameter, path), False
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        return parse_binary_proto(data, pb.NetParameter, path)
+        return parse_binary_proto(data, pb.NetParameter, path), True
     try:
-        return parse_text_proto(text, pb.NetParameter, path)
+        return parse_text_proto(text, pb.NetParameter, path), False
     except PrototxtError as text_error:
         # Small binaries can be valid UTF-8. Take the binary reading only when it is clean
         # (nothing unknown at top level); otherwise the text error is the useful one.
@@ -353,7 +361,7 @@ def _parse_net_auto(data: bytes, path: str) -> pb.NetParameter:
             raise text_error from None
         if len(unknown_fields.UnknownFieldSet(net)):
             raise text_error from None
-        return net
+        return net, True
 
 
 # -- solvers ----------------------------------------------------------------------------------
