@@ -325,3 +325,23 @@ def test_caffe_text_escapes_non_ascii_bytes_in_octal():
     net = pb.NetParameter(name="сеть\"'\\\t\n")
     want = 'name: "\\321\\201\\320\\265\\321\\202\\321\\214\\"\\\'\\\\\\t\\n"\n'
     assert ptx.caffe_text(net) == want
+
+
+@pytest.mark.parametrize(
+    "text, hint",
+    [
+        ('layers { name: "c" type: Convolution }', "type: CONVOLUTION (or write it as a current"),
+        ('layers { name: "c" type: "INNER_PRODUCT" }', "type: INNER_PRODUCT"),
+        ('layers { name: "c" type: "SoftmaxWithLoss" }', "type: SOFTMAX_LOSS"),
+        ('layers { name: "c" type: CONVOLUTON }', "did you mean CONVOLUTION?"),
+        ('layer { name: "c" type: CONVOLUTION }', 'write the quoted string type: "Convolution"'),
+        ('layer { name: "c" type: TANH }', 'type: "TanH"'),
+    ],
+)
+def test_v1_and_v2_type_spellings_mixed_up_get_a_hint(text, hint):
+    """Protobuf only says the enum has no such value, or that it expected a string (and our
+    fork hint would be wrong): say which spelling each block takes."""
+    with pytest.raises(PrototxtError) as err:
+        parse_net_text(text)
+    assert hint in str(err.value)
+    assert "Caffe fork" not in str(err.value)

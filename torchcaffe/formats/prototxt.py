@@ -7,6 +7,7 @@ Readers mirror Caffe's ``ReadProtoFromTextFile`` / ``ReadProtoFromBinaryFile`` a
 
 from __future__ import annotations
 
+import difflib
 import io
 import math
 import os
@@ -25,6 +26,7 @@ from ..proto import caffe_pb2 as pb
 from . import user_schema
 from .atomic import atomic_write
 from .upgrade import (
+    V1_LAYER_TYPES,
     upgrade_net_as_needed,
     upgrade_snapshot_prefix_property,
     upgrade_solver_as_needed,
@@ -92,6 +94,7 @@ def parse_text_proto(text: str | bytes, message_type: type[M], path: PathLike | 
             layer = _layer_at(text, e.GetLine())
             if theirs is None:
                 hint = UNKNOWN_FIELD_HINT
+        hint = _layer_type_hint(what) or hint
         raise PrototxtError(
             f"cannot parse as {message_type.DESCRIPTOR.name}: {what}",
             path=name,
@@ -120,6 +123,38 @@ def parse_text_proto(text: str | bytes, message_type: type[M], path: PathLike | 
             column=column,
         ) from None
     return _as_ours(msg, message_type, path)
+
+
+_V1_ENUM_OF = {v2.lower(): v1 for v1, v2 in V1_LAYER_TYPES.items() if v2}
+_V1_TYPE_VALUE = re.compile(r'"caffe\.V1LayerParameter\.LayerType" has no value named "?(\w+)')
+_STRING_EXPECTED = re.compile(r"Expected string but found: '(\w+)'")
+
+
+def _layer_type_hint(what: str) -> str | None:
+    """A hint for the V1/V2 type spellings mixed up: ``layers`` (V1) takes an unquoted enum
+    (CONVOLUTION), ``layer`` a quoted string ("Convolution"); protobuf's message says neither."""
+    m = _V1_TYPE_VALUE.search(what)
+    if m:
+        word = m.group(1)
+        enum = _V1_ENUM_OF.get(word.lower()) or (
+            word.upper() if V1_LAYER_TYPES.get(word.upper()) else None
+        )
+        if enum:
+            return (
+                f"a legacy 'layers' block takes an unquoted V1 enum: type: {enum} (or write it "
+                f"as a current 'layer' block with type: \"{V1_LAYER_TYPES[enum]}\")"
+            )
+        close = difflib.get_close_matches(word.upper(), list(_V1_ENUM_OF.values()), n=1)
+        return (
+            f"did you mean {close[0]}? " if close else ""
+        ) + "a legacy 'layers' block takes an unquoted V1 enum type such as CONVOLUTION"
+    m = _STRING_EXPECTED.search(what)
+    if m and V1_LAYER_TYPES.get(m.group(1)) and re.search(rf"\btype\s*:\s*{m.group(1)}\b", what):
+        return (
+            f"{m.group(1)} is a V1 enum type for a legacy 'layers' block; in a 'layer' block write "
+            f'the quoted string type: "{V1_LAYER_TYPES[m.group(1)]}"'
+        )
+    return None
 
 
 def _first_non_utf8(text: str) -> tuple[int | None, int | None]:
