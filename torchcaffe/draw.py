@@ -15,9 +15,8 @@ import os
 import shutil
 from typing import Any
 
-from .errors import LayerParamError, UnsupportedError, UsageError
+from .errors import DrawError, LayerParamError, UnsupportedError, UsageError
 from .formats.atomic import atomic_write
-from .net.state import state_meets_rule
 from .proto import caffe_pb2
 
 # pycaffe's module-level styles (a script may edit them before drawing)
@@ -136,13 +135,19 @@ def get_layer_label(
 
 
 def _in_phase(lp: caffe_pb2.LayerParameter, phase: int | None) -> bool:
+    """pycaffe draw.py's filter: only the rules' ``phase`` counts (an unset one reads TRAIN,
+    its default); stages and levels are ignored. Include and exclude together is an error."""
     if phase is None:
         return True
-    state = caffe_pb2.NetState()
-    state.phase = phase  # type: ignore[assignment]
+    if lp.include and lp.exclude:
+        raise DrawError(
+            "specify either include rules or exclude rules, not both",
+            layer=lp.name,
+            layer_type=lp.type,
+        )
     if lp.include:
-        return any(state_meets_rule(state, rule) for rule in lp.include)
-    return not any(state_meets_rule(state, rule) for rule in lp.exclude)
+        return any(rule.phase == phase for rule in lp.include)
+    return not any(rule.phase == phase for rule in lp.exclude)
 
 
 def get_pydot_graph(

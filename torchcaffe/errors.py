@@ -124,6 +124,10 @@ class LayerParamError(TorchCaffeError):
     """A layer's parameters (or bottom shapes) that Caffe would reject at SetUp."""
 
 
+class DrawError(LayerParamError, ValueError):
+    """``caffe.draw``: a layer it cannot place or label (a ValueError, as pycaffe's draw raises)."""
+
+
 class BlobShapeError(LayerParamError):
     """An impossible blob shape or axis index."""
 

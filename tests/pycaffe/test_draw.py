@@ -252,3 +252,36 @@ def test_cli_draw_net_takes_display_lrm_and_refuses_a_format_dot_lacks(
     err = capsys.readouterr().err
     assert "dot cannot write a 'xyz' file" in err and "Traceback" not in err
     assert not (tmp_path / "x.xyz").exists()
+
+
+PHASE_NET = """
+name: "phases"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 2 } } }
+layer { name: "val" type: "ReLU" bottom: "data" top: "val"
+        include { phase: TEST stage: "val" } }
+layer { name: "deploy" type: "TanH" bottom: "data" top: "deploy" include { stage: "deploy" } }
+layer { name: "notx" type: "Sigmoid" bottom: "data" top: "notx" exclude { stage: "x" } }
+layer { name: "lvl" type: "AbsVal" bottom: "data" top: "lvl" include { phase: TRAIN min_level: 2 } }
+"""
+
+
+def test_phase_filter_reads_only_the_rules_phase_as_draw_py(tmp_path):
+    """pycaffe's draw.py ignores stages and levels and reads an unset rule phase as TRAIN."""
+    pytest.importorskip("pydot")
+    path = tmp_path / "phases.prototxt"
+    path.write_text(PHASE_NET)
+    net = read_net(str(path))
+
+    def drawn(phase):
+        text = caffe.draw.get_pydot_graph(net, "LR", phase=phase).to_string()
+        return {lp.name for lp in net.layer if f"{lp.name}_{lp.type}_" in text}
+
+    assert drawn(caffe.TRAIN) == {"data", "deploy", "lvl"}
+    assert drawn(caffe.TEST) == {"data", "val", "notx"}
+    both = caffe_pb2.LayerParameter(name="both", type="ReLU")
+    both.include.add(phase=caffe.TRAIN)
+    both.exclude.add(phase=caffe.TEST)
+    net.layer.append(both)
+    with pytest.raises(ValueError, match="both"):
+        caffe.draw.get_pydot_graph(net, "LR", phase=caffe.TEST)
+    assert "both_ReLU" in caffe.draw.get_pydot_graph(net, "LR").to_string()
