@@ -15,7 +15,7 @@ import os
 import shutil
 from typing import Any
 
-from .errors import DrawError, LayerParamError, UnsupportedError, UsageError
+from .errors import DrawError, UnsupportedError, UsageError
 from .formats.atomic import atomic_write
 from .proto import caffe_pb2
 
@@ -82,16 +82,17 @@ def get_edge_label(layer: caffe_pb2.LayerParameter) -> str:
 
 def get_layer_lr_mult(layer: caffe_pb2.LayerParameter) -> tuple[float, float]:
     """The (weights, bias) learning-rate multipliers of a Convolution, Deconvolution or
-    InnerProduct layer; an absent ``param`` spec counts 1.0, as in Caffe."""
+    InnerProduct layer; an absent ``param`` spec counts 1.0, as in Caffe. Other layers and more
+    than two specs are a ValueError (DrawError), as in pycaffe."""
     if layer.type not in _LEARNING_TYPES:
-        raise LayerParamError(
+        raise DrawError(
             "layers of this type do not have a learning rate multiplier",
             layer=layer.name,
             layer_type=layer.type,
             expected=" or ".join(_LEARNING_TYPES),
         )
     if len(layer.param) > 2:
-        raise LayerParamError(
+        raise DrawError(
             "could not parse the learning rate multiplier",
             layer=layer.name,
             layer_type=layer.type,

@@ -229,6 +229,17 @@ def test_lr_mult_of_a_layer_without_one_is_a_layer_param_error(lrm):
         caffe.draw.get_layer_label(conv, "LR", display_lrm=True)
 
 
+def test_lr_mult_errors_are_value_errors_as_pycaffes(lrm):
+    """pycaffe's draw raises ValueError for a layer without multipliers or three specs."""
+    with pytest.raises(ValueError, match="learning rate multiplier"):
+        caffe.draw.get_layer_lr_mult(_layer(lrm, "relu"))
+    conv = caffe_pb2.LayerParameter(name="c", type="InnerProduct")
+    for _ in range(3):
+        conv.param.add(lr_mult=1)
+    with pytest.raises(ValueError, match="learning rate multiplier"):
+        caffe.draw.get_layer_lr_mult(conv)
+
+
 def test_cli_draw_net_takes_display_lrm_and_refuses_a_format_dot_lacks(
     lrm, tmp_path, monkeypatch, capsys
 ):
