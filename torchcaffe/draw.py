@@ -44,22 +44,22 @@ def _pydot() -> Any:
 
 
 def _geometry(lp: caffe_pb2.LayerParameter) -> str:
+    """pycaffe's 'kernel size / stride / pad' text. As draw.py, it reads only kernel_size,
+    stride and pad (a convolution's first value, else 1/1/0; a pooling's own fields), so a
+    layer set by kernel_h/kernel_w reads 'kernel size: 1' (convolution) or '0' (pooling)."""
+
     def first(values: Any, default: int) -> int:
         return int(values[0]) if len(values) else default
 
     if lp.type in ("Convolution", "Deconvolution"):
         cp = lp.convolution_param
-        kernel = cp.kernel_h if cp.HasField("kernel_h") else first(cp.kernel_size, 1)
-        stride = cp.stride_h if cp.HasField("stride_h") else first(cp.stride, 1)
-        pad = cp.pad_h if cp.HasField("pad_h") else first(cp.pad, 0)
-        return f"kernel size: {kernel}\\nstride: {stride}\\npad: {pad}"
-    if lp.type == "Pooling":
+        kernel, stride, pad = first(cp.kernel_size, 1), first(cp.stride, 1), first(cp.pad, 0)
+    elif lp.type == "Pooling":
         pp = lp.pooling_param
-        kernel = pp.kernel_h if pp.HasField("kernel_h") else pp.kernel_size
-        stride = pp.stride_h if pp.HasField("stride_h") else pp.stride
-        pad = pp.pad_h if pp.HasField("pad_h") else pp.pad
-        return f"kernel size: {kernel}\\nstride: {stride}\\npad: {pad}"
-    return ""
+        kernel, stride, pad = pp.kernel_size, pp.stride, pp.pad
+    else:
+        return ""
+    return f"kernel size: {kernel}\\nstride: {stride}\\npad: {pad}"
 
 
 def get_pooling_types_dict() -> dict[int, str]:

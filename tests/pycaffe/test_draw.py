@@ -296,3 +296,24 @@ def test_phase_filter_reads_only_the_rules_phase_as_draw_py(tmp_path):
     with pytest.raises(ValueError, match="both"):
         caffe.draw.get_pydot_graph(net, "LR", phase=caffe.TEST)
     assert "both_ReLU" in caffe.draw.get_pydot_graph(net, "LR").to_string()
+
+
+def test_layer_label_geometry_reads_only_kernel_size_stride_pad_as_draw_py():
+    """draw.py labels kernel_size[0]/stride[0]/pad[0] (else 1, 1, 0) and the pooling's
+    kernel_size/stride/pad fields; the _h/_w forms do not show."""
+    conv = caffe_pb2.LayerParameter(name="c", type="Convolution")
+    cp = conv.convolution_param
+    cp.num_output, cp.kernel_h, cp.kernel_w, cp.stride_h, cp.stride_w = 4, 7, 1, 2, 2
+    cp.pad_h, cp.pad_w = 3, 0
+    assert caffe.draw.get_layer_label(conv, "TB") == (
+        "c (Convolution) kernel size: 1 stride: 1 pad: 0"
+    )
+    pool = caffe_pb2.LayerParameter(name="p", type="Pooling")
+    pp = pool.pooling_param
+    pp.kernel_h, pp.kernel_w, pp.stride_h, pp.stride_w, pp.pad_h = 3, 1, 2, 1, 1
+    assert caffe.draw.get_layer_label(pool, "LR") == (
+        "p\\n(Pooling MAX)\\nkernel size: 0\\nstride: 1\\npad: 0"
+    )
+    conv.convolution_param.kernel_size.extend([5, 3])
+    conv.convolution_param.pad.append(2)
+    assert "kernel size: 5 stride: 1 pad: 2" in caffe.draw.get_layer_label(conv, "BT")
