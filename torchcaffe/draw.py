@@ -119,7 +119,8 @@ def get_layer_label(
 ) -> str:
     """The box text: name, type, geometry and, with ``display_lrm``, the learning-rate
     multipliers of learning layers ('lr mult: 1.0, 2.0'; left out when both are 0), on
-    separate lines (one line for TB/BT)."""
+    separate lines (one line for TB/BT). In double quotes, as pycaffe returns it (dot reads
+    the colons in an unquoted label as port separators)."""
     sep = " " if rankdir in ("TB", "BT") else "\\n"
     kind = layer.type
     if kind == "Pooling":  # pycaffe's "(Pooling MAX)"
@@ -132,7 +133,7 @@ def get_layer_label(
         weights, bias = get_layer_lr_mult(layer)
         if weights or bias:
             parts.append(f"lr mult: {weights:.1f}, {bias:.1f}")
-    return sep.join(parts)
+    return '"' + sep.join(parts) + '"'
 
 
 def _in_phase(lp: caffe_pb2.LayerParameter, phase: int | None) -> bool:

@@ -166,12 +166,14 @@ def test_signatures_follow_pycaffe():
 def test_layer_label_shows_lr_mults_with_display_lrm(lrm):
     conv1 = _layer(lrm, "conv1")
     assert caffe.draw.get_layer_label(conv1, "TB", display_lrm=True) == (
-        "conv1 (Convolution) kernel size: 3 stride: 2 pad: 1 lr mult: 1.0, 2.0"
+        '"conv1 (Convolution) kernel size: 3 stride: 2 pad: 1 lr mult: 1.0, 2.0"'
     )
     assert "lr mult" not in caffe.draw.get_layer_label(conv1, "TB")
     ip1, ip2, relu = (_layer(lrm, n) for n in ("ip1", "ip2", "relu"))
-    assert caffe.draw.get_layer_label(ip1, "LR", True) == "ip1\\n(InnerProduct)\\nlr mult: 1.0, 1.0"
-    assert caffe.draw.get_layer_label(ip2, "LR", True).endswith("lr mult: 0.5, 1.0")
+    assert (
+        caffe.draw.get_layer_label(ip1, "LR", True) == '"ip1\\n(InnerProduct)\\nlr mult: 1.0, 1.0"'
+    )
+    assert caffe.draw.get_layer_label(ip2, "LR", True).endswith('lr mult: 0.5, 1.0"')
     assert "lr mult" not in caffe.draw.get_layer_label(_layer(lrm, "frozen"), "LR", True)
     assert "lr mult" not in caffe.draw.get_layer_label(relu, "LR", True)
 
@@ -298,6 +300,14 @@ def test_phase_filter_reads_only_the_rules_phase_as_draw_py(tmp_path):
     assert "both_ReLU" in caffe.draw.get_pydot_graph(net, "LR").to_string()
 
 
+def test_layer_label_is_double_quoted_as_pycaffes():
+    """pycaffe's get_layer_label wraps the label in double quotes; the graph's box text is
+    the same either way."""
+    relu = caffe_pb2.LayerParameter(name="r", type="ReLU")
+    assert caffe.draw.get_layer_label(relu, "LR") == '"r\\n(ReLU)"'
+    assert caffe.draw.get_layer_label(relu, "TB") == '"r (ReLU)"'
+
+
 def test_layer_label_geometry_reads_only_kernel_size_stride_pad_as_draw_py():
     """draw.py labels kernel_size[0]/stride[0]/pad[0] (else 1, 1, 0) and the pooling's
     kernel_size/stride/pad fields; the _h/_w forms do not show."""
@@ -306,13 +316,13 @@ def test_layer_label_geometry_reads_only_kernel_size_stride_pad_as_draw_py():
     cp.num_output, cp.kernel_h, cp.kernel_w, cp.stride_h, cp.stride_w = 4, 7, 1, 2, 2
     cp.pad_h, cp.pad_w = 3, 0
     assert caffe.draw.get_layer_label(conv, "TB") == (
-        "c (Convolution) kernel size: 1 stride: 1 pad: 0"
+        '"c (Convolution) kernel size: 1 stride: 1 pad: 0"'
     )
     pool = caffe_pb2.LayerParameter(name="p", type="Pooling")
     pp = pool.pooling_param
     pp.kernel_h, pp.kernel_w, pp.stride_h, pp.stride_w, pp.pad_h = 3, 1, 2, 1, 1
     assert caffe.draw.get_layer_label(pool, "LR") == (
-        "p\\n(Pooling MAX)\\nkernel size: 0\\nstride: 1\\npad: 0"
+        '"p\\n(Pooling MAX)\\nkernel size: 0\\nstride: 1\\npad: 0"'
     )
     conv.convolution_param.kernel_size.extend([5, 3])
     conv.convolution_param.pad.append(2)
