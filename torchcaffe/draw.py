@@ -2,11 +2,12 @@
 
 Layers are boxes colored by type (name, type and, for Convolution/Pooling/Deconvolution,
 kernel/stride/pad; with ``display_lrm`` the learning-rate multipliers of learning layers),
-blobs are octagons, a layer's top edges carry pycaffe's edge label (``Batch N``,
-``num_output``); in-place layers draw as an edge back onto their blob, as pycaffe's draw does.
-Unlike pycaffe's, two layers with the same label stay two boxes. Needs ``pydot``
-(``pip install torchcaffe[draw]``) and graphviz's ``dot`` program (Debian/Ubuntu:
-``apt-get install graphviz``; macOS: ``brew install graphviz``).
+blobs are octagons (plain nodes where a layer's top is their last mention, as pycaffe's), a
+layer's top edges carry pycaffe's edge label (``Batch N``, ``num_output``); in-place layers
+draw as an edge back onto their blob, as pycaffe's draw does. Unlike pycaffe's, two layers with
+the same label stay two boxes. Needs ``pydot`` (``pip install torchcaffe[draw]``) and
+graphviz's ``dot`` program (Debian/Ubuntu: ``apt-get install graphviz``; macOS: ``brew install
+graphviz``).
 """
 
 from __future__ import annotations
@@ -165,14 +166,11 @@ def get_pydot_graph(
     graph = pydot.Dot(
         caffe_net.name if caffe_net.name else "Net", graph_type="digraph", rankdir=rankdir
     )
-    blob_nodes: dict[str, Any] = {}
+    # One ordered table, as pycaffe's: a node keeps the place of its first mention and the
+    # style of its last; a blob drawn as a bottom is an octagon, one last drawn as a top
+    # (the net's outputs, an in-place layer's blob no later layer reads) a plain node.
+    nodes: dict[str, Any] = {}
     edges: list[tuple[str, str, str]] = []
-
-    def blob(name: str) -> str:
-        if name not in blob_nodes:
-            blob_nodes[name] = pydot.Node(f"{name}_blob", label=name, **BLOB_STYLE)
-        return f"{name}_blob"
-
     for index, lp in enumerate(caffe_net.layer):
         if not _in_phase(lp, phase):
             continue
@@ -182,14 +180,16 @@ def get_pydot_graph(
         if not in_place:  # colored by type, as pycaffe's boxes
             style = {**LAYER_STYLE_DEFAULT, "fillcolor": choose_color_by_layertype(lp.type)}
         label = get_layer_label(lp, rankdir, display_lrm)
-        graph.add_node(pydot.Node(node_name, label=label, **style))
+        nodes[node_name] = pydot.Node(node_name, label=label, **style)
         for bottom in lp.bottom:
-            edges.append((blob(bottom), node_name, ""))
+            nodes[f"{bottom}_blob"] = pydot.Node(f"{bottom}_blob", label=bottom, **BLOB_STYLE)
+            edges.append((f"{bottom}_blob", node_name, ""))
         # pycaffe labels a layer's top edges (get_edge_label: 'Batch N', num_output)
         top_label = get_edge_label(lp) if label_edges else ""
         for top in lp.top:
-            edges.append((node_name, blob(top), "" if top_label == '""' else top_label))
-    for node in blob_nodes.values():
+            nodes[f"{top}_blob"] = pydot.Node(f"{top}_blob", label=top)
+            edges.append((node_name, f"{top}_blob", "" if top_label == '""' else top_label))
+    for node in nodes.values():
         graph.add_node(node)
     for src, dst, label in edges:
         graph.add_edge(pydot.Edge(src, dst, label=label) if label else pydot.Edge(src, dst))

@@ -327,3 +327,27 @@ def test_layer_label_geometry_reads_only_kernel_size_stride_pad_as_draw_py():
     conv.convolution_param.kernel_size.extend([5, 3])
     conv.convolution_param.pad.append(2)
     assert "kernel size: 5 stride: 1 pad: 2" in caffe.draw.get_layer_label(conv, "BT")
+
+
+def test_blob_nodes_take_place_of_first_and_style_of_last_mention_as_pycaffe(small):
+    """pycaffe's draw keeps one ordered node table: a blob node sits where it is first met
+    (right after the layer that meets it) and is an octagon only when a bottom is its last
+    mention; the net's outputs and an in-place layer's unread blob are plain nodes."""
+    pytest.importorskip("pydot")
+    graph = caffe.draw.get_pydot_graph(small, "LR")
+    nodes = [n.get_name() for n in graph.get_nodes()]
+    assert nodes == [
+        "data_Input_0",
+        "data_blob",
+        "conv1_Convolution_1",
+        "conv1_blob",
+        "relu1_ReLU_2",
+        "pool1_Pooling_3",
+        "pool1_blob",
+        "drop_Dropout_4",
+    ]
+    shapes = {n.get_name(): n.get("shape") for n in graph.get_nodes()}
+    assert shapes["data_blob"] == "octagon" and shapes["conv1_blob"] == "octagon"
+    assert shapes["pool1_blob"] is None  # the in-place Dropout's top is its last mention
+    test_graph = caffe.draw.get_pydot_graph(small, "LR", phase=caffe.TEST)
+    assert {n.get_name(): n.get("shape") for n in test_graph.get_nodes()}["pool1_blob"] is None
