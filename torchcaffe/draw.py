@@ -203,10 +203,14 @@ def draw_net(
     phase: int | None = None,
     display_lrm: bool = False,
 ) -> bytes:
-    """The picture's bytes in format ``ext`` (png, svg, pdf, ... as graphviz names them)."""
-    if shutil.which("dot") is None:
+    """The picture's bytes in format ``ext`` (png, svg, pdf, ... as graphviz names them);
+    ``raw`` is the dot text itself, which pycaffe's draw_net_to_file documents for '.raw'
+    (no graphviz needed)."""
+    if ext != "raw" and shutil.which("dot") is None:
         raise UnsupportedError(f"caffe.draw cannot find graphviz's `dot` program; {_DOT_HINT}")
     graph = get_pydot_graph(caffe_net, rankdir, phase=phase, display_lrm=display_lrm)
+    if ext == "raw":
+        return graph.to_string().encode()
     try:
         return bytes(graph.create(format=ext))
     except (AssertionError, OSError):  # pydot's report of dot's failure

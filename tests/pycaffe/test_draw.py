@@ -351,3 +351,17 @@ def test_blob_nodes_take_place_of_first_and_style_of_last_mention_as_pycaffe(sma
     assert shapes["pool1_blob"] is None  # the in-place Dropout's top is its last mention
     test_graph = caffe.draw.get_pydot_graph(small, "LR", phase=caffe.TEST)
     assert {n.get_name(): n.get("shape") for n in test_graph.get_nodes()}["pool1_blob"] is None
+
+
+def test_draw_net_to_file_raw_writes_the_dot_text_as_pycaffe_documents(
+    small, tmp_path, monkeypatch
+):
+    """pycaffe's draw_net_to_file: "Use '.raw' to output raw text that you can manually feed
+    to graphviz"; dot itself has no 'raw' format, and the text needs no dot program."""
+    pytest.importorskip("pydot")
+    monkeypatch.setattr(caffe.draw.shutil, "which", lambda name: None)
+    out = tmp_path / "small.raw"
+    caffe.draw.draw_net_to_file(small, str(out), "TB")
+    text = out.read_text()
+    assert text.startswith("digraph small {") and "rankdir=TB;" in text
+    assert text == caffe.draw.get_pydot_graph(small, "TB").to_string()
