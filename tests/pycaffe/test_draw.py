@@ -365,3 +365,28 @@ def test_draw_net_to_file_raw_writes_the_dot_text_as_pycaffe_documents(
     text = out.read_text()
     assert text.startswith("digraph small {") and "rankdir=TB;" in text
     assert text == caffe.draw.get_pydot_graph(small, "TB").to_string()
+
+
+def test_cli_draw_net_draws_the_file_as_written_as_draw_net_py(tmp_path):
+    """draw_net.py merges the prototxt text without upgrading it: a deploy net's `input:`
+    fields draw as a blob with no Input box. Legacy V1 `layers` are still upgraded (pycaffe
+    draws them as an empty graph)."""
+    pytest.importorskip("pydot")
+    proto = tmp_path / "deploy.prototxt"
+    proto.write_text(
+        'name: "d" input: "data" input_shape { dim: 1 dim: 1 dim: 4 dim: 4 }\n'
+        'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"\n'
+        "        inner_product_param { num_output: 2 } }\n"
+    )
+    out = tmp_path / "deploy.raw"
+    assert cli_main(["draw_net", str(proto), str(out)]) == 0
+    text = out.read_text()
+    assert "(Input)" not in text and "data_blob" in text and "ip_InnerProduct_0" in text
+    legacy = tmp_path / "v1.prototxt"
+    legacy.write_text(
+        'name: "v1" input: "data" input_dim: 1 input_dim: 1 input_dim: 4 input_dim: 4\n'
+        'layers { name: "ip" type: INNER_PRODUCT bottom: "data" top: "ip"\n'
+        "         inner_product_param { num_output: 2 } }\n"
+    )
+    assert cli_main(["draw_net", str(legacy), str(out)]) == 0
+    assert "(InnerProduct)" in out.read_text()

@@ -9,6 +9,7 @@ import argparse
 
 from .. import draw
 from ..formats.prototxt import read_net
+from ..formats.upgrade import upgrade_net_as_needed
 from ..proto import caffe_pb2
 
 
@@ -23,7 +24,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    net = read_net(args.input_net_proto_file)
+    # draw_net.py draws the file as written: `input:` fields are no Input layer box. A legacy
+    # (V0/V1 `layers`) net, which draw_net.py would draw empty, is upgraded.
+    net = read_net(args.input_net_proto_file, upgrade=False)
+    if len(net.layers):
+        net = upgrade_net_as_needed(net, args.input_net_proto_file)
     phase = None if args.phase == "ALL" else caffe_pb2.Phase.Value(args.phase)
     draw.draw_net_to_file(net, args.output_image_file, args.rankdir, phase, args.display_lrm)
     print(f"drew {args.input_net_proto_file} -> {args.output_image_file}")
