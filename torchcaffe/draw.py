@@ -175,6 +175,8 @@ def get_pydot_graph(
         if not _in_phase(lp, phase):
             continue
         node_name = f"{lp.name}_{lp.type}_{index}"
+        if ":" in node_name:  # quoted, or dot reads 'a:b' as node a, port b (pycaffe's are)
+            node_name = f'"{node_name}"'
         in_place = len(lp.bottom) == 1 and list(lp.top) == list(lp.bottom)
         style = NEURON_LAYER_STYLE
         if not in_place:  # colored by type, as pycaffe's boxes

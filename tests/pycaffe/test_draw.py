@@ -390,3 +390,19 @@ def test_cli_draw_net_draws_the_file_as_written_as_draw_net_py(tmp_path):
     )
     assert cli_main(["draw_net", str(legacy), str(out)]) == 0
     assert "(InnerProduct)" in out.read_text()
+
+
+def test_layer_names_with_colons_stay_separate_boxes(tmp_path):
+    """dot reads an unquoted 'a:b' as node a, port b; pycaffe's layer nodes are quoted, so
+    layers 'conv:1' and 'conv:2' are two boxes, not one node 'conv'."""
+    pytest.importorskip("pydot")
+    path = tmp_path / "colons.prototxt"
+    path.write_text(
+        'layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 } } }\n'
+        'layer { name: "conv:1" type: "ReLU" bottom: "x" top: "y" }\n'
+        'layer { name: "conv:2" type: "TanH" bottom: "y" top: "z" }\n'
+    )
+    text = caffe.draw.get_pydot_graph(read_net(str(path)), "LR").to_string()
+    assert '\n"conv:1_ReLU_1" [label="conv:1\\n(ReLU)"' in text
+    assert '\n"conv:2_TanH_2" [label="conv:2\\n(TanH)"' in text
+    assert '\ny_blob -> "conv:2_TanH_2";' in text and "\nconv " not in text
