@@ -53,7 +53,7 @@ def conv_params(fn: Function) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
     ks = np.array(params["kernel_size"], ndmin=1)
     dilation = np.array(params.get("dilation", 1), ndmin=1)
     legacy = {"pad_h", "pad_w", "kernel_h", "kernel_w", "stride_h", "stride_w"}
-    if legacy & set(params):
+    if legacy & (set(params) | set(fn.params)):  # pycaffe checks the layer's own keywords
         raise AssertionError("cropping does not support legacy _h/_w params")
     return (
         axis,

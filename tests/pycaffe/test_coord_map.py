@@ -123,3 +123,14 @@ def test_negative_crop_refused():
     n = coord_net_spec(dpad=10)
     with pytest.raises(AssertionError, match="negative"):
         crop(n.deconv, n.data)
+
+
+def test_legacy_h_w_keyword_beside_convolution_param_is_refused():
+    """pycaffe refuses a pad_h/kernel_h/stride_h keyword on the layer even when the geometry
+    comes from convolution_param (the keyword lands in the same message at to_proto, so the
+    map would ignore a pad the net applies)."""
+    n = caffe.NetSpec()
+    n.data = L.Input(shape=dict(dim=[1, 1, 20, 20]))
+    n.conv = L.Convolution(n.data, convolution_param=dict(num_output=1, kernel_size=3), pad_h=2)
+    with pytest.raises(AssertionError, match="legacy"):
+        coord_map_from_to(n.conv, n.data)
