@@ -16,7 +16,7 @@ import os
 import shutil
 from typing import Any
 
-from .errors import DrawError, UnsupportedError, UsageError
+from .errors import DrawError, MissingPackageError, UnsupportedError, UsageError
 from .formats.atomic import atomic_write
 from .proto import caffe_pb2
 
@@ -37,8 +37,8 @@ _DOT_HINT = (
 def _pydot() -> Any:
     try:
         import pydot
-    except ImportError as err:
-        raise UnsupportedError(
+    except ImportError as err:  # an ImportError too, as pycaffe's ``import caffe.draw``
+        raise MissingPackageError(
             f"caffe.draw needs pydot ({err}); install it with pip install torchcaffe[draw]"
         ) from err
     return pydot

@@ -98,7 +98,7 @@ def test_cli_draw_net_real_model(models_root, tmp_path, capsys):
 
 def test_missing_pydot_names_the_extra(small, monkeypatch):
     monkeypatch.setitem(sys.modules, "pydot", None)
-    with pytest.raises(UnsupportedError, match=r"torchcaffe\[draw\]"):
+    with pytest.raises(ImportError, match=r"torchcaffe\[draw\]"):
         caffe.draw.get_pydot_graph(small, "LR")
 
 
