@@ -40,7 +40,7 @@ PASS_THROUGH_LAYERS = [
     "Split",
     "TanH",
     "Threshold",
-    "Concat",
+    "Concat",  # not in pycaffe's list; identity along the channel axis (U-Nets crop through it)
 ]
 
 CoordMap = tuple[Any, Any, Any]
@@ -77,6 +77,11 @@ def coord_map(fn: Function) -> CoordMap:
     if fn.type_name == "Deconvolution":
         axis, stride, ks, pad = conv_params(fn)
         return axis, stride, (ks - 1) / 2 - pad
+    if fn.type_name == "Concat":
+        params = fn.params.get("concat_param", fn.params)
+        axis = params.get("axis", params.get("concat_dim", 1))
+        if axis not in (0, 1):  # along a spatial axis the coordinates shift per bottom
+            raise UndefinedMapException(f"a Concat along axis {axis} has no coordinate map")
     if fn.type_name in PASS_THROUGH_LAYERS:
         return None, 1, 0  # identity on any axis
     if fn.type_name == "Crop":

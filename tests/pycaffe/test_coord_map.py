@@ -134,3 +134,16 @@ def test_legacy_h_w_keyword_beside_convolution_param_is_refused():
     n.conv = L.Convolution(n.data, convolution_param=dict(num_output=1, kernel_size=3), pad_h=2)
     with pytest.raises(AssertionError, match="legacy"):
         coord_map_from_to(n.conv, n.data)
+
+
+def test_concat_maps_only_along_channels():
+    """A channel Concat keeps coordinates (U-Nets crop through it); a spatial one shifts
+    them per bottom, so it has no map, as pycaffe has none for any Concat."""
+    n = coord_net_spec()
+    n.cat = L.Concat(n.data, n.data)
+    n.c = L.Convolution(n.cat, kernel_size=3, num_output=1)
+    assert coord_map_from_to(n.c, n.data) == (1, 1, 1)
+    n.wide = L.Concat(n.data, n.data, axis=2)
+    n.c2 = L.Convolution(n.wide, kernel_size=3, num_output=1)
+    with pytest.raises(RuntimeError):
+        coord_map_from_to(n.c2, n.data)
