@@ -18,6 +18,7 @@ from .formats.caffemodel import (
 from .formats.prototxt import read_net, source_name
 from .formats.user_schema import use_schema
 from .net.net import TorchNet
+from .net.state import stage_list
 from .ops._fill_skip import plan_from_records, skipping_fillers
 from .proto import caffe_pb2
 from .trust import allow_python_layers as _allow_python
@@ -53,6 +54,7 @@ def load(
     messages and fields parse, and layers registered for its types read their params from it
     (docs/forks.md).
     """
+    stages = stage_list(stages)
     with use_schema(caffe_proto):
         return _load(
             prototxt, caffemodel, phase, level, stages, input_shapes, allow_python_layers, strict

@@ -90,6 +90,25 @@ def test_a_files_own_stages_stay_and_the_given_ones_are_added(tmp_path):
     assert caffe.Net(str(proto), caffe.TEST, level=3).outputs == ["h", "prob"]
 
 
+def test_one_string_of_stages_is_refused_by_the_torch_face_and_split_as_pycaffe_does(tmp_path):
+    """``stages="deploy"`` would be six one-letter stages: the torch face refuses it rather
+    than pick the training layers; the Caffe face splits it as pycaffe's loop over the
+    string does."""
+    import torchcaffe
+    import torchcaffe as caffe
+    from torchcaffe.errors import UsageError
+
+    proto = tmp_path / "net.prototxt"
+    proto.write_text(STAGED_FILE)
+    with pytest.raises(UsageError, match="not one string"):
+        torchcaffe.load(proto, stages="extra")
+    with pytest.raises(UsageError, match="not one string"):
+        torchcaffe.TorchNet(text_format.Parse(STAGED_FILE, caffe_pb2.NetParameter()), stages="x")
+    net = caffe.Net(str(proto), caffe.TEST, stages="extra")
+    assert list(net.module.state.stage) == ["deploy", "e", "x", "t", "r", "a"]
+    assert net.outputs == ["prob"]
+
+
 OWN_PHASES = """
 input: "data" input_shape { dim: 4 dim: 3 dim: 2 dim: 2 }
 layer { name: "bn" type: "BatchNorm" bottom: "data" top: "bn" phase: TRAIN }

@@ -39,7 +39,7 @@ from .passes import (
     to_nchw,
 )
 from .program import LayerStep, ParamInfo
-from .state import make_state
+from .state import make_state, stage_list
 
 PathLike = str | os.PathLike
 # (observable blobs, net.training, autograd, on the CPU, layers whose mode is not the net's)
@@ -84,7 +84,7 @@ class TorchNet(nn.Module):
             state = make_state(
                 state.phase if phase is None else phase,
                 state.level if level is None else level,
-                [*state.stage, *(stages or ())],
+                [*state.stage, *stage_list(stages or ())],
             )
         self.path = None if path is None else os.fspath(path)
         self.net_param = net_param

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..errors import LayerParamError
+from ..errors import LayerParamError, UsageError
 from ..proto import caffe_pb2
 
 PHASES = {"train": caffe_pb2.TRAIN, "test": caffe_pb2.TEST}
@@ -33,6 +33,19 @@ def parse_phase(phase: int | str) -> caffe_pb2.Phase:
     if phase not in (caffe_pb2.TRAIN, caffe_pb2.TEST):
         raise LayerParamError("unknown phase", expected="caffe.TRAIN or caffe.TEST", got=phase)
     return caffe_pb2.TRAIN if phase == caffe_pb2.TRAIN else caffe_pb2.TEST
+
+
+def stage_list(stages: Iterable[str]) -> list[str]:
+    """``stages`` as a list of stage names. A lone string is refused: iterating it would give
+    one stage per character and silently pick the wrong layers (pycaffe's Boost.Python loop
+    does just that, so the Caffe face splits it itself before it gets here)."""
+    if isinstance(stages, (str, bytes)):
+        raise UsageError(
+            "stages is a list of stage names, not one string",
+            expected=f"e.g. [{stages!r}]",
+            got=repr(stages),
+        )
+    return list(stages)
 
 
 def make_state(phase: int | str, level: int = 0, stages: Iterable[str] = ()) -> caffe_pb2.NetState:

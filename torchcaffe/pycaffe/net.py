@@ -137,8 +137,10 @@ class Net:
         **load_options: Any,
     ) -> None:
         weights, phase, level, stages = _parse_net_args(args, weights, phase, level, stages)
+        # pycaffe reads stages item by item: a string gives one stage per character
+        stage_names = list(stages) if stages is not None else []
         self._net: TorchNet = load(
-            network_file, None, phase, level=level, stages=stages or (), **load_options
+            network_file, None, phase, level=level, stages=stage_names, **load_options
         )
         self._device = torch.device("cpu")
         self._note_sources()
