@@ -116,3 +116,21 @@ def test_test_nets_share_data_but_not_diffs(prototxt, tmp_path):
     assert test.params["ip1"][0] is view  # an unchanged share keeps the Blobs
     np.testing.assert_array_equal(view.data, solver.net.params["ip1"][0].data)
     assert not np.shares_memory(view.diff, solver.net.params["ip1"][0].diff)
+
+
+def test_a_param_blob_held_before_the_share_follows_it(prototxt):
+    """A script's ``w = net.params[...][0]`` (or ``net.layers[i]``) from before share_with is
+    the same Blob afterwards, now over the shared memory, as Caffe's ShareData keeps the Blob
+    and swaps its memory; it was a stale Blob whose write raised a KeyError."""
+    a, b = caffe.Net(prototxt, caffe.TRAIN), caffe.Net(prototxt, caffe.TRAIN)
+    held, layer = b.params["ip1"][0], b.layers[1]
+    b.share_with(a)
+    assert b.params["ip1"][0] is held and layer.blobs[0] is held
+    np.testing.assert_array_equal(held.data, a.params["ip1"][0].data)
+    held.data[...] = 3
+    np.testing.assert_array_equal(a.params["ip1"][0].data, 3)
+    _fill(b, np.random.default_rng(0))
+    b.forward()
+    b.backward()
+    assert np.abs(held.diff).sum() > 0
+    np.testing.assert_array_equal(a.params["ip1"][0].diff, 0)

@@ -189,17 +189,29 @@ class Net:
                     self.blobs[top].diff[...] = w  # Caffe's SetLossWeights
 
     def _bind_params(self) -> None:
-        """One Blob per distinct param tensor, sharing memory with the module's tensors."""
+        """One Blob per distinct param tensor, sharing memory with the module's tensors.
+
+        Binding again (share_with, a device move) keeps the Blob objects a script may hold
+        (``w = net.params['conv1'][0]``) and points them at the new memory, as Caffe's
+        ShareData swaps a Blob's memory and keeps the Blob."""
+        old_views = getattr(self, "_layer_views", [])
         by_tensor: dict[int, Blob] = {}
+        reused: set[int] = set()
         self._param_users: dict[int, int] = {}  # param blob -> references to its memory, bare
         self._layer_views: list[LayerView] = []
-        for step in self._net.steps:
+        for i, step in enumerate(self._net.steps):
             module = self._net.module_of(step)
             blobs = []
-            for tensor in module.param_blobs():
+            for j, tensor in enumerate(module.param_blobs()):
                 blob = by_tensor.get(id(tensor))
                 if blob is None:
                     blob = self._param_blob(tensor)
+                    held = old_views[i].blobs[j] if i < len(old_views) else None
+                    if held is not None and held.shape == blob.shape and id(held) not in reused:
+                        held.share_data(blob)
+                        held.share_diff(blob)
+                        blob = held
+                        reused.add(id(held))
                     blob.before_write = functools.partial(self._param_may_change, blob)
                     by_tensor[id(tensor)] = blob
                 blobs.append(blob)
