@@ -220,6 +220,19 @@ def test_in_place_relu_keeps_gradient_path():
     assert x.grad is not None and net.layer("ip1").weight.grad is not None
 
 
+@pytest.mark.parametrize("force", [False, True])
+def test_force_backward_lifts_propagate_down_false_as_caffe_does(force):
+    """Caffe's force_backward makes every bottom its layer allows need backward, one under
+    ``propagate_down: false`` too: the torch face lets the gradient through there, as the
+    Caffe face's backward computes that diff; without force_backward it stops."""
+    text = MLP.replace('top: "ip2"\n', 'top: "ip2" propagate_down: false\n')
+    net = build(("force_backward: true\n" if force else "") + text, phase="train")
+    x = torch.randn(4, 6, requires_grad=True)
+    net(data=x)["ip2"].sum().backward()
+    assert (x.grad is not None) is force
+    assert (net.layer("ip1").weight.grad is not None) is force
+
+
 def test_shared_params_by_name():
     text = """
 layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 } } }

@@ -500,11 +500,15 @@ class _Builder:
                     skip_backp.add(blob)
 
     def _force_backward(self, rows: list[_LayerRow]) -> None:
+        """Caffe's force_backward: every bottom the layer allows gets a diff, one under
+        ``propagate_down: false`` too (so the torch face does not stop the gradient there)."""
         for row in rows:
             row.need_backward = True
             flags = row.bottom_need_backward
             for j, blob in enumerate(row.param.bottom):
-                flags[j] = flags[j] or row.module.allow_force_backward(j)
+                forced = row.module.allow_force_backward(j)
+                flags[j] = flags[j] or forced
+                row.propagate_down[j] = row.propagate_down[j] or forced
                 self.blob_need_backward[blob] = self.blob_need_backward[blob] or flags[j]
             row.param_need_backward = [True] * len(row.param_need_backward)
 

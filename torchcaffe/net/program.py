@@ -18,7 +18,8 @@ class LayerStep:
     bottoms: tuple[str, ...]
     tops: tuple[str, ...]
     loss_weights: tuple[float, ...]
-    propagate_down: tuple[bool, ...]  # False where the prototxt sets propagate_down: false
+    propagate_down: tuple[bool, ...]  # False where propagate_down: false stops the gradient
+    # (force_backward lifts it where the layer allows, as Caffe does)
     need_backward: bool
     bottom_need_backward: tuple[bool, ...]
     param_need_backward: tuple[bool, ...]
