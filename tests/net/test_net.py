@@ -322,6 +322,25 @@ layer { name: "loss" type: "EuclideanLoss" bottom: "ip2" bottom: "label" }
     assert net.total_loss(blobs).item() > 0
 
 
+def test_total_loss_of_blobs_lacking_a_loss_top_is_an_error_not_a_smaller_loss():
+    """``net(...)`` returns the net outputs, which never hold a loss layer's automatic top:
+    total_loss over them named no error and summed the other losses (here 0)."""
+    text = (
+        MLP
+        + """
+layer { name: "lbl" type: "Input" top: "label" input_param { shape { dim: 4 dim: 3 } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "ip2" bottom: "label" }
+layer { name: "aux" type: "ReLU" bottom: "ip1" top: "aux" loss_weight: 0 }
+layer { name: "zero" type: "EuclideanLoss" bottom: "aux" bottom: "aux" top: "zero" }
+"""
+    )
+    net = build(text, phase="train")
+    out = net(data=torch.randn(4, 6), label=torch.randn(4, 3))
+    assert "zero" in out
+    with pytest.raises(UsageError, match=r"lacks the loss tops \['\(automatic\)'\]"):
+        net.total_loss(out)
+
+
 _PICKLED = """
 input: "data" input_shape { dim: 2 dim: 3 dim: 8 dim: 8 }
 layer { name: "conv" type: "Convolution" bottom: "data" top: "c"

@@ -185,13 +185,24 @@ class TorchNet(nn.Module):
         return out
 
     def total_loss(self, blobs: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """Caffe's objective: sum over weighted tops of weight * sum(top)."""
-        terms = [w * blobs[name].sum() for name, w in self.loss_weights().items() if name in blobs]
-        if not terms:
+        """Caffe's objective: sum over weighted tops of weight * sum(top).
+
+        Every weighted top must be in ``blobs``: a loss layer's unnamed top is no net output,
+        so ``net(...)`` lacks it, and leaving it out would drop that loss silently."""
+        weights = self.loss_weights()
+        if not weights:
             raise LayerParamError(
                 "this net has no loss (no top with a loss weight)", path=self.path
             )
-        return torch.stack(terms).sum()
+        missing = [name for name in weights if name not in blobs]
+        if missing:
+            raise UsageError(
+                f"blobs lacks the loss tops {missing}",
+                path=self.path,
+                hint="pass net.forward_all_blobs(...): a loss layer's unnamed top, and a loss "
+                "top another layer reads, are not net outputs",
+            )
+        return torch.stack([w * blobs[name].sum() for name, w in weights.items()]).sum()
 
     # -- running -----------------------------------------------------------------------------
     def bind_inputs(
