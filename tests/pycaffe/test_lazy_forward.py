@@ -410,3 +410,36 @@ def test_a_blob_only_looked_at_does_not_keep_an_old_run_alive(net):
     gc.collect()
     assert old() is None
     _assert_caffes(net, _x(39))
+
+
+LSTM_NET = """
+layer { name: "in" type: "Input" top: "x" top: "cont"
+  input_param { shape { dim: 1 dim: 2 dim: 3 } shape { dim: 1 dim: 2 } } }
+layer { name: "lstm" type: "LSTM" bottom: "x" bottom: "cont" top: "h"
+  recurrent_param { num_output: 4 weight_filler { type: "uniform" min: -0.5 max: 0.5 }
+                    bias_filler { type: "uniform" min: -0.5 max: 0.5 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "h" top: "ip" inner_product_param {
+  num_output: 5 axis: 2 weight_filler { type: "uniform" min: -1 max: 1 } } }
+layer { name: "sc" type: "Scale" bottom: "ip" top: "sc" scale_param { axis: 2 bias_term: true
+  filler { type: "uniform" min: 1 max: 2 } bias_filler { type: "uniform" min: -1 max: 1 } } }
+"""
+
+
+def test_a_recurrent_layers_carried_state_advances_once_per_forward(tmp_path):
+    """Reading a folded blob must not run the LSTM again: its state would advance twice."""
+    path = tmp_path / "net.prototxt"
+    path.write_text(LSTM_NET)
+    net, ref = caffe.Net(str(path), caffe.TEST), caffe.Net(str(path), caffe.TEST)
+    assert not replayable(net.module)
+    for name in net.params:
+        for p, q in zip(net.params[name], ref.params[name]):
+            q.data[...] = p.data
+    rng = np.random.default_rng(0)
+    for step in range(4):
+        x = rng.standard_normal((1, 2, 3)).astype(np.float32)
+        cont = np.ones((1, 2), np.float32)
+        got = net.forward(x=x, cont=cont)["sc"].copy()
+        want = ref.forward(["ip"], x=x, cont=cont)
+        np.testing.assert_allclose(got, want["sc"], rtol=1e-5, atol=1e-6)
+        if step == 2:  # a folded blob, read after the forward
+            np.testing.assert_allclose(net.blobs["ip"].data, want["ip"], rtol=1e-5, atol=1e-6)

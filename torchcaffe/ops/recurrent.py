@@ -144,6 +144,12 @@ class RecurrentLayer(CaffeLayer, metaclass=abc.ABCMeta):
         """x (T, N, I), cont (T, N), x_static (N, S) -> (output sequence, final states)."""
 
     # -- the recurrence -------------------------------------------------------------------
+    @property
+    def carries_state(self) -> bool:
+        """Each forward starts from the state the previous one left (no ``expose_hidden``):
+        running it again is not a replay of the same forward."""
+        return not self.expose_hidden
+
     def reset(self) -> None:
         """Zero the carried state (Caffe's RecurrentLayer::Reset)."""
         for name in self.state_names if not self.expose_hidden else ():

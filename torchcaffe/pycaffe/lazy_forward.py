@@ -67,6 +67,8 @@ def replayable(net: TorchNet) -> bool:
             return False  # batch statistics update the running averages
         if getattr(module, "sample_weights_test", False):
             return False  # a random mask at test time
+        if getattr(module, "carries_state", False):
+            return False  # an RNN or LSTM starts from the state the last forward left
     return True
 
 
