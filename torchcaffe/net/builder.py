@@ -187,6 +187,7 @@ class _Builder:
         self._prune_backward(rows)
         if self.param.force_backward:
             self._force_backward(rows)
+        self._always_diffed(rows)
         self.out.steps.extend(row.to_step() for row in rows)
         self.out.output_names = sorted(self.available)  # Caffe iterates a std::set<string>
         return self.out
@@ -511,6 +512,15 @@ class _Builder:
                 row.propagate_down[j] = row.propagate_down[j] or forced
                 self.blob_need_backward[blob] = self.blob_need_backward[blob] or flags[j]
             row.param_need_backward = [True] * len(row.param_need_backward)
+
+    @staticmethod
+    def _always_diffed(rows: list[_LayerRow]) -> None:
+        """A layer whose Caffe Backward writes some bottom diffs unconditionally (an RNN's or
+        LSTM's x) writes them whenever it runs backward, even where the net needs none."""
+        for row in rows:
+            if row.need_backward:
+                for j in row.module.always_diffed_bottoms:
+                    row.bottom_need_backward[j] = True
 
 
 def check_layer_count(net: caffe_pb2.NetParameter, path: str | None) -> None:

@@ -83,6 +83,9 @@ class CaffeLayer(nn.Module):
     auto_top_blobs: ClassVar[bool | None] = None  # Caffe's AutoTopBlobs; None: same as is_loss
     has_backward: bool = True  # False: Caffe computes no gradient (a form may set it per instance)
     no_force_backward: ClassVar[frozenset[int]] = frozenset()  # bottoms AllowForceBackward denies
+    # bottoms whose diff this layer's Caffe Backward writes whenever it runs, propagate_down
+    # or not (see ``always_diffed``)
+    always_diffed_bottoms: frozenset[int] = frozenset()
     restrictions: ClassVar[str] = ""  # what Caffe accepts that this layer does not (docs table)
     # a top's shape is known only from the values (``output_shapes`` gives Caffe's first guess)
     shape_depends_on_data: ClassVar[bool] = False

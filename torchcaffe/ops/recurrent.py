@@ -84,6 +84,9 @@ class RecurrentLayer(CaffeLayer, metaclass=abc.ABCMeta):
         n_state = len(self.state_names) if self.expose_hidden else 0
         shapes = self.bottom_shapes
         self.static_input = len(shapes) > 2 + n_state
+        # the unrolled net's transforms of x and x_static say propagate_down: true, so Caffe's
+        # Backward writes those diffs whenever it runs (x_input_blob_ shares bottom[0]'s diff)
+        self.always_diffed_bottoms = frozenset({0, 2} if self.static_input else {0})
         if len(shapes[0]) < 3:
             raise self.error(_X_AXES, expected=">= 3 axes", got=shapes[0])
         self.T, n = shapes[0][0], shapes[0][1]

@@ -1,0 +1,64 @@
+"""RNN and LSTM through the Caffe face: which bottom diffs their Backward writes.
+
+Caffe's recurrent layers backpropagate inside an unrolled net whose transforms of x and
+x_static say ``propagate_down: true``, and bottom[0] (and x_static) share their diff with
+that net's inputs: whenever the layer runs Backward, those diffs are written, even where
+the outer net needs no gradient there (no force_backward, or ``propagate_down: false``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import torchcaffe as caffe
+
+FILLER = "weight_filler { type: 'uniform' min: -0.5 max: 0.5 }"
+NET = """
+{force}
+layer {{ name: "in" type: "Input" top: "x0" top: "cont" top: "xs" top: "label"
+  input_param {{ shape {{ dim: 3 dim: 2 dim: 4 }} shape {{ dim: 3 dim: 2 }}
+                shape {{ dim: 2 dim: 5 }} shape {{ dim: 3 dim: 2 }} }} }}
+layer {{ name: "enc" type: "InnerProduct" bottom: "x0" top: "x"
+  inner_product_param {{ num_output: 3 axis: 2 {filler} }} }}
+layer {{ name: "rec" type: "{kind}" bottom: "x" bottom: "cont" bottom: "xs" top: "h"
+  {propagate} recurrent_param {{ num_output: 3 {filler} }} }}
+layer {{ name: "fc" type: "InnerProduct" bottom: "h" top: "fc"
+  inner_product_param {{ num_output: 4 axis: 2 {filler} }} }}
+layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "fc" bottom: "label" top: "loss"
+  softmax_param {{ axis: 2 }} }}
+"""
+
+
+def _net(tmp_path, kind, name, force="", propagate=""):
+    path = tmp_path / f"{name}.prototxt"
+    path.write_text(NET.format(force=force, kind=kind, propagate=propagate, filler=FILLER))
+    return caffe.Net(str(path), caffe.TRAIN)
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "RNN"])
+def test_x_and_static_diffs_are_written_without_being_needed(tmp_path, kind):
+    stopped = "propagate_down: false propagate_down: false propagate_down: false"
+    net = _net(tmp_path, kind, "stopped", propagate=stopped)
+    ref = _net(tmp_path, kind, "forced", force="force_backward: true")
+    for name in net.params:
+        for p, q in zip(net.params[name], ref.params[name]):
+            q.data[...] = p.data
+    rng = np.random.default_rng(0)
+    feed = {
+        "x0": rng.standard_normal((3, 2, 4)),
+        "cont": np.array([[0, 0], [1, 1], [1, 0]]),
+        "xs": rng.standard_normal((2, 5)),
+        "label": rng.integers(0, 4, (3, 2)),
+    }
+    for n in (net, ref):
+        for blob, value in feed.items():
+            n.blobs[blob].data[...] = value
+        n.forward()
+        n.backward()
+    for blob in ("x", "xs"):
+        assert np.abs(ref.blobs[blob].diff).max() > 0
+        np.testing.assert_array_equal(net.blobs[blob].diff, ref.blobs[blob].diff)
+    # propagate_down: false still stops the gradient at the recurrent layer
+    assert not net.params["enc"][0].diff.any()
+    assert ref.params["enc"][0].diff.any()
