@@ -4,6 +4,7 @@ Caffe's recurrent layers backpropagate inside an unrolled net whose transforms o
 x_static say ``propagate_down: true``, and bottom[0] (and x_static) share their diff with
 that net's inputs: whenever the layer runs Backward, those diffs are written, even where
 the outer net needs no gradient there (no force_backward, or ``propagate_down: false``).
+LSTMUnit's Backward writes both c_prev's and x's diffs when either is wanted.
 """
 
 from __future__ import annotations
@@ -62,3 +63,30 @@ def test_x_and_static_diffs_are_written_without_being_needed(tmp_path, kind):
     # propagate_down: false still stops the gradient at the recurrent layer
     assert not net.params["enc"][0].diff.any()
     assert ref.params["enc"][0].diff.any()
+
+
+def test_lstm_unit_writes_both_diffs_when_either_is_wanted(tmp_path):
+    path = tmp_path / "unit.prototxt"
+    path.write_text("""
+layer { name: "in" type: "Input" top: "c0" top: "x0" top: "cont"
+  input_param { shape { dim: 1 dim: 2 dim: 3 } shape { dim: 1 dim: 2 dim: 4 }
+                shape { dim: 1 dim: 2 } } }
+layer { name: "gates" type: "InnerProduct" bottom: "x0" top: "x"
+  inner_product_param { num_output: 12 axis: 2 weight_filler { type: "gaussian" } } }
+layer { name: "unit" type: "LSTMUnit" bottom: "c0" bottom: "x" bottom: "cont" top: "c" top: "h" }
+layer { name: "loss" type: "EuclideanLoss" bottom: "h" bottom: "c" top: "loss" }
+""")
+    net = caffe.Net(str(path), caffe.TRAIN)
+    rng = np.random.default_rng(0)
+    net.blobs["c0"].data[...] = rng.standard_normal((1, 2, 3))
+    net.blobs["x0"].data[...] = rng.standard_normal((1, 2, 4))
+    net.blobs["cont"].data[...] = 1
+    net.forward()
+    net.backward()
+    c, h, c0 = (net.blobs[n].data.astype(np.float64) for n in ("c", "h", "c0"))
+    x = net.blobs["x"].data.astype(np.float64)
+    f = 1 / (1 + np.exp(-x[..., 3:6]))
+    o = 1 / (1 + np.exp(-x[..., 6:9]))
+    d = h - c  # EuclideanLoss over num = 1: dh = d, dc = -d
+    c_term = -d + d * o * (1 - np.tanh(c) ** 2)
+    np.testing.assert_allclose(net.blobs["c0"].diff, c_term * f, rtol=1e-4, atol=1e-6)

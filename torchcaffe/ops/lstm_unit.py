@@ -25,6 +25,8 @@ class LSTMUnitLayer(CaffeLayer):
     bottoms = Exactly(3)
     tops = Exactly(2)
     no_force_backward = frozenset({2})
+    # Caffe's Backward returns only when neither c_prev nor x wants a diff, else writes both
+    always_diffed_bottoms = frozenset({0, 1})
 
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
