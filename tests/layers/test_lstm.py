@@ -166,6 +166,24 @@ def test_state_carries_across_forwards_and_reset():
     assert not torch.allclose(restarted, second)
 
 
+@pytest.mark.parametrize("kind", ["LSTM", "RNN"])
+def test_state_carried_out_of_inference_mode_serves_autograd_and_reset(kind):
+    """An evaluation under inference_mode, then a training forward from its state."""
+    layer, _ = make_layer(
+        f"recurrent_param {{ num_output: 3 {FILLERS} }}", [(2, 2, 4), (2, 2)], type=kind
+    )
+    x, cont = torch.randn(2, 2, 4), torch.ones(2, 2)
+    with torch.inference_mode():
+        layer(x, cont)
+    x.requires_grad_(True)
+    layer(x, cont).sum().backward()
+    assert x.grad is not None and bool(x.grad.any())
+    with torch.inference_mode():
+        layer(x.detach(), cont)
+    layer.reset()
+    assert not any(bool(b.any()) for b in layer.buffers())
+
+
 def test_non_binary_cont_scales_carried_state():
     layer, bottoms = CASES[0].build()
     layer = layer.double()

@@ -183,6 +183,9 @@ class RecurrentLayer(CaffeLayer, metaclass=abc.ABCMeta):
         if self.expose_hidden:
             return (out, *(s.detach() for s in final))
         if x.device.type != "meta":
-            for name, s in zip(self.state_names, final):
-                setattr(self, f"{name}_state", s.detach().clone())
+            # a normal tensor even under inference_mode: a later autograd forward saves it
+            # for backward, and reset() zeroes it in place
+            with torch.inference_mode(False):
+                for name, s in zip(self.state_names, final):
+                    setattr(self, f"{name}_state", s.detach().clone())
         return out
