@@ -90,3 +90,22 @@ layer { name: "loss" type: "EuclideanLoss" bottom: "h" bottom: "c" top: "loss" }
     d = h - c  # EuclideanLoss over num = 1: dh = d, dc = -d
     c_term = -d + d * o * (1 - np.tanh(c) ** 2)
     np.testing.assert_allclose(net.blobs["c0"].diff, c_term * f, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "RNN"])
+def test_a_backward_before_any_forward_leaves_the_carried_state(tmp_path, kind):
+    """Its replayed forward must not move the state the next forward starts from."""
+    net = _net(tmp_path, kind, "early")
+    fresh = _net(tmp_path, kind, "fresh")
+    for name in net.params:
+        for p, q in zip(net.params[name], fresh.params[name]):
+            q.data[...] = p.data
+    rng = np.random.default_rng(1)
+    x0, xs = rng.standard_normal((3, 2, 4)), rng.standard_normal((2, 5))
+    for n in (net, fresh):
+        n.blobs["x0"].data[...] = x0
+        n.blobs["cont"].data[...] = 1
+        n.blobs["xs"].data[...] = xs
+    net.backward()
+    np.testing.assert_array_equal(net.forward()["loss"], fresh.forward()["loss"])
+    np.testing.assert_array_equal(net.blobs["h"].data, fresh.blobs["h"].data)

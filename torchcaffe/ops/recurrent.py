@@ -17,8 +17,9 @@ ops. What the base reproduces from recurrent_layer.cpp:
 from __future__ import annotations
 
 import abc
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import ClassVar
 
 import torch
@@ -152,6 +153,18 @@ class RecurrentLayer(CaffeLayer, metaclass=abc.ABCMeta):
         """Each forward starts from the state the previous one left (no ``expose_hidden``):
         running it again is not a replay of the same forward."""
         return not self.expose_hidden
+
+    @contextlib.contextmanager
+    def state_kept(self) -> Iterator[None]:
+        """Forwards inside leave the carried state as it was (a replay for a backward that
+        had no forward: Caffe's Backward never moves the state)."""
+        names = self.state_names if self.carries_state else ()
+        held = [getattr(self, f"{name}_state") for name in names]
+        try:
+            yield
+        finally:
+            for name, state in zip(names, held):
+                setattr(self, f"{name}_state", state)
 
     def reset(self) -> None:
         """Zero the carried state (Caffe's RecurrentLayer::Reset)."""

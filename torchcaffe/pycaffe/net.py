@@ -710,7 +710,8 @@ class Net:
             if step.bottom_need_backward[j] and t.is_floating_point():
                 t.requires_grad_(True)
             bottoms.append(t)
-        with torch.enable_grad():
+        keep = getattr(self._net.module_of(step), "state_kept", contextlib.nullcontext)
+        with torch.enable_grad(), keep():  # a recurrent layer's state is not moved by it
             tops = self._net.run_step(step, bottoms)
         return _Record(bottoms, tops)
 
