@@ -170,3 +170,29 @@ def test_an_input_blob_as_an_output_is_refused_by_the_dynamo_exporter(tmp_path, 
     feed = {sess.get_inputs()[0].name: x}  # the TorchScript exporter renames the input
     _, data = sess.run(None, feed)
     np.testing.assert_array_equal(data, x)
+
+
+WIDE_PAD_AVE = """
+name: "wide_pad"
+layer { name: "data" type: "Input" top: "data"
+  input_param { shape { dim: 2 dim: 2 dim: 7 dim: 6 } } }
+layer { name: "pad2" type: "Pooling" bottom: "data" top: "pad2"
+  pooling_param { pool: AVE kernel_size: 3 stride: 2 pad: 2 } }
+layer { name: "pad3" type: "Pooling" bottom: "data" top: "pad3"
+  pooling_param { pool: AVE kernel_size: 4 stride: 1 pad: 3 } }
+layer { name: "past_end" type: "Pooling" bottom: "data" top: "past_end"
+  pooling_param { pool: AVE kernel_h: 2 kernel_w: 3 stride: 3 } }
+"""
+
+
+@pytest.mark.parametrize("dynamo", [True, False])
+def test_ave_pooling_torch_cannot_express_exports_its_sums(tmp_path, dynamo):
+    """A pad over half the kernel, or a last window past an unpadded edge, is pooled as
+    explicit window sums divided by Caffe's pool_size; both exporters dropped the sums'
+    divisor_override, so onnxruntime divided by the kernel area as well (0.4 off)."""
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    net = torchcaffe.load(torchcaffe.formats.prototxt.read_net(WIDE_PAD_AVE))
+    path = tmp_path / "wide_pad.onnx"
+    export_onnx(net, path, dynamo=dynamo)
+    _check(net, path, ["pad2", "pad3", "past_end"], batch=3)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -176,14 +177,22 @@ def _ave_pool(x, kernel, stride, pad, out):
     if ceil is not None and not compiled_overhang:
         # torch's count_include_pad divisor is Caffe's pool_size
         return F.avg_pool2d(x, kernel, stride, pad, ceil_mode=ceil, count_include_pad=True)
-    sums = F.avg_pool2d(
-        F.pad(x, _explicit_pad(hw, kernel, stride, pad, out)), kernel, stride, divisor_override=1
-    )
+    padded = F.pad(x, _explicit_pad(hw, kernel, stride, pad, out))
+    if _onnx_exporting():  # both torch.onnx exporters drop divisor_override: an average
+        sums = F.avg_pool2d(padded, kernel, stride) * (kernel[0] * kernel[1])
+    else:
+        sums = F.avg_pool2d(padded, kernel, stride, divisor_override=1)
     sizes = []
     for i, k, s, p, o in zip(hw, kernel, stride, pad, out):
         start = torch.arange(o, device=x.device) * s - p
         sizes.append(torch.clamp(start + k, max=i + p) - start)  # window clipped at size + pad
     return sums / (sizes[0][:, None] * sizes[1][None, :]).to(x.dtype)
+
+
+def _onnx_exporting() -> bool:
+    """Whether torch.onnx is exporting (never when it was not imported: importing it costs)."""
+    onnx = sys.modules.get("torch.onnx")
+    return onnx is not None and bool(onnx.is_in_onnx_export())
 
 
 def _stochastic_pool(x, kernel, stride, out, sample):
