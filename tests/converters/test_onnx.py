@@ -196,3 +196,20 @@ def test_ave_pooling_torch_cannot_express_exports_its_sums(tmp_path, dynamo):
     path = tmp_path / "wide_pad.onnx"
     export_onnx(net, path, dynamo=dynamo)
     _check(net, path, ["pad2", "pad3", "past_end"], batch=3)
+
+
+EXP_BASE_2 = """
+name: "exp2"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 4 } } }
+layer { name: "exp" type: "Exp" bottom: "data" top: "exp" exp_param { base: 2 scale: 0.5 shift: 0.1 } }
+"""
+
+
+def test_dynamo_export_keeps_a_blob_name_that_a_torch_op_also_has(tmp_path):
+    """An Exp of base 2 computes torch's exp inside, which the dynamo exporter names 'exp'
+    like the top it renames the output to: onnxruntime refused the duplicate name."""
+    pytest.importorskip("onnxscript")
+    net = torchcaffe.load(torchcaffe.formats.prototxt.read_net(EXP_BASE_2))
+    path = tmp_path / "exp2.onnx"
+    export_onnx(net, path, dynamo=True)
+    _check(net, path, ["exp"], batch=3)

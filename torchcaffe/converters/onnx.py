@@ -106,6 +106,7 @@ def export_onnx(
                 result = torch.onnx.export(wrapper, example, **kw)
         if dynamo:
             assert result is not None
+            _free_blob_names(result.model.graph)
             result.save(os.fspath(path))
     except ExportError:
         raise
@@ -118,6 +119,25 @@ def export_onnx(
         ) from err
     finally:
         net.train(was_training)
+
+
+def _free_blob_names(graph) -> None:
+    """The dynamo exporter names inner values after torch ops and then renames the graph's
+    inputs and outputs to the blob names without looking for clashes: an Exp layer of base 2
+    whose top is ``exp`` computes an inner ``exp`` first, and onnxruntime refuses the model
+    ("Duplicate definition of name"). Inner values that take a blob's name are renamed."""
+    blobs = [*graph.inputs, *graph.outputs]
+    reserved = {v.name for v in blobs}
+    inner = [*graph.initializers.values(), *(v for node in graph for v in node.outputs)]
+    inner = [v for v in inner if not any(v is b for b in blobs)]
+    taken = reserved | {v.name for v in inner}
+    for value in inner:
+        if value.name in reserved:
+            i = 1
+            while f"{value.name}__{i}" in taken:
+                i += 1
+            value.name = f"{value.name}__{i}"
+            taken.add(value.name)
 
 
 def _device_of(net: TorchNet) -> torch.device:
