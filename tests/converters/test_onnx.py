@@ -201,7 +201,8 @@ def test_ave_pooling_torch_cannot_express_exports_its_sums(tmp_path, dynamo):
 EXP_BASE_2 = """
 name: "exp2"
 layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 4 } } }
-layer { name: "exp" type: "Exp" bottom: "data" top: "exp" exp_param { base: 2 scale: 0.5 shift: 0.1 } }
+layer { name: "exp" type: "Exp" bottom: "data" top: "exp"
+  exp_param { base: 2 scale: 0.5 shift: 0.1 } }
 """
 
 
@@ -213,3 +214,24 @@ def test_dynamo_export_keeps_a_blob_name_that_a_torch_op_also_has(tmp_path):
     path = tmp_path / "exp2.onnx"
     export_onnx(net, path, dynamo=True)
     _check(net, path, ["exp"], batch=3)
+
+
+LEGACY_SHAPED = """
+name: "legacy"
+layer { name: "data" type: "Input" top: "data"
+  input_param { shape { dim: 2 dim: 3 dim: 4 dim: 5 } } }
+layer { name: "mvn" type: "MVN" bottom: "data" top: "mvn" }
+layer { name: "norm" type: "Normalize" bottom: "data" top: "norm"
+  norm_param { across_spatial: false channel_shared: false
+               scale_filler { type: "constant" value: 20 } } }
+"""
+
+
+def test_layers_reading_legacy_nchw_keep_the_batch_symbolic(tmp_path):
+    """MVN and Normalize read num/channels/height/width with int(), which fixed a symbolic
+    batch at the traced size: the dynamo export refused any other batch in onnxruntime."""
+    pytest.importorskip("onnxscript")
+    net = torchcaffe.load(torchcaffe.formats.prototxt.read_net(LEGACY_SHAPED))
+    path = tmp_path / "legacy.onnx"
+    export_onnx(net, path, dynamo=True)
+    _check(net, path, ["mvn", "norm"], batch=3)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
 from .base import CaffeLayer
 
 
@@ -18,5 +20,7 @@ def legacy_nchw(
             expected=f"{min_axes} <= num_axes <= 4",
             got=list(shape),
         )
-    dims = [int(d) for d in shape] + [1] * (4 - len(shape))
+    # a symbolic size (a dynamic batch under torch.export) stays symbolic: int() would
+    # specialize it, and the ONNX export would fix the batch it was traced at
+    dims = [d if isinstance(d, torch.SymInt) else int(d) for d in shape] + [1] * (4 - len(shape))
     return dims[0], dims[1], dims[2], dims[3]
