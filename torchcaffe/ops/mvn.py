@@ -38,11 +38,11 @@ class MVNLayer(CaffeLayer):
         return [legacy_nchw(self, bottom_shapes[0])]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = legacy_nchw(self, x.shape)
-        groups = shape[0] if self.across_channels else shape[0] * shape[1]
-        rows = x.reshape(groups, -1)
+        _, c, h, w = legacy_nchw(self, x.shape)
+        # the batch is left to -1: a traced or exported one stays symbolic
+        rows = x.reshape(-1, c * h * w if self.across_channels else h * w)
         if self.normalize_variance:
             y = caffe_mvn(rows, self.eps)
         else:
             y = rows - rows.mean(dim=1, keepdim=True)
-        return y.reshape(shape)
+        return y.reshape(-1, c, h, w)

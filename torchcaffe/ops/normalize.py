@@ -60,6 +60,7 @@ class NormalizeLayer(CaffeLayer):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_bottom(x.shape)
-        n, c, h, w = legacy_nchw(self, x.shape, min_axes=2)
-        y = caffe_normalize(x.reshape(n, c, h * w), self.weight, self.across_spatial, self.eps)
+        _, c, h, w = legacy_nchw(self, x.shape, min_axes=2)
+        rows = x.reshape(-1, c, h * w)  # batch -1: a traced or exported one stays symbolic
+        y = caffe_normalize(rows, self.weight, self.across_spatial, self.eps)
         return y.reshape(x.shape)
