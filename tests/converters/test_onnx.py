@@ -238,3 +238,24 @@ def test_layers_reading_legacy_nchw_keep_the_batch_symbolic(tmp_path, dynamo):
     path = tmp_path / "legacy.onnx"
     export_onnx(net, path, dynamo=dynamo)
     _check(net, path, ["mvn", "norm"], batch=3)
+
+
+PINNED_BATCH = """
+name: "pinned"
+layer { name: "data" type: "Input" top: "data"
+  input_param { shape { dim: 2 dim: 3 dim: 4 dim: 5 } } }
+layer { name: "flat" type: "Reshape" bottom: "data" top: "flat"
+  reshape_param { shape { dim: 2 dim: 60 } } }
+"""
+
+
+def test_dynamo_export_refuses_a_batch_the_net_pins(tmp_path):
+    """torch.export fixed the symbolic batch without a word (the Reshape names it), and the
+    file, asked for with a dynamic batch, refused every other batch in onnxruntime."""
+    pytest.importorskip("onnxscript")
+    net = torchcaffe.load(torchcaffe.formats.prototxt.read_net(PINNED_BATCH))
+    with pytest.raises(ExportError, match=r"fixed the batch.*got \{'data': 2\}"):
+        export_onnx(net, tmp_path / "pinned.onnx", dynamo=True)
+    assert not (tmp_path / "pinned.onnx").exists()
+    export_onnx(net, tmp_path / "static.onnx", dynamo=True, dynamic_batch=False)
+    _check(net, tmp_path / "static.onnx", ["flat"], batch=2)

@@ -107,6 +107,8 @@ def export_onnx(
         if dynamo:
             assert result is not None
             _free_blob_names(result.model.graph)
+            if dynamic_batch:
+                _require_symbolic_batch(result.model.graph, net)
             result.save(os.fspath(path))
     except ExportError:
         raise
@@ -119,6 +121,22 @@ def export_onnx(
         ) from err
     finally:
         net.train(was_training)
+
+
+def _require_symbolic_batch(graph, net: TorchNet) -> None:
+    """torch.export fixes a symbolic batch without a word where a layer pins it (a Reshape
+    to a literal batch, a size read with int()); the graph, written as if it had a dynamic
+    batch, would refuse every other batch in onnxruntime."""
+    fixed = {v.name: v.shape[0] for v in graph.inputs if v.shape and isinstance(v.shape[0], int)}
+    if fixed:
+        raise ExportError(
+            "the exported graph fixed the batch of its input(s) although a dynamic batch "
+            "was asked for (a layer fixes it, as a Reshape to a literal batch does)",
+            path=net.path,
+            expected="a symbolic axis 0",
+            got=fixed,
+            hint="export with dynamic_batch=False (--static-batch)",
+        )
 
 
 def _free_blob_names(graph) -> None:
