@@ -259,3 +259,31 @@ def test_dynamo_export_refuses_a_batch_the_net_pins(tmp_path):
     assert not (tmp_path / "pinned.onnx").exists()
     export_onnx(net, tmp_path / "static.onnx", dynamo=True, dynamic_batch=False)
     _check(net, tmp_path / "static.onnx", ["flat"], batch=2)
+
+
+LRN_NET = """
+name: "lrn"
+layer { name: "data" type: "Input" top: "data"
+  input_param { shape { dim: 2 dim: 7 dim: 4 dim: 4 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+  convolution_param { num_output: 6 kernel_size: 1 weight_filler { type: "gaussian" std: 1 } } }
+layer { name: "norm" type: "LRN" bottom: "conv" top: "norm"
+  lrn_param { local_size: 5 alpha: 0.5 beta: 0.75 } }
+layer { name: "norm9" type: "LRN" bottom: "conv" top: "norm9"
+  lrn_param { local_size: 9 alpha: 0.5 beta: 0.75 k: 2 } }
+"""
+
+
+@pytest.mark.parametrize("device_path", ["cpu", "launch_bound"])
+def test_torchscript_export_of_lrn_without_grad_and_off_the_cpu(tmp_path, monkeypatch, device_path):
+    """Under no_grad LRN wrote its power in place (sqrt(out=)), which the TorchScript
+    exporter refused; off the CPU (simulated: ``launch_bound``) its channel sum was an
+    avg_pool3d with divisor_override over a 4-D tensor, which it wrote as an AveragePool
+    onnxruntime refused (and that would have averaged)."""
+    if device_path == "launch_bound":
+        monkeypatch.setattr(torchcaffe.ops.lrn, "launch_bound", lambda t: True)
+    net = torchcaffe.load(torchcaffe.formats.prototxt.read_net(LRN_NET))
+    path = tmp_path / "lrn.onnx"
+    with torch.no_grad():
+        export_onnx(net, path, dynamo=False)
+    _check(net, path, ["norm", "norm9"], batch=3)

@@ -67,7 +67,11 @@ class LRNLayer(CaffeLayer):
         if self.norm_region == LP.ACROSS_CHANNELS:
             sq = x * x
             scale = channel_window_sum(sq, n).mul_(self.alpha / n).add_(self.k)
-            if (torch.is_grad_enabled() and x.requires_grad) or torch.compiler.is_compiling():
+            if (
+                (torch.is_grad_enabled() and x.requires_grad)
+                or torch.compiler.is_compiling()
+                or torch.jit.is_tracing()  # the TorchScript ONNX exporter has no out= ops
+            ):
                 return x * neg_power(scale, self.beta)
             # Nothing is saved for a backward: the power and the product reuse the square's
             # buffer (6 allocations of the bottom's size -> 2). Each fresh block can cost its
@@ -90,9 +94,11 @@ def channel_window_sum(sq: torch.Tensor, n: int) -> torch.Tensor:
     """
     c = sq.shape[1]
     half = (n - 1) // 2
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
         # inductor turns in-place slice updates into one kernel each; a sum of n shifted
-        # slices of a zero-padded copy is pointwise, and it fuses into one
+        # slices of a zero-padded copy is pointwise, and it fuses into one. Traced for the
+        # TorchScript ONNX exporter too, which writes avg_pool3d's divisor_override (and a
+        # 4-D input to it) wrongly, and in-place slice adds as copies
         padded = F.pad(sq, (0, 0, 0, 0, half, half))
         return sum((padded[:, i : i + c] for i in range(1, n)), padded[:, 0:c])
     if launch_bound(sq):
