@@ -132,3 +132,26 @@ def test_compare_against_the_dynamo_exporters_graph(models_root, capsys):
     argv += [str(root / "cifar10_quick_iter_5000.caffemodel"), "--against", "onnxruntime-dynamo"]
     assert main(argv) == 0
     assert "all 12 blobs agree with onnxruntime-dynamo" in capsys.readouterr().out
+
+
+SILENCED = """
+name: "silenced"
+layer { name: "data" type: "Input" top: "data"
+  input_param { shape { dim: 1 dim: 4 dim: 3 dim: 3 } } }
+layer { name: "slice" type: "Slice" bottom: "data" top: "a" top: "b"
+  slice_param { slice_point: 1 } }
+layer { name: "silence" type: "Silence" bottom: "b" }
+layer { name: "relu" type: "ReLU" bottom: "a" top: "relu" }
+"""
+
+
+@needs_caffe_importer
+def test_compare_against_opencv_passes_over_a_silence_layer(tmp_path, capsys):
+    """Silence has no top: asking OpenCV for its output and reading tops[0] raised an
+    IndexError (a Slice + Silence is how torchcaffe.export crops Caffe's ceil pooling)."""
+    proto = tmp_path / "silenced.prototxt"
+    proto.write_text(SILENCED)
+    weights = tmp_path / "silenced.caffemodel"
+    torchcaffe.save_weights(torchcaffe.load(proto), weights)
+    assert main(["compare", str(proto), str(weights), "--against", "opencv"]) == 0
+    assert "all 2 blobs agree with opencv" in capsys.readouterr().out  # OpenCV: first tops

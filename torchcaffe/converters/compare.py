@@ -160,7 +160,8 @@ def run_opencv(prototxt, weights, net, inputs) -> dict[tuple[str, str], np.ndarr
     for name, value in inputs.items():
         cv.setInput(value, name)
     known = set(cv.getLayerNames())
-    wanted = [s.name for s in net.steps if not s.is_input and s.name in known]
+    # a layer without tops (Silence) has nothing to compare
+    wanted = [s.name for s in net.steps if not s.is_input and s.tops and s.name in known]
     outs = cv.forward(wanted) if wanted else []
     return {(layer, net.step(layer).tops[0]): np.asarray(o) for layer, o in zip(wanted, outs)}
 
