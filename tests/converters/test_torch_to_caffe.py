@@ -377,3 +377,33 @@ def test_module_called_twice_shares_params(tmp_path):
     fresh = SharedConv()
     fresh.load_state_dict(torch.load(tmp_path / "r.pt", weights_only=True), strict=True)
     assert torch.equal(fresh.conv.weight, model.conv.weight)
+
+
+class InPlaceWrites(nn.Module):
+    """In-place ops whose input is read again afterwards: the later reads see the result."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.conv2 = nn.Conv2d(4, 4, 1)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        y = self.conv(x)
+        self.relu(y)  # result unused: y itself is rectified
+        z = self.conv2(y)
+        z.add_(y)
+        F.leaky_relu(z, 0.2, inplace=True)
+        return torch.cat((z, y), dim=1)
+
+
+def test_in_place_writes_reach_later_readers(tmp_path):
+    """fx gives an in-place op its own node, but later code reads the mutated input's node:
+    the exported net read the values from before the write (the check refused to write it)."""
+    torch.manual_seed(0)
+    module = InPlaceWrites().eval()
+    x = torch.randn(2, 3, 6, 6)
+    proto, weights = _export(tmp_path, module, x)
+    with torch.no_grad():
+        want = module(x.clone())
+    torch.testing.assert_close(_reload(proto, weights, x), want, rtol=1e-5, atol=1e-5)

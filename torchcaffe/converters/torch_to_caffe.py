@@ -198,6 +198,7 @@ class _Exporter:
             )
         for node in gm.graph.nodes:
             self._node(node)
+            self._follow_in_place(node)
         self._expose_outputs()
         return self.net, self.blobs, self.graph
 
@@ -213,6 +214,23 @@ class _Exporter:
                 lp.bottom.append(blob)
                 lp.top.append(name)
                 self.graph.output_blobs[i] = name
+
+    def _follow_in_place(self, node: fx.Node) -> None:
+        """An op that writes its first input in place (``y.add_(x)``, ``relu_``, a module or
+        functional call with ``inplace=True``) changed that tensor: later readers of the
+        input's fx node get the op's blob, as the module reads the mutated tensor."""
+        first = node.args[0] if node.args else None
+        if node not in self.top or not isinstance(first, fx.Node) or first not in self.top:
+            return
+        in_place = node.kwargs.get("inplace", False) is True
+        if node.op == "call_method":
+            in_place = str(node.target).endswith("_")
+        elif node.op == "call_module":
+            in_place = getattr(self.modules[str(node.target)], "inplace", False) is True
+        elif node.op == "call_function" and node.target in _IN_PLACE_OPERATORS:
+            in_place = True
+        if in_place:
+            self.top[first] = self.top[node]
 
     def _node(self, node: fx.Node) -> None:
         if node.op == "placeholder":
@@ -473,6 +491,9 @@ class _Exporter:
         dims = [0, *out[1:]] if out[0] == src[0] else list(out)
         lp.reshape_param.shape.dim.extend(dims)
         return None
+
+
+_IN_PLACE_OPERATORS = (operator.iadd, operator.isub, operator.imul, operator.itruediv)
 
 
 def _flat_nodes(value: Any) -> list[Any]:
