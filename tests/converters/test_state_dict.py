@@ -177,8 +177,8 @@ def test_exported_torch_model_reloads_from_readable_state_dict(tmp_path):
 
 
 def test_a_readable_tensor_of_another_shape_but_the_same_count_is_refused(tmp_path):
-    """A (5, 8) weight for an InnerProduct with transpose: true, whose blob is (8, 5): a
-    reshape would scramble it silently (torch's load_state_dict refuses it too)."""
+    """For an InnerProduct with transpose: true the readable weight is nn.Linear's (5, 8);
+    Caffe's own (8, 5) has the same count, and a reshape would scramble it silently."""
     proto = tmp_path / "tp.prototxt"
     proto.write_text(
         'layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 8 } } }\n'
@@ -186,13 +186,36 @@ def test_a_readable_tensor_of_another_shape_but_the_same_count_is_refused(tmp_pa
         "  inner_product_param { num_output: 5 transpose: true } }\n"
     )
     lin = torch.nn.Linear(8, 5)
-    torch.save({"fc.weight": lin.weight.detach(), "fc.bias": lin.bias.detach()}, tmp_path / "w.pt")
+    torch.save(
+        {"fc.weight": lin.weight.detach().t(), "fc.bias": lin.bias.detach()}, tmp_path / "w.pt"
+    )
     with pytest.raises(WeightsError, match=r"shape mismatch for 'fc.weight'.*\(8, 5\).*\(5, 8\)"):
         state_dict_to_caffemodel(proto, tmp_path / "w.pt", tmp_path / "out.caffemodel")
     # axes of size 1 may differ: a (5, 1) bias column is still the (5,) bias
-    torch.save({"fc.weight": lin.weight.detach().t(), "fc.bias": lin.bias.detach()[:, None]},
+    torch.save({"fc.weight": lin.weight.detach(), "fc.bias": lin.bias.detach()[:, None]},
                tmp_path / "ok.pt")  # fmt: skip
     state_dict_to_caffemodel(proto, tmp_path / "ok.pt", tmp_path / "ok.caffemodel")
     net = torchcaffe.load(proto, tmp_path / "ok.caffemodel")
     x = torch.randn(1, 8)
     torch.testing.assert_close(net(data=x)["fc"], lin(x).detach())
+
+
+def test_readable_transposed_inner_product_is_in_linear_layout(tmp_path):
+    """``transpose: true`` stores the weight (K, N); the readable key holds nn.Linear's (N, K)
+    (a square one would otherwise load into nn.Linear silently transposed), and back."""
+    proto = tmp_path / "t.prototxt"
+    proto.write_text(
+        'layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 4 } } }'
+        ' layer { name: "fc" type: "InnerProduct" bottom: "data" top: "fc" inner_product_param {'
+        ' num_output: 4 transpose: true weight_filler { type: "gaussian" } } }'
+    )
+    net = torchcaffe.load(proto)
+    torchcaffe.save_weights(net, tmp_path / "t.caffemodel")
+    caffemodel_to_state_dict(proto, tmp_path / "t.caffemodel", tmp_path / "r.pt", readable=True)
+    state = torch.load(tmp_path / "r.pt", weights_only=True)
+    linear = torch.nn.Linear(4, 4)
+    linear.load_state_dict({k[3:]: v for k, v in state.items()})
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(linear(x), net(data=x)["fc"])
+    state_dict_to_caffemodel(proto, tmp_path / "r.pt", tmp_path / "back.caffemodel")
+    assert (tmp_path / "back.caffemodel").read_bytes() == (tmp_path / "t.caffemodel").read_bytes()

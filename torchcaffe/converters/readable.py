@@ -6,6 +6,8 @@ at use (a factor of 0 gives 0, as Caffe's BatchNormLayer). Here they become torc
 ``running_mean = mean / scale_factor`` and ``running_var = variance / scale_factor`` (plus
 ``num_batches_tracked``), and the learned affine of the Scale layer that follows a BatchNorm
 in Caffe becomes that BatchNorm's ``weight`` and ``bias``. Going back writes scale_factor 1.
+An InnerProduct with ``transpose: true`` stores its weight (K, N); ``nn.Linear``'s is (N, K),
+so it is transposed both ways.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ def _folded_scales(net: TorchNet) -> dict[str, str]:
             writer[top] = (step.name, step.type)
     folded_bns = list(folded.values())
     return {s: b for s, b in folded.items() if folded_bns.count(b) == 1}
+
+
+def _linear_layout(module: torch.nn.Module, name: str, blob: torch.Tensor) -> torch.Tensor:
+    """``blob`` in torch's layout: a transposed InnerProduct's weight as nn.Linear's (N, K)."""
+    return blob.t() if name == "weight" and getattr(module, "transpose", False) is True else blob
 
 
 def _unshared(module: torch.nn.Module, seen: set[int]) -> tuple[list[str], list[torch.Tensor]]:
@@ -77,7 +84,7 @@ def readable_state_dict(net: TorchNet) -> dict[str, torch.Tensor]:
                     layer_type=step.type,
                     hint="rename one of the layers",
                 )
-            state[key] = blob
+            state[key] = _linear_layout(module, name, blob).contiguous()
     return state
 
 
@@ -117,6 +124,7 @@ def load_readable_state_dict(
         for name, blob in zip(names, blobs):
             value = take(f"{prefix}.{name}")
             if value is not None:
+                value = _linear_layout(module, name, value)
                 assignments.append((f"{prefix}.{name}", blob, value))
     unexpected = sorted(set(state) - used)
     if missing or unexpected:
