@@ -189,6 +189,28 @@ def test_forward_matches_reference(snippet, kw, loc_classes, seed):
     np.testing.assert_allclose(top.numpy(), want, rtol=1e-12, atol=1e-12)
 
 
+def test_prior_count_follows_a_reshape():
+    """The fork's Reshape recounts the priors, so a net reshaped to another input size (more
+    or fewer priors than at setup) decodes the priors it is given."""
+    layer, _ = make_layer(
+        "detection_output_param { num_classes: 4 nms_param { nms_threshold: 0.45 } }",
+        SHAPES,
+        type="DetectionOutput",
+        phase="TEST",
+        dtype=torch.float64,
+    )
+    loc, conf, prior = _bottoms()(torch.Generator().manual_seed(4))
+    few = P // 2
+    smaller = [
+        loc[:, : few * 4],
+        conf[:, : few * C],
+        prior.reshape(2, P, 4)[:, :few].reshape(1, 2, few * 4),
+    ]
+    assert layer.output_shapes([tuple(b.shape) for b in smaller]) == [(1, 1, 1, 7)]
+    want = ref_detection_output(*[b.numpy() for b in smaller], num_classes=C, nms_threshold=0.45)
+    np.testing.assert_allclose(layer(*smaller).numpy(), want, rtol=1e-12, atol=1e-12)
+
+
 def test_nms_suppresses_and_keep_top_k_cuts_across_labels():
     bottoms = _bottoms()(torch.Generator().manual_seed(5))
     loose = _run("num_classes: 4 nms_param { nms_threshold: 1 }", bottoms)

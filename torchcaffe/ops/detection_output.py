@@ -131,13 +131,17 @@ class DetectionOutputLayer(CaffeLayer):
         image: torch.Tensor | None = None,
     ) -> torch.Tensor:
         num = loc.shape[0]
-        pbox, pvar, _ = split_priors(prior, self.num_priors)
+        # the fork's Reshape recounts the priors: a reshaped net brings more or fewer
+        num_priors = check_prior_counts(
+            self, [loc.shape, conf.shape, prior.shape], self.loc_classes, self.num_classes
+        )
+        pbox, pvar, _ = split_priors(prior, num_priors)
         check_prior_boxes(self, pbox, self.code_type)
         classes = [k for k in range(self.num_classes) if k != self.background]
         if not classes:
             return self._no_detection(num, loc)
         labels = torch.tensor(classes, device=loc.device)
-        boxes, scores = self._per_class(loc.detach(), conf.detach(), pbox, pvar, labels)
+        boxes, scores = self._per_class(loc.detach(), conf.detach(), pbox, pvar, labels, num_priors)
         kc, p = scores.shape[1:]
         order, keep = _bbox.nms_fast(
             boxes.reshape(-1, p, 4),
@@ -165,9 +169,9 @@ class DetectionOutputLayer(CaffeLayer):
         )
         return rows.reshape(1, 1, -1, 7)
 
-    def _per_class(self, loc, conf, pbox, pvar, labels):
+    def _per_class(self, loc, conf, pbox, pvar, labels, p: int):
         """Decoded boxes (N, C', P, 4) and scores (N, C', P) of the non-background classes."""
-        num, p = loc.shape[0], self.num_priors
+        num = loc.shape[0]
         loc = loc.reshape(num, p, self.loc_classes, 4).transpose(1, 2)  # (N, L, P, 4)
         boxes = _bbox.decode(pbox, pvar, loc, self.code_type, self.param.variance_encoded_in_target)
         scores = conf.reshape(num, p, self.num_classes).transpose(1, 2)  # (N, C, P)
