@@ -422,6 +422,26 @@ def test_forward_backward_match_reference(snippet, kw, loc_classes, seed):
     np.testing.assert_allclose(dconf.numpy(), want_dconf, rtol=1e-9, atol=1e-12)
 
 
+def test_prior_count_follows_a_reshape():
+    """The fork's Reshape recounts the priors: a layer set up for fewer priors takes the
+    count (and the FULL normalizer) from the bottoms it is given."""
+    data = make_data(np.random.default_rng(7), 1, (1, 2, 3))
+    few = 20
+    layer, _ = make_layer(
+        "multibox_loss_param { num_classes: 4 } loss_param { normalization: FULL }",
+        ((N, few * 4), (N, few * C), (1, 2, few * 4), data[3].shape),
+        type="MultiBoxLoss",
+        dtype=torch.float64,
+    )
+    xs = [torch.tensor(a).requires_grad_(i < 2) for i, a in enumerate(data)]
+    loss = layer(*xs)
+    loss.backward()
+    want, want_dloc, want_dconf = ref_multibox_loss(*data, normalization="FULL")
+    np.testing.assert_allclose(float(loss), want, rtol=1e-10)
+    np.testing.assert_allclose(xs[0].grad.numpy(), want_dloc, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(xs[1].grad.numpy(), want_dconf, rtol=1e-9, atol=1e-12)
+
+
 def test_map_object_to_agnostic():
     rng = np.random.default_rng(3)
     loc, conf, prior, label = make_data(rng)

@@ -160,11 +160,15 @@ class MultiBoxLossLayer(CaffeLayer):
     # -- Forward --------------------------------------------------------------------------
     def forward(self, loc, conf, prior, label):
         p, num = self.param, loc.shape[0]
-        prior_t = split_priors(prior, self.num_priors)
+        # the fork's Reshape recounts the priors: a reshaped net brings more or fewer
+        num_priors = check_prior_counts(
+            self, [loc.shape, conf.shape, prior.shape], self.loc_classes, self.num_classes
+        )
+        prior_t = split_priors(prior, num_priors)
         if not p.use_prior_for_matching:
             check_prior_boxes(self, prior_t[0], p.code_type)
-        loc_r = loc.reshape(num, self.num_priors, self.loc_classes, 4)
-        conf_r = conf.reshape(num, self.num_priors, self.num_classes)
+        loc_r = loc.reshape(num, num_priors, self.loc_classes, 4)
+        conf_r = conf.reshape(num, num_priors, self.num_classes)
         # the fork reads bottom[3]->height() rows of 8 values
         truth = _multibox.read_ground_truth(
             self, label.reshape(-1)[: label.shape[2] * 8], num, p.use_difficult_gt
@@ -176,7 +180,7 @@ class MultiBoxLossLayer(CaffeLayer):
             match, neg = self._mine(conf_r, loc_pair, match, overlaps, truth)
             if self.mining == MB.HARD_EXAMPLE:
                 loc_pair = _multibox.encode_loc(p, self.keys, truth, loc_r, prior_t, match)
-        norm = self._normalizer(num, (match > -1).sum())
+        norm = self._normalizer(num, num_priors, (match > -1).sum())
         loss = loc.reshape(-1)[:0].sum() + conf.reshape(-1)[:0].sum()  # 0, on the graph
         if self.use_loc and loc_pair[0].numel():
             loss = loss + p.loc_weight * self._loc_loss(*loc_pair).sum() / norm
@@ -184,13 +188,13 @@ class MultiBoxLossLayer(CaffeLayer):
             loss = loss + self._conf_loss(conf_r, match, neg, truth) / norm
         return loss
 
-    def _normalizer(self, num: int, num_matches: torch.Tensor):
+    def _normalizer(self, num: int, num_priors: int, num_matches: torch.Tensor):
         """LossLayer::GetNormalizer with the match count as the valid count."""
         mode = self.normalization
         if mode == Norm.VALID:
             return num_matches.clamp(min=1)
         counts: dict[int, int] = {
-            Norm.FULL: num * self.num_priors,
+            Norm.FULL: num * num_priors,
             Norm.BATCH_SIZE: num,
             Norm.NONE: 1,
         }
