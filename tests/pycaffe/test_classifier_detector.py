@@ -64,6 +64,16 @@ def test_classifier_center_crop_and_oversample(model):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("dims", [None, (), []])
+def test_classifier_without_image_dims_resizes_to_the_crop(model, dims):
+    """pycaffe's ``if not image_dims``: None or an empty sequence means the input's size."""
+    proto, weights, _ = model
+    clf = caffe.Classifier(proto, weights, image_dims=dims)
+    assert list(clf.image_dims) == [8, 8]
+    image = np.random.default_rng(1).random((11, 9, 3)).astype(np.float32)
+    assert clf.predict([image], oversample=False).shape == (1, 5)
+
+
 def test_detector_windows_and_context_pad(model):
     proto, weights, net = model
     rng = np.random.default_rng(1)
