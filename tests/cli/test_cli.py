@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import torchcaffe
 from torchcaffe.cli.__main__ import main
 from torchcaffe.formats.prototxt import read_net
@@ -105,3 +107,14 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path, capsys, monkeypatch):
     assert main(["run", str(proto)]) == 130
     err = capsys.readouterr().err
     assert err == "torchcaffe run: interrupted\n"
+
+
+def test_top_level_help_gives_each_action_its_whole_first_sentence(capsys):
+    """`torchcaffe -h` lists each action by its docstring's first paragraph; a first sentence
+    that runs over two lines ("upgrade ...: text in, text out; binary in, binary out.") is
+    not cut at the line break."""
+    with pytest.raises(SystemExit):
+        main(["-h"])
+    listing = " ".join(capsys.readouterr().out.split())
+    assert "text in, text out; binary (a caffemodel) in, binary out." in listing
+    assert "(a caffemodel, weights kept) to the current format, written as binary." in listing

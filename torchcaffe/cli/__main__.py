@@ -77,7 +77,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     actions: dict[str, argparse.ArgumentParser] = {}
     for name, (add_arguments, action_main) in ACTIONS.items():
         doc = sys.modules[action_main.__module__].__doc__ or ""
-        actions[name] = sub.add_parser(name, help=doc.splitlines()[0], description=doc)
+        actions[name] = sub.add_parser(name, help=_summary(doc), description=doc)
         actions[name].formatter_class = argparse.RawDescriptionHelpFormatter
         add_arguments(actions[name])
         if name in READS_NETS:
@@ -87,6 +87,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                 help="a Caffe fork's own complete caffe.proto, for its fields (docs/forks.md)",
             )
     return parser, actions
+
+
+def _summary(doc: str) -> str:
+    """An action's line in ``torchcaffe -h``: its docstring's first paragraph (a first sentence
+    can run over two lines, so its first line alone would stop mid-sentence)."""
+    return " ".join(doc.split("\n\n")[0].split())
 
 
 def split_action(argv: list[str]) -> tuple[str | None, list[str]]:
