@@ -12,17 +12,22 @@ import contextlib
 import datetime
 import logging
 import sys
+import threading
 from collections.abc import Iterator
 
 
 class GlogFormatter(logging.Formatter):
-    """``logging`` records as glog lines (``logging``'s level letters: I, W, E, C)."""
+    """``logging`` records as glog lines (``logging``'s level letters: I, W, E, C).
+
+    The thread id is the OS's (glog's ``GetTID()``, gettid on Linux: the process id for the
+    main thread), right-aligned in 5 columns as glog writes it, not Python's thread ident.
+    A StreamHandler formats in the logging thread, so it is read here."""
 
     def format(self, record: logging.LogRecord) -> str:
         when = datetime.datetime.fromtimestamp(record.created)
         prefix = (
             f"{record.levelname[:1]}{when:%m%d %H:%M:%S}.{when.microsecond:06d} "
-            f"{record.thread or 0} {record.filename}:{record.lineno}] "
+            f"{threading.get_native_id():>5} {record.filename}:{record.lineno}] "
         )
         return prefix + super().format(record)
 

@@ -4,11 +4,13 @@ effects, and errors as one line."""
 from __future__ import annotations
 
 import argparse
+import logging
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import h5py
@@ -22,8 +24,9 @@ from torchcaffe.cli.flags import gflags_argv, gpu_ids
 from torchcaffe.cli.train import _signal_actions
 from torchcaffe.errors import DeviceError
 from torchcaffe.formats.prototxt import read_net
+from torchcaffe.glog import GlogFormatter
 
-GLOG_LINE = re.compile(r"I\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ \S+:\d+\] ")
+GLOG_LINE = re.compile(r"I\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ \S+:\d+\] ")
 CASE = Path(__file__).resolve().parents[1] / "golden" / "solvers" / "sgd_momentum_step"
 
 
@@ -331,3 +334,14 @@ def test_a_refused_python_layer_names_the_command_line_flag(tmp_path, capsys, mo
     assert main(["time", "-model", str(model), "-iterations", "1"]) == 2
     err = _without_log_lines(capsys.readouterr().err)
     assert err.count("\n") == 1 and "-allow_python_layers" in err
+
+
+def test_glog_prefix_names_the_os_thread_id_as_glog_does():
+    """glog writes GetTID() (gettid: the process id in the main thread), padded to 5 columns;
+    Python's thread ident is a 15-digit address, which no Caffe log carries."""
+    record = logging.LogRecord("torchcaffe", logging.INFO, "solver.py", 7, "hi", None, None)
+    line = GlogFormatter().format(record)
+    assert line.endswith(" solver.py:7] hi")
+    tid = line.split()[2]
+    assert tid == str(threading.get_native_id())
+    assert line[22:28] == f"{tid:>5} "  # right-aligned in 5 columns after the time

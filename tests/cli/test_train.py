@@ -121,7 +121,7 @@ def test_the_training_log_has_glogs_prefix_for_caffes_log_parsers(case, capsys):
     (case / "solver.prototxt").write_text(text)
     assert main(["train", "--solver", "solver.prototxt", "--weights", "weights.caffemodel"]) == 0
     lines = [line for line in capsys.readouterr().err.splitlines() if "] " in line]
-    glog = re.compile(r"^[IWEC](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{6}) \d+ [\w.]+:\d+\] ")
+    glog = re.compile(r"^[IWEC](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{6}) +\d+ [\w.]+:\d+\] ")
     assert lines and all(glog.match(line) for line in lines), lines[:3]
     month, day = (int(v) for v in glog.match(lines[0]).groups()[:2])
     assert 1 <= month <= 12 and 1 <= day <= 31

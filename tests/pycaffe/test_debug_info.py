@@ -166,7 +166,7 @@ def test_train_cli_logs_the_lines_in_glog_format(tmp_path, monkeypatch, capsys, 
     (tmp_path / "solver.prototxt").write_text(text)
     assert main(["train", "-solver", "solver.prototxt"]) == 0
     err = capsys.readouterr().err
-    glog = r"[IE]\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ \S+:\d+\] "
+    glog = r"[IE]\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ \S+:\d+\] "
     forward = re.findall(glog + r"    \[Forward\] Layer ip1, param blob w1 data: \S+\n", err)
     norms = re.findall(r"E\d{4} .*\]     \[Backward\] All net params", err)
     assert (len(forward), len(norms)) == ((3, 2) if debug else (0, 0))
