@@ -267,3 +267,20 @@ def test_hdf5_param_after_a_missing_index_is_still_read(tmp_path):
 
     with pytest.raises(WeightsError, match=r"layer 'ip'.*param 1 is missing"):
         torchcaffe.load_weights(net(), h5(tmp_path / "w.caffemodel.h5", build))
+
+
+def test_lazy_huge_hdf5data_dataset_is_refused_before_reading(tmp_path):
+    """An HDF5Data source is checked as Caffe's hdf5_load_nd_dataset reshapes a Blob to it
+    (over INT_MAX elements: refused) before any of it is read: a few KB on disk can declare
+    1M x 4096 floats (16 GB)."""
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        f.create_dataset("data", shape=(1_000_000, 4096), dtype="f4")
+        f.create_dataset("label", data=np.zeros(1_000_000, np.float32))
+    (tmp_path / "list.txt").write_text(f"{tmp_path / 'd.h5'}\n")
+    proto = tmp_path / "net.prototxt"
+    proto.write_text(
+        'layer { name: "d" type: "HDF5Data" top: "data" top: "label" '
+        f'hdf5_data_param {{ source: "{tmp_path / "list.txt"}" batch_size: 2 }} }}'
+    )
+    with memory_cap(2**30), pytest.raises(DataError, match=r"dataset 'data'.*max_blob"):
+        torchcaffe.load(proto, phase="train")()

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from .. import limits
 from ..errors import DataError
 from ..registry import register_layer
 from .base import AtLeast, CaffeLayer, Exactly, Shape
@@ -152,6 +153,15 @@ class HDF5DataLayer(CaffeLayer):
                 f"{filename}: dataset '{name}' is not numeric",
                 expected="float or integer data",
                 got=str(ds.dtype),
+                cls=DataError,
+            )
+        # Caffe's Blob::Reshape refuses the dataset's blob before reading it; a dataset can
+        # declare far more than its file holds (HDF5 allocates storage lazily)
+        problem = limits.shape_problem(tuple(int(d) for d in ds.shape))
+        if problem:
+            raise self.error(
+                f"{filename}: dataset '{name}' of shape {list(ds.shape)}: {problem}",
+                hint="see docs/limits.md to raise a limit for a file you trust",
                 cls=DataError,
             )
         array = ds[()]
