@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import torchcaffe
-from torchcaffe.cli.__main__ import main
+from torchcaffe.cli.__main__ import READS_NETS, main
 from torchcaffe.formats.prototxt import read_net
 from torchcaffe.ops.catalogue import supported_layers_markdown
 
@@ -118,3 +118,10 @@ def test_top_level_help_gives_each_action_its_whole_first_sentence(capsys):
     listing = " ".join(capsys.readouterr().out.split())
     assert "text in, text out; binary (a caffemodel) in, binary out." in listing
     assert "(a caffemodel, weights kept) to the current format, written as binary." in listing
+
+
+def test_forks_doc_names_every_action_that_takes_caffe_proto():
+    """docs/forks.md lists the actions with --caffe-proto; each one the CLI gives it is there."""
+    text = (REPO / "docs" / "forks.md").read_text()
+    line = " ".join(text.split("On the command line, ", 1)[1].split("take", 1)[0].split())
+    assert sorted(READS_NETS) == sorted(w.strip("`,") for w in line.split() if w != "and")
