@@ -275,7 +275,7 @@ def test_caffe_face_partial_forward_matches(tmp_path, optimize):
     after_relu = list(net.layer_dict)[list(net.layer_dict).index("relu") + 1]  # the Split
     net.forward(start=after_relu)
     want = _unoptimized(net.module, data=torch.from_numpy(x))
-    for name in ("c", "h", "d"):
+    for name in ("h", "d"):
         np.testing.assert_allclose(net.blobs[name].data, want[name].numpy(), rtol=RTOL, atol=ATOL)
 
 
@@ -363,3 +363,29 @@ def test_a_parametrized_weight_is_used_by_every_path_and_saved_as_computed(tmp_p
     saved = torchcaffe.load(text_format.Parse(CONV_BN_SCALE_RELU, caffe_pb2.NetParameter()))
     torchcaffe.load_weights(saved, tmp_path / "w.caffemodel")
     torch.testing.assert_close(saved.layer("conv").param_blobs()[0], plain[0] * 2)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")  # the layers' shape logic
+def test_a_jit_trace_reads_the_params_not_the_folds_cached_before_it():
+    """torch.jit.trace records Caffe's literal program: the folds an earlier run cached would
+    be baked into the graph as constants, so the traced module would go on with the old
+    weights after ``load_state_dict`` or an optimizer step, and a trace taken before the
+    folds were cached (that computes them) would fail the trace's own check."""
+    net = _net().eval()
+    x = torch.randn(2, 3, 7, 6)
+    with torch.no_grad():
+        net(data=x)  # the folds are cached
+        traced = torch.jit.trace(net, (x,), strict=False)  # with check_trace
+    assert net.optimized_program().report[FOLD] == 3
+    state = {k: v * 0.5 if v.dim() else v for k, v in net.state_dict().items()}
+    traced.load_state_dict(state)
+    net.load_state_dict(state)
+    x2 = torch.randn(2, 3, 7, 6)
+    want = _unoptimized(net, data=x2)
+    with torch.no_grad():
+        got = traced(x2)
+    for name in ("h", "d"):
+        _assert_close(got[name], want[name])
+    with torch.no_grad():  # a fresh net: the trace and its check both fold nothing
+        torch.jit.trace(_net().eval(), (x,), strict=False)

@@ -412,7 +412,13 @@ class TorchNet(nn.Module):
     def _program_for(
         self, observable: frozenset[str], device: torch.device | None
     ) -> OptimizedProgram | None:
-        if not self.optimize or self.layers_hooked():
+        """The passes' program for this run, or None for Caffe's literal layer-by-layer one:
+        with ``optimize`` off, a layer hooked, or under torch.jit's tracer. A traced graph
+        must read every param by name, as a traced module's ``load_state_dict`` and its
+        optimizer write them there, and be the same graph with or without autograd (the
+        trace's check runs under ``no_grad``); the passes' folds, cached outside the trace,
+        would be baked in as constants, and their programs differ by mode."""
+        if not self.optimize or torch.jit.is_tracing() or self.layers_hooked():
             return None
         return self._cached_program(observable, torch.is_grad_enabled(), device)
 
