@@ -455,3 +455,37 @@ def test_building_a_net_tells_no_other_net_of_mode_switches():
     assert counter.calls == 1
     net.train()  # the net's own switch is read by the net, not told to every net
     assert counter.calls == 1
+
+
+POOL_LRN = """
+name: "pool_lrn"
+layer { name: "data" type: "Input" top: "data"
+        input_param { shape { dim: 2 dim: 3 dim: 9 dim: 9 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param { num_output: 6 kernel_size: 2 weight_filler { type: "xavier" } } }
+layer { name: "pool" type: "Pooling" bottom: "conv" top: "pool"
+        pooling_param { pool: MAX kernel_size: 3 stride: 2 } }
+layer { name: "norm" type: "LRN" bottom: "pool" top: "norm" lrn_param { local_size: 5 } }
+layer { name: "ave" type: "Pooling" bottom: "norm" top: "ave"
+        pooling_param { pool: AVE kernel_size: 2 stride: 2 } }
+"""
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_a_jit_trace_is_one_graph_with_or_without_autograd_and_runs_backward():
+    """Pooling and LRN pick a faster form where autograd records nothing; a trace takes the
+    form that can run backward either way, else a trace with autograd on fails the trace's
+    check (run under no_grad), and one under no_grad records an ``out=`` op that cannot."""
+    net = build(POOL_LRN)
+    x = torch.randn(2, 3, 9, 9)
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad):
+            traced = torch.jit.trace(net, (x,), strict=False)  # with check_trace
+        xt, xn = x.clone().requires_grad_(), x.clone().requires_grad_()
+        got = traced(xt)["ave"]
+        want = net(data=xn)["ave"]
+        np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), 1e-6, 1e-6)
+        got.sum().backward()
+        want.sum().backward()
+        np.testing.assert_allclose(xt.grad.numpy(), xn.grad.numpy(), 1e-6, 1e-6)

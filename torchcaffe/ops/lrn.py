@@ -70,7 +70,8 @@ class LRNLayer(CaffeLayer):
             if (
                 (torch.is_grad_enabled() and x.requires_grad)
                 or torch.compiler.is_compiling()
-                or torch.jit.is_tracing()  # the TorchScript ONNX exporter has no out= ops
+                # traced: its graph may run backward, and the ONNX exporter has no out= ops
+                or torch.jit.is_tracing()
             ):
                 return x * neg_power(scale, self.beta)
             # Nothing is saved for a backward: the power and the product reuse the square's

@@ -100,8 +100,10 @@ class _FlooredMaxPool2d(torch.autograd.Function):
 
 
 def _recorded(x: torch.Tensor) -> bool:
-    """Whether autograd records an op on ``x`` (a training forward)."""
-    return x.requires_grad and torch.is_grad_enabled()
+    """Whether autograd records an op on ``x`` (a training forward); under torch.jit's tracer
+    always: its graph must be one that can run backward, the same with or without autograd
+    (the trace's own check runs under ``no_grad``)."""
+    return (x.requires_grad and torch.is_grad_enabled()) or torch.jit.is_tracing()
 
 
 def _max_pool(x, kernel, stride, pad, out, want_mask, finite=False):
@@ -127,6 +129,7 @@ def _max_pool(x, kernel, stride, pad, out, want_mask, finite=False):
         ceil is not None
         and _recorded(x)
         and (COMPILED_FLOORED_POOL or not torch.compiler.is_compiling())
+        and not torch.jit.is_tracing()  # a Python op: no TorchScript or ONNX form
     ):
         y, idx = _FlooredMaxPool2d.apply(x, kernel, stride, pad, ceil)
         return y, (_mask(y, idx) if want_mask else None)
