@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import torchcaffe as caffe
+from torchcaffe.errors import UsageError
 from torchcaffe.pycaffe import net as pycaffe_net
 
 NET = """
@@ -51,3 +52,37 @@ def test_params_are_looked_at_only_after_a_device_side_write(net, scans):
     assert len(scans) == scanned + 1
     np.testing.assert_allclose(out, _want(net, x), rtol=1e-6)
     assert (net.params["ip"][0].data == 0.5).all()
+
+
+def test_param_blobs_follow_a_module_the_script_converted(tmp_path):
+    """``net.module.double().float()`` (or ``.to(...)``, ``share_memory()``) gives the params
+    new memory: net surgery through ``net.params``, by a Blob held from before too, reaches
+    the module's new tensors, and backward's diffs reach the blobs."""
+    path = tmp_path / "net.prototxt"
+    path.write_text("force_backward: true\n" + NET)
+    net = caffe.Net(str(path), caffe.TEST)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    held = net.params["ip"][0]
+    net.forward(data=x)
+    net.module.double().float()
+    held.data[...] = 0.25
+    net.params["ip"][1].data[...] = -1.0
+    out = net.forward(data=x)["f"]
+    np.testing.assert_allclose(out, x @ np.full((3, 2), 0.25, np.float32) - 1.0, rtol=1e-6)
+    net.module.share_memory()
+    net.forward(data=x)
+    net.blobs["f"].diff[...] = 1.0
+    net.backward()
+    np.testing.assert_allclose(held.diff, np.tile(x.sum(0), (2, 1)), rtol=1e-6)
+
+
+def test_a_module_converted_to_another_dtype_is_refused_by_name(net):
+    """pycaffe computes in float32 alone; torch would stop inside the first layer."""
+    x = np.ones((2, 3), np.float32)
+    net.module.double()
+    with pytest.raises(
+        UsageError, match="float32, as pycaffe does; its module is now torch.float64"
+    ):
+        net.forward(data=x)
+    net.module.float()
+    np.testing.assert_allclose(net.forward(data=x)["f"], _want(net, x), rtol=1e-6)

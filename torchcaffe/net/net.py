@@ -105,6 +105,9 @@ class TorchNet(nn.Module):
         self._known_inputs: dict[str, tuple[Shape, torch.dtype | None]] = {
             n: (self.blob_shapes[n], None) for n in self.input_names
         }
+        # nn.Module ``_apply`` calls (``.to()``, ``.double()``, ``share_memory()``): each may
+        # give the params new memory, which the Caffe face's param blobs then follow
+        self.conversions = 0
         set_requires_grad(built.modules, self.steps)
         self.train(self.phase == caffe_pb2.TRAIN)
         # Passes (net/passes): inference ones when no autograd is recorded, training ones when
@@ -141,6 +144,7 @@ class TorchNet(nn.Module):
         self.__dict__.pop("_modes_seen", None)  # a pickle from before mode_watch
         self.layer_modes_changed()
         mode_watch.watch(self)
+        self.__dict__.setdefault("conversions", 0)  # and from before the conversion count
         if "_known_inputs" not in self.__dict__:  # a pickle from before the dtype check
             self._known_inputs = {}
         self.__class__ = with_own_forward(type(self))
@@ -289,6 +293,7 @@ class TorchNet(nn.Module):
         """nn.Module's ``.to()`` / ``.double()`` / ``.half()``, after which the next call checks
         its inputs' dtypes again (the params' dtype may have changed; shapes stay known)."""
         out = super()._apply(fn, recurse)
+        self.conversions += 1
         self._known_inputs = {n: (shape, None) for n, (shape, _) in self._known_inputs.items()}
         return out
 

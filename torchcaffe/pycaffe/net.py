@@ -154,6 +154,7 @@ class Net:
         self._following_shares = False
         self._binds = 0  # _bind_params calls: a solver re-reads its params when this moves
         self._bind_params()
+        self._conversions = self._net.conversions  # the module's, when last bound to
         self._records: dict[int, _Record] = {}
         # pycaffe's per-layer callbacks (Net.before_forward & co.), by where they run
         self._callbacks: dict[str, list[Callable[[int], Any]]] = {
@@ -234,6 +235,7 @@ class Net:
         the folds derived from the params (a write through numpy bumps no tensor version),
         and so does the next run of every net sharing params with this one."""
         self._lazy.settle()
+        self._follow_conversion(refuse=False)  # ``blob`` is then the module's new memory
         written = (blob, self._param_users[id(blob)])
         self._written_params[id(blob)] = written
         for partner in self._partners:
@@ -349,7 +351,30 @@ class Net:
         return [self._blob_names.index(b) for b in self._net.steps[i].bottoms]
 
     # -- devices ----------------------------------------------------------------------------
+    def _follow_conversion(self, refuse: bool = True) -> None:
+        """Bind the param blobs again after a script converted the module itself
+        (``net.module.double().float()``, ``.to(...)``, ``share_memory()``): its params got
+        new memory, which net surgery through ``net.params`` would no longer reach. pycaffe
+        computes in float32 alone: a module left in another dtype is refused (``refuse``)
+        here, by name, rather than by torch inside the first layer."""
+        if self._net.conversions == self._conversions:
+            return
+        tensors = [*self._net.parameters(), *self._net.buffers()]
+        dtype = next((t.dtype for t in tensors if t.is_floating_point()), torch.float32)
+        if dtype != torch.float32:
+            if not refuse:
+                return
+            raise UsageError(
+                f"caffe.Net computes in float32, as pycaffe does; its module is now {dtype}",
+                path=self._net.path,
+                hint="convert it back (net.module.float()), or call the module itself: "
+                f"net.module(data=torch.from_numpy(x).to({dtype}))",
+            )
+        self._bind_params()
+        self._conversions = self._net.conversions
+
     def _ensure_device(self) -> torch.device:
+        self._follow_conversion()
         if self._written_params:
             self._forget_written_params()
         device = runtime.compute_device()
@@ -361,6 +386,7 @@ class Net:
             self._net.to(device)
             self._device = device
             self._bind_params()
+            self._conversions = self._net.conversions
         if self._shared and any(
             put.data_ptr() != source.data_ptr() for put, source, _ in self._shared.values()
         ):
