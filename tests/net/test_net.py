@@ -156,6 +156,30 @@ def test_an_input_that_is_not_a_tensor_of_the_params_dtype_is_a_usage_error():
     assert net.double()(data=x.double())["ip2"].dtype == torch.float64
 
 
+def test_an_integer_input_is_the_float_blob_caffe_would_hold():
+    """A uint8 image (``DatumDataset`` without a transform) or an int64 label: Caffe's blobs
+    hold floats, so the net computes what it computes for the same values as floats (torch
+    would stop in the first InnerProduct, or a Flatten would hand back integers)."""
+    net = build(MLP)
+    x = torch.randint(0, 256, (4, 6), dtype=torch.uint8)
+    want = net(data=x.float())["ip2"]
+    for dtype in (torch.uint8, torch.int64, torch.bool):
+        got = net(data=x.to(dtype))["ip2"]
+        assert got.dtype == torch.float32
+        np.testing.assert_array_equal(
+            got.detach().numpy(), net(data=x.to(dtype).float())["ip2"].detach().numpy()
+        )
+    np.testing.assert_array_equal(net(data=x)["ip2"].detach().numpy(), want.detach().numpy())
+    flat = build(
+        'input: "data" input_shape { dim: 2 dim: 3 }\n'
+        'layer { name: "f" type: "Flatten" bottom: "data" top: "f" }'
+    )
+    assert flat(data=torch.ones(2, 3, dtype=torch.int64))["f"].dtype == torch.float32
+    assert net.double()(data=x)["ip2"].dtype == torch.float64
+    with pytest.raises(UsageError, match="input 'data' is torch.complex64"):
+        net.float()(data=x.to(torch.complex64))
+
+
 def test_inputs_are_checked_again_after_the_net_changes_dtype():
     """A float32 call, then ``net.double()``: the same float32 input is now the wrong dtype."""
     net = build(MLP)

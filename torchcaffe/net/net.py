@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import cast
@@ -234,7 +235,18 @@ class TorchNet(nn.Module):
                 hint=f"call the net with {', '.join(self.input_names)}",
             )
         self._check_inputs(blobs)
+        for name, value in blobs.items():
+            if not value.is_floating_point():
+                blobs[name] = value.to(self._blob_dtype())
         return blobs
+
+    def _blob_dtype(self) -> torch.dtype:
+        """The dtype an integer or bool input (a uint8 image, an int64 label) is cast to: the
+        params'. Caffe's blobs hold floats, and its data layers cast so (exact below 2**24 in
+        float32); torch would stop in the first Convolution, and a Flatten would pass the
+        integers through."""
+        tensors = itertools.chain(self.parameters(), self.buffers())
+        return next((t.dtype for t in tensors if t.is_floating_point()), torch.float32)
 
     def _not_an_input(self, name: str) -> BlobWiringError:
         """The error for a keyword that names no input blob. A blob a layer computes (a data
@@ -266,7 +278,7 @@ class TorchNet(nn.Module):
     def _check_inputs(self, blobs: Mapping[str, torch.Tensor]) -> None:
         """Each input is a tensor; per new input shape or dtype, the shapes are inferred again
         and a floating-point input must have the params' dtype (torch would stop at the first
-        layer with a bare RuntimeError)."""
+        layer with a bare RuntimeError; an integer one is cast, see ``_blob_dtype``)."""
         if torch.compiler.is_compiling() or torch.jit.is_tracing():
             return
         for name in self.input_names:
@@ -303,7 +315,7 @@ class TorchNet(nn.Module):
             return
         for name in self.input_names:
             dtype = blobs[name].dtype
-            if dtype.is_floating_point and dtype != param.dtype:
+            if dtype.is_complex or (dtype.is_floating_point and dtype != param.dtype):
                 raise UsageError(
                     f"input {name!r} is {dtype} but the net's params are {param.dtype}",
                     path=self.path,
