@@ -86,3 +86,21 @@ def test_a_module_converted_to_another_dtype_is_refused_by_name(net):
         net.forward(data=x)
     net.module.float()
     np.testing.assert_allclose(net.forward(data=x)["f"], _want(net, x), rtol=1e-6)
+
+
+def test_a_module_made_channels_last_is_bound_contiguous_again(tmp_path):
+    """A Blob is a flat view of its param: ``net.module.to(memory_format=channels_last)``
+    leaves the params as they were laid out in Caffe, with the same values."""
+    path = tmp_path / "conv.prototxt"
+    path.write_text(
+        'input: "data" input_shape { dim: 1 dim: 2 dim: 4 dim: 4 }\n'
+        'layer { name: "c" type: "Convolution" bottom: "data" top: "c" convolution_param '
+        '{ num_output: 3 kernel_size: 3 weight_filler { type: "gaussian" } } }'
+    )
+    net = caffe.Net(str(path), caffe.TEST)
+    x = np.random.RandomState(0).randn(1, 2, 4, 4).astype(np.float32)
+    net.module.to(memory_format=torch.channels_last)
+    net.params["c"][0].data[...] = 0.5
+    got = net.forward(data=x)["c"]
+    np.testing.assert_allclose(got[0, :, 0, 0], [0.5 * x[0, :, :3, :3].sum()] * 3, rtol=1e-5)
+    assert net.module.layer("c").weight.is_contiguous()

@@ -354,7 +354,8 @@ class Net:
     def _follow_conversion(self, refuse: bool = True) -> None:
         """Bind the param blobs again after a script converted the module itself
         (``net.module.double().float()``, ``.to(...)``, ``share_memory()``): its params got
-        new memory, which net surgery through ``net.params`` would no longer reach. pycaffe
+        new memory, which net surgery through ``net.params`` would no longer reach (a
+        channels_last param is made contiguous again: a Blob is a flat view). pycaffe
         computes in float32 alone: a module left in another dtype is refused (``refuse``)
         here, by name, rather than by torch inside the first layer."""
         if self._net.conversions == self._conversions:
@@ -370,6 +371,8 @@ class Net:
                 hint="convert it back (net.module.float()), or call the module itself: "
                 f"net.module(data=torch.from_numpy(x).to({dtype}))",
             )
+        if not all(t.is_contiguous() for t in tensors):  # ``.to(memory_format=...)``
+            self._net._apply(torch.Tensor.contiguous)  # a param blob is a flat view
         self._bind_params()
         self._conversions = self._net.conversions
 
