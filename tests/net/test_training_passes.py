@@ -316,3 +316,16 @@ def test_frozen_fold_off_the_cpu_runs_the_convolution_then_one_batch_norm(monkey
     monkeypatch.setattr(F, "batch_norm", counted)
     _assert_step_equal(net, torch.randn(2, 3, 6, 5))
     assert sum(with_scale) == 1
+
+
+def test_fused_batchnorm_scale_runs_under_cpu_autocast():
+    """Under ``torch.autocast('cpu', bfloat16)`` the convolution's top is bfloat16 and the
+    Scale's params float32: the fused ``F.batch_norm`` takes its statistics in float32 (in
+    bfloat16 torch refuses the mix). Gradients stay within bfloat16's error of float32's."""
+    net = _net()
+    x = torch.randn(4, 3, 6, 5)
+    _, want, _ = _step(copy.deepcopy(net), x, optimize=False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, got, _ = _step(net, x, optimize=True)
+    for name, g in want.items():
+        assert (got[name] - g).abs().max() <= 0.05 * g.abs().max(), name

@@ -141,14 +141,17 @@ class TrainingBatchNormScale:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         bn, scale = self.bn, self.scale
         bias = scale.bias if self.bias_term else None
+        # the statistics in the Scale's dtype: under autocast a bfloat16 ``x`` meets float32
+        # params, a mix torch's batch_norm takes only with every param float32
+        dtype = scale.weight.dtype
         if bn.uses_global_stats:  # frozen statistics (fine-tuning a deploy-style net)
             mean, var = bn.global_stats()
-            if mean.dtype != x.dtype:
-                mean, var = mean.to(x.dtype), var.to(x.dtype)
+            if mean.dtype != dtype:
+                mean, var = mean.to(dtype), var.to(dtype)
             return F.batch_norm(x, mean, var, scale.weight, bias, eps=bn.eps)
         if x.numel() // x.shape[1] <= 1:
             return scale(bn(x))  # one value per channel: the layer's own arithmetic
-        batch_mean = torch.zeros(x.shape[1], dtype=x.dtype, device=x.device)
+        batch_mean = torch.zeros(x.shape[1], dtype=dtype, device=x.device)
         batch_var = torch.zeros_like(batch_mean)
         y = F.batch_norm(
             x, batch_mean, batch_var, scale.weight, bias, training=True, momentum=1.0, eps=bn.eps
