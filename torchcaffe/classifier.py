@@ -57,8 +57,10 @@ class Classifier(Net):
         super().__init__(model_file, weights=pretrained_file, phase=caffe_pb2.TEST, **net_options)
         self.transformer = _configure_transformer(self, mean, input_scale, raw_scale, channel_swap)
         self.crop_dims = np.array(self.blobs[self.inputs[0]].data.shape[2:])
-        empty = image_dims is None or len(image_dims) == 0  # pycaffe: `if not image_dims`
-        self.image_dims = self.crop_dims if empty else image_dims
+        # pycaffe's ``if not image_dims``: None or an empty sequence means the input's size
+        self.image_dims = (
+            self.crop_dims if image_dims is None or not len(image_dims) else image_dims
+        )
 
     def predict(self, inputs: Sequence[np.ndarray], oversample: bool = True) -> np.ndarray:
         """Class scores (N x classes) for H x W x K images."""
