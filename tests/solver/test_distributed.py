@@ -203,3 +203,35 @@ def test_leave_waits_for_every_rank_only_after_a_completed_run(monkeypatch, comp
     assert calls == (["barrier", "destroy"] if completed else ["destroy"])
     distributed.leave(completed)  # not in a group any more: nothing to do
     assert len(calls) == (2 if completed else 1)
+
+
+def _dropout_rank(rank: int, root: str, port: int, results: dict) -> None:
+    """One gloo rank: the Dropout mask of its first forward after attach."""
+    os.chdir(root)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        solver = caffe.get_solver("solver_drop.prototxt", root=rank == 0)
+        distributed.attach(solver, distributed.ProcessGroup(rank, 2, rank))
+        solver.net.forward()
+        results[rank] = solver.net.blobs["dropped"].data == 0  # the data has no zeros
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_draw_their_own_dropout_masks(tmp_path, monkeypatch):
+    """Caffe's Solver::Init seeds each solver with ``random_seed + solver_rank``: ranks seeded
+    alike would drop the same units of their different records every iteration."""
+    write_setup(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    drop = 'layer { name: "drop" type: "Dropout" bottom: "data" top: "dropped" }\n'
+    net = NET.replace("BATCH", "4") + drop
+    (tmp_path / "net_drop.prototxt").write_text(net)
+    (tmp_path / "solver_drop.prototxt").write_text(
+        'net: "net_drop.prototxt" base_lr: 0.1 lr_policy: "fixed" random_seed: 3 solver_mode: CPU'
+    )
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_dropout_rank, args=(str(tmp_path), _free_port(), results), nprocs=2, join=True)
+        results = dict(results)
+    assert results[0].shape == (4, 5)
+    assert not np.array_equal(results[0], results[1])

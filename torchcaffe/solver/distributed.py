@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from .. import runtime
 from ..errors import DeviceError
 
 if TYPE_CHECKING:
@@ -139,6 +140,16 @@ def rank0_request(solver: Solver) -> Callable[[str], str]:
     return sync
 
 
+def seed_rank(solver: Solver, rank: int) -> None:
+    """Give rank ``rank`` its own random stream, as Caffe's Solver::Init seeds each solver with
+    ``random_seed + solver_rank``: ranks seeded alike would draw the same Dropout masks every
+    iteration. Rank 0 keeps the stream a single process has (Caffe's root adds 0)."""
+    if rank == 0:
+        return
+    seed = solver.param.random_seed if solver.param.random_seed >= 0 else torch.initial_seed()
+    runtime.set_random_seed((seed + rank) % 2**64)  # torch takes 64-bit seeds
+
+
 def attach(solver: Solver, group: ProcessGroup) -> None:
     """Make ``solver`` one rank of a data-parallel run (see the module docstring)."""
     from .solver import Callback
@@ -146,5 +157,6 @@ def attach(solver: Solver, group: ProcessGroup) -> None:
     solver.root = group.rank == 0
     shard_data(solver.net.module, group.rank, group.world_size)
     broadcast_params(solver)
+    seed_rank(solver, group.rank)
     solver.add_callback(Callback(on_gradients_ready=lambda: average_gradients(solver)))
     solver.sync_request = rank0_request(solver)
