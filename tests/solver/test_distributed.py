@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import torchcaffe
 import torchcaffe as caffe
+from torchcaffe.errors import TorchCaffeError
 from torchcaffe.ops.hdf5_data import HDF5DataLayer
 from torchcaffe.proto import caffe_pb2
 from torchcaffe.solver import distributed
@@ -235,3 +236,32 @@ def test_ranks_draw_their_own_dropout_masks(tmp_path, monkeypatch):
         results = dict(results)
     assert results[0].shape == (4, 5)
     assert not np.array_equal(results[0], results[1])
+
+
+def _mismatch_rank(rank: int, root: str, port: int, results: dict) -> None:
+    """One gloo rank of a run whose rank 1 reads another net: the error each one raises."""
+    os.chdir(root)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        solver = caffe.get_solver(f"solver{4 * (rank + 1)}.prototxt", root=rank == 0)
+        try:
+            distributed.attach(solver, distributed.ProcessGroup(rank, 2, rank))
+        except TorchCaffeError as err:
+            results[rank] = str(err)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_training_different_nets_fail_cleanly(tmp_path, monkeypatch):
+    """Blobs of other sizes on another rank abort the process inside gloo (SIGABRT, no Python
+    error); every rank is told instead."""
+    write_setup(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    net8 = (tmp_path / "net8.prototxt").read_text().replace("num_output: 4", "num_output: 5")
+    (tmp_path / "net8.prototxt").write_text(net8)
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_mismatch_rank, args=(str(tmp_path), _free_port(), results), nprocs=2, join=True)
+        results = dict(results)
+    assert "rank 1 trains another net than rank 0" in results[0]
+    assert "expected 4 learnable blobs of 39 values" in results[1]

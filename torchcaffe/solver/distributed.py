@@ -17,6 +17,7 @@ the gradients per iteration (the bucketed all-reduce DDP does, at Caffe's callba
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -26,7 +27,7 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from .. import runtime
-from ..errors import DeviceError
+from ..errors import DeviceError, SolverError
 
 if TYPE_CHECKING:
     from .solver import Solver
@@ -95,6 +96,35 @@ def _grads(solver: Solver) -> list[torch.Tensor]:
     return grads
 
 
+def _backend_device(solver: Solver) -> torch.device:
+    """Where this backend's collectives take their tensors (NCCL: the GPU; gloo: the CPU)."""
+    device = solver.net._ensure_device()
+    return device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def check_same_net(solver: Solver) -> None:
+    """Every rank must train the same learnable blobs: a flattened broadcast or all-reduce
+    over blobs of other sizes aborts the process inside gloo/NCCL, with no Python error."""
+    learned = solver._learnables
+    layout = ";".join(
+        f"{e.layer}.{e.index}{tuple(e.tensor.shape)}{e.tensor.dtype}" for e in learned
+    )
+    counts = (len(learned), sum(e.tensor.numel() for e in learned), zlib.crc32(layout.encode()))
+    mine = torch.tensor(counts, dtype=torch.int64, device=_backend_device(solver))
+    everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, mine)
+    root = everyone[0].tolist()
+    for rank, theirs in enumerate(t.tolist() for t in everyone):
+        if theirs != root:
+            raise SolverError(
+                f"rank {rank} trains another net than rank 0 (its learnable blobs differ)",
+                path=solver.path,
+                expected=f"{root[0]} learnable blobs of {root[1]} values, as rank 0's",
+                got=f"{theirs[0]} blobs of {theirs[1]} values",
+                hint="every rank must read the same solver and net files",
+            )
+
+
 def broadcast_params(solver: Solver, src: int = 0) -> None:
     """Make every rank start from ``src``'s weights (Caffe's NCCL::Broadcast)."""
     solver.net._ensure_device()
@@ -127,8 +157,7 @@ def average_gradients(solver: Solver) -> None:
 
 def rank0_request(solver: Solver) -> Callable[[str], str]:
     """Rank 0's action request (its signals), broadcast so every rank stops together."""
-    device = solver.net._ensure_device()
-    backend_device = device if dist.get_backend() == "nccl" else torch.device("cpu")
+    backend_device = _backend_device(solver)
 
     def sync(request: str) -> str:
         code = torch.zeros(1, dtype=torch.int64, device=backend_device)
@@ -156,6 +185,7 @@ def attach(solver: Solver, group: ProcessGroup) -> None:
 
     solver.root = group.rank == 0
     shard_data(solver.net.module, group.rank, group.world_size)
+    check_same_net(solver)
     broadcast_params(solver)
     seed_rank(solver, group.rank)
     solver.add_callback(Callback(on_gradients_ready=lambda: average_gradients(solver)))
