@@ -265,3 +265,31 @@ def test_ranks_training_different_nets_fail_cleanly(tmp_path, monkeypatch):
         results = dict(results)
     assert "rank 1 trains another net than rank 0" in results[0]
     assert "expected 4 learnable blobs of 39 values" in results[1]
+
+
+def _dying_rank(rank: int, root: str, port: int, results: dict) -> None:
+    """Rank 1 leaves right after attach (as a rank that failed would); rank 0 trains on."""
+    os.chdir(root)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        solver = caffe.get_solver("solver4.prototxt", root=rank == 0)
+        distributed.attach(solver, distributed.ProcessGroup(rank, 2, rank))
+        if rank == 0:
+            try:
+                solver.step(2)
+            except TorchCaffeError as err:
+                results[rank] = str(err)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_rank_that_dies_stops_its_peers_with_a_solver_error(tmp_path, monkeypatch):
+    """The peers of a failed rank see gloo's transport error in the next collective: they
+    stop with a TorchCaffeError that points at the failed rank (the CLI's one-line error)."""
+    write_setup(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_dying_rank, args=(str(tmp_path), _free_port(), results), nprocs=2, join=True)
+        results = dict(results)
+    assert "another rank stopped during the gradient all-reduce" in results[0]

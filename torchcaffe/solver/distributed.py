@@ -16,9 +16,10 @@ the gradients per iteration (the bucketed all-reduce DDP does, at Caffe's callba
 
 from __future__ import annotations
 
+import contextlib
 import os
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -96,6 +97,20 @@ def _grads(solver: Solver) -> list[torch.Tensor]:
     return grads
 
 
+@contextlib.contextmanager
+def _peers(solver: Solver, what: str) -> Iterator[None]:
+    """A collective whose peer is gone (it crashed or stopped at its own error) fails in the
+    transport: say so as a SolverError, not as gloo's or NCCL's traceback."""
+    try:
+        yield
+    except RuntimeError as err:  # DistBackendError, gloo's "Connection closed by peer"
+        raise SolverError(
+            f"another rank stopped during the {what}; see that rank's own error",
+            path=solver.path,
+            got=str(err).splitlines()[0] if str(err) else type(err).__name__,
+        ) from err
+
+
 def _backend_device(solver: Solver) -> torch.device:
     """Where this backend's collectives take their tensors (NCCL: the GPU; gloo: the CPU)."""
     device = solver.net._ensure_device()
@@ -112,7 +127,8 @@ def check_same_net(solver: Solver) -> None:
     counts = (len(learned), sum(e.tensor.numel() for e in learned), zlib.crc32(layout.encode()))
     mine = torch.tensor(counts, dtype=torch.int64, device=_backend_device(solver))
     everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(everyone, mine)
+    with _peers(solver, "check that every rank trains the same net"):
+        dist.all_gather(everyone, mine)
     root = everyone[0].tolist()
     for rank, theirs in enumerate(t.tolist() for t in everyone):
         if theirs != root:
@@ -132,7 +148,8 @@ def broadcast_params(solver: Solver, src: int = 0) -> None:
     if not tensors:
         return
     flat = _flatten_dense_tensors(tensors)
-    dist.broadcast(flat, src)
+    with _peers(solver, "broadcast of the initial weights"):
+        dist.broadcast(flat, src)
     for t, synced in zip(tensors, _unflatten_dense_tensors(flat, tensors)):
         t.copy_(synced)
     solver.net._params_written_on_device()
@@ -148,7 +165,8 @@ def average_gradients(solver: Solver) -> None:
     for dtype in dict.fromkeys(g.dtype for g in grads):
         group = [g for g in grads if g.dtype == dtype]
         flat = _flatten_dense_tensors(group)
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        with _peers(solver, "gradient all-reduce"):
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         flat.mul_(1.0 / world)
         for g, synced in zip(group, _unflatten_dense_tensors(flat, group)):
             g.copy_(synced)
@@ -163,7 +181,8 @@ def rank0_request(solver: Solver) -> Callable[[str], str]:
         code = torch.zeros(1, dtype=torch.int64, device=backend_device)
         if dist.get_rank() == 0:
             code[0] = ACTIONS.index(request)
-        dist.broadcast(code, 0)
+        with _peers(solver, "broadcast of rank 0's stop/snapshot request"):
+            dist.broadcast(code, 0)
         return ACTIONS[int(code[0])]
 
     return sync
