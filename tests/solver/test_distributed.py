@@ -22,8 +22,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 import torchcaffe
 import torchcaffe as caffe
+from tests.helpers.datasets import image_folder
 from torchcaffe.errors import TorchCaffeError
 from torchcaffe.ops.hdf5_data import HDF5DataLayer
+from torchcaffe.ops.image_data import ImageDataLayer
 from torchcaffe.proto import caffe_pb2
 from torchcaffe.solver import distributed
 
@@ -293,3 +295,24 @@ def test_a_rank_that_dies_stops_its_peers_with_a_solver_error(tmp_path, monkeypa
         mp.spawn(_dying_rank, args=(str(tmp_path), _free_port(), results), nprocs=2, join=True)
         results = dict(results)
     assert "another rank stopped during the gradient all-reduce" in results[0]
+
+
+def test_image_data_ranks_mirror_on_their_own(tmp_path):
+    """Caffe seeds solver r with ``random_seed + r``: ranks built from one seed must not
+    mirror their records identically (every line here names the same image, so identical
+    mirror draws would give identical batches)."""
+    image_folder(tmp_path, [(6, 7)], gray=True)
+    (tmp_path / "list.txt").write_text("".join(f"img_0.png {i}\n" for i in range(16)))
+    text = (
+        'name: "d" type: "ImageData" top: "data" top: "label" transform_param { mirror: true } '
+        f'image_data_param {{ source: "{tmp_path}/list.txt" root_folder: "{tmp_path}/images/" '
+        "batch_size: 8 is_color: false }"
+    )
+    batches = []
+    for rank in (0, 1):
+        torch.manual_seed(3)  # both ranks ran set_random_seed(random_seed) before building
+        layer = ImageDataLayer(text_format.Parse(text, caffe_pb2.LayerParameter()), [])
+        layer.set_shard(rank, 2)
+        batches.append(layer.forward()[0])
+        layer.close()
+    assert not torch.equal(batches[0], batches[1])

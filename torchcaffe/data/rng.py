@@ -8,6 +8,8 @@ but are not Caffe's exact stream, whose global RNG state depends on every earlie
 
 from __future__ import annotations
 
+from typing import overload
+
 import numpy as np
 import torch
 
@@ -15,6 +17,19 @@ import torch
 def fresh_seed() -> int:
     """A 32-bit seed drawn from torch's default generator (follows set_random_seed)."""
     return int(torch.randint(0, 2**32, (1,), dtype=torch.int64).item())
+
+
+@overload
+def for_rank(rng: CaffeRNG, rank: int) -> CaffeRNG: ...
+@overload
+def for_rank(rng: None, rank: int) -> None: ...
+def for_rank(rng: CaffeRNG | None, rank: int) -> CaffeRNG | None:
+    """The stream rank ``rank`` of a multi-process run draws from. Caffe seeds solver r with
+    ``random_seed + r``, so each rank mirrors, crops and shuffles on its own; ranks seeded
+    alike would augment their records identically. Rank 0 keeps its stream as it is."""
+    if rng is None or rank == 0:
+        return rng
+    return CaffeRNG(rng.seed + rank)
 
 
 class CaffeRNG:

@@ -9,7 +9,7 @@ from google.protobuf.message import DecodeError
 
 from ..data import cv, ssd
 from ..data.db import DBReader, backend_name, open_db
-from ..data.rng import CaffeRNG
+from ..data.rng import CaffeRNG, for_rank
 from ..errors import DataError, TorchCaffeError
 from ..formats.binaryproto import read_mean_file
 from ..proto import caffe_pb2 as pb
@@ -51,6 +51,7 @@ class AnnotatedLoader(BatchLoader):
 
     def set_shard(self, rank: int, world_size: int) -> None:
         self.rank, self.world_size = rank, world_size
+        self.rng = for_rank(self.rng, rank)
 
     def _next(self) -> None:
         self.cursor.next()

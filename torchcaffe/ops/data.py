@@ -8,7 +8,7 @@ import numpy as np
 
 from ..data.datum import parse_datum
 from ..data.db import DBReader, backend_name, open_db
-from ..data.rng import CaffeRNG
+from ..data.rng import for_rank
 from ..data.transformer import DataTransformer
 from ..errors import DataError, TorchCaffeError
 from ..proto import caffe_pb2 as pb
@@ -37,9 +37,7 @@ class DatumLoader(BatchLoader):
 
     def set_shard(self, rank: int, world_size: int) -> None:
         self.rank, self.world_size = rank, world_size
-        rng = self.transformer.rng
-        if rng is not None:  # ranks seeded alike would mirror/crop alike
-            self.transformer.rng = CaffeRNG(rng.seed + rank)
+        self.transformer.rng = for_rank(self.transformer.rng, rank)
 
     def _skip(self) -> bool:
         # DataLayer::Skip: in TEST every rank reads everything (only rank 0 tests in Caffe).

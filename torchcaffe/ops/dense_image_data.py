@@ -6,7 +6,7 @@ import numpy as np
 
 from ..data import cv
 from ..data.listfile import read_text
-from ..data.rng import CaffeRNG
+from ..data.rng import CaffeRNG, for_rank
 from ..data.transformer import DataTransformer
 from ..errors import DataError, TorchCaffeError
 from ..registry import register_layer
@@ -48,6 +48,8 @@ class DenseLoader(BatchLoader):
         self.lines = self.lines[rank::world_size]
         if not self.lines:
             raise DataError("shard holds no lines", path=self.source)
+        self.rng = for_rank(self.rng, rank)
+        self.transformer.rng = for_rank(self.transformer.rng, rank)
         self.pos = 0
 
     def pair(self, i: int) -> tuple[np.ndarray, np.ndarray]:

@@ -7,7 +7,7 @@ import numpy as np
 
 from ..data import cv
 from ..data.listfile import read_list
-from ..data.rng import CaffeRNG
+from ..data.rng import CaffeRNG, for_rank
 from ..data.transformer import DataTransformer
 from ..errors import TorchCaffeError
 from ..registry import register_layer
@@ -34,6 +34,8 @@ class ImageListLoader(BatchLoader):
         if not self.lines:
             raise TorchCaffeError("shard holds no lines", path=self.source)
         self.pos = 0
+        self.rng = for_rank(self.rng, rank)
+        self.transformer.rng = for_rank(self.transformer.rng, rank)
 
     def image(self, i: int) -> np.ndarray:
         img = cv.read(self.root + self.lines[i][0], self.flag, source=self.source)

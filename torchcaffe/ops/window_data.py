@@ -9,7 +9,7 @@ import numpy as np
 
 from ..data import cv
 from ..data.listfile import read_text
-from ..data.rng import CaffeRNG
+from ..data.rng import CaffeRNG, for_rank
 from ..errors import DataError, TorchCaffeError
 from ..formats.binaryproto import read_mean_file
 from ..registry import register_layer
@@ -123,7 +123,7 @@ class WindowLoader(BatchLoader):
 
     def set_shard(self, rank: int, world_size: int) -> None:
         """Windows are sampled, not read in order: each rank draws its own stream."""
-        self.rng = CaffeRNG(self.rng.seed + rank)
+        self.rng = for_rank(self.rng, rank)
 
     def image(self, index: int) -> np.ndarray:
         if self.cache is not None:
