@@ -217,3 +217,18 @@ def test_what_building_the_solver_logs_is_in_the_training_log(case, capsys):
         line.split("] ", 1)[1] for line in capsys.readouterr().err.splitlines() if "] " in line
     ]
     assert lines[:3] == ["Use CPU.", "Finetuning from weights.caffemodel", "Starting Optimization"]
+
+
+def test_a_spawned_rank_reports_its_error_in_one_line(case, capfd, monkeypatch):
+    """``-gpu 0,1`` starts one process per GPU; a rank's TorchCaffeError ends the run with
+    the CLI's one-line error and status 2, not torch.multiprocessing's traceback."""
+    from torchcaffe.cli import train
+
+    monkeypatch.setattr(train, "_gpus", lambda param, flag: [0, 1])  # this process only
+    (case / "solver.prototxt").write_text(
+        (case / "solver.prototxt").read_text().replace("train.prototxt", "missing.prototxt")
+    )
+    assert main(["train", "--solver", "solver.prototxt", "-gpu", "0,1"]) == 2
+    err = capfd.readouterr().err
+    assert "torchcaffe train: error: rank " in err
+    assert "Traceback" not in err

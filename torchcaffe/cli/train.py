@@ -27,12 +27,13 @@ import logging
 import os
 import signal
 import socket
+import sys
 from collections.abc import Iterator
 
 import torch
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from ..errors import DeviceError, SolverError
+from ..errors import DeviceError, SolverError, TorchCaffeError
 from ..formats.prototxt import read_solver
 from ..glog import on_stderr
 from ..proto import caffe_pb2
@@ -156,7 +157,10 @@ def _spawn(args: argparse.Namespace, gpus: list[int]) -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_rank_main, args=(args, len(gpus), port), nprocs=len(gpus), join=True)
+    try:
+        mp.spawn(_rank_main, args=(args, len(gpus), port), nprocs=len(gpus), join=True)
+    except mp.ProcessExitedException as err:  # the rank printed its own error line
+        return err.exit_code if err.exit_code and err.exit_code > 0 else 1
     return 0
 
 
@@ -168,7 +172,11 @@ def _rank_main(rank: int, args: argparse.Namespace, world_size: int, port: int) 
         LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world_size),
     )
-    main(args)
+    try:
+        main(args)
+    except TorchCaffeError as err:  # one line, as the CLI prints it (not spawn's traceback)
+        print(f"torchcaffe train: error: rank {rank}: {err}", file=sys.stderr)
+        sys.exit(2)
 
 
 @contextlib.contextmanager
