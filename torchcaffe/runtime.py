@@ -59,7 +59,8 @@ def compute_device() -> torch.device:
 
 
 # Caffe's multi-GPU bookkeeping (Caffe::solver_count & co., per thread like the mode): pycaffe
-# scripts set and read it; torchcaffe trains one solver in one process, so it is only recorded.
+# scripts set and read it; torchcaffe trains one solver in one process, so it is only recorded
+# (solver/distributed.attach sets it for each rank of a multi-process run).
 
 
 def _whole(name: str, value: int) -> int:

@@ -209,14 +209,16 @@ def test_leave_waits_for_every_rank_only_after_a_completed_run(monkeypatch, comp
 
 
 def _dropout_rank(rank: int, root: str, port: int, results: dict) -> None:
-    """One gloo rank: the Dropout mask of its first forward after attach."""
+    """One gloo rank: the Dropout mask of its first forward after attach, and the rank and
+    count that ``caffe.solver_rank()`` / ``caffe.solver_count()`` tell its Python layers."""
     os.chdir(root)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         solver = caffe.get_solver("solver_drop.prototxt", root=rank == 0)
         distributed.attach(solver, distributed.ProcessGroup(rank, 2, rank))
         solver.net.forward()
-        results[rank] = solver.net.blobs["dropped"].data == 0  # the data has no zeros
+        mask = solver.net.blobs["dropped"].data == 0  # the data has no zeros
+        results[rank] = (mask, caffe.solver_rank(), caffe.solver_count())
     finally:
         dist.destroy_process_group()
 
@@ -236,8 +238,10 @@ def test_ranks_draw_their_own_dropout_masks(tmp_path, monkeypatch):
         results = manager.dict()
         mp.spawn(_dropout_rank, args=(str(tmp_path), _free_port(), results), nprocs=2, join=True)
         results = dict(results)
-    assert results[0].shape == (4, 5)
-    assert not np.array_equal(results[0], results[1])
+    assert results[0][0].shape == (4, 5)
+    assert not np.array_equal(results[0][0], results[1][0])
+    # as Caffe::solver_rank() / solver_count() in each solver of a multi-GPU run
+    assert [results[rank][1:] for rank in (0, 1)] == [(0, 2), (1, 2)]
 
 
 def _mismatch_rank(rank: int, root: str, port: int, results: dict) -> None:

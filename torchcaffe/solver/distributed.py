@@ -203,6 +203,10 @@ def attach(solver: Solver, group: ProcessGroup) -> None:
     from .solver import Callback
 
     solver.root = group.rank == 0
+    # Caffe::solver_count() / solver_rank(), as this rank's Python layers read them
+    runtime.set_solver_count(group.world_size)
+    runtime.set_solver_rank(group.rank)
+    runtime.set_multiprocess(True)
     shard_data(solver.net.module, group.rank, group.world_size)
     check_same_net(solver)
     broadcast_params(solver)
