@@ -320,3 +320,15 @@ def test_image_data_ranks_mirror_on_their_own(tmp_path):
         batches.append(layer.forward()[0])
         layer.close()
     assert not torch.equal(batches[0], batches[1])
+
+
+def test_ranks_wait_for_rank_0_testing_longer_than_torchs_default(monkeypatch):
+    """The other ranks wait in the all-reduce while rank 0 runs its test nets, which can take
+    hours; torch's 30-minute default collective timeout would end the run (Caffe waits)."""
+    seen: dict = {}
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: seen.update(kw))
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    distributed.init_from_env("gloo")
+    assert seen["timeout"].total_seconds() >= 24 * 3600

@@ -17,6 +17,7 @@ the gradients per iteration (the bucketed all-reduce DDP does, at Caffe's callba
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import zlib
 from collections.abc import Callable, Iterator
@@ -34,6 +35,11 @@ if TYPE_CHECKING:
     from .solver import Solver
 
 ACTIONS = ("none", "stop", "snapshot")
+# How long a rank waits in a collective for its peers. The other ranks wait in the gradient
+# all-reduce while rank 0 tests (and at the end while it tests and snapshots), which can take
+# hours on a large test set; torch's 30-minute default would end such a run, where Caffe's
+# solvers wait as long as it takes. A peer that dies still fails the collective at once.
+COLLECTIVE_TIMEOUT = datetime.timedelta(days=7)
 
 
 @dataclass(frozen=True)
@@ -55,7 +61,7 @@ def init_from_env(backend: str) -> ProcessGroup:
     if backend == "nccl" and not dist.is_nccl_available():
         raise DeviceError("multi-GPU training needs NCCL, which this torch build lacks")
     if not dist.is_initialized():
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
     return ProcessGroup(
         dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0"))
     )
