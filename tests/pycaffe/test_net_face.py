@@ -360,3 +360,25 @@ def test_per_layer_callbacks_see_every_layer_in_caffes_order(prototxt):
     net.forward_backward()  # the solver's step: layer by layer too
     assert [k for k, _ in calls] == ["bf", "af"] * n + ["bb", "ab"] * n
     np.testing.assert_allclose(net.params["ip2"][0].diff, want["dw2"], rtol=1e-4, atol=1e-6)
+
+
+def test_a_parameter_layers_diff_is_its_tops_so_backward_overwrites_it(tmp_path):
+    """ParameterLayer::Forward shares its param's diff with its top: a second backward leaves
+    the param diff as the top diff the consumer wrote, where other param diffs accumulate."""
+    path = tmp_path / "param.prototxt"
+    path.write_text(
+        "force_backward: true\n"
+        'layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 3 dim: 2 } } }\n'
+        'layer { name: "p" type: "Parameter" top: "w" parameter_param { shape { dim: 2 } } }\n'
+        'layer { name: "s" type: "Scale" bottom: "x" bottom: "w" top: "y" }\n'
+    )
+    net = caffe.Net(str(path), caffe.TEST)
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    net.blobs["x"].data[...] = x
+    net.params["p"][0].data[...] = [2, 3]
+    net.forward()
+    net.blobs["y"].diff[...] = 1
+    net.backward()
+    net.backward()
+    np.testing.assert_array_equal(net.params["p"][0].diff, x.sum(0))
+    np.testing.assert_array_equal(net.blobs["w"].diff, x.sum(0))

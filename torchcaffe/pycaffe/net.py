@@ -686,6 +686,9 @@ class Net:
         module = self._net.module_of(step)
         if not module.has_backward:
             return
+        if step.type == "Parameter":
+            self._parameter_shares_diff(i, module, device)
+            return
         record = self._records.get(i)
         if getattr(module, "in_place_slope", False):
             # in place, Caffe's Backward takes its slope at the shared blob as it is now
@@ -727,6 +730,13 @@ class Net:
         for p, g in zip(params, got[len(wanted) :]):
             if g is not None:
                 self._param_blob_of[id(p)].diff_at(device, mutable=True).add_(g.view(p.shape))
+
+    def _parameter_shares_diff(self, i: int, module: CaffeLayer, device: torch.device) -> None:
+        """Caffe's ParameterLayer shares its param's diff with its top, so after Backward the
+        param diff is the top diff its consumers wrote (overwritten, not added to)."""
+        (param,) = module.param_blobs()
+        top = self.blobs[self._net.steps[i].tops[0]].diff_at(device)
+        self._param_blob_of[id(param)].diff_at(device, mutable=True).copy_(top.view(param.shape))
 
     def _replay(self, i: int, device: torch.device) -> _Record:
         """Layer ``i``'s forward recomputed from its bottoms' current data, for a backward
