@@ -382,3 +382,19 @@ def test_a_parameter_layers_diff_is_its_tops_so_backward_overwrites_it(tmp_path)
     net.backward()
     np.testing.assert_array_equal(net.params["p"][0].diff, x.sum(0))
     np.testing.assert_array_equal(net.blobs["w"].diff, x.sum(0))
+
+
+def test_silence_backward_zeroes_its_bottoms_diff_under_force_backward(tmp_path):
+    """SilenceLayer::Backward writes zeros into each bottom diff it propagates to."""
+    path = tmp_path / "silence.prototxt"
+    path.write_text(
+        "force_backward: true\n"
+        'layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }\n'
+        'layer { name: "s" type: "Silence" bottom: "x" }\n'
+    )
+    net = caffe.Net(str(path), caffe.TEST)
+    net.blobs["x"].data[...] = 1
+    net.blobs["x"].diff[...] = 7
+    net.forward()
+    net.backward()
+    assert not net.blobs["x"].diff.any()

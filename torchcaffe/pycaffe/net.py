@@ -689,6 +689,11 @@ class Net:
         if step.type == "Parameter":
             self._parameter_shares_diff(i, module, device)
             return
+        if step.type == "Silence":  # SilenceLayer::Backward zeroes each bottom's diff
+            for j, name in enumerate(step.bottoms):
+                if step.bottom_need_backward[j]:
+                    self.blobs[name].diff_at(device, mutable=True).zero_()
+            return
         record = self._records.get(i)
         if getattr(module, "in_place_slope", False):
             # in place, Caffe's Backward takes its slope at the shared blob as it is now
