@@ -156,3 +156,15 @@ def test_negative_base_lr_trains_uphill_as_caffe(setup):
         assert solver.lr == np.float32(lr)
         moves.append(solver.net.params["ip2"][0].data - before)
     np.testing.assert_allclose(moves[1], -moves[0], rtol=1e-5, atol=1e-7)
+
+
+def test_step_refuses_a_fractional_iteration_count(setup):
+    """pycaffe's ``step(int)`` raises a TypeError for a float; truncating ``step(2.5)`` to two
+    iterations would silently train less than asked."""
+    solver = caffe.SGDSolver(setup.solver('base_lr: 0.1 lr_policy: "fixed"'))
+    for bad in (2.5, 2.0, "2"):
+        with pytest.raises(TypeError, match="whole number of iterations"):
+            solver.step(bad)
+    assert solver.iter == 0
+    solver.step(np.int64(2))
+    assert solver.iter == 2

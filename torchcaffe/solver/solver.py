@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import numbers
 import os
 import time
 from collections import OrderedDict
@@ -23,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import runtime
+from ..errors import UsageError
 from ..formats.user_schema import use_schema
 from ..proto import caffe_pb2
 from ..pycaffe.net import Net
@@ -173,7 +175,14 @@ class Solver:
 
     # -- the loop -------------------------------------------------------------------------
     def step(self, iters: int) -> None:
-        """Caffe's Solver::Step: ``iters`` iterations (each one update)."""
+        """Caffe's Solver::Step: ``iters`` iterations (each one update).
+
+        ``iters`` must be a whole number: pycaffe's ``step(int)`` refuses a float with a
+        TypeError, where truncating ``step(2.5)`` would silently train fewer iterations."""
+        if not isinstance(iters, numbers.Integral):
+            raise UsageError(
+                "step takes a whole number of iterations", expected="an int", got=repr(iters)
+            )
         p = self.param
         start_iter, stop_iter = self._iter, self._iter + int(iters)
         self._losses, self.smoothed_loss = [], 0.0
