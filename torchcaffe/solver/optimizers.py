@@ -166,12 +166,22 @@ class CaffeOptimizer(Optimizer, metaclass=abc.ABCMeta):
         )
 
     def _clip(self, grads: Sequence[torch.Tensor]) -> None:
-        """Scale every gradient by clip/norm when their global L2 norm exceeds ``clip``."""
+        """Scale every gradient by clip/norm when their global L2 norm exceeds ``clip``.
+
+        As SGDSolver::ClipGradients, the norm and the factor are Dtype values: each blob's sum
+        of squares is added into a Dtype total, whose Dtype square root divides ``clip`` in
+        Dtype; the same steps in double give a factor one float32 ulp off in about a third
+        of the updates."""
         if self.clip_gradients < 0 or not grads:
             return
-        norm = math.sqrt(math.fsum(float(g.double().square().sum()) for g in grads))
-        if norm > self.clip_gradients:
-            factor = self.clip_gradients / norm
+        dtype = grads[0].dtype
+        sumsq = 0.0
+        for g in grads:
+            sumsq = _scalar(sumsq + _scalar(float(g.double().square().sum()), dtype), dtype)
+        norm = _scalar(math.sqrt(sumsq), dtype)
+        clip = _scalar(self.clip_gradients, dtype)
+        if norm > clip:
+            factor = _scalar(clip / norm, dtype)
             log.info(  # SGDSolver::ClipGradients' line, which users watch in the log
                 "Gradient clipping: scaling down gradients (L2 norm %g > %g) by scale factor %g",
                 norm,
