@@ -177,7 +177,10 @@ class SigmoidPolicy(CaffeLRPolicy):
         super().__init__(optimizer, last_epoch)
 
     def factor(self, iteration):
-        return 1.0 / (1.0 + _exp(-self.gamma * (iteration - self.stepsize)))
+        # Caffe's exponent is a Dtype product: -gamma * (Dtype(iter_) - Dtype(stepsize)),
+        # rounded to float32 before exp (in double, a quarter of a warm-up's rates differ)
+        distance = _f32(_f32(iteration) - _f32(self.stepsize))
+        return 1.0 / (1.0 + _exp(_f32(-self.gamma * distance)))
 
 
 LR_POLICIES: dict[str, type[CaffeLRPolicy]] = {
