@@ -561,3 +561,14 @@ def test_smoothed_loss_is_kept_in_float_as_caffe(tmp_path, iter_size):
             window[it % 3] = loss
         want.append(mean)
     assert [np.float32(s) for s in smoothed] == want
+
+
+def test_an_explicit_empty_snapshot_prefix_snapshots_as_caffe(setup):
+    """CheckSnapshotWritePermissions only checks that snapshot_prefix is given: with
+    ``snapshot_prefix: ""`` Caffe writes ``_iter_N.caffemodel`` in the working directory."""
+    solver = caffe.SGDSolver(
+        setup.solver('base_lr: 0.1 lr_policy: "fixed" snapshot: 2 snapshot_prefix: ""')
+    )
+    solver.step(2)
+    assert (setup.root / "_iter_2.caffemodel").is_file()
+    assert (setup.root / "_iter_2.solverstate").is_file()

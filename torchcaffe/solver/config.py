@@ -78,7 +78,8 @@ def check_solver_param(
         raise field_error(
             path, "rms_decay", "must lie in [0, 1)", expected="0 <= x < 1", got=param.rms_decay
         )
-    if param.snapshot and not param.snapshot_prefix:
+    # Caffe checks presence only: an explicit empty prefix writes "_iter_N.caffemodel"
+    if param.snapshot and not param.HasField("snapshot_prefix"):
         raise field_error(
             path,
             "snapshot_prefix",
