@@ -145,6 +145,10 @@ class UnknownLayerError(UnknownNameError, ValueError):
     start and end layers with ``list.index``, which raises one."""
 
 
+class LayerIndexError(TorchCaffeError, IndexError):
+    """A layer index outside the net (Caffe's Net::ForwardFromTo/BackwardFromTo CHECK it)."""
+
+
 class UsageError(TorchCaffeError, TypeError):
     """A Python call with the wrong arguments (e.g. ``caffe.Net`` without a phase)."""
 

@@ -124,6 +124,24 @@ def test_forward_start_end_and_kwargs(prototxt):
         net.backward(end="nope")
 
 
+def test_layer_indices_out_of_range_are_refused_not_wrapped(prototxt):
+    # Net::ForwardFromTo CHECKs start >= 0 and end < layers; BackwardFromTo end >= 0 and
+    # start < layers. A -1 must not run the last layer first, as Python indexing would.
+    net = caffe.Net(prototxt, caffe.TRAIN)
+    net.blobs["data"].data[...] = 1.0
+    net.forward()
+    ip2 = net.blobs["ip2"].data.copy()
+    net.params["ip2"][0].data[...] = 0
+    for start, end in ((-1, 0), (0, len(net.layers))):
+        with pytest.raises(IndexError, match="_forward layer index out of range"):
+            net._forward(start, end)
+    np.testing.assert_array_equal(net.blobs["ip2"].data, ip2)
+    for start, end in ((1, -1), (len(net.layers), 0)):
+        with pytest.raises(IndexError, match="_backward layer index out of range"):
+            net._backward(start, end)
+    assert net._forward(2, 1) == 0.0  # an empty range runs nothing, as Caffe's loop
+
+
 def test_backward_with_top_diff_kwargs():
     # Without a loss Caffe prunes every backward unless force_backward is set.
     no_loss = "force_backward: true\n" + NET.split('layer { name: "loss"')[0]

@@ -26,7 +26,14 @@ from torch import nn
 from .. import runtime
 from ..api import load, load_weights, save_weights
 from ..blob import Blob, memories_at
-from ..errors import BlobWiringError, InputArrayError, LayerParamError, UsageError, WeightsError
+from ..errors import (
+    BlobWiringError,
+    InputArrayError,
+    LayerIndexError,
+    LayerParamError,
+    UsageError,
+    WeightsError,
+)
 from ..formats.caffemodel import check_weights_file, is_hdf5
 from ..net.net import TorchNet
 from ..ops.base import CaffeLayer
@@ -450,6 +457,7 @@ class Net:
         """Run layers ``start..end``; ``observe``: blobs the caller reads right after. With
         per-layer callbacks (``before_forward``, ``after_forward``) or ``debug_info``, layer by
         layer."""
+        self._check_range("_forward", start, end)
         before, after = self._callbacks["before_forward"], self._callbacks["after_forward"]
         debug = self._debug_info
         with self._holding_tops():
@@ -465,6 +473,18 @@ class Net:
                 for run in after:
                     run(i)
             return loss
+
+    def _check_range(self, method: str, start: int, end: int) -> None:
+        """Caffe CHECKs that a pass's lower layer index is >= 0 and its higher one below the
+        layer count; a negative index must not wrap to a layer at the end, as Python's would."""
+        count = len(self._net.steps)
+        low, high = (start, end) if method == "_forward" else (end, start)
+        if low < 0 or high >= count:
+            raise LayerIndexError(
+                f"{method} layer index out of range",
+                expected=f"0 <= index < {count}",
+                got={"start": start, "end": end},
+            )
 
     def before_forward(self, run: Callable[[int], Any]) -> None:
         """pycaffe's Net.before_forward: ``run(i)`` before layer ``i``'s Forward, every
@@ -659,6 +679,7 @@ class Net:
 
     @_in_caffe_float32
     def _backward(self, start: int, end: int, check_edits: bool = True) -> None:
+        self._check_range("_backward", start, end)
         device = self._ensure_device()
         edited: dict[tuple[str, int], bool] = {}
         before, after = self._callbacks["before_backward"], self._callbacks["after_backward"]
