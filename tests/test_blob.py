@@ -38,6 +38,18 @@ def test_offset_nchw_and_index_list():
         b.offset([2, 0])
 
 
+def test_reshape_refuses_non_integer_dimensions():
+    # pycaffe's Blob.reshape extracts C++ ints: a float (say h / 2 under Python 3) or a
+    # string is a TypeError there, not a dimension truncated by int().
+    b = Blob((2, 3))
+    for dims in ((2, 2.7), (4.0, 3), ("3", 2)):
+        with pytest.raises(TypeError, match="blob dimensions must be integers"):
+            b.reshape(*dims)
+        assert b.shape == (2, 3)
+    b.reshape(np.int64(4), 2)
+    assert b.shape == (4, 2)
+
+
 def test_reshape_reallocates_only_when_growing():
     b = Blob((4, 5))
     b.data[...] = 1.0

@@ -12,12 +12,13 @@ blobs are recomputed from its params settles them before a param may change.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
 
-from .errors import BlobShapeError
+from .errors import BlobShapeError, UsageError
 from .proto import caffe_pb2
 from .syncedmem import Head, SyncedMemory
 
@@ -77,9 +78,9 @@ class Blob:
         if len(shape) == 1 and isinstance(shape[0], caffe_pb2.BlobShape):
             dims = tuple(int(d) for d in shape[0].dim)
         elif len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
-            dims = tuple(int(d) for d in shape[0])
+            dims = _int_dims(shape[0])
         else:
-            dims = tuple(int(d) for d in shape)
+            dims = _int_dims(shape)
         if len(dims) > MAX_BLOB_AXES:
             raise BlobShapeError("too many axes", expected=f"<= {MAX_BLOB_AXES}", got=len(dims))
         count = 1
@@ -416,6 +417,17 @@ class Blob:
 
     def __repr__(self) -> str:
         return f"Blob(shape={self.shape}, data={self._data.head.name})"
+
+
+def _int_dims(shape: Iterable) -> tuple[int, ...]:
+    """Each dimension as an int; a float or a string is refused (pycaffe's Blob.reshape
+    extracts C++ ints, a TypeError for 2.5 or "3"), never truncated as ``int()`` would."""
+    try:
+        return tuple(operator.index(d) for d in shape)
+    except TypeError:
+        raise UsageError(
+            "blob dimensions must be integers", expected="ints", got=tuple(shape)
+        ) from None
 
 
 def memories_at(blobs: Iterable[Blob], head: Head) -> list[SyncedMemory]:
