@@ -142,6 +142,33 @@ def test_layer_indices_out_of_range_are_refused_not_wrapped(prototxt):
     assert net._forward(2, 1) == 0.0  # an empty range runs nothing, as Caffe's loop
 
 
+BRANCHED = """
+name: "branched"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+        inner_product_param { num_output: 4 weight_filler { type: "gaussian" std: 1 } } }
+layer { name: "ipa" type: "InnerProduct" bottom: "ip" top: "a"
+        inner_product_param { num_output: 2 weight_filler { type: "gaussian" std: 1 }
+                              bias_filler { type: "constant" value: 0.25 } } }
+layer { name: "sig" type: "Sigmoid" bottom: "ip" top: "s" }
+"""
+
+
+@pytest.mark.parametrize("force_backward", [False, True])
+def test_forward_past_a_split_reads_the_edited_bottom(tmp_path, force_backward):
+    # "ip" feeds two layers, so Caffe inserts a Split whose tops share ip's data: an edit
+    # of net.blobs["ip"] reaches both branches of a forward started after the split.
+    path = tmp_path / "branched.prototxt"
+    path.write_text(("force_backward: true\n" if force_backward else "") + BRANCHED)
+    net = caffe.Net(str(path), caffe.TEST)
+    assert "Split" in [layer.type for layer in net.layers]
+    net.forward(data=np.ones((2, 3)))
+    net.blobs["ip"].data[...] = 0
+    out = net.forward(start="ipa")
+    np.testing.assert_array_equal(out["a"], np.full((2, 2), 0.25, np.float32))
+    np.testing.assert_array_equal(out["s"], np.full((2, 4), 0.5, np.float32))
+
+
 def test_backward_with_top_diff_kwargs():
     # Without a loss Caffe prunes every backward unless force_backward is set.
     no_loss = "force_backward: true\n" + NET.split('layer { name: "loss"')[0]

@@ -520,7 +520,7 @@ class Net:
                 continue
             bottoms = []
             for j, name in enumerate(step.bottoms):
-                t = self.blobs[name].data_at(device)
+                t = self.blobs[self._data_source.get(name, name)].data_at(device)
                 t = t.clone() if self._overwritten[i][j] else t.detach()
                 if step.need_backward and step.bottom_need_backward[j] and t.is_floating_point():
                     t.requires_grad_(True)
@@ -644,7 +644,10 @@ class Net:
                 for step in net.steps[start : end + 1]:
                     if step.is_input:
                         continue
-                    bottoms = [self.blobs[b].data_at(device) for b in step.bottoms]
+                    # a split top reads its bottom blob, whose data it shares in Caffe
+                    # (an edit of that blob reaches a forward started past the split)
+                    source = self._data_source
+                    bottoms = [self.blobs[source.get(b, b)].data_at(device) for b in step.bottoms]
                     for name, t in zip(step.tops, net.run_step(step, bottoms)):
                         self._store_top(name, t, device)
             loss = 0.0
