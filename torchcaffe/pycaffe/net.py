@@ -825,7 +825,13 @@ class Net:
             end_ind = self._layer_index(end)
             outputs = set(self._net.steps[end_ind].tops) | set(blobs)
         if kwargs:
-            self._assign_batch(kwargs, self.inputs, "data", "input blob", "net inputs")
+            self._assign_batch(
+                kwargs,
+                self.inputs,
+                "data",
+                "Input blob arguments do not match net inputs.",
+                "Input is not batch sized",
+            )
         self._forward(start_ind, end_ind, sorted(outputs))
         if self._records:
             self._note_forward_data(start_ind, end_ind)
@@ -848,7 +854,13 @@ class Net:
             end_ind = self._layer_index(end)
             outputs = set(self._net.steps[end_ind].bottoms) | set(diffs)
         if kwargs:
-            self._assign_batch(kwargs, self.outputs, "diff", "top diff", "net outputs")
+            self._assign_batch(
+                kwargs,
+                self.outputs,
+                "diff",
+                "Top diff arguments do not match net outputs.",
+                "Diff is not batch sized",
+            )
         self._backward(start_ind, end_ind)
         return {name: self.blobs[name].diff for name in outputs}
 
@@ -857,23 +869,20 @@ class Net:
         values: Mapping[str, Any],
         names: Sequence[str],
         field: str,
-        what: str,
-        expected: str,
+        mismatch: str,
+        not_batch: str,
     ) -> None:
         """Write ``values`` into blob ``field`` ("data" or "diff"); the keyword arguments of
-        forward/backward must name exactly ``names``, each a full batch."""
+        forward/backward must name exactly ``names``, each a full batch. The messages begin
+        with pycaffe's own, which scripts may match."""
         if set(values) != set(names):
-            raise BlobWiringError(
-                f"{what} arguments do not match {expected}",
-                expected=sorted(names),
-                got=sorted(values),
-            )
+            raise BlobWiringError(mismatch, expected=sorted(names), got=sorted(values))
         for name, value in values.items():
             array = np.asarray(value)
             blob = self.blobs[name]
             if array.shape[0] != blob.shape[0]:
                 raise BlobWiringError(
-                    f"{what} {name!r} is not batch sized",
+                    f"{not_batch} (blob {name!r})",
                     expected=blob.shape[0],
                     got=array.shape[0],
                 )
