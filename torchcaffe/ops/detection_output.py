@@ -115,9 +115,7 @@ class DetectionOutputLayer(CaffeLayer):
         self.top_k = nms.top_k if nms.HasField("top_k") else -1
         self.keep_top_k = p.keep_top_k
         self.code_type = p.code_type
-        self.num_priors = check_prior_counts(
-            self, self.bottom_shapes, self.loc_classes, self.num_classes
-        )
+        check_prior_counts(self, self.bottom_shapes, self.loc_classes, self.num_classes)
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         check_prior_counts(self, bottom_shapes, self.loc_classes, self.num_classes)
@@ -131,10 +129,9 @@ class DetectionOutputLayer(CaffeLayer):
         image: torch.Tensor | None = None,
     ) -> torch.Tensor:
         num = loc.shape[0]
-        # the fork's Reshape recounts the priors: a reshaped net brings more or fewer
-        num_priors = check_prior_counts(
-            self, [loc.shape, conf.shape, prior.shape], self.loc_classes, self.num_classes
-        )
+        # the fork's Reshape recounts the priors (a reshaped net brings more or fewer);
+        # output_shapes checked the counts for these shapes
+        num_priors = prior.shape[2] // 4
         pbox, pvar, _ = split_priors(prior, num_priors)
         check_prior_boxes(self, pbox, self.code_type)
         classes = [k for k in range(self.num_classes) if k != self.background]

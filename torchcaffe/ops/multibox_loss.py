@@ -63,9 +63,7 @@ class MultiBoxLossLayer(CaffeLayer):
         self.normalization = normalization_mode(self)
         flags = list(layer_param.propagate_down)  # the fork defaults them to [1, 1, 0, 0]
         self.use_loc, self.use_conf = (bool(flags[0]), bool(flags[1])) if flags else (True, True)
-        self.num_priors = check_prior_counts(
-            self, self.bottom_shapes, self.loc_classes, self.num_classes
-        )
+        check_prior_counts(self, self.bottom_shapes, self.loc_classes, self.num_classes)
         self._check_labels_shape(self.bottom_shapes[3])
         self.keys = (
             [-1]
@@ -160,10 +158,9 @@ class MultiBoxLossLayer(CaffeLayer):
     # -- Forward --------------------------------------------------------------------------
     def forward(self, loc, conf, prior, label):
         p, num = self.param, loc.shape[0]
-        # the fork's Reshape recounts the priors: a reshaped net brings more or fewer
-        num_priors = check_prior_counts(
-            self, [loc.shape, conf.shape, prior.shape], self.loc_classes, self.num_classes
-        )
+        # the fork's Reshape recounts the priors (a reshaped net brings more or fewer);
+        # output_shapes checked the counts for these shapes
+        num_priors = prior.shape[2] // 4
         prior_t = split_priors(prior, num_priors)
         if not p.use_prior_for_matching:
             check_prior_boxes(self, prior_t[0], p.code_type)
