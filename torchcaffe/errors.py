@@ -197,8 +197,8 @@ class UnsupportedError(TorchCaffeError, NotImplementedError):
 
 
 class MissingPackageError(UnsupportedError, ImportError):
-    """An optional package a pycaffe function needs is not installed. Also an ImportError:
-    pycaffe imports it (scikit-image, selective_search_ijcv_with_python) and fails there."""
+    """An optional package (an extra) is not installed; the message names the extra. Also
+    an ImportError, as pycaffe's own imports fail (scikit-image, pydot, selective_search)."""
 
 
 class SolverError(TorchCaffeError):

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..api import load
-from ..errors import LayerParamError, UnsupportedError
+from ..errors import LayerParamError, MissingPackageError, UnsupportedError
 from ..net.net import TorchNet
 
 PathLike = str | os.PathLike
@@ -145,7 +145,7 @@ def run_opencv(prototxt, weights, net, inputs) -> dict[tuple[str, str], np.ndarr
     try:
         import cv2
     except ImportError:
-        raise UnsupportedError(
+        raise MissingPackageError(
             "--against opencv needs OpenCV", hint="pip install torchcaffe[opencv]"
         ) from None
     if not hasattr(cv2.dnn, "readNetFromCaffe"):
@@ -172,7 +172,7 @@ def run_onnxruntime(
     try:
         import onnxruntime as ort
     except ImportError:
-        raise UnsupportedError(
+        raise MissingPackageError(
             "--against onnxruntime needs onnxruntime", hint="pip install torchcaffe[onnx]"
         ) from None
     import tempfile

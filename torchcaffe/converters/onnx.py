@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from ..errors import ExportError, UnsupportedError
+from ..errors import ExportError, MissingPackageError
 from ..net.net import TorchNet
 from ..proto import caffe_pb2
 
@@ -167,7 +167,7 @@ def _require(module: str, extra: str) -> None:
     import importlib.util
 
     if importlib.util.find_spec(module) is None:
-        raise UnsupportedError(
+        raise MissingPackageError(
             f"ONNX export needs the '{module}' package",
             hint=f"pip install torchcaffe[{extra}]",
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from ..api import load, save_weights
-from ..errors import UnsupportedError, WeightsError
+from ..errors import MissingPackageError, WeightsError
 from ..formats.atomic import atomic_write
 from .readable import readable_state_dict
 from .state_dict import load_state_into
@@ -21,7 +21,7 @@ def _safetensors_torch():
     try:
         import safetensors.torch as st
     except ImportError:
-        raise UnsupportedError(
+        raise MissingPackageError(
             "safetensors files need the 'safetensors' package",
             hint="pip install torchcaffe[safetensors]",
         ) from None
