@@ -275,3 +275,26 @@ def test_in_place_layers_read_their_overwritten_bottom_as_caffe_does(tmp_path):
     close(net.blobs["b"].diff, g)
     x = net.blobs["x"].data.astype(np.float64)
     close(net.blobs["x"].diff, g * np.exp(x) / (np.exp(x) + 1))  # bnll reads x
+
+
+TOP_THEN_DROPOUT = """
+force_backward: true
+layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 4 dim: 6 } } }
+layer { name: "act" type: "%s" bottom: "x" top: "h" }
+layer { name: "drop" type: "Dropout" bottom: "h" top: "h" dropout_param { dropout_ratio: 0.5 } }
+layer { name: "loss" type: "Reduction" bottom: "h" top: "loss" loss_weight: 1 }
+"""
+
+
+@pytest.mark.parametrize("kind", ["Sigmoid", "TanH"])
+def test_forward_backward_reads_a_top_a_later_in_place_layer_overwrote(tmp_path, kind):
+    # Caffe's Net::ForwardBackward is Forward then Backward: Sigmoid's and TanH's Backward read
+    # blob h after the in-place Dropout scaled and zeroed it, as in a separate backward().
+    path = tmp_path / "top.prototxt"
+    path.write_text(TOP_THEN_DROPOUT % kind)
+    net = caffe.Net(str(path), caffe.TRAIN)
+    net.blobs["x"].data[...] = np.random.default_rng(3).standard_normal((4, 6))
+    net.forward_backward()
+    h = net.blobs["h"].data.astype(np.float64)
+    slope = h * (1 - h) if kind == "Sigmoid" else 1 - h * h
+    close(net.blobs["x"].diff, (h != 0) * 2.0 * slope)

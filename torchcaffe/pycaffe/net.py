@@ -171,6 +171,7 @@ class Net:
         # sets it per iteration as Caffe's Solver::Step does
         self._debug_info = bool(self._net.net_param.debug_info)
         self._overwritten = self._find_overwritten_bottoms()
+        self._top_rewritten = self._find_rewritten_tops()
         self._layer_tops = layer_tops(self._net)  # what a forward writes (inputs: in place)
         # the layers that need backward, in order: a forward asks whether its range has one
         self._backward_steps = [i for i, s in enumerate(self._net.steps) if s.need_backward]
@@ -284,6 +285,15 @@ class Net:
             later_tops = {t for s in steps[i:] for t in s.tops}
             out.append([b in later_tops for b in step.bottoms])
         return out
+
+    def _find_rewritten_tops(self) -> list[bool]:
+        """Per layer: does a later layer write its first top in place? A Backward that reads
+        that top (Sigmoid, TanH, an in-place slope) then reads what the later layer left."""
+        steps = self._net.steps
+        return [
+            bool(step.tops) and any(step.tops[0] in later.tops for later in steps[i + 1 :])
+            for i, step in enumerate(steps)
+        ]
 
     def _find_split_sources(self) -> dict[str, str]:
         """Split top -> the blob whose data it is. Caffe's SplitLayer shares its bottom's data
@@ -723,7 +733,8 @@ class Net:
             # in place, Caffe's Backward takes its slope at the shared blob as it is now
             self._backward_from_top(i, _slope_rule(module), device)
             return
-        rule = TOP_DATA_BACKWARD.get(step.type) if check_edits else None
+        # from the top blob after an edit, or after a later in-place layer wrote it
+        rule = TOP_DATA_BACKWARD.get(step.type) if check_edits or self._top_rewritten[i] else None
         if record is not None and rule is not None:
             self._backward_from_top(i, rule, device)
             return

@@ -45,6 +45,7 @@ from torch import nn
 from ..net.program import LayerStep
 from ..ops.base import CaffeLayer
 from ..ops.python_layer import PythonLayer
+from .backward_reads import TOP_DATA_BACKWARD
 
 if TYPE_CHECKING:
     from .net import Net
@@ -88,9 +89,9 @@ def plan_one_pass(net: Net) -> OnePassPlan | None:
             continue
         if isinstance(module, CaffeLayer) and not module.has_backward:
             return None
-        if getattr(module, "in_place_slope", False) and any(
-            step.tops[0] in later.tops for later in tnet.steps[i + 1 :]
-        ):  # its Caffe slope is taken at the blob's final data, not at its own output
+        if net._top_rewritten[i] and (
+            getattr(module, "in_place_slope", False) or step.type in TOP_DATA_BACKWARD
+        ):  # its Caffe Backward reads the blob's final data, not its own output
             return None
         recorded.add(i)
         for p, need in zip(module.param_blobs(), step.param_need_backward):
