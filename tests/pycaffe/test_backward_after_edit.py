@@ -298,3 +298,32 @@ def test_forward_backward_reads_a_top_a_later_in_place_layer_overwrote(tmp_path,
     h = net.blobs["h"].data.astype(np.float64)
     slope = h * (1 - h) if kind == "Sigmoid" else 1 - h * h
     close(net.blobs["x"].diff, (h != 0) * 2.0 * slope)
+
+
+ELU_THEN_DROPOUT = """
+force_backward: true
+layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 4 dim: 6 } } }
+layer { name: "p" type: "Power" bottom: "x" top: "h" }
+layer { name: "elu" type: "ELU" bottom: "h" top: "h" elu_param { alpha: 0.7 } }
+layer { name: "drop" type: "Dropout" bottom: "h" top: "h" dropout_param { dropout_ratio: 0.5 } }
+layer { name: "loss" type: "Reduction" bottom: "h" top: "loss" loss_weight: 1 }
+"""
+
+
+@pytest.mark.parametrize("one_call", [True, False], ids=["forward_backward", "backward"])
+def test_in_place_elu_reads_the_blob_a_later_dropout_overwrote(tmp_path, one_call):
+    # ELULayer::Backward_cpu: top_diff * ((bottom > 0) + (alpha + top) * (bottom <= 0)); in
+    # place both are blob h, which holds the Dropout's output by then
+    path = tmp_path / "elu.prototxt"
+    path.write_text(ELU_THEN_DROPOUT)
+    net = caffe.Net(str(path), caffe.TRAIN)
+    net.blobs["x"].data[...] = np.random.default_rng(4).standard_normal((4, 6))
+    if one_call:
+        net.forward_backward()
+    else:
+        net.forward()
+        net.blobs["h"].diff[...] = 1.0
+        net.backward()
+    h = net.blobs["h"].data.astype(np.float64)
+    slope = (h > 0) + (0.7 + h) * (h <= 0)
+    close(net.blobs["x"].diff, (h != 0) * 2.0 * slope)

@@ -6,8 +6,9 @@ says so (Power uses a custom Function, Threshold has no backward).
 
 In place (top == bottom), Caffe's Backward reads the shared blob, i.e. the layer's output, as
 if it were the input. Where that changes the slope (BNLL, Log, Clip, Power, ReLU with a
-negative slope, ELU with a negative alpha), an in-place instance is built with a Function
-that takes ``caffe_slope`` at its output (``in_place_slope``); the others keep torch's.
+negative slope), or where the slope is a value a later in-place layer may rewrite (ELU), an
+in-place instance is built with a Function that takes ``caffe_slope`` at its output
+(``in_place_slope``); the others keep torch's.
 The Caffe face reads the same ``caffe_slope`` at the blob as it is at Backward time.
 """
 
@@ -40,7 +41,8 @@ class NeuronLayer(CaffeLayer):
 
     def slope_reads_output(self) -> bool:
         """Does Caffe's Backward, in place, take a slope at the output that differs from the
-        one at the input? (Read from ``self.param`` alone: called before subclass set-up.)"""
+        one at the input, or one that a later in-place layer's rewrite of the blob changes?
+        (Read from ``self.param`` alone: called before subclass set-up.)"""
         return False
 
     def caffe_slope(self, x: torch.Tensor) -> torch.Tensor:
@@ -289,7 +291,9 @@ class ELULayer(NeuronLayer):
     param_field = "elu_param"
 
     def slope_reads_output(self) -> bool:
-        return self.param.alpha < 0
+        # With alpha >= 0 the slope at its own output is the one at its input, but Caffe's
+        # reads the blob at Backward time, which a later in-place layer (Dropout) rescales.
+        return True
 
     def caffe_slope(self, x: torch.Tensor) -> torch.Tensor:
         # (bottom > 0) + (alpha + top) * (bottom <= 0), bottom and top both ``x``
