@@ -105,9 +105,12 @@ def _bilinear_(tensor: torch.Tensor) -> None:
             expected="kernel_h == kernel_w",
             got=(height, width),
         )
+    # Caffe computes in Dtype: for a float blob c, x / f, the differences and the product are
+    # each rounded to float, which moves kernels such as 5, 6 or 10 by an ulp from the exact value
+    dtype = torch.float64 if tensor.dtype == torch.float64 else torch.float32
     f = math.ceil(width / 2.0)
-    c = (width - 1) / (2.0 * f)
-    x = torch.arange(width, dtype=torch.float64)
+    c = torch.tensor((width - 1) / (2.0 * f), dtype=dtype)
+    x = torch.arange(width, dtype=dtype)
     w1 = 1 - (x / f - c).abs()
     kernel = (w1[:, None] * w1[None, :]).to(tensor.dtype)
     tensor.copy_(kernel.expand_as(tensor))

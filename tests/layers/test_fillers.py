@@ -1,0 +1,41 @@
+"""Fillers (filler.hpp): exact values where Caffe's are deterministic, and Caffe's refusals.
+
+References are scalar ports of filler.hpp's loops, in the blob's Dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from torchcaffe.ops.fillers import fill_
+from torchcaffe.proto import caffe_pb2 as pb
+
+
+def caffe_bilinear(k: int, dtype=np.float32) -> np.ndarray:
+    """BilinearFiller::Fill for one (k, k) kernel: every step in Dtype (float blobs round
+    c, x / f, each difference and the product to float)."""
+    f = math.ceil(k / 2.0)
+    c = dtype((k - 1) / (2.0 * f))
+    out = np.empty(k * k, dtype)
+    for i in range(k * k):
+        x, y = dtype(i % k), dtype((i // k) % k)
+        wx = dtype(dtype(1) - abs(dtype(x / dtype(f)) - c))
+        wy = dtype(dtype(1) - abs(dtype(y / dtype(f)) - c))
+        out[i] = dtype(wx * wy)
+    return out.reshape(k, k)
+
+
+# Caffe: BilinearFillerTest.TestFillOdd (7) / TestFillEven (6); 5 and 10 are kernels whose
+# float arithmetic is not exact (c = 2/3, 9/10)
+@pytest.mark.parametrize("k", [4, 5, 6, 7, 10, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_bilinear_values_are_caffes_in_the_blob_dtype(k, dtype):
+    blob = torch.empty(3, 2, k, k, dtype=dtype)
+    fill_(blob, pb.FillerParameter(type="bilinear"))
+    want = caffe_bilinear(k, np.float32 if dtype == torch.float32 else np.float64)
+    for kernel in blob.reshape(-1, k, k):
+        np.testing.assert_array_equal(kernel.numpy(), want)
