@@ -54,6 +54,18 @@ def check_filler(param: caffe_pb2.FillerParameter) -> None:
             expected="sparse: -1",
             got=param.sparse,
         )
+    # caffe_rng_gaussian's CHECK_GT(sigma, 0) and caffe_rng_uniform's CHECK_LE(a, b): Caffe
+    # fills at setup even when the weights file holds the blob, so these abort any net
+    if param.type == "gaussian" and not param.std > 0:
+        raise LayerParamError(
+            "the gaussian filler needs a positive std", expected="std > 0", got=param.std
+        )
+    if param.type == "uniform" and not param.min <= param.max:
+        raise LayerParamError(
+            "the uniform filler needs min <= max",
+            expected="min <= max",
+            got=(param.min, param.max),
+        )
 
 
 @torch.no_grad()
