@@ -499,6 +499,22 @@ def test_data_transform_fields_move_to_transform_param(enum_name, param):
     assert not up.net_needs_data_upgrade(out)
 
 
+def test_data_transform_gives_every_data_layer_a_transform_param():
+    # Caffe's CONVERT_LAYER_TRANSFORM_PARAM calls mutable_transform_param() on each DATA,
+    # IMAGE_DATA and WINDOW_DATA layer, so one with nothing to move gets an empty one
+    old = net("""
+        layers { name: "train" type: DATA top: "data" data_param { source: "a" scale: 0.5 } }
+        layers { name: "test" type: DATA top: "data" data_param { source: "b" } }
+        layers { name: "r" type: RELU bottom: "data" top: "data" }
+    """)
+    out = up.upgrade_net_as_needed(old)
+    assert [layer.HasField("transform_param") for layer in out.layer] == [True, True, False]
+    assert out.layer[1] == parse_text_proto(
+        'name: "test" type: "Data" top: "data" transform_param {} data_param { source: "b" }',
+        pb.LayerParameter,
+    )
+
+
 def test_data_transform_leaves_other_layer_types_alone():
     old = net('layers { name: "d" type: MEMORY_DATA memory_data_param { batch_size: 2 } }')
     assert not up.net_needs_data_upgrade(old)

@@ -408,11 +408,16 @@ def upgrade_net_data_transformation(net: pb.NetParameter) -> pb.NetParameter:
 
 
 def _transform_params_in_place(net: pb.NetParameter) -> None:
+    """Caffe's macro takes ``mutable_`` handles on every data layer of the three types, so
+    each one ends with its param and a ``transform_param`` present, empty if it had nothing
+    to move (the upgraded text shows ``transform_param {}`` there, as Caffe's does)."""
     for layer in net.layers:
         for enum_name, param in _TRANSFORM_OWNERS:
             if layer.type != V1Type.Value(enum_name):
                 continue
             owner = getattr(layer, param)
+            owner.SetInParent()
+            layer.transform_param.SetInParent()
             for field in _TRANSFORM_FIELDS:
                 if owner.HasField(field):
                     setattr(layer.transform_param, field, getattr(owner, field))
