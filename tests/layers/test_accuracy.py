@@ -128,6 +128,13 @@ def test_error_top_k_exceeds_classes():
         make_layer("accuracy_param { top_k: 4 }", [(2, 3), (2,)], type="Accuracy")
 
 
+def test_error_top_k_exceeds_classes_of_a_later_bottom():
+    # Caffe: AccuracyLayer::Reshape checks top_k on every reshape, not only at setup
+    layer, _ = make_layer("accuracy_param { top_k: 3 }", [(2, 5), (2,)], type="Accuracy")
+    with pytest.raises(LayerParamError, match=r"layer 'layer' \(Accuracy\).*top_k"):
+        layer(torch.randn(4, 2), torch.zeros(4))
+
+
 def test_error_label_count():
     with pytest.raises(LayerParamError, match=r"layer 'layer' \(Accuracy\).*labels"):
         make_layer("accuracy_param { axis: 2 }", [(2, 3, 4), (2, 4)], type="Accuracy")

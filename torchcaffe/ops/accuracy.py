@@ -33,22 +33,27 @@ class AccuracyLayer(CaffeLayer):
         super().__init__(layer_param, bottom_shapes)
         p = self.param
         shape, label_shape = self.bottom_shapes
-        if p.top_k > math.prod(shape) // max(1, math.prod(label_shape)):
-            raise self.error(
-                "top_k must be less than or equal to the number of classes",
-                expected=f"<= {math.prod(shape) // max(1, math.prod(label_shape))}"
-                " (bottom 0 count / label count)",
-                got=p.top_k,
-            )
-        self.axis = canonical_axis(self, p.axis, len(shape))
         self.top_k = p.top_k
+        self._check_top_k(shape, label_shape)
+        self.axis = canonical_axis(self, p.axis, len(shape))
         self.ignore_label = ignore_label(p)
         check_label_count(self, shape, label_shape, self.axis)
+
+    def _check_top_k(self, shape: Sequence[int], label_shape: Sequence[int]) -> None:
+        """Caffe checks this in Reshape, so a later, smaller bottom is refused too."""
+        classes = math.prod(shape) // max(1, math.prod(label_shape))
+        if self.top_k > classes:
+            raise self.error(
+                "top_k must be less than or equal to the number of classes",
+                expected=f"<= {classes} (bottom 0 count / label count)",
+                got=self.top_k,
+            )
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         return [(), (int(bottom_shapes[0][self.axis]),)][: self.num_tops]
 
     def forward(self, x: torch.Tensor, label: torch.Tensor):
+        self._check_top_k(x.shape, label.shape)
         check_label_count(self, x.shape, label.shape, self.axis)
         x = x.detach()
         outer, channels = math.prod(x.shape[: self.axis]), x.shape[self.axis]
