@@ -208,6 +208,25 @@ def test_a_param_written_after_forward_leaves_the_blobs_as_caffe_computed_them(n
         np.testing.assert_allclose(net.blobs[name].data, want[name], rtol=RTOL, atol=ATOL)
 
 
+def test_a_param_view_held_across_forward_leaves_the_blobs_as_caffe_computed_them(net):
+    """A write through a numpy view taken before ``forward()`` reaches no ``settle``: the
+    forward must not leave blobs to a replay that would read the new weights."""
+    weight = net.params["conv"][0].data  # held across the forward, as a surgery loop does
+    x = _x(12)
+    net.blobs["data"].data[...] = x
+    net.forward()
+    want = _caffe_values(net, x)
+    weight[...] *= 2.0
+    for name in ("c", "b", "f", "prob"):
+        np.testing.assert_allclose(net.blobs[name].data, want[name], rtol=RTOL, atol=ATOL)
+    del weight  # no view left: the next forward defers again
+    net.forward()
+    assert net._lazy.last_program is not None
+    want = _caffe_values(net, x)
+    for name in ("c", "b", "f", "prob"):
+        np.testing.assert_allclose(net.blobs[name].data, want[name], rtol=RTOL, atol=ATOL)
+
+
 def test_nets_sharing_params_take_the_eager_path(net, tmp_path):
     path = tmp_path / "other.prototxt"
     path.write_text(NET)

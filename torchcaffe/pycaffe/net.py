@@ -626,10 +626,12 @@ class Net:
         """Forward when no layer in ``start..end`` needs backward: no autograd, no clones.
 
         A whole-net run of a net of pure layers takes the torch face's program (LazyForward:
-        blobs are written when read). Other whole-net runs take the inference program
-        (net/passes) with every blob observable, so only in-place chains fold (their one blob
-        ends with the value Caffe leaves there). Each top is copied once into its Blob, whose
-        numpy views stay valid.
+        blobs are written when read), unless a script holds a numpy view of a param: a write
+        through it reaches no ``settle``, so a blob left out would be recomputed later with
+        the new values. Other whole-net runs take the inference program (net/passes) with
+        every blob observable, so only in-place chains fold (their one blob ends with the
+        value Caffe leaves there). Each top is copied once into its Blob, whose numpy views
+        stay valid.
         """
         device = self._ensure_device()
         net = self._net
@@ -638,7 +640,7 @@ class Net:
                 self._records.pop(i, None)
         whole = start == 0 and end == len(net.steps) - 1
         passes = net.optimize and not net.layers_hooked()  # hooks see their layers' calls
-        if whole and passes and self._lazy.applies:
+        if whole and passes and self._lazy.applies and not self._written_params:
             return self._lazy.forward(device, observe, self._reshape_blob)
         # no_grad, not inference_mode: a Blob reshaped here must stay writable by later
         # autograd-recording forwards (inference tensors refuse in-place updates outside).
