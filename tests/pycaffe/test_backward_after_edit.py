@@ -327,3 +327,41 @@ def test_in_place_elu_reads_the_blob_a_later_dropout_overwrote(tmp_path, one_cal
     h = net.blobs["h"].data.astype(np.float64)
     slope = (h > 0) + (0.7 + h) * (h <= 0)
     close(net.blobs["x"].diff, (h != 0) * 2.0 * slope)
+
+
+MVN_THEN_SCALE = """
+force_backward: true
+layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 4 } } }
+layer { name: "mvn" type: "MVN" bottom: "x" top: "n" %s }
+layer { name: "sc" type: "Scale" bottom: "n" top: "n" scale_param { bias_term: true
+  filler { type: "constant" value: 1.5 } bias_filler { type: "constant" value: 0.3 } } }
+layer { name: "loss" type: "Reduction" bottom: "n" top: "loss" loss_weight: 0.5
+  reduction_param { operation: SUMSQ } }
+"""
+
+
+@pytest.mark.parametrize("one_call", [True, False], ids=["forward_backward", "backward"])
+@pytest.mark.parametrize("across", [False, True], ids=["per_channel", "across_channels"])
+def test_mvn_reads_the_top_a_later_in_place_scale_overwrote(tmp_path, one_call, across):
+    # MVNLayer::Backward_cpu reads top data: after the in-place Scale, blob n holds
+    # 1.5 * y + 0.3, and Caffe's diff is (dy - (z sum(z dy) + sum(dy)) / dim) / (std + eps)
+    # with that z; std + eps is its forward's variance_ buffer.
+    path = tmp_path / "mvn.prototxt"
+    path.write_text(MVN_THEN_SCALE % f"mvn_param {{ across_channels: {str(across).lower()} }}")
+    net = caffe.Net(str(path), caffe.TRAIN)
+    x = np.random.default_rng(6).standard_normal((2, 3, 4))
+    net.blobs["x"].data[...] = x
+    if one_call:
+        net.forward_backward()
+    else:
+        net.forward()
+        net.backward()
+    rows = 2 if across else 6
+    z = net.blobs["n"].data.astype(np.float64).reshape(rows, -1)
+    dy = 1.5 * z  # the loss's diff z, through the Scale
+    xs = net.blobs["x"].data.astype(np.float64).reshape(rows, -1)
+    centered = xs - xs.mean(axis=1, keepdims=True)
+    denom = np.sqrt((centered**2).mean(axis=1, keepdims=True)) + 1e-9
+    sums = z * (z * dy).sum(axis=1, keepdims=True) + dy.sum(axis=1, keepdims=True)
+    want = (dy - sums / z.shape[1]) / denom
+    close(net.blobs["x"].diff, want.reshape(2, 3, 4))

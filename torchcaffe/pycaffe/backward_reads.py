@@ -5,9 +5,9 @@ between ``forward()`` and ``backward()`` changes the diffs of layers whose Backw
 ``bottom[i]->cpu_data()``: InnerProduct and Convolution (the weight diff), ReLU, AbsVal, BNLL,
 Log and Clip (the local slope), PReLU and Scale (both). Other layers read what their forward
 left behind, and an edit to a bottom leaves their diffs as the forward made them: Sigmoid,
-TanH, Exp and Softmax read top data (Sigmoid and TanH: see TOP_DATA_BACKWARD); Pooling MAX
-and Eltwise MAX a forward-time argmax; Dropout its mask; LRN, BatchNorm, MVN and the losses
-with an internal buffer (SoftmaxWithLoss, EuclideanLoss, SigmoidCrossEntropyLoss,
+TanH, Exp, Softmax and MVN read top data (Sigmoid, TanH and MVN: see ``top_data_rule``);
+Pooling MAX and Eltwise MAX a forward-time argmax; Dropout its mask; LRN, BatchNorm and the
+losses with an internal buffer (SoftmaxWithLoss, EuclideanLoss, SigmoidCrossEntropyLoss,
 ContrastiveLoss) their buffers. Python layers see the blobs their own forward was given.
 Layers whose diffs do not depend on data (Split, Concat, Reshape, Eltwise SUM, Pooling AVE...)
 give the same answer either way.
@@ -15,12 +15,14 @@ give the same answer either way.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
 from ..net.program import LayerStep
+from ..ops._legacy import legacy_nchw
 from ..ops.base import CaffeLayer
+from ..ops.mvn import MVNLayer
 
 READS_BOTTOM_DATA = frozenset(
     {
@@ -82,3 +84,41 @@ TOP_DATA_BACKWARD: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor
     "Sigmoid": _sigmoid_backward,
     "TanH": _tanh_backward,
 }
+
+
+def _mvn_backward(layer: MVNLayer, x: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """MVNLayer::Backward_cpu (normalize_variance) from its top blob as it is now; std + eps,
+    Caffe's variance_ buffer, is its forward's, from ``x``, the bottom that forward read."""
+    _, c, h, w = legacy_nchw(layer, x.shape)
+    dim = c * h * w if layer.across_channels else h * w
+    rows = x.detach().reshape(-1, dim)
+    centered = rows - rows.mean(dim=1, keepdim=True)
+    denom = torch.sqrt((centered * centered).mean(dim=1, keepdim=True)) + layer.eps
+
+    def rule(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+        y, dy = y.reshape(-1, dim), dy.reshape(-1, dim)
+        sums = y * (y * dy).sum(dim=1, keepdim=True) + dy.sum(dim=1, keepdim=True)
+        return (dy - sums / dim) / denom.to(y.dtype)
+
+    return rule
+
+
+def reads_top_data(step: LayerStep, module: CaffeLayer) -> bool:
+    """Does Caffe's Backward for ``step`` read its top blob's data (and what its forward kept),
+    but not its bottoms'? (An in-place MVN's Backward also writes the diff it reads: left to
+    autograd.)"""
+    if isinstance(module, MVNLayer):
+        return bool(module.normalize_variance) and step.bottoms[0] != step.tops[0]
+    return step.type in TOP_DATA_BACKWARD
+
+
+def top_data_rule(
+    step: LayerStep, module: CaffeLayer, forward_bottoms: Sequence[torch.Tensor]
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+    """``step``'s Caffe Backward as a function of its top blob now and its top diff, when
+    ``reads_top_data``; ``forward_bottoms``: what its forward read."""
+    if not reads_top_data(step, module):
+        return None
+    if isinstance(module, MVNLayer):
+        return _mvn_backward(module, forward_bottoms[0])
+    return TOP_DATA_BACKWARD[step.type]

@@ -43,7 +43,7 @@ from ..precision import caffe_float32, on_cuda
 from ..proto import caffe_pb2
 from ..syncedmem import Head, SyncedMemory
 from . import debug_info
-from .backward_reads import TOP_DATA_BACKWARD, reads_bottom_data, slope_kept_when_overwritten
+from .backward_reads import reads_bottom_data, slope_kept_when_overwritten, top_data_rule
 from .lazy_forward import LazyForward, layer_tops
 from .one_pass import OnePassPlan, forward_backward_one_pass, plan_one_pass
 
@@ -736,10 +736,11 @@ class Net:
             self._backward_from_top(i, _slope_rule(module), device)
             return
         # from the top blob after an edit, or after a later in-place layer wrote it
-        rule = TOP_DATA_BACKWARD.get(step.type) if check_edits or self._top_rewritten[i] else None
-        if record is not None and rule is not None:
-            self._backward_from_top(i, rule, device)
-            return
+        if record is not None and (check_edits or self._top_rewritten[i]):
+            rule = top_data_rule(step, module, record.bottoms)
+            if rule is not None:
+                self._backward_from_top(i, rule, device)
+                return
         if record is None or (
             check_edits and reads_bottom_data(step) and self._bottoms_edited(i, device, edited)
         ):  # no forward since, or a script wrote a bottom this layer's Backward reads
@@ -803,7 +804,8 @@ class Net:
             return
         top = self._current_data(step.tops[0], device)
         grad = rule(top, self.blobs[step.tops[0]].diff_at(device))
-        self.blobs[step.bottoms[0]].diff_at(device, mutable=True).copy_(grad.view(top.shape))
+        diff = self.blobs[step.bottoms[0]].diff_at(device, mutable=True)
+        diff.copy_(grad.reshape(diff.shape))  # MVN's top is 4-D whatever its bottom's axes
 
     def _current_data(self, name: str, device: torch.device) -> torch.Tensor:
         """Blob ``name``'s data now, on ``device``. A newer host side is copied out rather than

@@ -45,7 +45,7 @@ from torch import nn
 from ..net.program import LayerStep
 from ..ops.base import CaffeLayer
 from ..ops.python_layer import PythonLayer
-from .backward_reads import TOP_DATA_BACKWARD
+from .backward_reads import reads_top_data
 
 if TYPE_CHECKING:
     from .net import Net
@@ -90,7 +90,7 @@ def plan_one_pass(net: Net) -> OnePassPlan | None:
         if isinstance(module, CaffeLayer) and not module.has_backward:
             return None
         if net._top_rewritten[i] and (
-            getattr(module, "in_place_slope", False) or step.type in TOP_DATA_BACKWARD
+            getattr(module, "in_place_slope", False) or reads_top_data(step, module)
         ):  # its Caffe Backward reads the blob's final data, not its own output
             return None
         recorded.add(i)
