@@ -116,3 +116,34 @@ def test_gradient(case):
 def test_error_more_than_four_axes():
     with pytest.raises(LayerParamError, match=r"layer 'm1' \(MVN\).*num_axes <= 4"):
         make_layer("", [(2, 3, 2, 2, 2)], type="MVN", name="m1")
+
+
+def ref_mvn_diff_in_place(x, top_diff, across_channels=False, eps=1e-9):
+    """MVNLayer::Backward_cpu (normalize_variance) with bottom_diff aliasing top_diff: each
+    step that reads top_diff after the first reads what the previous step wrote there."""
+    rows, shape4 = _groups(x, across_channels)
+    dim = rows.shape[1]
+    y = ref_mvn(x, True, across_channels, eps).reshape(rows.shape)
+    d = y * top_diff.reshape(rows.shape)  # caffe_mul(top_data, top_diff, bottom_diff)
+    d = np.broadcast_to(d.sum(axis=1, keepdims=True), d.shape)  # gemv, gemm
+    d = y * d
+    d = d + d.sum(axis=1, keepdims=True)  # gemv of top_diff, which is bottom_diff now
+    d = 1 * d + (-1.0 / dim) * d  # axpby with X == Y
+    variance = np.sqrt(((rows - rows.mean(axis=1, keepdims=True)) ** 2).mean(axis=1, keepdims=True))
+    return (d / (variance + f32(eps))).reshape(shape4)
+
+
+@pytest.mark.parametrize("across", [False, True])
+def test_in_place_backward_is_caffes_aliased_one(across):
+    # Caffe: MVN with top == bottom computes its bottom diff over the top diff it reads
+    snippet = f'bottom: "x" top: "x" mvn_param {{ across_channels: {str(across).lower()} }}'
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((2, 3, 4, 5))
+    layer, _ = make_layer(snippet, [x.shape], type="MVN", dtype=torch.float64)
+    xt = torch.tensor(x, requires_grad=True)
+    top = layer(xt)
+    np.testing.assert_allclose(top.detach().numpy(), ref_mvn(x, across_channels=across), rtol=1e-12)
+    top_diff = rng.standard_normal(x.shape)
+    top.backward(torch.tensor(top_diff))
+    want = ref_mvn_diff_in_place(x, top_diff, across_channels=across)
+    np.testing.assert_allclose(xt.grad.numpy(), want, rtol=1e-10, atol=1e-12)

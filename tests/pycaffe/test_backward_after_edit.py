@@ -365,3 +365,33 @@ def test_mvn_reads_the_top_a_later_in_place_scale_overwrote(tmp_path, one_call, 
     sums = z * (z * dy).sum(axis=1, keepdims=True) + dy.sum(axis=1, keepdims=True)
     want = (dy - sums / z.shape[1]) / denom
     close(net.blobs["x"].diff, want.reshape(2, 3, 4))
+
+
+MVN_IN_PLACE_THEN_SCALE = MVN_THEN_SCALE.replace(
+    'layer { name: "mvn" type: "MVN" bottom: "x" top: "n" %s }',
+    'layer { name: "p" type: "Power" bottom: "x" top: "n" }\n'
+    'layer { name: "mvn" type: "MVN" bottom: "n" top: "n" }',
+)
+
+
+@pytest.mark.parametrize("one_call", [True, False], ids=["forward_backward", "backward"])
+def test_in_place_mvn_reads_the_scaled_blob_and_its_own_partial_diff(tmp_path, one_call):
+    # In place, MVNLayer::Backward_cpu reads blob n (the Scale's output by then) and writes
+    # the diff it reads: d = z sum(z dy); d += sum(d); (d - d / dim) / (std + eps).
+    path = tmp_path / "mvn.prototxt"
+    path.write_text(MVN_IN_PLACE_THEN_SCALE)
+    net = caffe.Net(str(path), caffe.TRAIN)
+    net.blobs["x"].data[...] = np.random.default_rng(9).standard_normal((2, 3, 4))
+    if one_call:
+        net.forward_backward()
+    else:
+        net.forward()
+        net.backward()
+    z = net.blobs["n"].data.astype(np.float64).reshape(6, -1)
+    dy = 1.5 * z
+    xs = net.blobs["x"].data.astype(np.float64).reshape(6, -1)
+    centered = xs - xs.mean(axis=1, keepdims=True)
+    denom = np.sqrt((centered**2).mean(axis=1, keepdims=True)) + 1e-9
+    d = z * (z * dy).sum(axis=1, keepdims=True)
+    d = d + d.sum(axis=1, keepdims=True)
+    close(net.blobs["x"].diff, ((d - d / 4) / denom).reshape(2, 3, 4))

@@ -21,7 +21,8 @@ class MVNLayer(CaffeLayer):
     biased one, and eps is added to it after the square root. Bottom: 1 to 4 axes, top: the
     legacy 4-D shape (num, channels, height, width), so a (N, C) bottom gives (N, C, 1, 1).
     Differs from torch: eps outside the square root; with normalize_variance the backward is
-    Caffe's (every term divided by std + eps), not the exact derivative when eps != 0.
+    Caffe's (every term divided by std + eps), not the exact derivative when eps != 0, and in
+    place it is Caffe's, computed over the top diff it overwrites (not a gradient at all).
     """
 
     param_field = "mvn_param"
@@ -32,6 +33,8 @@ class MVNLayer(CaffeLayer):
         self.normalize_variance = p.normalize_variance
         self.across_channels = p.across_channels
         self.eps = p.eps
+        # in place, Caffe's Backward overwrites the top diff while reading it (CaffeMVNInPlace)
+        self.in_place = list(layer_param.top[:1]) == list(layer_param.bottom[:1])
         self.output_shapes(self.bottom_shapes)
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
@@ -42,7 +45,7 @@ class MVNLayer(CaffeLayer):
         # the batch is left to -1: a traced or exported one stays symbolic
         rows = x.reshape(-1, c * h * w if self.across_channels else h * w)
         if self.normalize_variance:
-            y = caffe_mvn(rows, self.eps)
+            y = caffe_mvn(rows, self.eps, self.in_place)
         else:
             y = rows - rows.mean(dim=1, keepdim=True)
         return y.reshape(-1, c, h, w)

@@ -97,6 +97,10 @@ def _mvn_backward(layer: MVNLayer, x: torch.Tensor) -> Callable[..., torch.Tenso
 
     def rule(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
         y, dy = y.reshape(-1, dim), dy.reshape(-1, dim)
+        if layer.in_place:  # the diff it writes is the one it reads (CaffeMVNInPlace)
+            d = y * (y * dy).sum(dim=1, keepdim=True)
+            d = d + d.sum(dim=1, keepdim=True)
+            return (d + d * (-1.0 / dim)) / denom.to(y.dtype)
         sums = y * (y * dy).sum(dim=1, keepdim=True) + dy.sum(dim=1, keepdim=True)
         return (dy - sums / dim) / denom.to(y.dtype)
 
@@ -105,10 +109,9 @@ def _mvn_backward(layer: MVNLayer, x: torch.Tensor) -> Callable[..., torch.Tenso
 
 def reads_top_data(step: LayerStep, module: CaffeLayer) -> bool:
     """Does Caffe's Backward for ``step`` read its top blob's data (and what its forward kept),
-    but not its bottoms'? (An in-place MVN's Backward also writes the diff it reads: left to
-    autograd.)"""
+    but not its bottoms'?"""
     if isinstance(module, MVNLayer):
-        return bool(module.normalize_variance) and step.bottoms[0] != step.tops[0]
+        return bool(module.normalize_variance)
     return step.type in TOP_DATA_BACKWARD
 
 

@@ -34,5 +34,22 @@ class CaffeMVN(torch.autograd.Function):
         return (grad - sums / dim) / denom, None
 
 
-def caffe_mvn(x: torch.Tensor, eps: float) -> torch.Tensor:
-    return CaffeMVN.apply(x, eps)
+class CaffeMVNInPlace(CaffeMVN):
+    """CaffeMVN with top == bottom: Caffe's Backward writes the bottom diff over the top diff
+    it is still reading, so the sum of g and the final g - sums / dim see its partial results.
+
+    Backward: d = y * sum(g * y); d = d + sum(d); (d - d / dim) / (sqrt(var) + eps).
+    """
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        y, denom = ctx.saved_tensors
+        dim = y.shape[1]
+        d = y * (y * grad).sum(dim=1, keepdim=True)
+        d = d + d.sum(dim=1, keepdim=True)
+        return (d + d * (-1.0 / dim)) / denom, None
+
+
+def caffe_mvn(x: torch.Tensor, eps: float, in_place: bool = False) -> torch.Tensor:
+    return (CaffeMVNInPlace if in_place else CaffeMVN).apply(x, eps)
