@@ -179,6 +179,41 @@ def test_edits_after_a_partial_forward_are_seen(net):
     close(net.params["ip"][0].diff, dip.T @ p1.reshape(2, -1))
 
 
+INDEXED = """
+name: "indexed"
+input: "x" input_shape { dim: 3 dim: 2 }
+input: "perm" input_shape { dim: 3 }
+input: "word" input_shape { dim: 3 }
+input: "t" input_shape { dim: 3 dim: 2 }
+layer { name: "ip" type: "InnerProduct" bottom: "x" top: "h"
+  inner_product_param { num_output: 2 weight_filler { type: "gaussian" } } }
+layer { name: "reindex" type: "BatchReindex" bottom: "h" bottom: "perm" top: "r" }
+layer { name: "embed" type: "Embed" bottom: "word" top: "e"
+  embed_param { num_output: 2 input_dim: 4 weight_filler { type: "gaussian" } } }
+layer { name: "sum" type: "Eltwise" bottom: "r" bottom: "e" top: "y" }
+layer { name: "loss" type: "EuclideanLoss" bottom: "y" bottom: "t" top: "loss" }
+"""
+
+
+def test_embed_and_batch_reindex_route_the_diff_by_the_edited_indices(tmp_path):
+    # Caffe: EmbedLayer::Backward_cpu and BatchReindexLayer::Backward_cpu read the index
+    # bottom's data when they run, so indices written after forward() pick the rows
+    path = tmp_path / "indexed.prototxt"
+    path.write_text(INDEXED)
+    net = caffe.Net(str(path), caffe.TRAIN)
+    net.blobs["x"].data[...] = np.random.default_rng(8).standard_normal((3, 2))
+    net.blobs["perm"].data[...] = [0, 1, 2]
+    net.blobs["word"].data[...] = [0, 1, 2]
+    net.forward()
+    net.blobs["perm"].data[...] = [2, 2, 0]
+    net.blobs["word"].data[...] = [3, 3, 1]
+    net.clear_param_diffs()
+    net.backward()
+    dy = net.blobs["y"].diff.astype(np.float64)
+    close(net.blobs["h"].diff, [dy[2], np.zeros(2), dy[0] + dy[1]])
+    close(net.params["embed"][0].diff, [np.zeros(2), dy[2], np.zeros(2), dy[0] + dy[1]])
+
+
 FAN_OUT = """
 name: "fan" force_backward: true
 input: "x" input_shape { dim: 2 dim: 3 }

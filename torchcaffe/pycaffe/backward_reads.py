@@ -3,8 +3,8 @@
 Caffe's Net::Backward hands each layer the live blobs, so data a pycaffe script writes
 between ``forward()`` and ``backward()`` changes the diffs of layers whose Backward_cpu reads
 ``bottom[i]->cpu_data()``: InnerProduct and Convolution (the weight diff), ReLU, AbsVal, BNLL,
-Log and Clip (the local slope), PReLU and Scale (both). Other layers read what their forward
-left behind, and an edit to a bottom leaves their diffs as the forward made them: Sigmoid,
+Log and Clip (the local slope), PReLU and Scale (both), Embed and BatchReindex (the indices
+that route the diff). Other layers read what their forward left behind, and an edit to a bottom leaves their diffs as the forward made them: Sigmoid,
 TanH, Exp, Softmax and MVN read top data (Sigmoid, TanH and MVN: see ``top_data_rule``);
 Pooling MAX and Eltwise MAX a forward-time argmax; Dropout its mask; LRN, BatchNorm and the
 losses with an internal buffer (SoftmaxWithLoss, EuclideanLoss, SigmoidCrossEntropyLoss,
@@ -39,6 +39,8 @@ READS_BOTTOM_DATA = frozenset(
         "Clip",
         "Scale",
         "Reduction",
+        "Embed",
+        "BatchReindex",
         "InfogainLoss",
         "MultinomialLogisticLoss",
     }
