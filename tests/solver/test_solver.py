@@ -307,6 +307,42 @@ def test_lr_mult_zero_and_buffers_do_not_move(setup):
     assert not np.array_equal(solver.net.params["ip2"][0].data, before["ip2"][0])
 
 
+@pytest.mark.parametrize("reg", ["L2", "L1"])
+def test_batch_norm_statistics_history_grows_with_weight_decay(setup, reg):
+    """BatchNorm's statistics are learnable blobs in Caffe (lr_mult forced to 0, decay_mult
+    left at 1): ApplyUpdate regularizes their zero diff into ``decay * w`` and Adam's m and v
+    take it in, while the update (0 * ...) leaves them. The .solverstate holds that history."""
+    text = (setup.root / "train.prototxt").read_text()
+    text = text.replace(
+        'layer { name: "relu"',
+        'layer { name: "bn" type: "BatchNorm" bottom: "ip1" top: "ip1" }\nlayer { name: "relu"',
+    )
+    (setup.root / "bn.prototxt").write_text(text)
+    body = 'type: "Adam" base_lr: 0.01 momentum: 0.9 lr_policy: "fixed" weight_decay: 0.1 '
+    body += f'regularization_type: "{reg}"'
+    solver = caffe.get_solver(setup.solver(body, net="bn.prototxt"))
+    f32 = np.float32
+    beta1, beta2, decay = f32(0.9), f32(0.999), f32(0.1)
+    m = [np.zeros_like(b.data) for b in solver.net.params["bn"]]
+    v = [np.zeros_like(b.data) for b in solver.net.params["bn"]]
+    for _ in range(3):
+        before = [b.data.copy() for b in solver.net.params["bn"]]
+        solver.step(1)
+        for j, blob in enumerate(solver.net.params["bn"]):
+            w = blob.data  # forward moved the statistics; the update leaves them
+            assert not np.array_equal(w, before[j])
+            g = decay * (w if reg == "L2" else np.sign(w).astype(f32))
+            m[j] = beta1 * m[j] + (1 - beta1) * g
+            v[j] = beta2 * v[j] + (1 - beta2) * g * g
+            np.testing.assert_array_equal(blob.diff, 0)
+    state = read_solverstate(solver.snapshot()).history
+    n = len(solver._learnables)  # ip1 w, b; bn mean, variance, factor; ip2 w, b
+    for j in range(3):
+        np.testing.assert_allclose(state[2 + j], m[j], rtol=1e-5)
+        np.testing.assert_allclose(state[n + 2 + j], v[j], rtol=1e-5)
+    assert np.abs(state[n + 2]).max() > 0
+
+
 def test_apply_update_leaves_the_applied_step_in_the_diff(setup):
     """As Caffe, the param diff holds the update that was subtracted (SGD: the history)."""
     solver = caffe.get_solver(setup.solver(SGD))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from ..proto import caffe_pb2
 from .lr_policy import LR_POLICIES, CaffeLRPolicy, policy_arguments
 from .optimizers import OPTIMIZERS, REGULARIZATION_TYPES, CaffeOptimizer
-from .param_groups import Learnable, multiplier_groups
+from .param_groups import Learnable, learnable_params, multiplier_groups
 
 if TYPE_CHECKING:
     from ..net.net import TorchNet
@@ -40,7 +40,9 @@ def make_optimizer(
     """The update rule of ``solver_type`` (default: ``param.type``) over ``net``'s params.
 
     Every learnable param is stepped each ``step``, a zero gradient standing in where backward
-    left none (after ``zero_grad``), as Caffe's ApplyUpdate does with the cleared diffs."""
+    left none (after ``zero_grad``), as Caffe's ApplyUpdate does with the cleared diffs.
+    Blobs that are buffers here (BatchNorm statistics) get their Caffe history tracked
+    (``CaffeOptimizer.track_statistics``) without being moved."""
     solver_type = solver_type or param.type
     cls = OPTIMIZERS[solver_type]
     rule = {name: getattr(param, name) for name in RULE_FIELDS[solver_type]}
@@ -62,6 +64,8 @@ def make_optimizer(
     # (torch's convention for a hand-built optimizer) refuses one at construction only
     for group in optimizer.param_groups:
         group["lr"] = param.base_lr
+    entries = net if isinstance(net, list) else learnable_params(net)
+    optimizer.track_statistics((e.tensor, e.decay_mult) for e in entries if not e.optimized)
     return optimizer
 
 

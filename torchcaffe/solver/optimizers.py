@@ -70,6 +70,9 @@ class CaffeOptimizer(Optimizer, metaclass=abc.ABCMeta):
 
     history_keys: ClassVar[tuple[str, ...]] = ("history",)
     caffe_type: ClassVar[str] = ""
+    # Whether the history moves at local_rate 0 (the adaptive rules square the gradient into
+    # it); SGD's history is momentum * history + rate * grad, which stays 0 there.
+    history_moves_at_zero_rate: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -109,6 +112,8 @@ class CaffeOptimizer(Optimizer, metaclass=abc.ABCMeta):
         self.iter_size = int(iter_size)
         self.foreach = bool(foreach)
         self.zero_absent_grads = bool(zero_absent_grads)
+        # id(tensor) -> (tensor, decay_mult, history state): see ``track_statistics``
+        self._statistics: dict[int, tuple[torch.Tensor, float, dict]] = {}
 
     # -- Caffe's ApplyUpdate --------------------------------------------------------------
     @torch.no_grad()
@@ -129,13 +134,14 @@ class CaffeOptimizer(Optimizer, metaclass=abc.ABCMeta):
         if self.foreach:
             for group, params, grads in _batches(live):
                 self._step_many(group, params, grads)
-            return loss
-        for group, p, grad in live:
-            if self.iter_size != 1:
-                grad.mul_(_scalar(1.0 / self.iter_size, grad.dtype))
-            self._regularize(group, p, grad)
-            self._update(group, p, grad, self._state(p), self._local_rate(group, p.dtype))
-            p.sub_(grad)
+        else:
+            for group, p, grad in live:
+                if self.iter_size != 1:
+                    grad.mul_(_scalar(1.0 / self.iter_size, grad.dtype))
+                self._regularize(group, p, grad)
+                self._update(group, p, grad, self._state(p), self._local_rate(group, p.dtype))
+                p.sub_(grad)
+        self._step_statistics()
         return loss
 
     def _step_many(self, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor]):
@@ -229,20 +235,67 @@ class CaffeOptimizer(Optimizer, metaclass=abc.ABCMeta):
         for p, grad, state in zip(params, grads, states):
             self._update(group, p, grad, state, local_rate)
 
+    # -- blobs Caffe's solver sees but never moves -----------------------------------------
+    def track_statistics(self, blobs: Iterable[tuple[torch.Tensor, float]]) -> None:
+        """Run the rule's history on ``(tensor, decay_mult)`` blobs that are not params here
+        (torch buffers: a BatchNorm's statistics) but are learnable blobs with ``lr_mult: 0``
+        in Caffe. Their diff is zero, so with weight decay Caffe's ApplyUpdate feeds
+        ``decay * w`` into the rule: the update is 0 * ... (the blob stays), but the adaptive
+        rules' histories (AdaGrad, RMSProp, AdaDelta, Adam) grow, and a .solverstate holds
+        them. Kept outside ``param_groups`` and ``state``, so torch's view of the optimizer
+        (and its state_dict) is unchanged."""
+        for tensor, decay_mult in blobs:
+            self._statistics[id(tensor)] = (tensor, float(decay_mult), {})
+
+    def retarget_statistics(self, old: torch.Tensor, new: torch.Tensor) -> None:
+        """A tracked blob's tensor was replaced (a device move, shared memory): follow it."""
+        entry = self._statistics.pop(id(old), None)
+        if entry is not None:
+            self._statistics[id(new)] = (new, entry[1], entry[2])
+
+    def _step_statistics(self) -> None:
+        """Caffe's ApplyUpdate on the tracked blobs: zero diff, regularize, the rule at
+        ``local_rate`` 0; the result (zero) is not applied. SGD and Nesterov keep a zero
+        history then (``momentum * 0 + 0``), so only the adaptive rules do any work."""
+        if not self._statistics or not self.history_moves_at_zero_rate:
+            return
+        base = dict(self.param_groups[0]) if self.param_groups else dict(self.defaults)
+        for tensor, decay_mult, state in self._statistics.values():
+            group = dict(base, lr_mult=0.0, decay_mult=decay_mult)
+            if not state and not self._decay(group, tensor.dtype):
+                continue  # zero diff into zero history: it stays zero, in every rule
+            with torch.no_grad():
+                grad = torch.zeros_like(tensor)
+                self._regularize(group, tensor, grad)
+                self._update(group, tensor, grad, self._statistics_state(tensor, state), 0.0)
+
+    def _statistics_state(self, tensor: torch.Tensor, state: dict) -> dict:
+        for key in self.history_keys:
+            value = state.get(key)
+            if value is None:
+                state[key] = torch.zeros_like(tensor)
+            elif value.device != tensor.device or value.dtype != tensor.dtype:
+                state[key] = value.to(device=tensor.device, dtype=tensor.dtype)
+        return state
+
+    def _history_of(self, p: torch.Tensor, key: str, managed: set[int]) -> torch.Tensor:
+        if id(p) in managed:
+            return self._state(p)[key].detach().clone()
+        entry = self._statistics.get(id(p))
+        if entry is not None and entry[2]:
+            return self._statistics_state(p, entry[2])[key].detach().clone()
+        return torch.zeros_like(p)
+
     # -- Caffe's history blobs ----------------------------------------------------------------
     def _managed(self) -> set[int]:
         return {id(p) for g in self.param_groups for p in g["params"]}
 
     def history_blobs(self, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Caffe's ``history_`` for ``params`` (Caffe's learnable-param order); a tensor this
-        optimizer does not update (a buffer) gets zeros, as Caffe's history of an lr_mult 0
-        blob without weight decay holds."""
+        optimizer does not update (a buffer) gets its ``track_statistics`` history, or zeros
+        where none grew (Caffe's history of an lr_mult 0 blob without weight decay)."""
         managed = self._managed()
-        return [
-            self._state(p)[key].detach().clone() if id(p) in managed else torch.zeros_like(p)
-            for key in self.history_keys
-            for p in params
-        ]
+        return [self._history_of(p, key, managed) for key in self.history_keys for p in params]
 
     def load_history_blobs(
         self, params: Sequence[torch.Tensor], blobs: Sequence[torch.Tensor], iteration: int
@@ -259,19 +312,23 @@ class CaffeOptimizer(Optimizer, metaclass=abc.ABCMeta):
         for key in self.history_keys:
             for p in params:
                 value = next(it)
+                copy = value.to(device=p.device, dtype=p.dtype).reshape(p.shape).clone()
                 if id(p) in managed:
-                    self._state(p)[key] = (
-                        value.to(device=p.device, dtype=p.dtype).reshape(p.shape).clone()
-                    )
+                    self._state(p)[key] = copy
+                elif id(p) in self._statistics:
+                    self._statistics[id(p)][2][key] = copy
         for p in params:
             if id(p) in managed:
                 self.state[p]["step"] = int(iteration)
+            elif id(p) in self._statistics:
+                self._statistics[id(p)][2]["step"] = int(iteration)
 
 
 class CaffeSGD(CaffeOptimizer):
     """Caffe's SGD: ``history = momentum*history + local_rate*grad``; step = history."""
 
     caffe_type = "SGD"
+    history_moves_at_zero_rate = False
 
     def __init__(self, params, lr: float, momentum: float = 0.0, **kw: Any) -> None:
         super().__init__(params, lr, momentum=momentum, **kw)

@@ -168,6 +168,7 @@ class Solver:
         for old, new in swap.values():
             if old in state:
                 state[new] = state.pop(old)
+            self.optimizer.retarget_statistics(old, new)
 
     def share_weights(self, net: Net) -> None:
         """Let ``net`` use this solver's train-net params (pycaffe's share_weights)."""
