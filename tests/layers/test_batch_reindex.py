@@ -76,9 +76,13 @@ def test_gradient(case):
     check_layer_gradient(layer, bottoms, bottom_indices=[0])
 
 
-def test_index_bottom_refuses_force_backward():
+def test_index_bottom_is_forced_and_refused():
+    # Caffe's BatchReindex keeps Layer's AllowForceBackward (true); its Backward CHECK aborts
+    # when asked for the index diff ("Cannot backprop to index.")
     layer, _ = CASES[0].build()
-    assert layer.allow_force_backward(0) and not layer.allow_force_backward(1)
+    assert layer.allow_force_backward(0) and layer.allow_force_backward(1)
+    assert layer.backward_refusal([True, False], ["x", "i"]) is None
+    assert layer.backward_refusal([True, True], ["x", "i"])
 
 
 @pytest.mark.parametrize("index", [[0, 4], [-1, 0], [-0.5, 1], [float("nan")]])

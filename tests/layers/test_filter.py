@@ -85,9 +85,13 @@ def test_gradient(case):
     check_layer_gradient(layer, bottoms, bottom_indices=range(len(bottoms) - 1))
 
 
-def test_selector_refuses_force_backward():
+def test_selector_is_forced_and_refused():
+    # Caffe's Filter keeps Layer's AllowForceBackward (true); its Backward aborts when asked
+    # for the selector diff ("Layer cannot backpropagate to filter index inputs")
     layer, _ = CASES[0].build()
-    assert [layer.allow_force_backward(i) for i in range(3)] == [True, True, False]
+    assert [layer.allow_force_backward(i) for i in range(3)] == [True, True, True]
+    assert layer.backward_refusal([True, True, False], ["a", "b", "s"]) is None
+    assert layer.backward_refusal([True, False, True], ["a", "b", "s"])
 
 
 @pytest.mark.parametrize(

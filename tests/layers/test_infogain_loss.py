@@ -127,7 +127,9 @@ def test_clamp_gradient_is_caffes():
 
 def test_h_and_labels_get_no_gradient():
     layer, _ = make_layer("", [(2, 3), (2,), (3, 3)], type="InfogainLoss")
-    assert not layer.allow_force_backward(1) and not layer.allow_force_backward(2)
+    # LossLayer's AllowForceBackward spares the labels only; Backward refuses H as well
+    assert not layer.allow_force_backward(1) and layer.allow_force_backward(2)
+    assert layer.backward_refusal([True, False, True], ["x", "y", "h"])
     h = torch.rand(3, 3, requires_grad=True)
     loss = layer(torch.randn(2, 3, requires_grad=True), torch.tensor([0.0, 2.0]), h)
     (gh,) = torch.autograd.grad(loss, [h], allow_unused=True)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import torchcaffe as caffe
+from torchcaffe.errors import BlobWiringError
 
 NET = """
 name: "testnet" force_backward: true
@@ -179,3 +180,77 @@ def test_net_takes_level_stages_and_weights_positionally(tmp_path):
     np.testing.assert_array_equal(net.params["ip"][0].data, saved)
     with pytest.raises(TypeError):
         caffe.Net(str(path), caffe.TEST, 1, level=1)
+
+
+# Caffe: NetTest.TestBottomNeedBackwardTricky builds a net whose SoftmaxWithLoss labels come
+# from an InnerProduct, "even though we expect this to cause a crash at training/test time":
+# forward runs, Backward aborts at the loss ("cannot backpropagate to label inputs").
+TRICKY = """
+name: "tricky"
+layer { name: "data" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 5 dim: 2 dim: 3 dim: 4 } shape { dim: 5 dim: 1 } } }
+layer { name: "ip_data" type: "InnerProduct" bottom: "data" top: "transformed_data"
+        inner_product_param { num_output: 10 } }
+layer { name: "ip_label" type: "InnerProduct" bottom: "label" top: "transformed_label"
+        inner_product_param { num_output: 1 } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "transformed_data"
+        bottom: "transformed_label" PD top: "loss" }
+"""
+
+
+def _tricky(tmp_path, propagate_down=""):
+    path = tmp_path / "tricky.prototxt"
+    path.write_text(TRICKY.replace("PD", propagate_down))
+    return str(path)
+
+
+def test_backward_into_loss_labels_is_refused_as_caffe_aborts(tmp_path):
+    net = caffe.Net(_tricky(tmp_path), caffe.TRAIN)
+    net.forward()
+    for run in (net.backward, net.forward_backward):
+        with pytest.raises(BlobWiringError, match=r"layer 'loss' \(SoftmaxWithLoss\).*bottom 1"):
+            run()
+    net.backward(start="ip_label")  # a partial pass that stops short of the loss runs
+    # propagate_down: false on the labels is the way out, as in Caffe
+    ok = caffe.Net(_tricky(tmp_path, "propagate_down: true propagate_down: false"), caffe.TRAIN)
+    ok.forward_backward()
+
+
+def test_solver_step_through_refused_labels_is_refused(tmp_path):
+    solver = tmp_path / "solver.prototxt"
+    solver.write_text(f'net: "{_tricky(tmp_path)}" base_lr: 0.1 lr_policy: "fixed"')
+    with pytest.raises(BlobWiringError, match="SoftmaxWithLoss"):
+        caffe.SGDSolver(str(solver)).step(1)
+
+
+ARGMAX_UNDER_LOSS = """
+name: "skip_prop" FORCE
+layer { name: "data" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 5 dim: 2 } shape { dim: 5 dim: 1 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+        inner_product_param { num_output: 3 } }
+layer { name: "argmax" type: "ArgMax" bottom: "ip" top: "am" }
+layer { name: "acc" type: "Accuracy" bottom: "ip" bottom: "label" top: "acc" }
+layer { name: "loss" type: "EuclideanLoss" bottom: "am" bottom: "label" PD }
+"""
+
+
+@pytest.mark.parametrize(
+    "force,pd,layer",
+    [
+        ("", "", "ArgMax"),  # Caffe: NetTest.TestSkipPropagateDown's argmax needs backward
+        ("", "propagate_down: false propagate_down: true", None),
+        # force_backward runs every layer's Backward: Accuracy's and ArgMax's abort
+        ("force_backward: true", "propagate_down: false propagate_down: true", "Accuracy"),
+    ],
+)
+def test_layers_without_a_caffe_backward_refuse_one(tmp_path, force, pd, layer):
+    path = tmp_path / "net.prototxt"
+    path.write_text(ARGMAX_UNDER_LOSS.replace("FORCE", force).replace("PD", pd))
+    net = caffe.Net(str(path), caffe.TRAIN)
+    net.forward()
+    if layer is None:  # Caffe: NetTest.TestBackwardWithAccuracyLayer
+        net.backward()
+        return
+    with pytest.raises(BlobWiringError, match=rf"\({layer}\)"):
+        net.backward()

@@ -28,6 +28,7 @@ class AccuracyLayer(CaffeLayer):
     bottoms = Exactly(2)
     tops = Between(1, 2)
     has_backward = False
+    refused_bottoms = frozenset({0, 1})  # Backward: NOT_IMPLEMENTED where propagate_down
 
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)

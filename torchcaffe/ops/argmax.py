@@ -39,6 +39,7 @@ class ArgMaxLayer(CaffeLayer):
 
     param_field = "argmax_param"
     has_backward = False
+    backward_aborts = True  # Backward: NOT_IMPLEMENTED
 
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)

@@ -83,6 +83,12 @@ class CaffeLayer(nn.Module):
     auto_top_blobs: ClassVar[bool | None] = None  # Caffe's AutoTopBlobs; None: same as is_loss
     has_backward: bool = True  # False: Caffe computes no gradient (a form may set it per instance)
     no_force_backward: ClassVar[frozenset[int]] = frozenset()  # bottoms AllowForceBackward denies
+    # bottoms whose diff Caffe's Backward refuses: asked for one (propagate_down, a learnable
+    # layer under a loss layer's labels, force_backward), it aborts, e.g. "SoftmaxWithLoss Layer
+    # cannot backpropagate to label inputs"; ``backward_aborts``: its Backward is
+    # NOT_IMPLEMENTED, so it aborts whenever the net runs it (ArgMax, Threshold)
+    refused_bottoms: frozenset[int] = frozenset()  # (a layer may set it per instance)
+    backward_aborts: ClassVar[bool] = False
     # bottoms whose diff this layer's Caffe Backward writes whenever it runs, propagate_down
     # or not (see ``always_diffed``)
     always_diffed_bottoms: frozenset[int] = frozenset()
@@ -327,7 +333,25 @@ class CaffeLayer(nn.Module):
         return [0.0] * self.num_tops
 
     def allow_force_backward(self, bottom_index: int) -> bool:
-        return self.has_backward and bottom_index not in self.no_force_backward
+        """Caffe's AllowForceBackward. A layer whose Backward aborts is forced too, as in
+        Caffe, so that a backward through it is refused (see ``backward_refusal``)."""
+        if bottom_index in self.no_force_backward:
+            return False
+        return self.has_backward or self.backward_aborts or bottom_index in self.refused_bottoms
+
+    def backward_refusal(
+        self, bottom_need_backward: Sequence[bool], bottoms: Sequence[str]
+    ) -> str | None:
+        """Why Caffe's Backward of this layer aborts with these propagate_down flags, or None."""
+        if self.backward_aborts:
+            return "the net needs backward through this layer, which has none in Caffe"
+        for j, need in enumerate(bottom_need_backward):
+            if need and j in self.refused_bottoms:
+                return (
+                    f"the net needs the diff of bottom {j} ('{bottoms[j]}'), which Caffe's "
+                    "Backward of this layer refuses to compute"
+                )
+        return None
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         """Top shapes for these bottom shapes (Caffe's Reshape), by a forward on meta tensors.

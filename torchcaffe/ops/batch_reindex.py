@@ -24,7 +24,7 @@ class BatchReindexLayer(CaffeLayer):
 
     bottoms = Exactly(2)
     tops = Exactly(1)
-    no_force_backward = frozenset({1})
+    refused_bottoms = frozenset({1})  # CHECK: "Cannot backprop to index."
 
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)

@@ -25,7 +25,7 @@ class EmbedLayer(CaffeLayer):
     """
 
     param_field = "embed_param"
-    no_force_backward = frozenset({0})
+    refused_bottoms = frozenset({0})  # CHECK: "Can't backpropagate to EmbedLayer input."
 
     # param blobs, registered by add_blob
     weight: torch.Tensor

@@ -37,9 +37,8 @@ class FilterLayer(CaffeLayer):
                 cls=BlobWiringError,
             )
         self.output_shapes(self.bottom_shapes)
-
-    def allow_force_backward(self, bottom_index: int) -> bool:
-        return bottom_index != len(self.layer_param.bottom) - 1
+        # LOG(FATAL): "Layer cannot backpropagate to filter index inputs"
+        self.refused_bottoms = frozenset({nb - 1})
 
     def check_shapes(self, bottom_shapes: Sequence[Shape]) -> None:
         selector = tuple(bottom_shapes[-1])

@@ -41,7 +41,7 @@ class InfogainLossLayer(LossLayer):
     bottoms = Between(2, 3)
     tops = Between(1, 2)
     infogain: torch.Tensor  # buffer from infogain_loss_param.source (absent with 3 bottoms)
-    no_force_backward = frozenset({1, 2})
+    refused_bottoms = frozenset({1, 2})  # LOG(FATAL): label and infogain inputs
 
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)

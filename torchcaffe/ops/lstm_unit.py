@@ -25,6 +25,7 @@ class LSTMUnitLayer(CaffeLayer):
     bottoms = Exactly(3)
     tops = Exactly(2)
     no_force_backward = frozenset({2})
+    refused_bottoms = frozenset({2})  # CHECK: "Cannot backpropagate to sequence indicators."
     # Caffe's Backward returns only when neither c_prev nor x wants a diff, else writes both
     always_diffed_bottoms = frozenset({0, 1})
 

@@ -22,6 +22,8 @@ class MultinomialLogisticLossLayer(LossLayer):
     -loss_weight / (N max(p, 1e-20)) at the label, also where the clamp is active.
     """
 
+    refused_bottoms = frozenset({1})  # LOG(FATAL): cannot backpropagate to label inputs
+
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
         label_shape = self.bottom_shapes[1]

@@ -312,6 +312,7 @@ class ThresholdLayer(NeuronLayer):
 
     param_field = "threshold_param"
     has_backward = False
+    backward_aborts = True  # Backward: NOT_IMPLEMENTED
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return (x.detach() > self.param.threshold).to(x.dtype)

@@ -44,6 +44,7 @@ class RecurrentLayer(CaffeLayer, metaclass=abc.ABCMeta):
     bottoms = Between(2, 5)  # the exact count depends on expose_hidden: see check_arity
     tops = Between(1, 3)
     no_force_backward = frozenset({1})
+    refused_bottoms = frozenset({1})  # CHECK: "Cannot backpropagate to sequence indicators."
     state_names: ClassVar[tuple[str, ...]] = ()
     restrictions = (
         "debug_info is accepted and ignored; when N changes between forwards the "

@@ -26,6 +26,7 @@ class SigmoidCrossEntropyLossLayer(LossLayer):
     """
 
     param_field = "loss_param"
+    refused_bottoms = frozenset({1})  # LOG(FATAL): cannot backpropagate to label inputs
 
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)

@@ -37,6 +37,7 @@ class SoftmaxWithLossLayer(LossLayer):
     """
 
     param_field = "loss_param"
+    refused_bottoms = frozenset({1})  # LOG(FATAL): cannot backpropagate to label inputs
     tops = Between(1, 2)
 
     def __init__(self, layer_param, bottom_shapes):

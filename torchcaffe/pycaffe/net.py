@@ -175,6 +175,7 @@ class Net:
         self._layer_tops = layer_tops(self._net)  # what a forward writes (inputs: in place)
         # the layers that need backward, in order: a forward asks whether its range has one
         self._backward_steps = [i for i, s in enumerate(self._net.steps) if s.need_backward]
+        self._refusals = self._find_backward_refusals()
         self._data_source = self._find_split_sources()
         if weights is not None:
             self.copy_from(weights)
@@ -294,6 +295,35 @@ class Net:
             bool(step.tops) and any(step.tops[0] in later.tops for later in steps[i + 1 :])
             for i, step in enumerate(steps)
         ]
+
+    def _find_backward_refusals(self) -> dict[int, BlobWiringError]:
+        """Layer index -> the error for a layer whose Caffe Backward aborts with the flags
+        Net::Init gave it (a loss layer asked for its labels' diff, ArgMax under a loss...).
+        Caffe builds and runs forward such a net; its Backward aborts at that layer."""
+        out = {}
+        for i, step in enumerate(self._net.steps):
+            module = self._net.module_of(step)
+            if not step.need_backward or step.is_input or not isinstance(module, CaffeLayer):
+                continue
+            why = module.backward_refusal(step.bottom_need_backward, step.bottoms)
+            if why:
+                out[i] = BlobWiringError(
+                    why,
+                    layer=step.name,
+                    layer_type=step.type,
+                    hint="Caffe aborts there too; keep the layer off the backward path: "
+                    "propagate_down: false on the bottom that reads its top, no force_backward"
+                    if module.backward_aborts
+                    else "Caffe aborts there too; give that bottom propagate_down: false, or "
+                    "keep learnable layers (and force_backward) from feeding it",
+                )
+        return out
+
+    def _check_backward_allowed(self, start: int, end: int) -> None:
+        """Caffe's Backward from ``start`` down to ``end`` aborts at the first refusing layer."""
+        for i in range(start, end - 1, -1):
+            if i in self._refusals:
+                raise self._refusals[i]
 
     def _find_split_sources(self) -> dict[str, str]:
         """Split top -> the blob whose data it is. Caffe's SplitLayer shares its bottom's data
@@ -695,6 +725,8 @@ class Net:
     @_in_caffe_float32
     def _backward(self, start: int, end: int, check_edits: bool = True) -> None:
         self._check_range("_backward", start, end)
+        if self._refusals:
+            self._check_backward_allowed(start, end)
         device = self._ensure_device()
         edited: dict[tuple[str, int], bool] = {}
         before, after = self._callbacks["before_backward"], self._callbacks["after_backward"]
@@ -931,6 +963,8 @@ class Net:
         """Caffe's Net::ForwardBackward: forward, then backward; returns the loss. Nothing can
         edit a blob in between, so where exact this is one autograd pass (one_pass.py), unless
         per-layer callbacks or ``debug_info`` must see each layer."""
+        if self._refusals:
+            self._check_backward_allowed(len(self._net.steps) - 1, 0)
         plan = None if self._layer_by_layer() else self._one_pass_plan()
         if plan is not None:
             with self._holding_tops():
@@ -949,6 +983,8 @@ class Net:
     def _clear_and_forward_backward(self) -> float:
         """ClearParamDiffs then ForwardBackward (a solver iteration of one pass); on the one
         pass each param diff is written once instead of zeroed and then added to."""
+        if self._refusals:
+            self._check_backward_allowed(len(self._net.steps) - 1, 0)
         plan = None if self._layer_by_layer() else self._one_pass_plan()
         if plan is None:
             self.clear_param_diffs()
