@@ -608,3 +608,38 @@ def test_an_explicit_empty_snapshot_prefix_snapshots_as_caffe(setup):
     solver.step(2)
     assert (setup.root / "_iter_2.caffemodel").is_file()
     assert (setup.root / "_iter_2.solverstate").is_file()
+
+
+# Caffe: NetTest's TrickyNet names two layers 'innerproduct'. Net::Init keeps both, and
+# learnable_params_ holds each one's blobs, so a solver step updates both layers.
+SAME_NAMES = """
+name: "same_names"
+layer { name: "data" type: "Input" top: "data" top: "y"
+        input_param { shape { dim: 2 dim: 3 } shape { dim: 2 dim: 4 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "a"
+        inner_product_param { num_output: 4 weight_filler { type: "constant" value: 0.5 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "a" top: "b"
+        inner_product_param { num_output: 4 weight_filler { type: "constant" value: -0.25 } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "b" bottom: "y" }
+"""
+
+
+def test_layers_sharing_a_name_each_learn(tmp_path):
+    (tmp_path / "net.prototxt").write_text(SAME_NAMES)
+    (tmp_path / "solver.prototxt").write_text(
+        f'net: "{tmp_path / "net.prototxt"}" base_lr: 0.1 lr_policy: "fixed"'
+    )
+    solver = caffe.SGDSolver(str(tmp_path / "solver.prototxt"))
+    net = solver.net
+    net.blobs["data"].data[...] = np.arange(6).reshape(2, 3)
+    net.blobs["y"].data[...] = 1
+    net.forward_backward()
+    first, second = net.layers[1].blobs, net.layers[2].blobs
+    want = [b.data - np.float32(0.1) * b.diff for b in (*first, *second)]
+    assert all(np.abs(b.diff).sum() > 0 for b in (*first, *second))
+    solver.step(1)
+    for blob, expected in zip((*first, *second), want):
+        np.testing.assert_allclose(blob.data, expected, rtol=1e-6)
+    groups = caffe.param_groups(net.module, lr=0.1)
+    learned = [p for g in groups for p in g["params"]]
+    assert len(learned) == len({id(p) for p in learned}) == 4

@@ -411,7 +411,7 @@ class _Builder:
             if name:
                 self.param_owner[name] = (index, i)
             self.learnable[(index, i)] = len(self.out.params)
-            self.out.params.append(ParamInfo(lp.name, i, spec.lr_mult, spec.decay_mult))
+            self.out.params.append(ParamInfo(lp.name, i, spec.lr_mult, spec.decay_mult, index))
             self.lr_set.append(spec.HasField("lr_mult"))
             self.decay_set.append(spec.HasField("decay_mult"))
             return

@@ -44,3 +44,4 @@ class ParamInfo:
     index: int  # the blob's index among that layer's param blobs
     lr_mult: float
     decay_mult: float
+    step: int  # the owner's index in the steps (Caffe allows two layers one name)

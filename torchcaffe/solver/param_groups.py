@@ -38,10 +38,11 @@ class Learnable:
 
 
 def learnable_params(net: TorchNet) -> list[Learnable]:
-    """Caffe's learnable params of a compiled net, in Caffe's order."""
+    """Caffe's learnable params of a compiled net, in Caffe's order. The owner is found by its
+    place, not its name: Caffe lets two layers share a name, and trains each one's params."""
     out = []
     for info in net.param_infos:
-        tensor = net.layer(info.layer).param_blobs()[info.index]
+        tensor = net.module_of(net.steps[info.step]).param_blobs()[info.index]
         out.append(
             Learnable(info.layer, info.index, tensor, float(info.lr_mult), float(info.decay_mult))
         )
