@@ -134,3 +134,30 @@ def test_a_param_blob_held_before_the_share_follows_it(prototxt):
     b.backward()
     assert np.abs(held.diff).sum() > 0
     np.testing.assert_array_equal(a.params["ip1"][0].diff, 0)
+
+
+# two layers named "ip" (Caffe allows it; NetTest's TrickyNet has two 'innerproduct' layers)
+SAME_NAMES = """
+name: "same_names"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 4 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "a"
+        inner_product_param { num_output: 4 weight_filler { type: "gaussian" std: 1 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "a" top: "b"
+        inner_product_param { num_output: 4 weight_filler { type: "gaussian" std: 1 } } }
+"""
+
+
+def test_layers_sharing_a_name_share_as_caffe_walks_them(tmp_path):
+    # ShareTrainedLayersWith walks the source's layers and shares each into the target's
+    # first layer of that name: the later source wins there, the later target keeps its own
+    path = tmp_path / "net.prototxt"
+    path.write_text(SAME_NAMES)
+    source, target = caffe.Net(str(path), caffe.TEST), caffe.Net(str(path), caffe.TEST)
+    own = [b.data.copy() for b in target.layers[2].blobs]
+    target.share_with(source)
+    for mine, theirs in zip(target.layers[1].blobs, source.layers[2].blobs):
+        np.testing.assert_array_equal(mine.data, theirs.data)
+    for blob, kept in zip(target.layers[2].blobs, own):
+        np.testing.assert_array_equal(blob.data, kept)
+    source.layers[2].blobs[0].data[...] = 3.0  # shared memory: the write shows in the target
+    assert (target.layers[1].blobs[0].data == 3.0).all()

@@ -154,9 +154,9 @@ class Net:
         self._make_blobs()
         self._held_tops = self._constant_dummy_tops()
         self._lazy = LazyForward(self._net, self.blobs, self._net.loss_weights())
-        # share_with: (layer, param index) -> (the tensor put there, the source's tensor, the
-        # source net); the nets either side of a share (their writes change ours)
-        self._shared: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor, Net]] = {}
+        # share_with: (layer index, param index) -> (the tensor put there, the source's tensor,
+        # the source net); the nets either side of a share (their writes change ours)
+        self._shared: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, Net]] = {}
         self._partners: weakref.WeakSet[Net] = weakref.WeakSet()
         self._following_shares = False
         self._binds = 0  # _bind_params calls: a solver re-reads its params when this moves
@@ -1122,11 +1122,19 @@ class Net:
             net._lazy.shares_params = True
         self._partners.add(other)
         other._partners.add(self)
-        for step in self._net.steps:
-            if step.name not in other._net.layer_names:
+        # Caffe walks ``other``'s layers and shares each into the first layer of this net
+        # with its name (two layers may share a name: a later source wins, a later target
+        # keeps its own params)
+        first: dict[str, int] = {}
+        for i, step in enumerate(self._net.steps):
+            first.setdefault(step.name, i)
+        for source in other._net.steps:
+            i = first.get(source.name, -1)
+            if i < 0:
                 continue
+            step = self._net.steps[i]
             mine = self._net.module_of(step).param_blobs()
-            theirs = other._net.layer(step.name).param_blobs()
+            theirs = other._net.module_of(source).param_blobs()
             if len(theirs) != len(mine):
                 raise LayerParamError(
                     "incompatible number of blobs",
@@ -1144,7 +1152,7 @@ class Net:
                         expected=tuple(t.shape),
                         got=tuple(s.shape),
                     )
-                self._shared[(step.name, j)] = (t, s, other)
+                self._shared[(i, j)] = (t, s, other)
         if self._reshare():
             self._bind_params()
 
@@ -1158,7 +1166,7 @@ class Net:
         for (layer, j), (put, source, _) in self._shared.items():
             if put.data_ptr() == source.data_ptr() or put.device != source.device:
                 continue
-            module = self._net.layer(layer)
+            module = self._net.module_of(self._net.steps[layer])
             current = module.param_blobs()[j]
             new = made.get(id(current))
             if new is None:
