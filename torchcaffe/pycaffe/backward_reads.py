@@ -1,16 +1,16 @@
 """Which layers' Caffe Backward reads their bottom blobs' data as it is at backward time.
 
-Caffe's Net::Backward hands each layer the live blobs, so data a pycaffe script writes
-between ``forward()`` and ``backward()`` changes the diffs of layers whose Backward_cpu reads
+Caffe's Net::Backward hands each layer the live blobs, so data a pycaffe script writes between
+``forward()`` and ``backward()`` changes the diffs of layers whose Backward_cpu reads
 ``bottom[i]->cpu_data()``: InnerProduct and Convolution (the weight diff), ReLU, AbsVal, BNLL,
 Log and Clip (the local slope), PReLU and Scale (both), Embed and BatchReindex (the indices
-that route the diff). Other layers read what their forward left behind, and an edit to a bottom leaves their diffs as the forward made them: Sigmoid,
-TanH, Exp, Softmax and MVN read top data (Sigmoid, TanH and MVN: see ``top_data_rule``);
-Pooling MAX and Eltwise MAX a forward-time argmax; Dropout its mask; LRN, BatchNorm and the
-losses with an internal buffer (SoftmaxWithLoss, EuclideanLoss, SigmoidCrossEntropyLoss,
-ContrastiveLoss) their buffers. Python layers see the blobs their own forward was given.
-Layers whose diffs do not depend on data (Split, Concat, Reshape, Eltwise SUM, Pooling AVE...)
-give the same answer either way.
+that route the diff). Other layers read what their forward left behind, and an edit to a bottom
+leaves their diffs as the forward made them: Sigmoid, TanH, Exp, Softmax and MVN read top data
+(Sigmoid, TanH and MVN: see ``top_data_rule``); Pooling MAX and Eltwise MAX a forward-time
+argmax; Dropout its mask; LRN, BatchNorm and the losses with an internal buffer
+(SoftmaxWithLoss, EuclideanLoss, SigmoidCrossEntropyLoss, ContrastiveLoss) their buffers.
+Python layers see the blobs their own forward was given. Layers whose diffs do not depend on
+data (Split, Concat, Reshape, Eltwise SUM, Pooling AVE...) give the same answer either way.
 """
 
 from __future__ import annotations

@@ -296,18 +296,20 @@ class Net:
             for i, step in enumerate(steps)
         ]
 
-    def _find_backward_refusals(self) -> dict[int, BlobWiringError]:
-        """Layer index -> the error for a layer whose Caffe Backward aborts with the flags
-        Net::Init gave it (a loss layer asked for its labels' diff, ArgMax under a loss...).
-        Caffe builds and runs forward such a net; its Backward aborts at that layer."""
-        out = {}
+    def _find_backward_refusals(self) -> dict[int, Callable[[], BlobWiringError]]:
+        """Layer index -> the error (made fresh per raise) for a layer whose Caffe Backward
+        aborts with the flags Net::Init gave it (a loss layer asked for its labels' diff,
+        ArgMax under a loss...). Caffe builds and runs forward such a net; its Backward
+        aborts at that layer."""
+        out: dict[int, Callable[[], BlobWiringError]] = {}
         for i, step in enumerate(self._net.steps):
             module = self._net.module_of(step)
             if not step.need_backward or step.is_input or not isinstance(module, CaffeLayer):
                 continue
             why = module.backward_refusal(step.bottom_need_backward, step.bottoms)
             if why:
-                out[i] = BlobWiringError(
+                out[i] = functools.partial(
+                    BlobWiringError,
                     why,
                     layer=step.name,
                     layer_type=step.type,
@@ -323,7 +325,7 @@ class Net:
         """Caffe's Backward from ``start`` down to ``end`` aborts at the first refusing layer."""
         for i in range(start, end - 1, -1):
             if i in self._refusals:
-                raise self._refusals[i]
+                raise self._refusals[i]()
 
     def _find_split_sources(self) -> dict[str, str]:
         """Split top -> the blob whose data it is. Caffe's SplitLayer shares its bottom's data
