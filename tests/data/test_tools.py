@@ -233,3 +233,52 @@ def test_shuffle_maps_draws_as_boost_uniform_int():
     assert items == [5, 0, 6, 2, 9, 4, 1, 8, 7, 3]
     rng, twin = CaffeRNG(3), CaffeRNG(3)
     assert [rng._uniform_int(1) for _ in range(8)] == [twin.draw() >> 31 for _ in range(8)]
+
+
+GLOG_LINE = r"I\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ [\w.]+:\d+\] "
+
+
+def _logged(err: str) -> list[str]:
+    """The messages of glog-prefixed lines (Caffe's tools log to stderr, nothing to stdout)."""
+    import re
+
+    lines = [line for line in err.splitlines() if line]
+    assert all(re.match(GLOG_LINE, line) for line in lines), lines
+    return [re.sub(GLOG_LINE, "", line) for line in lines]
+
+
+def test_compute_image_mean_logs_caffes_lines(tmp_path, capsys):
+    case = GOLDEN / "data_lmdb_crop_meanfile"
+    out = tmp_path / "mean.binaryproto"
+    assert cli(["compute_image_mean", str(case / "lmdb"), str(out)]) == 0
+    std = capsys.readouterr()
+    assert std.out == ""
+    # the per-channel values: compute_image_mean.cpp's float sums over Caffe's own mean file
+    from torchcaffe.io import blobproto_to_array
+    from torchcaffe.proto import caffe_pb2 as pb
+
+    blob = pb.BlobProto.FromString((case / "mean.binaryproto").read_bytes())
+    planes = blobproto_to_array(blob)[0].reshape(3, -1)
+    values = []
+    for plane in planes:
+        total = np.float32(0)
+        for v in plane:
+            total = np.float32(total + v)
+        values.append(format(total / np.float32(plane.size), ".6g"))
+    with open_db(case / "lmdb") as db:
+        count = len(db)
+    assert _logged(std.err) == [
+        f"Processed {count} files.",
+        f"Write to {out}",
+        "Number of channels: 3",
+        *[f"mean_value channel [{c}]: {v}" for c, v in enumerate(values)],
+    ]
+
+
+def test_convert_imageset_logs_caffes_lines(tmp_path, capsys):
+    image_folder(tmp_path, [(4, 4)] * 3)
+    root, listed = str(tmp_path / "images") + "/", str(tmp_path / "list.txt")
+    assert cli(["convert_imageset", "-shuffle", root, listed, str(tmp_path / "db")]) == 0
+    std = capsys.readouterr()
+    assert std.out == ""
+    assert _logged(std.err) == ["Shuffling data", "A total of 3 images.", "Processed 3 files."]

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import argparse
 
-from ..data.tools import compute_image_mean, default_progress
+import numpy as np
+
+from ..data.tools import compute_image_mean, default_progress, log
+from ..glog import on_stderr
 from .flags import add_flag
 
 
@@ -18,14 +21,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    mean = compute_image_mean(
-        args.input_db,
-        args.output_file,
-        backend=args.backend,
-        progress=default_progress("compute_image_mean"),
-    )
-    for c, value in enumerate(mean[0].reshape(mean.shape[1], -1).mean(axis=1)):
-        print(f"mean_value channel [{c}]: {value:g}")
-    if args.output_file:
-        print(f"wrote {args.output_file}")
+    """Caffe's tool: its lines logged to stderr with glog's prefix, nothing on stdout."""
+    with on_stderr(log):
+        mean = compute_image_mean(
+            args.input_db,
+            args.output_file,
+            backend=args.backend,
+            progress=default_progress("compute_image_mean"),
+        )
+        log.info("Number of channels: %d", mean.shape[1])
+        for c, value in enumerate(channel_means(mean)):
+            log.info("mean_value channel [%d]: %s", c, format(value, ".6g"))
     return 0
+
+
+def channel_means(mean: np.ndarray) -> list[np.float32]:
+    """Each channel's mean value as the tool computes it: a float sum in storage order, then
+    divided by the channel's size in float (what a ``mean_value`` line of a prototxt takes)."""
+    planes = mean[0].reshape(mean.shape[1], -1)
+    return [np.cumsum(p, dtype=np.float32)[-1] / np.float32(p.size) for p in planes]

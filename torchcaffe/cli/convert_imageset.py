@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..data.tools import convert_imageset, default_progress
+from ..data.tools import convert_imageset, default_progress, log
+from ..glog import on_stderr
 from .flags import add_flag
 
 
@@ -37,19 +38,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    n = convert_imageset(
-        args.root_folder,
-        args.list_file,
-        args.db_name,
-        resize_height=args.resize_height,
-        resize_width=args.resize_width,
-        shuffle=args.shuffle,
-        gray=args.gray,
-        encoded=args.encoded,
-        encode_type=args.encode_type,
-        check_size=args.check_size,
-        backend=args.backend,
-        progress=default_progress("convert_imageset"),
-    )
-    print(f"Processed {n} files into {args.db_name} ({args.backend}).")
+    """Caffe's tool: its lines logged to stderr with glog's prefix, nothing on stdout."""
+    with on_stderr(log):
+        convert_imageset(
+            args.root_folder,
+            args.list_file,
+            args.db_name,
+            resize_height=args.resize_height,
+            resize_width=args.resize_width,
+            shuffle=args.shuffle,
+            gray=args.gray,
+            encoded=args.encoded,
+            encode_type=args.encode_type,
+            check_size=args.check_size,
+            backend=args.backend,
+            progress=default_progress("convert_imageset"),
+        )
     return 0

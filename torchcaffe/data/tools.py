@@ -88,7 +88,9 @@ def convert_imageset(
     the number of records written."""
     lines = read_list(list_file, what="list file", keep_empty=True)
     if shuffle:
+        log.info("Shuffling data")
         CaffeRNG().shuffle(lines)
+    log.info("A total of %d images.", len(lines))
     if encode_type and not encoded:
         log.info("encode_type specified, assuming encoded=true.")
     resize_height, resize_width = max(0, resize_height), max(0, resize_width)
@@ -137,6 +139,10 @@ def convert_imageset(
             key = f"{line_id:08d}_{name}".encode("utf-8", "surrogateescape")
             db.put(key, datum.SerializeToString())
             count += 1
+            if count % 1000 == 0:
+                log.info("Processed %d files.", count)
+    if count % 1000 != 0:
+        log.info("Processed %d files.", count)
     return count
 
 
@@ -147,7 +153,8 @@ def compute_image_mean(
     backend: str = "lmdb",
     progress: Callable[[Iterable, int], Iterable] | None = None,
 ) -> np.ndarray:
-    """The mean record of a database (1xCxHxW float32); written to ``mean_file`` if given."""
+    """The mean record of a database (1xCxHxW float32); written to ``mean_file`` if given.
+    Progress goes to the ``torchcaffe.data`` logger in the words of Caffe's tool."""
     with open_db(db_path, backend) as db:
         items: Iterable = db.items()
         if progress is not None:
@@ -167,10 +174,15 @@ def compute_image_mean(
                 )
             total += arr
             count += 1
+            if count % 10000 == 0:
+                log.info("Processed %d files.", count)
     if total is None:
         raise DataError("the database holds no records", path=db_path)
+    if count % 10000 != 0:
+        log.info("Processed %d files.", count)
     mean = (total / np.float32(count)).astype(np.float32)[None]
     if mean_file is not None:
+        log.info("Write to %s", mean_file)
         blob = pb.BlobProto(
             num=1, channels=mean.shape[1], height=mean.shape[2], width=mean.shape[3]
         )
