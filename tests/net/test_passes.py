@@ -217,6 +217,23 @@ def test_fold_follows_param_changes_and_dtype():
     _assert_close(got["d"].float(), want["d"])
 
 
+def test_an_infinite_scale_keeps_caffes_infinities_through_the_fold():
+    """gamma = inf makes the folded filter of its channel +-inf, whose products over mixed
+    signs sum to NaN; Caffe's Scale gives +-inf there (0 after the ReLU where negative)."""
+    net = _net()
+    with torch.no_grad():
+        net.layer("sc").weight[1] = float("inf")
+    x = torch.randn(2, 3, 7, 6)
+    want = _unoptimized(net, data=x)
+    assert torch.isinf(want["c"][:, 1]).any() and not torch.isnan(want["c"][:, 1]).any()
+    with torch.inference_mode():
+        got = net.forward_all_blobs(data=x)
+    for name in want:
+        np.testing.assert_allclose(
+            got[name].numpy(), want[name].numpy(), rtol=RTOL, atol=ATOL, err_msg=name
+        )
+
+
 def test_fold_follows_a_param_replaced_by_another_tensor():
     """A blob set to a new Parameter (a user's assignment, ``load_state_dict(assign=True)``)
     is what the fold reads next: its sources are looked up in the layers each call."""

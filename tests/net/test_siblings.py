@@ -154,6 +154,20 @@ def test_a_nan_folded_weight_keeps_caffes_relu():
         np.testing.assert_allclose(got[name].numpy(), want[name].numpy(), rtol=1e-5, atol=1e-6)
 
 
+def test_an_infinite_folded_member_keeps_caffes_infinities():
+    """A member whose fold is not finite runs its chain layer by layer (stacked, its +-inf
+    filter would sum to NaN where Caffe's Scale gives +-inf), and the others as they are."""
+    net = _net()
+    with torch.no_grad():
+        net.layer("b2r_sc").weight[0] = float("inf")
+    x = torch.randn(1, 6, 9, 9)
+    want = literal_blobs(net, x)
+    got = _observed(net, x, ["b1", "b2r", "b3", "out"])
+    assert torch.isinf(want["b2r"][:, 0]).any() and not torch.isnan(want["b2r"]).any()
+    for name in ("b1", "b2r", "b3", "out"):
+        np.testing.assert_allclose(got[name].numpy(), want[name].numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_a_nan_weight_of_a_member_keeps_caffes_relu():
     """The finite-run check reads the members' own weights (an unfolded member's NaN reaches
     its ReLU, which oneDNN's epilogue would make 0)."""

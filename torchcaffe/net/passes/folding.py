@@ -383,6 +383,8 @@ class FoldedAffine:
             return fused_relu.apply_(self._traced(x), slope)
         w, b = self.folded_weights()
         slope = fused_relu.after_derived_weights(slope, self._finite)
+        if self.folds_non_finite(w):
+            return fused_relu.apply_(self.literal_top(x), slope)
         if self.producer_type == "Convolution" and self.weight_cache is not None:
             # the packed call made last, before ``run_folded``'s own checks: a bottom of the
             # shape that call had needs no extra pad (it had none, or was the padded one)
@@ -395,6 +397,21 @@ class FoldedAffine:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.top_with_relu(x, None)
+
+    def folds_non_finite(self, weight: torch.Tensor) -> bool:
+        """Did the last fold (of ``weight``, on the CPU) give a NaN or an infinity? Then the
+        fold is not Caffe's: an infinite Scale or a zero variance with eps 0 gives each
+        output channel infinite weights, whose products over mixed signs sum to NaN where
+        Caffe's chain gives +-inf. (Off the CPU nothing is read: see ``_fold``.)"""
+        return not self._finite and weight.is_cpu
+
+    def literal_top(self, x: torch.Tensor) -> torch.Tensor:
+        """The producer and then each link, layer by layer, as Caffe runs them."""
+        y = x if self.producer is None else self.producer(x)
+        for link in (self.bn, self.scale, self.bias):
+            if link is not None:
+                y = link(y)
+        return y
 
     def run_folded(
         self,

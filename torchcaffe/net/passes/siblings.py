@@ -162,6 +162,8 @@ class SiblingConvolutions:
         for layer in self.layers:
             if isinstance(layer, FoldedAffine):
                 w, b = layer.folded_weights()
+                if layer.folds_non_finite(w):  # that member runs its chain layer by layer
+                    return tuple(member(x) for member in self.members)
                 finite = finite and layer.weights_finite
                 sources += (w, b)
             else:
