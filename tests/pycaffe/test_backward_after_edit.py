@@ -430,3 +430,40 @@ def test_in_place_mvn_reads_the_scaled_blob_and_its_own_partial_diff(tmp_path, o
     d = z * (z * dy).sum(axis=1, keepdims=True)
     d = d + d.sum(axis=1, keepdims=True)
     close(net.blobs["x"].diff, ((d - d / 4) / denom).reshape(2, 3, 4))
+
+
+EXP_SWISH_THEN_DROPOUT = """
+force_backward: true
+layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 4 dim: 6 } } }
+layer { name: "act" %s bottom: "x" top: "h" }
+layer { name: "drop" type: "Dropout" bottom: "h" top: "h" dropout_param { dropout_ratio: 0.5 } }
+layer { name: "loss" type: "Reduction" bottom: "h" top: "loss" loss_weight: 1 }
+"""
+
+
+@pytest.mark.parametrize("one_call", [True, False], ids=["forward_backward", "backward"])
+@pytest.mark.parametrize("kind", ["exp", "swish"])
+def test_exp_and_swish_read_the_top_a_later_dropout_overwrote(tmp_path, one_call, kind):
+    # ExpLayer::Backward_cpu: top_diff * top * inner_scale; SwishLayer::Backward_cpu:
+    # top_diff * (beta * top + s * (1 - beta * top)), s its forward's sigmoid(beta * x)
+    layer = {
+        "exp": 'type: "Exp" exp_param { base: 2 scale: 0.5 }',
+        "swish": 'type: "Swish" swish_param { beta: 1.5 }',
+    }[kind]
+    path = tmp_path / "act.prototxt"
+    path.write_text(EXP_SWISH_THEN_DROPOUT % layer)
+    net = caffe.Net(str(path), caffe.TRAIN)
+    net.blobs["x"].data[...] = np.random.default_rng(5).standard_normal((4, 6))
+    if one_call:
+        net.forward_backward()
+    else:
+        net.forward()
+        net.backward()
+    h = net.blobs["h"].data.astype(np.float64)
+    x = net.blobs["x"].data.astype(np.float64)
+    if kind == "exp":
+        slope = h * np.log(2) * 0.5
+    else:
+        s = 1 / (1 + np.exp(-1.5 * x))
+        slope = 1.5 * h + s * (1 - 1.5 * h)
+    close(net.blobs["x"].diff, (h != 0) * 2.0 * slope)

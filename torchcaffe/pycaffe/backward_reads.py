@@ -4,13 +4,14 @@ Caffe's Net::Backward hands each layer the live blobs, so data a pycaffe script 
 ``forward()`` and ``backward()`` changes the diffs of layers whose Backward_cpu reads
 ``bottom[i]->cpu_data()``: InnerProduct and Convolution (the weight diff), ReLU, AbsVal, BNLL,
 Log and Clip (the local slope), PReLU and Scale (both), Embed and BatchReindex (the indices
-that route the diff). Other layers read what their forward left behind, and an edit to a bottom
-leaves their diffs as the forward made them: Sigmoid, TanH, Exp, Softmax and MVN read top data
-(Sigmoid, TanH and MVN: see ``top_data_rule``); Pooling MAX and Eltwise MAX a forward-time
-argmax; Dropout its mask; LRN, BatchNorm and the losses with an internal buffer
-(SoftmaxWithLoss, EuclideanLoss, SigmoidCrossEntropyLoss, ContrastiveLoss) their buffers.
-Python layers see the blobs their own forward was given. Layers whose diffs do not depend on
-data (Split, Concat, Reshape, Eltwise SUM, Pooling AVE...) give the same answer either way.
+that route the diff), and ELU and Power, which read their top too (see ``top_data_rule``).
+Other layers read what their forward left behind, and an edit to a bottom leaves their diffs as
+the forward made them: Sigmoid, TanH, Exp, Swish, Softmax and MVN read top data (see
+``top_data_rule``); Pooling MAX and Eltwise MAX a forward-time argmax; Dropout its mask; LRN,
+BatchNorm and the losses with an internal buffer (SoftmaxWithLoss, EuclideanLoss,
+SigmoidCrossEntropyLoss, ContrastiveLoss) their buffers. Python layers see the blobs their own
+forward was given. Layers whose diffs do not depend on data (Split, Concat, Reshape, Eltwise
+SUM, Pooling AVE...) give the same answer either way.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..net.program import LayerStep
 from ..ops._legacy import legacy_nchw
 from ..ops.base import CaffeLayer
 from ..ops.mvn import MVNLayer
+from ..ops.neuron import ExpLayer, SwishLayer
 
 READS_BOTTOM_DATA = frozenset(
     {
@@ -109,12 +111,31 @@ def _mvn_backward(layer: MVNLayer, x: torch.Tensor) -> Callable[..., torch.Tenso
     return rule
 
 
+def _exp_backward(layer: ExpLayer) -> Callable[..., torch.Tensor]:
+    """ExpLayer::Backward_cpu: top_diff * top, times inner_scale unless it is 1."""
+    scale = layer.inner_scale
+    return lambda y, dy: dy * y if scale == 1 else dy * y * scale
+
+
+def _swish_backward(layer: SwishLayer, x: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """SwishLayer::Backward_cpu: top_diff * (beta * top + s * (1. - beta * top)), s its
+    forward's sigmoid(beta * x) (sigmoid_output_); the double literal makes it double math."""
+    beta = layer.param.beta
+    s = torch.sigmoid(x.detach() * beta).double()
+
+    def rule(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+        by = (y * beta).double()
+        return (dy.double() * (by + s.view(y.shape) * (1.0 - by))).to(dy.dtype)
+
+    return rule
+
+
 def reads_top_data(step: LayerStep, module: CaffeLayer) -> bool:
     """Does Caffe's Backward for ``step`` read its top blob's data (and what its forward kept),
     but not its bottoms'?"""
     if isinstance(module, MVNLayer):
         return bool(module.normalize_variance)
-    return step.type in TOP_DATA_BACKWARD
+    return isinstance(module, (ExpLayer, SwishLayer)) or step.type in TOP_DATA_BACKWARD
 
 
 def top_data_rule(
@@ -126,4 +147,8 @@ def top_data_rule(
         return None
     if isinstance(module, MVNLayer):
         return _mvn_backward(module, forward_bottoms[0])
+    if isinstance(module, ExpLayer):
+        return _exp_backward(module)
+    if isinstance(module, SwishLayer):
+        return _swish_backward(module, forward_bottoms[0])
     return TOP_DATA_BACKWARD[step.type]
