@@ -432,7 +432,7 @@ def test_in_place_mvn_reads_the_scaled_blob_and_its_own_partial_diff(tmp_path, o
     close(net.blobs["x"].diff, ((d - d / 4) / denom).reshape(2, 3, 4))
 
 
-EXP_SWISH_THEN_DROPOUT = """
+ACT_THEN_DROPOUT = """
 force_backward: true
 layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 4 dim: 6 } } }
 layer { name: "act" %s bottom: "x" top: "h" }
@@ -451,7 +451,7 @@ def test_exp_and_swish_read_the_top_a_later_dropout_overwrote(tmp_path, one_call
         "swish": 'type: "Swish" swish_param { beta: 1.5 }',
     }[kind]
     path = tmp_path / "act.prototxt"
-    path.write_text(EXP_SWISH_THEN_DROPOUT % layer)
+    path.write_text(ACT_THEN_DROPOUT % layer)
     net = caffe.Net(str(path), caffe.TRAIN)
     net.blobs["x"].data[...] = np.random.default_rng(5).standard_normal((4, 6))
     if one_call:
@@ -466,4 +466,23 @@ def test_exp_and_swish_read_the_top_a_later_dropout_overwrote(tmp_path, one_call
     else:
         s = 1 / (1 + np.exp(-1.5 * x))
         slope = 1.5 * h + s * (1 - 1.5 * h)
+    close(net.blobs["x"].diff, (h != 0) * 2.0 * slope)
+
+
+@pytest.mark.parametrize("one_call", [True, False], ids=["forward_backward", "backward"])
+def test_elu_reads_its_bottom_and_the_top_a_later_dropout_overwrote(tmp_path, one_call):
+    # ELULayer::Backward_cpu reads bottom x and top e live: (x > 0) + (alpha + e) * (x <= 0),
+    # e as the in-place Dropout left it
+    path = tmp_path / "elu.prototxt"
+    path.write_text(ACT_THEN_DROPOUT % 'type: "ELU" elu_param { alpha: 0.7 }')
+    net = caffe.Net(str(path), caffe.TRAIN)
+    net.blobs["x"].data[...] = np.random.default_rng(2).standard_normal((4, 6))
+    if one_call:
+        net.forward_backward()
+    else:
+        net.forward()
+        net.backward()
+    h = net.blobs["h"].data.astype(np.float64)
+    x = net.blobs["x"].data.astype(np.float64)
+    slope = (x > 0) + (0.7 + h) * (x <= 0)
     close(net.blobs["x"].diff, (h != 0) * 2.0 * slope)

@@ -24,7 +24,7 @@ from ..net.program import LayerStep
 from ..ops._legacy import legacy_nchw
 from ..ops.base import CaffeLayer
 from ..ops.mvn import MVNLayer
-from ..ops.neuron import ExpLayer, SwishLayer
+from ..ops.neuron import ELULayer, ExpLayer, SwishLayer
 
 READS_BOTTOM_DATA = frozenset(
     {
@@ -135,16 +135,23 @@ def reads_top_data(step: LayerStep, module: CaffeLayer) -> bool:
     but not its bottoms'?"""
     if isinstance(module, MVNLayer):
         return bool(module.normalize_variance)
-    return isinstance(module, (ExpLayer, SwishLayer)) or step.type in TOP_DATA_BACKWARD
+    return isinstance(module, (ExpLayer, SwishLayer, ELULayer)) or step.type in TOP_DATA_BACKWARD
 
 
 def top_data_rule(
-    step: LayerStep, module: CaffeLayer, forward_bottoms: Sequence[torch.Tensor]
+    step: LayerStep,
+    module: CaffeLayer,
+    forward_bottoms: Sequence[torch.Tensor],
+    bottom_now: Callable[[], torch.Tensor],
 ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
     """``step``'s Caffe Backward as a function of its top blob now and its top diff, when
-    ``reads_top_data``; ``forward_bottoms``: what its forward read."""
+    ``reads_top_data``; ``forward_bottoms``: what its forward read; ``bottom_now``: its
+    bottom blob's data now (ELU reads it too)."""
     if not reads_top_data(step, module):
         return None
+    if isinstance(module, ELULayer):  # (bottom > 0) + (alpha + top) * (bottom <= 0)
+        x, alpha = bottom_now(), module.param.alpha
+        return lambda y, dy: dy * ((x > 0).to(y.dtype) + (alpha + y) * (x <= 0).to(y.dtype))
     if isinstance(module, MVNLayer):
         return _mvn_backward(module, forward_bottoms[0])
     if isinstance(module, ExpLayer):

@@ -771,7 +771,10 @@ class Net:
             return
         # from the top blob after an edit, or after a later in-place layer wrote it
         if record is not None and (check_edits or self._top_rewritten[i]):
-            rule = top_data_rule(step, module, record.bottoms)
+            source = self._data_source.get(step.bottoms[0], step.bottoms[0])
+            rule = top_data_rule(
+                step, module, record.bottoms, lambda: self._current_data(source, device)
+            )
             if rule is not None:
                 self._backward_from_top(i, rule, device)
                 return
