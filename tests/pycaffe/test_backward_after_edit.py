@@ -486,3 +486,21 @@ def test_elu_reads_its_bottom_and_the_top_a_later_dropout_overwrote(tmp_path, on
     x = net.blobs["x"].data.astype(np.float64)
     slope = (x > 0) + (0.7 + h) * (x <= 0)
     close(net.blobs["x"].diff, (h != 0) * 2.0 * slope)
+
+
+@pytest.mark.parametrize("one_call", [True, False], ids=["forward_backward", "backward"])
+def test_power_reads_its_bottom_and_the_top_a_later_dropout_overwrote(tmp_path, one_call):
+    # PowerLayer::Backward_cpu (shift != 0): power * scale * top / (shift + scale * bottom),
+    # both blobs live: top as the in-place Dropout left it
+    path = tmp_path / "power.prototxt"
+    path.write_text(ACT_THEN_DROPOUT % 'type: "Power" power_param { power: 3 scale: 0.5 shift: 2 }')
+    net = caffe.Net(str(path), caffe.TRAIN)
+    net.blobs["x"].data[...] = np.random.default_rng(12).standard_normal((4, 6))
+    if one_call:
+        net.forward_backward()
+    else:
+        net.forward()
+        net.backward()
+    h = net.blobs["h"].data.astype(np.float64)
+    x = net.blobs["x"].data.astype(np.float64)
+    close(net.blobs["x"].diff, (h != 0) * 2.0 * 1.5 * h / (0.5 * x + 2))

@@ -197,13 +197,19 @@ class PowerLayer(NeuronLayer):
 
     def caffe_slope(self, x: torch.Tensor) -> torch.Tensor:
         # PowerLayer::Backward_cpu with bottom and top data both ``x``
+        return self.caffe_slope_at(x, x)
+
+    def caffe_slope_at(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """PowerLayer::Backward_cpu's local slope with bottom data ``x`` and top data ``y``."""
         diff_scale = self.power * self.scale
+        if diff_scale == 0 or self.power == 1:
+            return torch.full_like(x, diff_scale)
         if self.power == 2:
             slope = x * (diff_scale * self.scale)
             return slope + diff_scale * self.shift if self.shift != 0 else slope
         if self.shift == 0:
-            return (x / x) * self.power
-        slope = x / (x * self.scale + self.shift if self.scale != 1 else x + self.shift)
+            return (y / x) * self.power
+        slope = y / (x * self.scale + self.shift if self.scale != 1 else x + self.shift)
         return slope * diff_scale if diff_scale != 1 else slope
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

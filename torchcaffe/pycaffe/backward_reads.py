@@ -24,7 +24,7 @@ from ..net.program import LayerStep
 from ..ops._legacy import legacy_nchw
 from ..ops.base import CaffeLayer
 from ..ops.mvn import MVNLayer
-from ..ops.neuron import ELULayer, ExpLayer, SwishLayer
+from ..ops.neuron import ELULayer, ExpLayer, PowerLayer, SwishLayer
 
 READS_BOTTOM_DATA = frozenset(
     {
@@ -135,6 +135,8 @@ def reads_top_data(step: LayerStep, module: CaffeLayer) -> bool:
     but not its bottoms'?"""
     if isinstance(module, MVNLayer):
         return bool(module.normalize_variance)
+    if isinstance(module, PowerLayer):  # its slope is data-free when power is 1 or 0
+        return module.power != 1 and module.power * module.scale != 0
     return isinstance(module, (ExpLayer, SwishLayer, ELULayer)) or step.type in TOP_DATA_BACKWARD
 
 
@@ -152,6 +154,9 @@ def top_data_rule(
     if isinstance(module, ELULayer):  # (bottom > 0) + (alpha + top) * (bottom <= 0)
         x, alpha = bottom_now(), module.param.alpha
         return lambda y, dy: dy * ((x > 0).to(y.dtype) + (alpha + y) * (x <= 0).to(y.dtype))
+    if isinstance(module, PowerLayer):
+        x, power = bottom_now(), module
+        return lambda y, dy: dy * power.caffe_slope_at(x.view(y.shape), y)
     if isinstance(module, MVNLayer):
         return _mvn_backward(module, forward_bottoms[0])
     if isinstance(module, ExpLayer):
