@@ -504,3 +504,20 @@ def test_power_reads_its_bottom_and_the_top_a_later_dropout_overwrote(tmp_path, 
     h = net.blobs["h"].data.astype(np.float64)
     x = net.blobs["x"].data.astype(np.float64)
     close(net.blobs["x"].diff, (h != 0) * 2.0 * 1.5 * h / (0.5 * x + 2))
+
+
+@pytest.mark.parametrize("one_call", [True, False], ids=["forward_backward", "backward"])
+def test_softmax_reads_the_top_a_later_dropout_overwrote(tmp_path, one_call):
+    # SoftmaxLayer::Backward_cpu: (top_diff - sum_c(top_diff * top)) * top, top live
+    path = tmp_path / "softmax.prototxt"
+    path.write_text(ACT_THEN_DROPOUT % 'type: "Softmax"')
+    net = caffe.Net(str(path), caffe.TRAIN)
+    net.blobs["x"].data[...] = np.random.default_rng(14).standard_normal((4, 6))
+    if one_call:
+        net.forward_backward()
+    else:
+        net.forward()
+        net.backward()
+    h = net.blobs["h"].data.astype(np.float64)
+    g = (h != 0) * 2.0  # the loss's diff 1 through the Dropout
+    close(net.blobs["x"].diff, (g - (g * h).sum(axis=1, keepdims=True)) * h)

@@ -25,6 +25,7 @@ from ..ops._legacy import legacy_nchw
 from ..ops.base import CaffeLayer
 from ..ops.mvn import MVNLayer
 from ..ops.neuron import ELULayer, ExpLayer, PowerLayer, SwishLayer
+from ..ops.softmax import SoftmaxLayer
 
 READS_BOTTOM_DATA = frozenset(
     {
@@ -130,6 +131,12 @@ def _swish_backward(layer: SwishLayer, x: torch.Tensor) -> Callable[..., torch.T
     return rule
 
 
+def _softmax_backward(layer: SoftmaxLayer) -> Callable[..., torch.Tensor]:
+    """SoftmaxLayer::Backward_cpu: (top_diff - sum over the axis of top_diff * top) * top."""
+    axis = layer.axis
+    return lambda y, dy: (dy - (dy * y).sum(dim=axis, keepdim=True)) * y
+
+
 def reads_top_data(step: LayerStep, module: CaffeLayer) -> bool:
     """Does Caffe's Backward for ``step`` read its top blob's data (and what its forward kept),
     but not its bottoms'?"""
@@ -137,7 +144,8 @@ def reads_top_data(step: LayerStep, module: CaffeLayer) -> bool:
         return bool(module.normalize_variance)
     if isinstance(module, PowerLayer):  # its slope is data-free when power is 1 or 0
         return module.power != 1 and module.power * module.scale != 0
-    return isinstance(module, (ExpLayer, SwishLayer, ELULayer)) or step.type in TOP_DATA_BACKWARD
+    kinds = (ExpLayer, SwishLayer, ELULayer, SoftmaxLayer)
+    return isinstance(module, kinds) or step.type in TOP_DATA_BACKWARD
 
 
 def top_data_rule(
@@ -163,4 +171,6 @@ def top_data_rule(
         return _exp_backward(module)
     if isinstance(module, SwishLayer):
         return _swish_backward(module, forward_bottoms[0])
+    if isinstance(module, SoftmaxLayer):
+        return _softmax_backward(module)
     return TOP_DATA_BACKWARD[step.type]
