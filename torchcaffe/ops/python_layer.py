@@ -153,7 +153,7 @@ class _PythonFunction(torch.autograd.Function):
         bottom_diffs, param_diffs = layer.run_backward(grads, wanted)
         out: list[torch.Tensor | None] = [None, None]
         out += [d.to(ctx.device) if w else None for d, w in zip(bottom_diffs, wanted)]
-        out += [d.to(ctx.device) for d in param_diffs]
+        out += [None if d is None else d.to(ctx.device) for d in param_diffs]
         return tuple(out)
 
 
@@ -245,6 +245,18 @@ class PythonLayer(CaffeLayer):
                 param.copy_(torch.from_numpy(blob.data.copy()))
             blob.set_cpu_data(param.detach())
 
+    def share_param_diffs(self, blobs: Sequence[Blob]) -> None:
+        """Called by a pycaffe Net: the class's ``self.blobs`` take the diff memory of the net's
+        param Blobs, as in Caffe, where a layer's blobs are the net's params. Its ``backward``
+        then writes (or adds to) the params' diffs itself, as it finds them: a diff it sets
+        replaces what an earlier backward (``iter_size``, a shared param) left there."""
+        self._net_param_blobs = list(blobs)
+        for mine, net_blob in zip(getattr(self.py, "blobs", []), blobs):
+            mine.share_diff(net_blob)
+
+    # The pycaffe Net's param Blobs whose diffs the class's blobs share (share_param_diffs).
+    _net_param_blobs: list[Blob] | None = None
+
     def set_param_blob(self, index: int, tensor: torch.Tensor) -> None:
         super().set_param_blob(index, tensor)
         self.py.blobs[index].set_cpu_data(tensor.detach())
@@ -275,14 +287,20 @@ class PythonLayer(CaffeLayer):
 
     def run_backward(
         self, grads: Sequence[torch.Tensor], wanted: Sequence[bool]
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        """The user's ``backward``; (bottom diffs, param diffs). In a pycaffe Net the class
+        writes the param diffs in place (share_param_diffs) and their entries are None."""
         for top, grad in zip(self._tops, grads):
             top.diff[...] = grad.detach().to("cpu").numpy()
         for blob in self._bottoms:
             blob.diff[...] = 0
         blobs = getattr(self.py, "blobs", [])
-        for blob in blobs:
-            blob.diff[...] = 0
+        in_place = self._net_param_blobs is not None
+        if in_place:
+            self.share_param_diffs(self._net_param_blobs or [])
+        else:
+            for blob in blobs:
+                blob.diff[...] = 0
         try:
             self.py.backward(self._tops, list(wanted), self._bottoms)
         except TorchCaffeError as err:
@@ -292,8 +310,9 @@ class PythonLayer(CaffeLayer):
                 raise self._noted(err, "backward") from None
             raise
         bottom_diffs = [torch.from_numpy(b.diff.copy()) for b in self._bottoms]
-        param_diffs = [
-            torch.from_numpy(b.diff.copy()).to(p.dtype) for b, p in zip(blobs, self.param_blobs())
+        param_diffs: list[torch.Tensor | None] = [
+            None if in_place else torch.from_numpy(b.diff.copy()).to(p.dtype)
+            for b, p in zip(blobs, self.param_blobs())
         ]
         return bottom_diffs, param_diffs
 

@@ -225,6 +225,8 @@ class Net:
                     blob.before_write = functools.partial(self._param_may_change, blob)
                     by_tensor[id(tensor)] = blob
                 blobs.append(blob)
+            if isinstance(module, PythonLayer):
+                module.share_param_diffs(blobs)
             self._layer_views.append(LayerView(step.name, step.type, module, blobs))
         self.layers: list[Any] = [pycaffe_layer(view) for view in self._layer_views]
         self._param_blob_of = by_tensor
