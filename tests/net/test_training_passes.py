@@ -174,6 +174,24 @@ def test_every_chain_shape_folds_with_the_same_gradients(edit, factor):
     _assert_step_equal(net, torch.randn(4, 3, 6, 5))
 
 
+def test_an_infinite_scale_runs_the_chain_as_caffe_does():
+    """gamma = inf folds into +-inf filters whose products sum to NaN; Caffe's Scale gives
+    +-inf there, which the ReLU and Sigmoid after it make finite again."""
+    net = _frozen()
+    with torch.no_grad():
+        net.layers["sc"].weight[1] = float("inf")
+    assert net.training_program().report[FOLD] == 1
+    x = torch.randn(4, 3, 6, 5, requires_grad=True)
+    got = net.forward_all_blobs(data=x)
+    net.optimize = False
+    want = net.forward_all_blobs(data=x)
+    assert torch.isinf(want["c"][:, 1]).any() and not torch.isnan(want["out"]).any()
+    for name in want:
+        np.testing.assert_allclose(
+            got[name].detach().numpy(), want[name].detach().numpy(), rtol=RTOL, atol=ATOL
+        )
+
+
 def test_batch_statistics_are_not_folded():
     assert _net().training_program().report[FOLD] == 0
 

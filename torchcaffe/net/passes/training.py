@@ -74,14 +74,32 @@ class FrozenBatchNormFold(FoldedAffine):
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.bn is not None and not self.bn.uses_global_stats:
-            y = self.producer(x)  # batch statistics now: the layers one by one
-            for link in self.chain:
-                y = link(y)
-            return y
+            return self.literal_top(x)  # batch statistics now: the layers one by one
         if self.launch_bound(x):
             return self.producer_then_batch_norm(x)
         # Under torch.compile too: the inference fold's compiled paths detach the links.
-        return self.run_folded(x, *self.folded_weights())
+        w, b = self.folded_weights()
+        if self.non_finite(w, b):
+            return self.literal_top(x)
+        return self.run_folded(x, w, b)
+
+    @staticmethod
+    def non_finite(w: torch.Tensor, b: torch.Tensor) -> bool:
+        """Are the folded weights, eagerly on the CPU, not all finite? An infinite Scale
+        gives +-inf filters whose products over mixed signs sum to NaN, where Caffe's chain
+        gives +-inf: the chain then runs layer by layer. (A read of the weights, which are
+        small beside the activations; not in a trace, nor where it would sync a device.)"""
+        if torch.compiler.is_compiling() or not w.is_cpu:
+            return False
+        with torch.no_grad():
+            return not bool(torch.isfinite(w).all() and torch.isfinite(b).all())
+
+    def literal_top(self, x: torch.Tensor) -> torch.Tensor:
+        """The producer, then each link in program order (``chain``), as Caffe runs them."""
+        y = self.producer(x)
+        for link in self.chain:
+            y = link(y)
+        return y
 
     def launch_bound(self, x: torch.Tensor) -> bool:
         """Whether the fold's small ops cost more than they save: on a GPU, eagerly. There
