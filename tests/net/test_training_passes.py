@@ -278,6 +278,23 @@ def test_relu_after_a_prod_with_caffes_unstable_gradient_stays_out_of_place():
     _assert_step_equal(net, torch.randn(2, 3, 5, 4))
 
 
+@pytest.mark.parametrize("operation", ["SUM", "MAX", "PROD"])
+def test_relu_after_an_eltwise_in_place_stays_out_of_place(operation):
+    """An Eltwise written over bottom 0 (Caffe's in-place form) saves its top for backward:
+    a ReLU overwriting that top would fail autograd's version check."""
+    text = RESIDUAL.replace('bottom: "data" top: "e"', 'bottom: "data" top: "c"')
+    text = text.replace('bottom: "e" top: "e" }', 'bottom: "c" top: "c" }')
+    text = text.replace('bottom: "e" top: "g"', 'bottom: "c" top: "g"')
+    text = text.replace('bottom: "e" bottom: "g"', 'bottom: "c" bottom: "g"')
+    text = text.replace(
+        "eltwise_param { coeff: 1 coeff: -0.5 }", f"eltwise_param {{ operation: {operation} }}"
+    )
+    net = _residual(text)
+    relus = [s.name for s in net.training_program().steps if s.type == "ReLU+inplace"]
+    assert relus == ["relu_r"]
+    _assert_step_equal(net, torch.randn(2, 3, 5, 4))
+
+
 def test_a_split_whose_bottom_is_rewritten_before_its_readers_is_kept():
     # Caffe's wiring never rewrites a Split's bottom while its tops are read (in-place readers
     # get the Split's names), so the program is edited by hand: "sig" now overwrites e between

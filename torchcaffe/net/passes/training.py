@@ -232,9 +232,12 @@ def bypass_splits_for_training(
 
 def _backward_reads_no_output(program: OptimizedProgram, step: LayerStep) -> bool:
     """Whether ``step``'s backward leaves its top alone: OUTPUT_FREE_BACKWARD, and Eltwise but
-    a PROD with Caffe's unstable gradient (top_diff * top / bottom reads the top)."""
+    a PROD with Caffe's unstable gradient (top_diff * top / bottom reads the top) and one
+    written in place over bottom 0 (whose backward reads the top as bottom 0's data)."""
     runner = program.runners[step.key]
     if step.type == "Eltwise" and isinstance(runner, EltwiseLayer):
+        if runner.in_place:
+            return False
         return runner.operation != EltwiseOp.PROD or runner.stable_prod_grad
     return step_kind(step) in OUTPUT_FREE_BACKWARD
 
