@@ -43,7 +43,7 @@ from ...ops._launches import launch_bound
 from ...ops.base import CaffeLayer
 from ...ops.eltwise import EltwiseLayer, EltwiseOp
 from ..program import LayerStep
-from .folding import FoldedAffine, producer_chains
+from .folding import FoldedAffine, _scaled_weights, producer_chains
 from .inplace import rewrite_relus_in_place
 from .program import OptimizedProgram, StepMerges, readers_of, step_kind
 from .splits import bypass_unobserved_splits
@@ -78,21 +78,24 @@ class FrozenBatchNormFold(FoldedAffine):
         if self.launch_bound(x):
             return self.producer_then_batch_norm(x)
         # Under torch.compile too: the inference fold's compiled paths detach the links.
-        w, b = self.folded_weights()
-        if self.non_finite(w, b):
+        a, c = self._affine(wide=False, detach=False)
+        if self.non_finite(a, c):
             return self.literal_top(x)
-        return self.run_folded(x, w, b)
+        p = self.producer
+        return self.run_folded(x, *_scaled_weights(p.weight, p.bias if p.bias_term else None, a, c))
 
     @staticmethod
-    def non_finite(w: torch.Tensor, b: torch.Tensor) -> bool:
-        """Are the folded weights, eagerly on the CPU, not all finite? An infinite Scale
-        gives +-inf filters whose products over mixed signs sum to NaN, where Caffe's chain
-        gives +-inf: the chain then runs layer by layer. (A read of the weights, which are
-        small beside the activations; not in a trace, nor where it would sync a device.)"""
-        if torch.compiler.is_compiling() or not w.is_cpu:
+    def non_finite(a: torch.Tensor, c: torch.Tensor) -> bool:
+        """Is the chain's per-channel affine (a, c), eagerly on the CPU, not all finite? An
+        infinite Scale (or a zero variance with eps 0) gives +-inf filters whose products over
+        mixed signs sum to NaN, where Caffe's chain gives +-inf: the chain then runs layer by
+        layer. (A read of one value per channel; not in a trace, nor where it would sync a
+        device. A non-finite convolution weight needs no check: folded or not, it reaches the
+        same outputs.)"""
+        if torch.compiler.is_compiling() or not a.is_cpu:
             return False
         with torch.no_grad():
-            return not bool(torch.isfinite(w).all() and torch.isfinite(b).all())
+            return not bool(torch.isfinite(a).all() and torch.isfinite(c).all())
 
     def literal_top(self, x: torch.Tensor) -> torch.Tensor:
         """The producer, then each link in program order (``chain``), as Caffe runs them."""
