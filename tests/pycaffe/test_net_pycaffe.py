@@ -254,3 +254,16 @@ def test_layers_without_a_caffe_backward_refuse_one(tmp_path, force, pd, layer):
         return
     with pytest.raises(BlobWiringError, match=rf"\({layer}\)"):
         net.backward()
+
+
+def test_a_script_may_name_the_net(net, tmp_path):
+    """py-faster-rcnn's tools/test_net.py sets ``net.name`` from the caffemodel's file name
+    and reads it back for its output folder; pycaffe's Net takes the attribute."""
+    net.name = "vgg16_faster_rcnn_iter_70000"
+    assert net.name == "vgg16_faster_rcnn_iter_70000"
+    net.forward()  # the net runs on unchanged
+    net.save(str(tmp_path / "w.caffemodel"))
+    assert (
+        caffe.proto.caffe_pb2.NetParameter.FromString((tmp_path / "w.caffemodel").read_bytes()).name
+        == "testnet"
+    )

@@ -377,7 +377,14 @@ class Net:
 
     @property
     def name(self) -> str:
-        return self._net.name
+        return self.__dict__.get("_script_name", self._net.name)
+
+    @name.setter
+    def name(self, value: str) -> None:
+        """pycaffe's Net has no ``name`` property, so ``net.name = ...`` (py-faster-rcnn's
+        test_net.py, rpn_generate.py, train_svms.py) is a plain Python attribute: the net's
+        own name (what ``save`` writes) stays the prototxt's."""
+        self.__dict__["_script_name"] = value
 
     @property
     def phase(self) -> int:

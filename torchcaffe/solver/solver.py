@@ -263,7 +263,7 @@ class Solver:
     def solve(self, resume_file: PathLike | None = None) -> None:
         """Caffe's Solve: (restore,) step to max_iter, final snapshot, display and test."""
         p = self.param
-        log.info("Solving %s", self.net.name)
+        log.info("Solving %s", self.net.module.name)  # Caffe logs its own name, not a script's
         log.info("Learning Rate Policy: %s", p.lr_policy)
         self.requested_early_exit = False
         if resume_file is not None:
