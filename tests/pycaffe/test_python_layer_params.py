@@ -13,6 +13,7 @@ import textwrap
 
 import numpy as np
 import pytest
+import torch
 
 import torchcaffe as caffe
 
@@ -42,6 +43,19 @@ class ScaleAdds(ScaleSets):
         self.blobs[0].diff[...] += (top[0].diff * bottom[0].data).sum(0)
         if propagate_down[0]:
             bottom[0].diff[...] = top[0].diff * self.blobs[0].data
+
+class HoldsViews(caffe.Layer):
+    # keeps numpy views of its blob's data and diff from setup
+    def setup(self, bottom, top):
+        self.blobs.add_blob(bottom[0].channels)
+        self.w, self.w_diff = self.blobs[0].data, self.blobs[0].diff
+        self.w[...] = 0.5
+    def reshape(self, bottom, top):
+        top[0].reshape(*bottom[0].data.shape)
+    def forward(self, bottom, top):
+        top[0].data[...] = bottom[0].data * self.w
+    def backward(self, top, propagate_down, bottom):
+        self.w_diff[...] = (top[0].diff * bottom[0].data).sum(0)
 """
 
 
@@ -106,3 +120,46 @@ def test_shared_param_diff_is_the_last_writers(pymodule, tmp_path):
     a_top_diff = TOP_DIFF * 0.5  # b's bottom diff: top diff * w
     np.testing.assert_array_equal(net.params["a"][0].diff, (a_top_diff * X).sum(0))
     np.testing.assert_array_equal(net.layer_dict["a"].seen[0], (TOP_DIFF * X * 0.5).sum(0))
+
+
+def test_views_kept_from_setup_are_the_params(pymodule, tmp_path):
+    """Caffe copies loaded weights and updates into the layer's blobs' memory, so a view
+    the layer took in setup shows them, and its diff writes are the param's diff."""
+    net = _net(tmp_path, _python("h", "HoldsViews", "x", "h"))
+    net.params["h"][0].data[...] = [1.0, 2.0, 3.0]
+    net.blobs["x"].data[...] = X
+    np.testing.assert_array_equal(net.forward()["h"], X * [1.0, 2.0, 3.0])
+    net.blobs["h"].diff[...] = TOP_DIFF
+    net.backward()
+    np.testing.assert_array_equal(net.params["h"][0].diff, GRAD)
+
+
+def test_views_kept_from_setup_see_solver_updates(pymodule, tmp_path):
+    net_path = tmp_path / "net.prototxt"
+    net_path.write_text(
+        'name: "pyparams" input: "x" input_shape { dim: 2 dim: 3 }\n'
+        'input: "y" input_shape { dim: 2 dim: 3 }\n'
+        + _python("h", "HoldsViews", "x", "h")
+        + 'layer { name: "loss" type: "EuclideanLoss" bottom: "h" bottom: "y" top: "loss" }\n'
+    )
+    solver_path = tmp_path / "solver.prototxt"
+    solver_path.write_text(f'net: "{net_path}" base_lr: 0.1 lr_policy: "fixed"\n')
+    solver = caffe.SGDSolver(str(solver_path), allow_python_layers=True)
+    solver.net.blobs["x"].data[...] = X
+    solver.net.blobs["y"].data[...] = 0
+    solver.step(1)
+    w = np.float32(0.5) - np.float32(0.1) * ((X * 0.5 / 2) * X).sum(0, dtype=np.float32)
+    np.testing.assert_allclose(solver.net.params["h"][0].data, w, rtol=1e-6)
+    np.testing.assert_array_equal(solver.net.layer_dict["h"].w, solver.net.params["h"][0].data)
+    solver.net.forward()
+    np.testing.assert_allclose(solver.net.blobs["h"].data, X * w, rtol=1e-6)
+
+
+def test_torch_face_view_kept_from_setup_reads_the_parameter(pymodule, tmp_path):
+    path = tmp_path / "net.prototxt"
+    path.write_text('name: "t" input: "x" input_shape { dim: 2 dim: 3 }\n')
+    path.write_text(path.read_text() + _python("h", "HoldsViews", "x", "h"))
+    tnet = caffe.load(str(path), allow_python_layers=True)
+    with torch.no_grad():
+        tnet.layer("h").blob0.fill_(3.0)
+    torch.testing.assert_close(tnet(x=torch.ones(2, 3))["h"], torch.full((2, 3), 3.0))

@@ -238,12 +238,21 @@ class PythonLayer(CaffeLayer):
         )
 
     def _adopt_blobs(self) -> None:
-        """The class's ``self.blobs`` become parameters; the Blobs then view their memory."""
+        """The class's ``self.blobs`` become parameters on the Blobs' own memory, so a numpy
+        view the class took in ``setup`` (``self.w = self.blobs[0].data``) sees loaded weights
+        and updates, as in Caffe, where the net's params are the layer's blobs."""
         for i, blob in enumerate(getattr(self.py, "blobs", [])):
             param = self.add_blob(f"blob{i}", blob.shape)
-            with torch.no_grad():
-                param.copy_(torch.from_numpy(blob.data.copy()))
-            blob.set_cpu_data(param.detach())
+            param.data = blob.mutable_cpu_data()
+
+    def grads_on_blob_diffs(self) -> None:
+        """Called by a pycaffe Net before it binds the params: a param without a gradient
+        takes its Blob's diff memory as ``.grad``, the diff the net's param Blob then shows,
+        so a diff view the class took in ``setup`` is the param's diff."""
+        for blob, param in zip(getattr(self.py, "blobs", []), self.param_blobs()):
+            diff = blob.mutable_cpu_diff()
+            if param.grad is None and (param.dtype, param.device) == (diff.dtype, diff.device):
+                param.grad = diff
 
     def share_param_diffs(self, blobs: Sequence[Blob]) -> None:
         """Called by a pycaffe Net: the class's ``self.blobs`` take the diff memory of the net's

@@ -211,6 +211,8 @@ class Net:
         self._layer_views: list[LayerView] = []
         for i, step in enumerate(self._net.steps):
             module = self._net.module_of(step)
+            if isinstance(module, PythonLayer):
+                module.grads_on_blob_diffs()
             blobs = []
             for j, tensor in enumerate(module.param_blobs()):
                 blob = by_tensor.get(id(tensor))
