@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -111,6 +113,22 @@ def test_missing_module_and_class_are_named():
         make('python_param { module: "no_such_mod" layer: "X" }', [(2, 3)])
     with pytest.raises(LayerParamError, match="has no layer class 'Missing'"):
         make('python_param { module: "tests.helpers.python_layers" layer: "Missing" }', [(2, 3)])
+
+
+def test_module_missing_an_import_is_told_apart_from_a_missing_module(monkeypatch, tmp_path):
+    """A pycaffe layer module that is found but cannot ``import caffe`` must not be reported
+    as not on PYTHONPATH."""
+    (tmp_path / "tc_wants_caffe.py").write_text("import caffe\n")
+    (tmp_path / "tc_wants_dep.py").write_text("import tc_no_such_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(sys.modules, "caffe", None)  # no caffe alias: import caffe fails
+    for name in ("tc_wants_caffe", "tc_wants_dep"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    with pytest.raises(LayerParamError, match="install_caffe_alias") as info:
+        make('python_param { module: "tc_wants_caffe" layer: "X" }', [(2, 3)])
+    assert "tc_wants_caffe.py" in str(info.value) and "PYTHONPATH" not in str(info.value)
+    with pytest.raises(LayerParamError, match="install 'tc_no_such_dependency'"):
+        make('python_param { module: "tc_wants_dep" layer: "X" }', [(2, 3)])
 
 
 def test_setup_failure_keeps_its_type_and_is_noted_at_the_layer():

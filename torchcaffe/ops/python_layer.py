@@ -74,10 +74,7 @@ def import_layer_class(lp: caffe_pb2.LayerParameter) -> type:
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        raise LayerParamError(
-            f"cannot import Python layer module {module_name!r}: {err}",
-            hint="put the module's directory on PYTHONPATH (sys.path)",
-        ) from err
+        raise _import_error(module_name, err) from err
     except Exception as err:  # SyntaxError/TabError, or the module's own code failing
         where = _module_file(module_name, err)
         raise LayerParamError(
@@ -89,6 +86,29 @@ def import_layer_class(lp: caffe_pb2.LayerParameter) -> type:
         return getattr(module, class_name)
     except AttributeError:
         raise LayerParamError(f"module {module_name!r} has no layer class {class_name!r}") from None
+
+
+def _import_error(module_name: str, err: ImportError) -> LayerParamError:
+    """The module not found, or found but missing a module it imports: pycaffe layers
+    ``import caffe``, which needs the caffe alias here."""
+    missing = err.name if isinstance(err, ModuleNotFoundError) else None
+    parts = module_name.split(".")
+    if missing is None or missing in {".".join(parts[:i]) for i in range(1, len(parts) + 1)}:
+        return LayerParamError(
+            f"cannot import Python layer module {module_name!r}: {err}",
+            hint="put the module's directory on PYTHONPATH (sys.path)",
+        )
+    where = _module_file(module_name, err)
+    if missing.partition(".")[0] == "caffe":
+        hint = (
+            "the module imports caffe: call torchcaffe.install_caffe_alias() first (or pip "
+            "install the shim) so that import caffe gives torchcaffe"
+        )
+    else:
+        hint = f"install {missing!r}, which the module imports"
+    return LayerParamError(
+        f"Python layer module {module_name!r} ({where}) failed to import: {err}", hint=hint
+    )
 
 
 def _module_file(module_name: str, err: BaseException) -> str:
