@@ -172,6 +172,17 @@ def test_torch_face_keeps_the_shapes_setup_gave(pymodule, tmp_path):
     torch.testing.assert_close(tnet()["y"], torch.full((2, 4), 3.0))
 
 
+def test_torch_face_bottomless_layer_tops_follow_the_net_dtype(pymodule, tmp_path):
+    """A Python data layer's tops take the net's dtype, as its native data layers' do, so
+    the layers it feeds get inputs of their params' dtype after ``.double()``."""
+    tnet = caffe.load(
+        _write(tmp_path, _python("py", "SetupShapes", top="x") + IP), allow_python_layers=True
+    ).double()
+    blobs = tnet.forward_all_blobs()
+    assert blobs["x"].dtype == blobs["y"].dtype == torch.float64
+    torch.testing.assert_close(blobs["y"], torch.full((2, 4), 3.0, dtype=torch.float64))
+
+
 # -- 2: bottoms kept from setup see each call's data ------------------------------------------
 @pytest.mark.parametrize("phase", [caffe.TRAIN, caffe.TEST])
 def test_bottom_kept_from_setup_reads_each_forward_data(pymodule, tmp_path, phase):

@@ -243,6 +243,8 @@ class PythonLayer(CaffeLayer):
             raise self._noted(err, "setup") from None
         self._set_up_shapes = [t.shape for t in self._tops]
         self._adopt_blobs()
+        # follows .to(): the device and dtype of a bottomless layer's tops (a data layer)
+        self.register_buffer("_like", torch.zeros(0), persistent=False)
 
     # The prototxt the layer came from, for error notes (set by the pycaffe Net).
     source_path: str | None = None
@@ -310,8 +312,8 @@ class PythonLayer(CaffeLayer):
             if not from_user_code(err):
                 raise self._noted(err, "forward") from None
             raise
-        device = bottoms[0].device if bottoms else torch.device("cpu")
-        dtype = bottoms[0].dtype if bottoms else torch.float32
+        like: torch.Tensor = bottoms[0] if bottoms else self._like  # type: ignore[assignment]
+        device, dtype = like.device, like.dtype
         return tuple(torch.from_numpy(t.data.copy()).to(device, dtype) for t in self._tops)
 
     def run_backward(
