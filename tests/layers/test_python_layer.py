@@ -73,6 +73,28 @@ def test_gradient_through_user_backward():
     check_layer_gradient(loss, bottoms)
 
 
+def test_backward_through_two_calls_reads_each_calls_blobs():
+    """Torch face: two forwards, then one backward through both. The class's backward reads
+    its Blobs, which the second call refilled; each backward gets its own call's data."""
+    layer, (x1,) = make(AFFINE, [(2, 3, 4)])
+    x2 = torch.randn(2, 3, 4)
+    x1.requires_grad_(True)
+    x2.requires_grad_(True)
+    want = []
+    for x in (x1, x2):  # one call, one backward each
+        layer(x).pow(2).sum().backward()
+        want.append(x.grad.clone())
+        x.grad = None
+    w_grad = [p.grad.clone() for p in layer.param_blobs()]  # summed over both calls
+    for p in layer.param_blobs():
+        p.grad = None
+    (layer(x1).pow(2).sum() + layer(x2).pow(2).sum()).backward()
+    torch.testing.assert_close(x1.grad, want[0])
+    torch.testing.assert_close(x2.grad, want[1])
+    for p, g in zip(layer.param_blobs(), w_grad):
+        torch.testing.assert_close(p.grad, g)
+
+
 def test_pycaffe_net_forward_backward(monkeypatch, tmp_path):
     monkeypatch.setenv(ENV_VAR, "1")
     path = tmp_path / "net.prototxt"

@@ -164,11 +164,17 @@ class _PythonFunction(torch.autograd.Function):
         ctx.layer = layer
         ctx.n_bottoms = n_bottoms
         ctx.device = inputs[0].device if inputs else torch.device("cpu")
-        return layer.run_forward(inputs[:n_bottoms])
+        tops = layer.run_forward(inputs[:n_bottoms])
+        ctx.run = layer.forward_runs
+        # detached: no version check (an in-place layer after this one may write them)
+        ctx.datas = [t.detach() for t in inputs[:n_bottoms]], [t.detach() for t in tops]
+        return tops
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         layer: PythonLayer = ctx.layer
+        if layer.forward_runs != ctx.run:  # the Blobs hold a later call's data
+            layer.restore_blobs(*ctx.datas)
         wanted = [ctx.needs_input_grad[2 + i] for i in range(ctx.n_bottoms)]
         bottom_diffs, param_diffs = layer.run_backward(grads, wanted)
         out: list[torch.Tensor | None] = [None, None]
@@ -299,7 +305,21 @@ class PythonLayer(CaffeLayer):
             blob.set_cpu_data(host if host.device.type == "cpu" else host.to("cpu"))
 
     # -- the numpy round trips ---------------------------------------------------------------
+    # run_forward calls so far: a backward whose forward was not the last one restores the
+    # Blobs first (the torch face may run a net twice, then backward through both)
+    forward_runs = 0
+
+    def restore_blobs(self, bottoms: Sequence[torch.Tensor], tops: Sequence[torch.Tensor]) -> None:
+        """Put an earlier forward's bottoms and tops back into the Blobs the class reads."""
+        for blob, tensor in zip(self._bottoms, bottoms):
+            _fill(blob, tensor)
+        for blob, tensor in zip(self._tops, tops):
+            blob.reshape(tuple(tensor.shape))
+            blob.data[...] = tensor.detach().to("cpu").numpy()
+        self.forward_runs += 1
+
     def run_forward(self, bottoms: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        self.forward_runs += 1
         self._sync_blobs_to_params()
         for blob, tensor in zip(self._bottoms, bottoms):
             _fill(blob, tensor)
