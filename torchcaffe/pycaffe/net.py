@@ -177,6 +177,9 @@ class Net:
         self._backward_steps = [i for i, s in enumerate(self._net.steps) if s.need_backward]
         self._refusals = self._find_backward_refusals()
         self._data_source = self._find_split_sources()
+        # the input shapes the layer-by-layer (autograd) forwards last checked the net for
+        # (load inferred the shapes the blobs start with)
+        self._checked_input_shapes = {n: self.blobs[n].shape for n in self._net.input_names}
         if weights is not None:
             self.copy_from(weights)
 
@@ -564,6 +567,7 @@ class Net:
         if first == len(backward) or backward[first] > end:
             return self._forward_inference(start, end, observe)
         device = self._ensure_device()
+        self._check_input_shapes()
         for i in range(start, end + 1):
             self._records.pop(i, None)
         loss = 0.0
@@ -591,6 +595,15 @@ class Net:
             if step.need_backward:
                 self._record(i, bottoms, tops)
         return loss
+
+    def _check_input_shapes(self) -> None:
+        """Once per new input blob shapes, infer the net's shapes (Caffe's per-layer Reshape),
+        so a layer that cannot take them (an Eltwise of two sizes after ``blobs['data']
+        .reshape``) is a located error before any layer runs, not a torch RuntimeError."""
+        shapes = {n: self.blobs[n].shape for n in self._net.input_names}
+        if shapes != self._checked_input_shapes:
+            self._net.infer_shapes(shapes)
+            self._checked_input_shapes = shapes
 
     def _record(self, i: int, bottoms: list[torch.Tensor], tops: tuple[torch.Tensor, ...]) -> None:
         """Keep layer ``i``'s forward graph for a later ``backward()`` (as Caffe keeps each

@@ -167,6 +167,7 @@ def forward_backward_one_pass(net: Net, plan: OnePassPlan, clear: bool = False) 
     param without a gradient is zeroed."""
     tnet = net.module
     device = net._ensure_device()
+    net._check_input_shapes()
     net._records.clear()
     values: dict[str, torch.Tensor] = {}
     edges: list[tuple[int, int, torch.Tensor]] = []  # (step, bottom index, what it read)

@@ -1,0 +1,73 @@
+"""An input reshaped to a size some layer cannot take is a located error in the Caffe face's
+autograd forwards too (force_backward, a loss, a solver step), not a bare torch RuntimeError
+from inside the layer."""
+
+from __future__ import annotations
+
+import pytest
+
+import torchcaffe as caffe
+from torchcaffe.errors import LayerParamError
+
+# the upsampled pool matches the input at even sizes only (5 -> pool 3 -> deconv 6)
+NET = """name: "t"
+force_backward: true
+layer { name: "in" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 dim: 4 dim: 4 } } }
+layer { name: "p" type: "Pooling" bottom: "data" top: "p"
+  pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "u" type: "Deconvolution" bottom: "p" top: "u"
+  convolution_param { num_output: 3 kernel_size: 2 stride: 2 } }
+LAYER
+layer { name: "loss" type: "Reduction" bottom: "e" top: "loss" loss_weight: 1 }
+"""
+
+LAYERS = {
+    "Eltwise": 'layer { name: "e" type: "Eltwise" bottom: "data" bottom: "u" top: "e" }',
+    "Concat": 'layer { name: "e" type: "Concat" bottom: "data" bottom: "u" top: "e" }',
+    "Reshape": 'layer { name: "e" type: "Reshape" bottom: "data" top: "e" '
+    "reshape_param { shape { dim: 0 dim: 48 } } }",
+    "Bias": 'layer { name: "e" type: "Bias" bottom: "data" top: "e" '
+    "bias_param { axis: 1 num_axes: 3 } }",
+}
+
+
+@pytest.fixture
+def net_file(tmp_path):
+    def make(layer: str) -> str:
+        path = tmp_path / "net.prototxt"
+        path.write_text(NET.replace("LAYER", LAYERS[layer]))
+        return str(path)
+
+    return make
+
+
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_forward_at_a_new_input_size_names_the_layer(net_file, layer):
+    path = net_file(layer)
+    net = caffe.Net(path, caffe.TRAIN)
+    net.forward()
+    net.blobs["data"].reshape(1, 3, 5, 5)
+    with pytest.raises(LayerParamError) as info:
+        net.forward()
+    assert info.value.path == path and info.value.layer == "e"
+    assert info.value.layer_type == layer
+
+
+def test_solver_step_at_a_new_input_size_names_the_layer(net_file, tmp_path):
+    path = net_file("Eltwise")
+    solver_file = tmp_path / "solver.prototxt"
+    solver_file.write_text(f'net: "{path}"\nbase_lr: 0.1\nlr_policy: "fixed"\ndisplay: 0\n')
+    solver = caffe.SGDSolver(str(solver_file))
+    solver.step(1)
+    solver.net.blobs["data"].reshape(1, 3, 5, 5)
+    with pytest.raises(LayerParamError, match=r"layer 'e' \(Eltwise\)"):
+        solver.step(1)
+    assert solver.iter == 1
+
+
+def test_the_good_sizes_still_run(net_file):
+    net = caffe.Net(net_file("Eltwise"), caffe.TRAIN)
+    net.blobs["data"].reshape(2, 3, 6, 6)
+    net.forward()
+    net.backward()
+    assert net.blobs["e"].data.shape == (2, 3, 6, 6)
