@@ -71,3 +71,40 @@ def test_the_good_sizes_still_run(net_file):
     net.forward()
     net.backward()
     assert net.blobs["e"].data.shape == (2, 3, 6, 6)
+
+
+def _inputs(**shapes) -> str:
+    return "".join(
+        f'layer {{ name: "{n}" type: "Input" top: "{n}" input_param {{ shape {{ '
+        + " ".join(f"dim: {d}" for d in s)
+        + " } } }\n"
+        for n, s in shapes.items()
+    )
+
+
+@pytest.mark.parametrize(
+    "loss, b, new_a, new_b",
+    [
+        ("EuclideanLoss", (2, 3), (2, 4), (2, 3)),
+        ("SmoothL1Loss", (2, 3), (2, 4), (2, 3)),  # checked at set-up only: a bare torch error
+        ("SoftmaxWithLoss", (2,), (3, 3), (2,)),  # LossLayer::Reshape's first-dimension CHECK
+    ],
+)
+def test_loss_at_a_new_input_size_names_the_file_and_layer(tmp_path, loss, b, new_a, new_b):
+    import torch
+
+    path = tmp_path / "loss.prototxt"
+    path.write_text(
+        _inputs(a=(2, 3), b=b)
+        + f'layer {{ name: "loss" type: "{loss}" bottom: "a" bottom: "b" top: "loss" }}\n'
+    )
+    net = caffe.Net(str(path), caffe.TEST)
+    net.blobs["a"].reshape(*new_a)
+    net.blobs["b"].reshape(*new_b)
+    with pytest.raises(LayerParamError) as info:
+        net.forward()
+    assert info.value.path == str(path) and info.value.layer == "loss"
+    module = caffe.load(str(path))
+    with pytest.raises(LayerParamError) as info:
+        module(torch.zeros(new_a), torch.zeros(new_b))
+    assert info.value.path == str(path) and info.value.layer == "loss"

@@ -42,15 +42,23 @@ class LossLayer(CaffeLayer):
 
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
-        s0, s1 = self.bottom_shapes[0], self.bottom_shapes[1]
+        self._check_first_dims(self.bottom_shapes)
+
+    def _check_first_dims(self, shapes: Sequence[Shape]) -> None:
+        s0, s1 = shapes[0], shapes[1]
         if not s0 or not s1 or s0[0] != s1[0]:
             raise self.error(
                 "the data and label should have the same first dimension",
-                expected=f"label shape starting with {s0[:1]}",
-                got=s1,
+                expected=f"label shape starting with {tuple(s0[:1])}",
+                got=tuple(s1),
             )
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
+        """LossLayer::Reshape checks its bottoms at every new shape: here the first dims, then
+        the forward's own checks on meta tensors, so a mismatch is a located error before any
+        layer runs (not one from inside this layer's forward, or a bare torch error)."""
+        self._check_first_dims(bottom_shapes)
+        super().output_shapes(bottom_shapes)
         return [()] + [tuple(int(d) for d in bottom_shapes[0])] * (self.num_tops - 1)
 
     def complete_param(self, lp: caffe_pb2.LayerParameter) -> None:
