@@ -178,3 +178,50 @@ def test_a_missing_folder_is_reported_by_the_target_name(tmp_path, capsys):
     assert main(["upgrade_net_proto_text", str(net), str(target)]) == 2
     err = capsys.readouterr().err
     assert f"{target}: No such file or directory" in err and "tmp-" not in err
+
+
+FULL_DISK_SAVER = textwrap.dedent(
+    """
+    import resource, signal, sys
+    import torchcaffe
+    from torchcaffe.formats.prototxt import read_net
+    net = torchcaffe.load(read_net(sys.argv[1]))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (200, resource.RLIM_INFINITY))
+    for path in sys.argv[2:]:
+        try:
+            torchcaffe.save_weights(net, path, hdf5=path.endswith(".h5"))
+        except OSError as err:
+            print(err)
+    """
+)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="needs RLIMIT_FSIZE")
+def test_a_write_that_fails_midway_names_the_target_and_keeps_it(tmp_path):
+    """A full disk fails the write itself, whose OSError names no file; the error names the
+    file asked for, the old file stays and no temporary file is left."""
+    text = (
+        'layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 1 dim: 40 } } }\n'
+        'layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y" '
+        "inner_product_param { num_output: 40 } }\n"
+    )
+    targets = [tmp_path / "w.caffemodel", tmp_path / "w.h5"]
+    for target in targets:
+        target.write_bytes(b"the previous weights")
+    script = tmp_path / "saver.py"
+    script.write_text(FULL_DISK_SAVER)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run(
+        [sys.executable, str(script), text, *map(str, targets)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and len(lines) == 2, done.stderr
+    for target, line in zip(targets, lines):
+        assert line.endswith(f": '{target}'")
+        assert target.read_bytes() == b"the previous weights"
+        assert temp_files_of(target) == []

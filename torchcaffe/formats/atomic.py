@@ -129,12 +129,18 @@ def atomic_write(path: PathLike, mode: str = "wb", **open_kw: Any) -> Iterator[I
         except BaseException:
             os.close(fd)
             raise
-        with f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-            if fcntl is not None:
-                _publish(tmp, target)  # still locked: no cleaner can take it for litter
+        try:
+            with f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+                if fcntl is not None:
+                    _publish(tmp, target)  # still locked: no cleaner can take it for litter
+        except OSError as err:
+            if err.filename is not None:
+                raise
+            # a failed write (a full disk, a file size limit) names no file: name the target
+            raise OSError(err.errno, err.strerror, target) from None
         if fcntl is None:
             _publish(tmp, target)  # Windows cannot rename an open file
     except BaseException:
