@@ -88,6 +88,23 @@ def test_gflags_booleans_glog_flags_and_other_actions_flags():
     assert kept == ["--model", "m", "--phase=TEST"]
 
 
+@pytest.mark.parametrize(
+    "argv,quiet,python_layers",
+    [
+        (["-quiet=true", "-allow_python_layers=yes"], True, True),
+        (["--quiet=F", "-noallow_python_layers"], False, False),
+        (["-quiet", "-allow_python_layers", "-noquiet", "--allow-python-layers=0"], False, False),
+        (["-quiet=no", "-quiet"], True, False),
+    ],
+)
+def test_our_own_switches_take_gflags_boolean_spellings(argv, quiet, python_layers):
+    """``-quiet`` and ``-allow_python_layers`` are gflags-style booleans like Caffe's
+    (``-flag=true``, ``-noflag``; the last spelling wins), not argparse errors."""
+    p = train_parser()
+    args = p.parse_args(gflags_argv(p, [*argv, "-solver", "s"]))
+    assert (args.quiet, args.allow_python_layers) == (quiet, python_layers)
+
+
 def test_gpu_ids_follow_caffe():
     assert gpu_ids("", 2) == [] and gpu_ids(None, 2) == [] and gpu_ids("-1", 2) == []
     assert gpu_ids("all", 3) == [0, 1, 2] and gpu_ids("0,2", 3) == [0, 2]

@@ -59,6 +59,12 @@ def gflags_argv(
     known = {
         s.lstrip("-"): s for action in parser._actions for s in action.option_strings
     }  # argparse keeps no public list of option strings
+    switches = {
+        s: action.option_strings
+        for action in parser._actions
+        if isinstance(action, argparse._StoreTrueAction)
+        for s in action.option_strings
+    }  # plain store_true flags (``-allow_python_layers``) take gflags' spellings too
     out: list[str] = []
     skip_value = False
     for i, token in enumerate(argv):
@@ -78,6 +84,14 @@ def gflags_argv(
                 declared = _declared(known, name)
             if declared is None and name.startswith("no") and not value:  # -noflag
                 declared = _declared(known, f"{name[2:]}=false")
+                switch = _declared(known, name[2:])
+                if declared is None and switch in switches:
+                    declared, value, truth = switch, "", "false"
+            if declared in switches and (truth or not value):
+                if truth == "false":  # gflags' last spelling wins: drop the earlier ones
+                    out = [t for t in out if t not in switches[declared]]
+                    continue
+                value = ""
             if declared is not None:
                 token = declared + value
             elif name in GLOG_BOOLS or name.startswith("no") and name[2:] in GLOG_BOOLS:
