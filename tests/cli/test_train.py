@@ -66,6 +66,21 @@ def test_train_resumes_from_a_snapshot(case, capsys):
     assert (case / "final_iter_15.caffemodel").exists()
 
 
+def test_a_resumed_run_logs_the_restore_as_caffes_tool(case, capsys):
+    """caffe.cpp restores the state itself ("Resuming from ...") before "Starting
+    Optimization" and calls Solve() without a file: no "Restoring previous solver status"."""
+    assert main(["train", "-solver", "solver.prototxt", "-weights", "weights.caffemodel"]) == 0
+    capsys.readouterr()
+    assert (
+        main(["train", "-solver", "solver.prototxt", "-snapshot", "final_iter_10.solverstate"]) == 0
+    )
+    lines = [line.split("] ", 1)[1] for line in capsys.readouterr().err.splitlines()]
+    start = lines.index("Starting Optimization")
+    assert lines[start - 1] == "Resuming from final_iter_10.solverstate"
+    assert lines[start + 1 : start + 3] == ["Solving tiny", "Learning Rate Policy: step"]
+    assert not any(line.startswith("Restoring previous solver status") for line in lines)
+
+
 def test_weights_and_snapshot_together_is_one_line_error(case, capsys):
     assert main(["train", "--solver", "solver.prototxt", "--weights", "w", "--snapshot", "s"]) == 2
     err = capsys.readouterr().err

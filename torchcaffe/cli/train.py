@@ -101,10 +101,11 @@ def main(args: argparse.Namespace) -> int:
                 _signal_actions(solver, args.sigint_effect, args.sighup_effect),
                 logging_redirect_tqdm(loggers=[log]),
             ):
-                if args.snapshot:
+                if args.snapshot:  # caffe.cpp restores here, then calls Solve() bare
                     log.info("Resuming from %s", args.snapshot)
+                    solver.restore(args.snapshot)
                 log.info("Starting Optimization")
-                solver.solve(args.snapshot)
+                solver.solve()
                 # caffe.cpp's own line after Solve returns, also after a stop
                 log.info("Optimization Done.")
         completed = True
