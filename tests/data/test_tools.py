@@ -268,6 +268,7 @@ def test_compute_image_mean_logs_caffes_lines(tmp_path, capsys):
     with open_db(case / "lmdb") as db:
         count = len(db)
     assert _logged(std.err) == [
+        "Starting iteration",
         f"Processed {count} files.",
         f"Write to {out}",
         "Number of channels: 3",
@@ -282,3 +283,16 @@ def test_convert_imageset_logs_caffes_lines(tmp_path, capsys):
     std = capsys.readouterr()
     assert std.out == ""
     assert _logged(std.err) == ["Shuffling data", "A total of 3 images.", "Processed 3 files."]
+
+
+def test_compute_image_mean_says_when_it_decodes_an_encoded_database(tmp_path, capsys):
+    """compute_image_mean.cpp logs "Decoding Datum" when its first record is encoded, then
+    "Starting iteration" before summing (and nothing to stdout, with no output file)."""
+    image_folder(tmp_path, [(4, 4)] * 2)
+    root, listed = str(tmp_path / "images") + "/", str(tmp_path / "list.txt")
+    assert cli(["convert_imageset", "-encode_type=png", root, listed, str(tmp_path / "db")]) == 0
+    capsys.readouterr()
+    assert cli(["compute_image_mean", str(tmp_path / "db")]) == 0
+    std = capsys.readouterr()
+    assert std.out == ""
+    assert _logged(std.err)[:3] == ["Decoding Datum", "Starting iteration", "Processed 2 files."]

@@ -156,6 +156,11 @@ def compute_image_mean(
     """The mean record of a database (1xCxHxW float32); written to ``mean_file`` if given.
     Progress goes to the ``torchcaffe.data`` logger in the words of Caffe's tool."""
     with open_db(db_path, backend) as db:
+        for key, value in db.items():  # the tool reads the first record before its loop
+            if parse_datum(value, source=db_path, key=key).encoded:
+                log.info("Decoding Datum")
+            break
+        log.info("Starting iteration")
         items: Iterable = db.items()
         if progress is not None:
             items = progress(items, len(db))
