@@ -155,6 +155,11 @@ def test_single_dash_train_writes_the_same_caffemodel_as_double_dash(case):
             ["test", "-model", "train.prototxt", "-weights", "weights.caffemodel", "-gpu", "all"],
             "CUDA",
         ),
+        # an empty flag: caffe.cpp's CHECKs, in its words (not a nameless "file not found")
+        (["train", "-solver="], "Need a solver definition to train (-solver is empty)"),
+        (["test", "-model=", "-weights=w"], "Need a model definition to score (-model"),
+        (["test", "-model", "train.prototxt", "-weights", ""], "Need model weights to score"),
+        (["time", "--model="], "Need a model definition to time (-model is empty)"),
     ],
 )
 def test_bad_flags_and_files_are_one_line(case, capsys, monkeypatch, argv, needle):

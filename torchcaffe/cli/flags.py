@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from ..errors import DeviceError
+from ..errors import DeviceError, UsageError
 
 _LONG = re.compile(r"^--?([A-Za-z][\w-]*)(=.*)?$", re.DOTALL)
 
@@ -152,6 +152,12 @@ def add_python_layers_flag(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run Python layers' code (only for models you trust)",
     )
+
+
+def require(value: str, flag: str, need: str) -> None:
+    """caffe.cpp's CHECK that a flag is not empty (``-solver=`` gives ""): its words, the flag."""
+    if not value.strip():
+        raise UsageError(f"{need} (-{flag} is empty)", expected=f"-{flag} FILE")
 
 
 class FlagParser(argparse.ArgumentParser):

@@ -22,7 +22,7 @@ from ..proto import caffe_pb2
 from ..pycaffe.net import Net
 from ..solver.evaluation import weighted_loss
 from .devices import requested_gpus, use_device
-from .flags import add_net_state_flags
+from .flags import add_net_state_flags, require
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,6 +43,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _test(args: argparse.Namespace) -> int:
+    require(args.model, "model", "Need a model definition to score")
+    require(args.weights, "weights", "Need model weights to score")
     if args.iterations < 1:
         raise SolverError("-iterations must be positive", expected=">= 1", got=args.iterations)
     gpus = requested_gpus(args.gpu)

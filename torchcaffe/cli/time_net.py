@@ -30,7 +30,7 @@ from ..glog import on_stderr
 from ..proto import caffe_pb2
 from ..pycaffe.net import Net
 from .devices import requested_gpus, use_device
-from .flags import add_net_state_flags
+from .flags import add_net_state_flags, require
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,6 +63,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _time(args: argparse.Namespace) -> int:
+    require(args.model, "model", "Need a model definition to time")
     if args.iterations < 1:
         raise LayerParamError("-iterations must be positive", expected=">= 1", got=args.iterations)
     gpus = requested_gpus(args.gpu)

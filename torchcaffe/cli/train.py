@@ -41,7 +41,7 @@ from ..pycaffe.solver import SOLVER_CLASSES
 from ..solver import distributed
 from ..solver.solver import NONE, SNAPSHOT, STOP, Solver
 from .devices import requested_gpus, use_device
-from .flags import add_net_state_flags
+from .flags import add_net_state_flags, require
 
 log = logging.getLogger("torchcaffe.solver")
 EFFECTS = (STOP, SNAPSHOT, NONE)
@@ -60,6 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    require(args.solver, "solver", "Need a solver definition to train")
     if args.snapshot and args.weights:
         raise SolverError(
             "give -snapshot to resume training or -weights to finetune, not both",
