@@ -3,6 +3,8 @@ any training (where Caffe would abort with a CHECK, some only at the first updat
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -136,8 +138,10 @@ def test_restore_with_a_missing_learned_net(setup):
         t.numpy() for t in solver.optimizer.history_blobs([e.tensor for e in solver._learnables])
     ]
     write_solverstate("s.solverstate", SolverSnapshot(1, 0, "gone.caffemodel", blobs))
-    with pytest.raises(WeightsError, match="gone.caffemodel"):
+    with pytest.raises(WeightsError, match="gone.caffemodel") as err:
         solver.restore("s.solverstate")
+    # the state that names it, and where Caffe looks for it (the working directory)
+    assert err.value.path == "s.solverstate" and os.getcwd() in str(err.value)
 
 
 def test_every_error_is_a_torchcaffe_error():

@@ -24,7 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import runtime
-from ..errors import UsageError
+from ..errors import UsageError, WeightsError
 from ..formats.user_schema import use_schema
 from ..proto import caffe_pb2
 from ..pycaffe.net import Net
@@ -379,6 +379,13 @@ class Solver:
         shapes = [tuple(e.tensor.shape) for e in self._learnables]
         snap = read_solverstate(name, expected_shapes=shapes * len(self.optimizer.history_keys))
         if snap.learned_net:
+            if not os.path.exists(snap.learned_net):  # name the state that points at it
+                raise WeightsError(
+                    f"its learned_net {snap.learned_net!r} is not found",
+                    path=name,
+                    hint="Caffe opens it as written, relative to the working directory "
+                    f"{os.getcwd()}: resume from the directory the snapshot was taken in",
+                )
             self.net.copy_from(snap.learned_net)
         self._iter = snap.iter
         self.net._ensure_device()
