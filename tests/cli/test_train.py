@@ -200,6 +200,26 @@ def test_the_log_ends_with_caffe_tools_own_optimization_done(case, capsys, monke
     assert tail() == ["Optimization stopped early.", "Optimization Done."]
 
 
+def test_a_signal_while_the_nets_load_is_read_by_the_first_iteration(case, capsys, monkeypatch):
+    """caffe.cpp builds its SignalHandler before the solver: Ctrl-C (or a closed terminal's
+    SIGHUP) while the nets load is a flag, so training stops after iteration 1 and writes
+    its final snapshot; it is not an interrupt that loses the run."""
+    import signal
+
+    from torchcaffe.solver import solver as solver_module
+
+    build = solver_module.build_train_net
+
+    def interrupted_build(*args, **kwargs):
+        signal.raise_signal(signal.SIGINT)
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(solver_module, "build_train_net", interrupted_build)
+    assert main(["train", "-solver", "solver.prototxt", "-weights", "weights.caffemodel"]) == 0
+    assert "to iteration 1," in capsys.readouterr().out
+    assert (case / "final_iter_1.solverstate").exists()
+
+
 def test_the_display_line_prints_the_lapse_as_caffe_streams_a_float(case, capsys, monkeypatch):
     """Solver::Step logs ``Iteration N (R iter/s, Ls/D iters), loss = X`` with L and R
     streamed as floats: 6 significant digits, no padding zeros (0.25s, not 0.250s)."""

@@ -28,7 +28,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from tqdm.contrib.logging import logging_redirect_tqdm
@@ -93,15 +93,18 @@ def main(args: argparse.Namespace) -> int:
         # the log is on before the solver is built, for what building it logs (Finetuning)
         with on_stderr(log, args.quiet or not root):  # parse_log.py reads glog's prefix
             log.info("Use CPU." if gpu is None else f"Using GPUs {', '.join(map(str, gpus))}")
-            solver = cls(
-                param, path=args.solver, allow_python_layers=args.allow_python_layers, root=root
-            )
-            if group is not None:
-                distributed.attach(solver, group)
+            # caffe.cpp hooks SIGINT/SIGHUP before it builds the solver: a signal while the
+            # nets load (a closed ssh session's SIGHUP) is a flag the first iteration reads
             with (
-                _signal_actions(solver, args.sigint_effect, args.sighup_effect),
+                _signal_actions(None, args.sigint_effect, args.sighup_effect) as request,
                 logging_redirect_tqdm(loggers=[log]),
             ):
+                solver = cls(
+                    param, path=args.solver, allow_python_layers=args.allow_python_layers, root=root
+                )
+                if group is not None:
+                    distributed.attach(solver, group)
+                solver.action_request = request
                 if args.snapshot:  # caffe.cpp restores here, then calls Solve() bare
                     log.info("Resuming from %s", args.snapshot)
                     solver.restore(args.snapshot)
@@ -182,11 +185,13 @@ def _rank_main(rank: int, args: argparse.Namespace, world_size: int, port: int) 
 
 
 @contextlib.contextmanager
-def _signal_actions(solver: Solver, sigint_effect: str, sighup_effect: str) -> Iterator[None]:
+def _signal_actions(
+    solver: Solver | None, sigint_effect: str, sighup_effect: str
+) -> Iterator[Callable[[], str]]:
     """Caffe's SignalHandler: SIGINT/SIGHUP raise a flag the loop reads between iterations.
     As its CheckForSignals, one request per read, SIGHUP's before SIGINT's, and a signal
     that comes again before its flag is read counts once (an effect of ``none`` swallows
-    the signal)."""
+    the signal). Yields the reader, which it also gives ``solver`` (when there is one)."""
     effects = {signal.SIGINT: sigint_effect}
     if hasattr(signal, "SIGHUP"):
         effects = {signal.SIGHUP: sighup_effect, **effects}  # Caffe reads SIGHUP first
@@ -207,10 +212,12 @@ def _signal_actions(solver: Solver, sigint_effect: str, sighup_effect: str) -> I
             )
     except ValueError:  # not the main thread: leave signals alone
         previous = {}
-    solver.action_request = request
+    if solver is not None:
+        solver.action_request = request
     try:
-        yield
+        yield request
     finally:
-        solver.action_request = None
+        if solver is not None:
+            solver.action_request = None
         for sig, handler in previous.items():
             signal.signal(sig, handler)
