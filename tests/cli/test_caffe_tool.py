@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import torchcaffe as caffe
-from torchcaffe.cli.__main__ import build_parser, main
+from torchcaffe.cli.__main__ import build_parser, main, split_action
 from torchcaffe.cli.flags import gflags_argv, gpu_ids
 from torchcaffe.cli.train import _signal_actions
 from torchcaffe.errors import DeviceError
@@ -103,6 +103,20 @@ def test_our_own_switches_take_gflags_boolean_spellings(argv, quiet, python_laye
     p = train_parser()
     args = p.parse_args(gflags_argv(p, [*argv, "-solver", "s"]))
     assert (args.quiet, args.allow_python_layers) == (quiet, python_layers)
+
+
+def test_a_flag_value_before_the_action_is_not_the_action():
+    """gflags takes a flag's value before it looks for the command: ``caffe -stage test time``
+    times the net (stage "test"); it does not score it."""
+    assert split_action(["-stage", "test", "time", "-model", "m"]) == (
+        "time",
+        ["-stage", "test", "-model", "m"],
+    )
+    assert split_action(["--gpu", "0", "train", "-stage", "test"]) == (
+        "train",
+        ["--gpu", "0", "-stage", "test"],
+    )
+    assert split_action(["-stage=test", "time"]) == ("time", ["-stage=test"])
 
 
 def test_gpu_ids_follow_caffe():

@@ -33,7 +33,7 @@ from . import (
     upgrade_net_proto_text,
     upgrade_solver_proto_text,
 )
-from .flags import CAFFE_VALUED, FlagParser, gflags_argv
+from .flags import CAFFE_VALUED, GLOG_VALUED, FlagParser, gflags_argv
 
 Action = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
 # One line per action: name -> (add_arguments, main).
@@ -96,10 +96,16 @@ def _summary(doc: str) -> str:
 
 
 def split_action(argv: list[str]) -> tuple[str | None, list[str]]:
-    """The action name (the first word naming one; gflags lets flags come first) and the rest."""
+    """The action name (the first word naming one; gflags lets flags come first) and the rest.
+
+    A word that is the value of a flag before it is no action: in ``-stage test time`` the
+    action is ``time``, as gflags takes ``test`` as -stage's value."""
+    valued = CAFFE_VALUED | GLOG_VALUED
+    is_value = False
     for i, token in enumerate(argv):
-        if token in ACTIONS:
+        if token in ACTIONS and not is_value:
             return token, argv[:i] + argv[i + 1 :]
+        is_value = token.lstrip("-") in valued and token.startswith("-") and not is_value
     return None, argv
 
 
