@@ -357,6 +357,20 @@ def test_no_or_an_unknown_action_is_one_line_naming_the_actions(capsys, argv, he
     assert all(name in err for name in ("train", "test", "time", "device_query"))
 
 
+@pytest.mark.parametrize("flag", ["-help", "--help", "-h"])
+def test_gflags_help_spellings_show_the_help(capsys, flag):
+    with pytest.raises(SystemExit) as exit_:
+        main([flag])
+    assert exit_.value.code == 0 and "usage: torchcaffe" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flag", ["-version", "--version"])
+def test_gflags_version_flag_prints_the_version(capsys, flag):
+    """gflags' builtin ``--version`` (``caffe version 1.0.0``): ours names torchcaffe's."""
+    assert main([flag]) == 0
+    assert capsys.readouterr().out == f"torchcaffe version {caffe.__version__}\n"
+
+
 def test_a_refused_python_layer_names_the_command_line_flag(tmp_path, capsys, monkeypatch):
     """Caffe's tool runs Python layers; ours asks for an opt-in, and a command-line user is
     told the flag that gives it (not only the Python keyword)."""

@@ -13,6 +13,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from .. import __version__
 from ..errors import TorchCaffeError
 from ..formats.user_schema import use_schema
 from . import (
@@ -131,8 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     parser, actions = build_parser()
     action, rest = split_action(argv)
     if action is None:
-        if any(token in ("-h", "--help") for token in argv):
-            parser.parse_args(argv)  # prints the help and exits
+        if any(token in ("-h", "--help", "-help") for token in argv):  # gflags' -help too
+            parser.parse_args(["--help"])  # prints the help and exits
+        if any(token in ("-version", "--version") for token in argv):  # gflags' builtin
+            print(f"torchcaffe version {__version__}")
+            return 0
         return _no_action(argv)
     else:
         ignored = CAFFE_VALUED if action in CAFFE_ACTIONS else frozenset()
