@@ -11,7 +11,8 @@ Without ``-gpu``, ``solver_mode: GPU`` in the file selects the GPU ``device_id``
 without CUDA that falls back to the CPU with a warning (an explicit ``-gpu`` is an error).
 ``-iterations`` is accepted and, as in Caffe, ignored: training runs to the solver's max_iter.
 SIGINT and SIGHUP take effect between iterations (Caffe's defaults: stop, snapshot; ``stop``
-still writes the final snapshot when snapshot_after_train is set).
+still writes the final snapshot when snapshot_after_train is set); as in caffe.cpp they are
+taken from before the solver is built, so one sent while the nets load acts after iteration 1.
 
 Several processes: ``torchrun --nproc_per_node N -m torchcaffe train -solver S`` (gloo on the
 CPU, NCCL with ``-gpu``), or ``-gpu 0,1`` / ``-gpu all``, which starts one process per GPU.
