@@ -56,7 +56,7 @@ def test_upgrade_net_proto_text(tmp_path, models_root, capsys):
     capsys.readouterr()
     again = tmp_path / "again.prototxt"
     assert main(["upgrade_net_proto_text", str(out), str(again)]) == 0
-    assert "already in latest proto format" in capsys.readouterr().err
+    assert f"File already in latest proto format: {out}\n" in capsys.readouterr().err
     assert read_net_text(again) == net
 
 

@@ -53,7 +53,8 @@ def upgrade_file(source: str, target: str, form: str | None = None) -> tuple[str
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         compatible = not any(issubclass(w.category, IncompatibleUpgradeWarning) for w in caught)
     else:
-        print("File already in latest proto format; writing it unchanged.", file=sys.stderr)
+        # Caffe logs it (at ERROR) and writes the net unchanged, exit status 0
+        print(f"File already in latest proto format: {source}", file=sys.stderr)
     (write_binary if binary else write_text)(net, target)
     return found, compatible
 
