@@ -266,6 +266,24 @@ def test_time_prints_a_per_layer_table_and_totals(case, capsys):
     assert out.count("forward-backward time: ") == 2
 
 
+def test_time_on_the_cpu_reads_times_as_caffes_cpu_timer(case, capsys):
+    """Caffe's CPU Timer is boost's microsecond clock: the per-iteration and total lines are
+    whole milliseconds (total_milliseconds), the per-layer and pass averages whole
+    microseconds over 1000 (three decimals at most over one iteration)."""
+    assert main(["time", "-model", "train.prototxt", "-iterations", "1"]) == 0
+    lines = _logged(capsys)
+    whole = re.compile(r"\d+ ms\.$")
+    micro = re.compile(r"\d+(\.\d{1,3})? ms\.$")
+    iteration = next(line for line in lines if line.startswith("Iteration: 1 "))
+    assert whole.search(iteration.split("time: ")[1]), iteration
+    assert whole.fullmatch(next(line for line in lines if line.startswith("Total Time: "))[12:])
+    timed = [line for line in lines if "\tforward: " in line or "\tbackward: " in line]
+    timed += [line for line in lines if line.startswith(("Average Forward pass", "Average Back"))]
+    assert len(timed) == 12
+    for line in timed:
+        assert micro.fullmatch(line.rsplit(": ", 1)[1]), line
+
+
 def test_time_prints_a_per_layer_table_for_googlenet(models_root, tmp_path, capsys):
     """Issue 17's case: every GoogLeNet layer gets a forward and a backward row, in Caffe's
     order (deploy net at batch 1, force_backward so that the tool builds it once)."""
