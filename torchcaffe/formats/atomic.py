@@ -137,7 +137,7 @@ def atomic_write(path: PathLike, mode: str = "wb", **open_kw: Any) -> Iterator[I
                 if fcntl is not None:
                     _publish(tmp, target)  # still locked: no cleaner can take it for litter
         except OSError as err:
-            if err.filename is not None:
+            if err.filename is not None or err.errno is None:
                 raise
             # a failed write (a full disk, a file size limit) names no file: name the target
             raise OSError(err.errno, err.strerror, target) from None
