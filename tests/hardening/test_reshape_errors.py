@@ -108,3 +108,31 @@ def test_loss_at_a_new_input_size_names_the_file_and_layer(tmp_path, loss, b, ne
     with pytest.raises(LayerParamError) as info:
         module(torch.zeros(new_a), torch.zeros(new_b))
     assert info.value.path == str(path) and info.value.layer == "loss"
+
+
+def test_a_data_layer_top_of_a_new_size_names_the_file(tmp_path):
+    """No input blob changed, so no shape inference ran: the layer's own check at run time
+    names the layer, and the net adds its file."""
+    import numpy as np
+    from PIL import Image
+
+    for name, side in (("a.png", 4), ("b.png", 3)):
+        Image.fromarray(np.zeros((side, side, 3), np.uint8)).save(tmp_path / name)
+    (tmp_path / "list.txt").write_text("a.png 0\nb.png 1\n")
+    path = tmp_path / "net.prototxt"
+    path.write_text(
+        'layer { name: "d" type: "ImageData" top: "data" top: "label" image_data_param { '
+        f'source: "{tmp_path / "list.txt"}" root_folder: "{tmp_path}/" batch_size: 1 }} }}\n'
+        'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" '
+        "inner_product_param { num_output: 2 } }\n"
+    )
+    net = caffe.Net(str(path), caffe.TRAIN)
+    net.forward()
+    with pytest.raises(LayerParamError) as info:
+        net.forward()
+    assert info.value.path == str(path) and info.value.layer == "ip"
+    module = caffe.load(str(path), phase="TRAIN")
+    module()
+    with pytest.raises(LayerParamError) as info:
+        module()
+    assert info.value.path == str(path) and info.value.layer == "ip"

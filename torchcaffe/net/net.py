@@ -350,7 +350,10 @@ class TorchNet(nn.Module):
         self, step: LayerStep, bottoms: Sequence[torch.Tensor]
     ) -> tuple[torch.Tensor, ...]:
         """One layer's forward; always returns a tuple of tops."""
-        out = self.layers[step.key](*bottoms)
+        try:
+            out = self.layers[step.key](*bottoms)
+        except TorchCaffeError as err:  # as in ``run``: name the file too
+            raise err.located(path=self.path) from None
         return out if isinstance(out, tuple) else (out,)
 
     def optimized_program(
@@ -468,10 +471,15 @@ class TorchNet(nn.Module):
         them. On CUDA it runs in Caffe's IEEE float32 (``caffe_float32``); traced by dynamo,
         under the settings the compiled call runs with.
         """
-        if not torch.compiler.is_compiling() and on_cuda(self._device_of(blobs)):
-            with caffe_float32():
-                return self._run(blobs, start, end, program)
-        return self._run(blobs, start, end, program)
+        if torch.compiler.is_compiling():
+            return self._run(blobs, start, end, program)
+        try:
+            if on_cuda(self._device_of(blobs)):
+                with caffe_float32():
+                    return self._run(blobs, start, end, program)
+            return self._run(blobs, start, end, program)
+        except TorchCaffeError as err:  # a layer's own run-time check (a data layer's new
+            raise err.located(path=self.path) from None  # top shape) knows no file: add it
 
     def _device_of(self, blobs: dict[str, torch.Tensor]) -> torch.device | None:
         """Where a run over ``blobs`` computes: its first input's device, else (a net fed by
