@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import torchcaffe
-from torchcaffe.errors import DataError, SolverError, WeightsError
+from torchcaffe.errors import DataError, PrototxtError, SolverError, WeightsError
 from torchcaffe.formats.binaryproto import read_mean_file
-from torchcaffe.formats.prototxt import read_net
+from torchcaffe.formats.prototxt import read_net, read_text_proto
 from torchcaffe.proto import caffe_pb2
 from torchcaffe.solver.state import SolverSnapshot, read_solverstate, write_solverstate_hdf5
 
@@ -284,3 +284,24 @@ def test_lazy_huge_hdf5data_dataset_is_refused_before_reading(tmp_path):
     )
     with memory_cap(2**30), pytest.raises(DataError, match=r"dataset 'data'.*max_blob"):
         torchcaffe.load(proto, phase="train")()
+
+
+def test_a_binary_file_given_as_text_is_named_binary_not_quoted(tmp_path):
+    """A solverstate passed where a text solver goes: the message says binary, one clean line
+    (protobuf's own message would quote the raw bytes, control characters and all)."""
+    state = caffe_pb2.SolverState(iter=3, learned_net="/m/x_iter_3.caffemodel")
+    state.history.add().data.extend([0.5, -2.0])
+    path = tmp_path / "x_iter_3.solverstate"
+    path.write_bytes(state.SerializeToString())
+    with pytest.raises(PrototxtError, match="binary data") as info:
+        read_text_proto(path, caffe_pb2.SolverParameter)
+    assert str(info.value).isprintable()
+
+
+def test_control_characters_in_a_text_parse_error_are_escaped(tmp_path):
+    path = tmp_path / "solver.prototxt"
+    path.write_bytes(b'net: "n.prototxt"\nbase_lr: \x1b[31m\xff0.1\n')
+    with pytest.raises(PrototxtError) as info:
+        read_text_proto(path, caffe_pb2.SolverParameter)
+    assert info.value.line == 2
+    assert str(info.value).isprintable() and "\\x1b" in str(info.value)

@@ -88,7 +88,19 @@ def parse_text_proto(text: str | bytes, message_type: type[M], path: PathLike | 
     try:
         text_format.Parse(text, msg)
     except text_format.ParseError as e:
-        what = _LOCATION_PREFIX.sub("", str(e))
+        if "\0" in text:  # protobuf would quote the binary bytes it stopped at
+            nul_line = text.count("\n", 0, text.index("\0")) + 1
+            raise PrototxtError(
+                f"cannot parse as {message_type.DESCRIPTOR.name}: the file holds binary data "
+                "(a NUL byte), not protobuf text format",
+                path=name,
+                line=nul_line,
+                hint="a .caffemodel or .solverstate is binary; give the text .prototxt here",
+            ) from None
+        # protobuf quotes the line it stopped at: escape what would reach a terminal raw
+        what = "".join(
+            c if c.isprintable() else ascii(c)[1:-1] for c in _LOCATION_PREFIX.sub("", str(e))
+        )
         layer, hint = None, None
         if "has no field named" in what or "has no value named" in what:
             layer = _layer_at(text, e.GetLine())
