@@ -8,6 +8,7 @@ unchanged. Image functions use scikit-image (and SciPy), as pycaffe does; they l
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -123,12 +124,26 @@ def oversample(
 
 def blobproto_to_array(blob: caffe_pb2.BlobProto, return_diff: bool = False) -> np.ndarray:
     """The blob's data (or diff) as float64, shaped by the legacy 4-D fields when any is set,
-    else by ``shape.dim`` (no dims: a 0-d scalar). A count/shape mismatch is numpy's ValueError.
+    else by ``shape.dim`` (no dims: a 0-d scalar). A count/shape mismatch raises
+    ArrayShapeError (a ValueError, as numpy's reshape in pycaffe raises).
     """
     data = np.array(blob.diff if return_diff else blob.data)
     if any(blob.HasField(f) for f in ("num", "channels", "height", "width")):
-        return data.reshape(blob.num, blob.channels, blob.height, blob.width)
-    return data.reshape(tuple(blob.shape.dim))
+        return _reshaped(data, (blob.num, blob.channels, blob.height, blob.width), "BlobProto")
+    return _reshaped(data, tuple(blob.shape.dim), "BlobProto")
+
+
+def _reshaped(data: np.ndarray, shape: tuple[int, ...], what: str) -> np.ndarray:
+    """``data.reshape(shape)``; a count that does not fit says both (numpy's message names
+    neither the proto nor the count the shape asks for)."""
+    try:
+        return data.reshape(shape)
+    except ValueError:
+        raise ArrayShapeError(
+            f"{what} data does not fit its shape {shape}",
+            expected=f"{math.prod(shape)} values" if min(shape, default=0) >= 0 else "dims >= 0",
+            got=f"{data.size} values",
+        ) from None
 
 
 def array_to_blobproto(arr: np.ndarray, diff: np.ndarray | None = None) -> caffe_pb2.BlobProto:
@@ -177,8 +192,8 @@ def datum_to_array(datum: caffe_pb2.Datum) -> np.ndarray:
     The label is not part of it. A writable copy, as pycaffe's ``np.fromstring`` gives."""
     shape = (datum.channels, datum.height, datum.width)
     if len(datum.data):
-        return np.frombuffer(datum.data, dtype=np.uint8).reshape(shape).copy()
-    return np.array(datum.float_data).astype(float).reshape(shape)
+        return _reshaped(np.frombuffer(datum.data, dtype=np.uint8), shape, "Datum").copy()
+    return _reshaped(np.array(datum.float_data).astype(float), shape, "Datum")
 
 
 # -- Transformer ------------------------------------------------------------------------------

@@ -305,3 +305,19 @@ def test_control_characters_in_a_text_parse_error_are_escaped(tmp_path):
         read_text_proto(path, caffe_pb2.SolverParameter)
     assert info.value.line == 2
     assert str(info.value).isprintable() and "\\x1b" in str(info.value)
+
+
+@pytest.mark.parametrize("count", [5, 7])
+def test_blobproto_and_datum_whose_data_does_not_fit_say_both_counts(count):
+    """Still a ValueError, as pycaffe's numpy reshape raises, but one that says what fits."""
+    from torchcaffe import io as caffe_io
+    from torchcaffe.errors import ArrayShapeError
+
+    blob = caffe_pb2.BlobProto()
+    blob.shape.dim.extend([2, 3])
+    blob.data.extend([1.0] * count)
+    with pytest.raises(ArrayShapeError, match=f"expected 6 values, got {count} values"):
+        caffe_io.blobproto_to_array(blob)
+    datum = caffe_pb2.Datum(channels=3, height=1, width=2, data=b"\0" * count)
+    with pytest.raises(ValueError, match=f"Datum .* got {count} values"):
+        caffe_io.datum_to_array(datum)
