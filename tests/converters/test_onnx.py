@@ -287,3 +287,23 @@ def test_torchscript_export_of_lrn_without_grad_and_off_the_cpu(tmp_path, monkey
     with torch.no_grad():
         export_onnx(net, path, dynamo=False)
     _check(net, path, ["norm", "norm9"], batch=3)
+
+
+@pytest.mark.parametrize("dynamo", [True, False])
+def test_a_net_its_data_layer_feeds_exports_with_the_default_dynamic_batch(tmp_path, dynamo):
+    """No input blob to make symbolic: the dynamo exporter failed on an empty dynamic_shapes
+    with a message about torch.export's argument names."""
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    net = torchcaffe.load(
+        torchcaffe.formats.prototxt.read_net(
+            'layer { name: "d" type: "DummyData" top: "data" dummy_data_param { '
+            'shape { dim: 2 dim: 3 } data_filler { type: "constant" value: 0.5 } } }\n'
+            'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" '
+            'inner_product_param { num_output: 4 weight_filler { type: "xavier" } } }\n'
+        )
+    )
+    path = tmp_path / "fed.onnx"
+    export_onnx(net, path, dynamo=dynamo)
+    (got,) = ort.InferenceSession(str(path)).run(None, {})
+    np.testing.assert_allclose(got, net()["ip"].detach().numpy(), rtol=1e-6, atol=1e-6)

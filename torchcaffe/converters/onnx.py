@@ -61,6 +61,8 @@ def export_onnx(
             path=net.path,
             hint="load the net with phase='test'",
         )
+    # a net its data layers feed (DummyData) has no input whose batch could be symbolic
+    dynamic_batch = dynamic_batch and bool(net.input_names)
     shapes = {n: tuple(net.blob_shapes[n]) for n in net.input_names}
     shapes.update({n: tuple(s) for n, s in (input_shapes or {}).items()})
     if dynamic_batch:  # torch.export fixes sizes 0 and 1: trace with a batch of at least 2
