@@ -307,3 +307,29 @@ def test_a_net_its_data_layer_feeds_exports_with_the_default_dynamic_batch(tmp_p
     export_onnx(net, path, dynamo=dynamo)
     (got,) = ort.InferenceSession(str(path)).run(None, {})
     np.testing.assert_allclose(got, net()["ip"].detach().numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_an_exporter_failure_reports_its_cause_without_terminal_colours(tmp_path, monkeypatch):
+    """torch.export's message opens with boilerplate in ANSI colours; the cause comes under
+    its "## Exception summary". The one-line error gives that line, plain."""
+    message = (
+        "Failed to export the model with torch.export. \x1b[96mThis is step 1/3\x1b[0m of "
+        "exporting the model to ONNX. Next steps:\n- Modify the model code\n\n"
+        "## Exception summary\n\n<class 'UserError'>: a layer the exporter cannot trace\n\n"
+        "(Refer to the full stack trace above for more information.)"
+    )
+
+    def fail(*args, **kwargs):
+        raise RuntimeError(message)
+
+    monkeypatch.setattr(torch.onnx, "export", fail)
+    net = torchcaffe.load(
+        torchcaffe.formats.prototxt.read_net(
+            'layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 1 dim: 2 } } }\n'
+            'layer { name: "r" type: "ReLU" bottom: "x" top: "y" }\n'
+        )
+    )
+    with pytest.raises(ExportError) as info:
+        export_onnx(net, tmp_path / "x.onnx", dynamo=False)
+    text = str(info.value)
+    assert "a layer the exporter cannot trace" in text and "\x1b" not in text

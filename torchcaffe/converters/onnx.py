@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import warnings
 from collections.abc import Mapping, Sequence
 
@@ -117,12 +118,26 @@ def export_onnx(
     except Exception as err:  # torch.onnx raises many kinds; one clear line, the cause kept
         raise ExportError(
             f"torch.onnx.export ({'dynamo' if dynamo else 'TorchScript'} exporter) failed: "
-            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
+            f"{type(err).__name__}: {_first_line(err)}",
             path=net.path,
             hint="try the other exporter (dynamo=True/False), or dynamic_batch=False",
         ) from err
     finally:
         net.train(was_training)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _first_line(err: Exception) -> str:
+    """The line of an exporter's error that says what failed: torch.export's opens with
+    boilerplate (terminal colours included) and gives the cause under "## Exception summary"."""
+    lines = [line.strip() for line in _ANSI.sub("", str(err)).splitlines()]
+    if "## Exception summary" in lines:
+        cause = [line for line in lines[lines.index("## Exception summary") + 1 :] if line]
+        if cause:
+            return cause[0]
+    return next((line for line in lines if line), "")
 
 
 def _require_symbolic_batch(graph, net: TorchNet) -> None:
