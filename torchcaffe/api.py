@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from .errors import BlobWiringError
 from .formats.caffemodel import (
     LayerRecord,
     check_weights_file,
@@ -84,9 +85,24 @@ def _load(
         records, plan = _scan_weights(weights_path)
         plan = _unique_layers_only(plan, net_param)
     with _allow_python(allow_python_layers), skipping_fillers(plan):
-        net = TorchNet(
-            net_param, phase, level=level, stages=list(stages), path=path, input_shapes=input_shapes
-        )
+        try:
+            net = TorchNet(
+                net_param,
+                phase,
+                level=level,
+                stages=list(stages),
+                path=path,
+                input_shapes=input_shapes,
+            )
+        except BlobWiringError as err:
+            if not any(layer.blobs for layer in net_param.layer):
+                raise
+            # weights in the net file: a caffemodel given as the net (its data layers are gone)
+            err.hint = (f"{err.hint}; " if err.hint else "") + (
+                "this file holds trained weights, as a .caffemodel does: give the net's "
+                "(deploy) prototxt as the net and this file as the weights"
+            )
+            raise err.located() from None
     if caffemodel is not None:
         stream = (
             iter(records)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import torchcaffe
-from torchcaffe.errors import DataError, PrototxtError, SolverError, WeightsError
+from torchcaffe.errors import BlobWiringError, DataError, PrototxtError, SolverError, WeightsError
 from torchcaffe.formats.binaryproto import read_mean_file
 from torchcaffe.formats.prototxt import read_net, read_text_proto
 from torchcaffe.proto import caffe_pb2
@@ -321,3 +321,20 @@ def test_blobproto_and_datum_whose_data_does_not_fit_say_both_counts(count):
     datum = caffe_pb2.Datum(channels=3, height=1, width=2, data=b"\0" * count)
     with pytest.raises(ValueError, match=f"Datum .* got {count} values"):
         caffe_io.datum_to_array(datum)
+
+
+def test_a_caffemodel_given_as_the_net_says_so(tmp_path):
+    """A caffemodel parses as a (binary) net, but its data layers hold no record: the wiring
+    error it meets says the file is weights, and where they go."""
+    text = (
+        'layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 1 dim: 3 } } }\n'
+        'layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y" '
+        "inner_product_param { num_output: 2 } }\n"
+    )
+    weights = tmp_path / "w_iter_10.caffemodel"
+    torchcaffe.save_weights(torchcaffe.load(read_net(text)), weights)
+    model = caffe_pb2.NetParameter.FromString(weights.read_bytes())
+    del model.layer[0]  # as Caffe's snapshot of a net its data layer fed
+    weights.write_bytes(model.SerializeToString())
+    with pytest.raises(BlobWiringError, match=r"unknown bottom blob 'x'.*holds trained weights"):
+        torchcaffe.load(weights)
