@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import torchcaffe
-from torchcaffe.errors import PartialWeightsWarning, WeightsError
+from torchcaffe.errors import MissingWeightsError, PartialWeightsWarning, WeightsError
 from torchcaffe.formats.prototxt import read_net
 from torchcaffe.proto import caffe_pb2
 
@@ -278,3 +278,10 @@ def test_a_diff_of_another_count_is_refused(tmp_path, field):
     getattr(layers["ip"][1], field).extend([0.5] * 5)  # the full count loads
     path.write_bytes(_model(layers))
     torchcaffe.load_weights(net, path)
+
+
+def test_a_directory_as_the_weights_is_named_a_directory(tmp_path):
+    """Not 'weights file not found': the path is there, it is a folder (a snapshot folder
+    given for the caffemodel in it)."""
+    with pytest.raises(MissingWeightsError, match="is a directory, not a weights file"):
+        torchcaffe.load_weights(build(), tmp_path)

@@ -134,6 +134,8 @@ def check_weights_file(path: str | os.PathLike) -> str:
     """``path`` as a string, once it names a file of a size within the limits (before anything
     opens it: a directory or a missing file is a WeightsError, not an OSError)."""
     path = os.fspath(path)
+    if os.path.isdir(path):  # still a MissingWeightsError: scripts catch its RuntimeError
+        raise MissingWeightsError("is a directory, not a weights file", path=path)
     if not os.path.isfile(path):
         raise MissingWeightsError("weights file not found", path=path)
     problem = limits.file_size_problem(os.path.getsize(path), weights=True)
