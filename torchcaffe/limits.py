@@ -142,6 +142,16 @@ def shape_problem(shape: Sequence[int]) -> str | None:
     return None
 
 
+def shape_text(shape: Sequence[int]) -> str:
+    """``shape`` for an error message: a refused shape may have thousands of axes (a hostile
+    file), so a long one shows its ends and its axis count."""
+    dims = [int(d) for d in shape]
+    if len(dims) <= 16:
+        return str(dims)
+    ends = ", ".join(map(str, dims[:4])) + ", ..., " + ", ".join(map(str, dims[-2:]))
+    return f"[{ends}] ({len(dims)} axes)"
+
+
 def file_size_problem(size: int, *, weights: bool = False) -> str | None:
     """Why a file of ``size`` bytes is refused, or None."""
     lim = get()

@@ -116,6 +116,29 @@ def test_input_with_more_than_32_axes_is_refused():
         load(data((1,) * 33))
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        data((1,) * 50_000),
+        'layer { name: "data" type: "DummyData" top: "data" dummy_data_param { shape { '
+        + "dim: 1 " * 50_000
+        + "} } }",
+        data((1, 3))
+        + 'layer { name: "r" type: "Reshape" bottom: "data" top: "r" reshape_param { '
+        + "shape { dim: 0 dim: -1 "
+        + "dim: 1 " * 50_000
+        + "} } }",
+    ],
+)
+def test_a_shape_of_thousands_of_axes_is_refused_in_a_short_message(text):
+    """A hostile file's shape is not printed whole (it made a 150 KB message)."""
+    with pytest.raises(
+        LayerParamError, match=r"\[1, \S+ 1, 1, \.\.\., 1, 1\] \(5000\d axes\)"
+    ) as info:
+        load(text)
+    assert len(str(info.value)) < 400
+
+
 def test_input_count_over_int_max_is_refused_as_caffe():
     with pytest.raises(LayerParamError, match="INT_MAX"):
         load(data((2, 2**30)))

@@ -49,7 +49,7 @@ def blob_proto_to_array(
     problem = limits.shape_problem(shape)
     if problem:
         raise DataError(
-            f"blob proto shape {list(shape)}: {problem}",
+            f"blob proto shape {limits.shape_text(shape)}: {problem}",
             path=_name(path),
             hint="see docs/limits.md to raise a limit for a file you trust",
         )

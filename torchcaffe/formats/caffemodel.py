@@ -405,7 +405,7 @@ def hdf5_dataset_problem(ds) -> str | None:
     if shape is None:
         return "has no shape (an empty dataspace)"
     problem = limits.shape_problem(tuple(int(d) for d in shape))
-    return f"shape {tuple(shape)}: {problem}" if problem else None
+    return f"shape {limits.shape_text(shape)}: {problem}" if problem else None
 
 
 # -- into a net -------------------------------------------------------------------------------

@@ -541,7 +541,7 @@ def check_top_shapes(lp: caffe_pb2.LayerParameter, shapes: Sequence[Shape], fail
         if problem:
             raise fail(
                 LayerParamError(
-                    f"top '{blob}' would have shape {list(shape)}: {problem}",
+                    f"top '{blob}' would have shape {limits.shape_text(shape)}: {problem}",
                     hint="see docs/limits.md to raise a limit for a net you trust",
                 ),
                 lp,

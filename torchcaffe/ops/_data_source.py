@@ -68,7 +68,7 @@ class SourceLayer(CaffeLayer):
         if problem:
             raise self.error(
                 f"images resized to new_height x new_width = {new_height} x {new_width} "
-                f"would have shape {list(shape)}: {problem}",
+                f"would have shape {limits.shape_text(shape)}: {problem}",
                 hint="see docs/limits.md to raise a limit for a net you trust",
             )
 

@@ -265,7 +265,7 @@ class CaffeLayer(nn.Module):
         problem = limits.shape_problem(shape)
         if problem:  # before any allocation: the shape comes from an untrusted file
             raise self.error(
-                f"param blob '{name}' would have shape {list(shape)}: {problem}",
+                f"param blob '{name}' would have shape {limits.shape_text(shape)}: {problem}",
                 hint="see docs/limits.md to raise a limit for a net you trust",
             )
         loaded = will_be_loaded(self.name, len(self._blob_names))

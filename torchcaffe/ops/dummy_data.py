@@ -84,7 +84,7 @@ class DummyDataLayer(CaffeLayer):
             problem = limits.shape_problem(s)
             if problem:  # before a constant top is made below: the shape is the file's
                 raise self.error(
-                    f"top shape {list(s)}: {problem}",
+                    f"top shape {limits.shape_text(s)}: {problem}",
                     hint="see docs/limits.md to raise a limit for a net you trust",
                 )
         if len(p.data_filler) == 0:

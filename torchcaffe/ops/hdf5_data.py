@@ -160,7 +160,7 @@ class HDF5DataLayer(CaffeLayer):
         problem = limits.shape_problem(tuple(int(d) for d in ds.shape))
         if problem:
             raise self.error(
-                f"{filename}: dataset '{name}' of shape {list(ds.shape)}: {problem}",
+                f"{filename}: dataset '{name}' of shape {limits.shape_text(ds.shape)}: {problem}",
                 hint="see docs/limits.md to raise a limit for a file you trust",
                 cls=DataError,
             )

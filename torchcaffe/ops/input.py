@@ -43,7 +43,7 @@ class InputLayer(CaffeLayer):
             problem = limits.shape_problem(d)
             if problem:
                 raise self.error(
-                    f"input shape {list(d)}: {problem}",
+                    f"input shape {limits.shape_text(d)}: {problem}",
                     hint="see docs/limits.md to raise a limit for a net you trust",
                 )
         self.shapes = [tuple(int(x) for x in d) for d in dims]
