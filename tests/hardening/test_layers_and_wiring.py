@@ -254,3 +254,28 @@ def test_input_shapes_that_are_not_shapes_are_usage_errors(dims):
     1.5 to 1 silently); a dim past int64 escaped from protobuf."""
     with pytest.raises(UsageError, match=r"input_shapes\['data'\]"):
         torchcaffe.load('input: "data" input_shape { dim: 1 dim: 3 }', input_shapes={"data": dims})
+
+
+def test_a_python_layer_error_in_a_net_without_a_file_is_not_noted_in_none(tmp_path, monkeypatch):
+    """A net built from a NetParameter (as the time tool builds one) has no file to name."""
+    (tmp_path / "tc_raising_layer.py").write_text(
+        "class Raises:\n"
+        "    def __init__(self, param):\n"
+        "        pass\n"
+        "    def setup(self, bottom, top):\n"
+        "        raise ValueError('bad param_str')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = data((1, 3)) + (
+        'layer { name: "py" type: "Python" bottom: "data" top: "y" '
+        'python_param { module: "tc_raising_layer" layer: "Raises" } }'
+    )
+    with pytest.raises(ValueError, match="bad param_str") as info:
+        torchcaffe.load(read_net(text), allow_python_layers=True)
+    notes = getattr(info.value, "__notes__", [])
+    assert any("layer 'py'" in n for n in notes) and not any("None" in n for n in notes)
+    path = tmp_path / "net.prototxt"
+    path.write_text(text)
+    with pytest.raises(ValueError) as info:
+        torchcaffe.load(path, allow_python_layers=True)
+    assert f"in {path}" in info.value.__notes__

@@ -309,6 +309,11 @@ class _Builder:
                 )
             earlier_tops.add(blob)
 
+    def _noted_user_error(self, err: BaseException) -> BaseException:
+        """A Python layer's own error, noted with the net's file when it has one (a net
+        built from a NetParameter has none: no note saying 'in None')."""
+        return note_user_error(err, f"in {self.path}") if self.path else err
+
     def _set_up(
         self, cls: type[CaffeLayer], lp: caffe_pb2.LayerParameter, bottom_shapes: list[Shape]
     ) -> tuple[CaffeLayer, list[Shape]]:
@@ -322,7 +327,7 @@ class _Builder:
             raise self.fail(err, lp) from None
         except (RuntimeError, ValueError, IndexError, MemoryError) as err:
             if from_user_code(err):  # a Python layer's own error keeps its type (pycaffe)
-                raise note_user_error(err, f"in {self.path}") from None
+                raise self._noted_user_error(err) from None
             raise self.fail(
                 LayerParamError(
                     f"cannot set up the layer for bottom shapes {bottom_shapes}: {err}"
@@ -331,7 +336,7 @@ class _Builder:
             ) from err
         except Exception as err:
             if from_user_code(err):
-                raise note_user_error(err, f"in {self.path}") from None
+                raise self._noted_user_error(err) from None
             raise
         check_top_shapes(lp, top_shapes, self.fail)
         if len(top_shapes) != len(lp.top):
