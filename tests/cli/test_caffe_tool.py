@@ -413,3 +413,16 @@ def test_glog_prefix_names_the_os_thread_id_as_glog_does():
     tid = line.split()[2]
     assert tid == str(threading.get_native_id())
     assert line[22:28] == f"{tid:>5} "  # right-aligned in 5 columns after the time
+
+
+def test_time_names_the_model_file_in_a_build_error(tmp_path, capsys):
+    """time builds the net from its NetParameter (to set force_backward), so the file is
+    named by the tool: a wiring error says which prototxt."""
+    model = tmp_path / "wired.prototxt"
+    model.write_text(
+        'layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 1 dim: 2 } } }\n'
+        'layer { name: "r" type: "ReLU" bottom: "nope" top: "r" }\n'
+    )
+    assert main(["time", "-model", str(model), "-iterations", "1"]) == 2
+    err = _without_log_lines(capsys.readouterr().err)
+    assert err.startswith(f"torchcaffe time: error: {model}: layer 'r' (ReLU): unknown bottom")

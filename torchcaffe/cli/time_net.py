@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from ..errors import LayerParamError
+from ..errors import LayerParamError, TorchCaffeError
 from ..formats.prototxt import read_net
 from ..glog import on_stderr
 from ..proto import caffe_pb2
@@ -84,11 +84,14 @@ def _time(args: argparse.Namespace) -> int:
         stages=[s for s in args.stage.split(",") if s],
         allow_python_layers=args.allow_python_layers,
     )
-    net = Net(net_param, **options)
-    if not any(net.blob_loss_weights.values()) and not net_param.force_backward:
-        log.info("The net has no loss: timing backward with force_backward: true.")
-        net_param.force_backward = True
+    try:  # built from the NetParameter (to set force_backward): errors learn the file here
         net = Net(net_param, **options)
+        if not any(net.blob_loss_weights.values()) and not net_param.force_backward:
+            log.info("The net has no loss: timing backward with force_backward: true.")
+            net_param.force_backward = True
+            net = Net(net_param, **options)
+    except TorchCaffeError as err:
+        raise err.located(path=args.model) from None
     last = len(net.layers) - 1
     log.info("Performing Forward")
     log.info(f"Initial loss: {net._forward(0, last):g}")
