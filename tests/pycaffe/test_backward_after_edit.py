@@ -441,6 +441,21 @@ layer { name: "loss" type: "Reduction" bottom: "h" top: "loss" loss_weight: 1 }
 """
 
 
+def _act_then_dropout(tmp_path, layer, seed, one_call):
+    """Run ``layer`` (x -> h) then an in-place Dropout on h, forward and backward in one call
+    or two; returns the net and x, h as float64 (h as the Dropout left it)."""
+    path = tmp_path / "act.prototxt"
+    path.write_text(ACT_THEN_DROPOUT % layer)
+    net = caffe.Net(str(path), caffe.TRAIN)
+    net.blobs["x"].data[...] = np.random.default_rng(seed).standard_normal((4, 6))
+    if one_call:
+        net.forward_backward()
+    else:
+        net.forward()
+        net.backward()
+    return net, net.blobs["x"].data.astype(np.float64), net.blobs["h"].data.astype(np.float64)
+
+
 @pytest.mark.parametrize("one_call", [True, False], ids=["forward_backward", "backward"])
 @pytest.mark.parametrize("kind", ["exp", "swish"])
 def test_exp_and_swish_read_the_top_a_later_dropout_overwrote(tmp_path, one_call, kind):
@@ -450,17 +465,7 @@ def test_exp_and_swish_read_the_top_a_later_dropout_overwrote(tmp_path, one_call
         "exp": 'type: "Exp" exp_param { base: 2 scale: 0.5 }',
         "swish": 'type: "Swish" swish_param { beta: 1.5 }',
     }[kind]
-    path = tmp_path / "act.prototxt"
-    path.write_text(ACT_THEN_DROPOUT % layer)
-    net = caffe.Net(str(path), caffe.TRAIN)
-    net.blobs["x"].data[...] = np.random.default_rng(5).standard_normal((4, 6))
-    if one_call:
-        net.forward_backward()
-    else:
-        net.forward()
-        net.backward()
-    h = net.blobs["h"].data.astype(np.float64)
-    x = net.blobs["x"].data.astype(np.float64)
+    net, x, h = _act_then_dropout(tmp_path, layer, 5, one_call)
     if kind == "exp":
         slope = h * np.log(2) * 0.5
     else:
@@ -473,17 +478,8 @@ def test_exp_and_swish_read_the_top_a_later_dropout_overwrote(tmp_path, one_call
 def test_elu_reads_its_bottom_and_the_top_a_later_dropout_overwrote(tmp_path, one_call):
     # ELULayer::Backward_cpu reads bottom x and top e live: (x > 0) + (alpha + e) * (x <= 0),
     # e as the in-place Dropout left it
-    path = tmp_path / "elu.prototxt"
-    path.write_text(ACT_THEN_DROPOUT % 'type: "ELU" elu_param { alpha: 0.7 }')
-    net = caffe.Net(str(path), caffe.TRAIN)
-    net.blobs["x"].data[...] = np.random.default_rng(2).standard_normal((4, 6))
-    if one_call:
-        net.forward_backward()
-    else:
-        net.forward()
-        net.backward()
-    h = net.blobs["h"].data.astype(np.float64)
-    x = net.blobs["x"].data.astype(np.float64)
+    elu = 'type: "ELU" elu_param { alpha: 0.7 }'
+    net, x, h = _act_then_dropout(tmp_path, elu, 2, one_call)
     slope = (x > 0) + (0.7 + h) * (x <= 0)
     close(net.blobs["x"].diff, (h != 0) * 2.0 * slope)
 
@@ -492,32 +488,14 @@ def test_elu_reads_its_bottom_and_the_top_a_later_dropout_overwrote(tmp_path, on
 def test_power_reads_its_bottom_and_the_top_a_later_dropout_overwrote(tmp_path, one_call):
     # PowerLayer::Backward_cpu (shift != 0): power * scale * top / (shift + scale * bottom),
     # both blobs live: top as the in-place Dropout left it
-    path = tmp_path / "power.prototxt"
-    path.write_text(ACT_THEN_DROPOUT % 'type: "Power" power_param { power: 3 scale: 0.5 shift: 2 }')
-    net = caffe.Net(str(path), caffe.TRAIN)
-    net.blobs["x"].data[...] = np.random.default_rng(12).standard_normal((4, 6))
-    if one_call:
-        net.forward_backward()
-    else:
-        net.forward()
-        net.backward()
-    h = net.blobs["h"].data.astype(np.float64)
-    x = net.blobs["x"].data.astype(np.float64)
+    power = 'type: "Power" power_param { power: 3 scale: 0.5 shift: 2 }'
+    net, x, h = _act_then_dropout(tmp_path, power, 12, one_call)
     close(net.blobs["x"].diff, (h != 0) * 2.0 * 1.5 * h / (0.5 * x + 2))
 
 
 @pytest.mark.parametrize("one_call", [True, False], ids=["forward_backward", "backward"])
 def test_softmax_reads_the_top_a_later_dropout_overwrote(tmp_path, one_call):
     # SoftmaxLayer::Backward_cpu: (top_diff - sum_c(top_diff * top)) * top, top live
-    path = tmp_path / "softmax.prototxt"
-    path.write_text(ACT_THEN_DROPOUT % 'type: "Softmax"')
-    net = caffe.Net(str(path), caffe.TRAIN)
-    net.blobs["x"].data[...] = np.random.default_rng(14).standard_normal((4, 6))
-    if one_call:
-        net.forward_backward()
-    else:
-        net.forward()
-        net.backward()
-    h = net.blobs["h"].data.astype(np.float64)
+    net, _, h = _act_then_dropout(tmp_path, 'type: "Softmax"', 14, one_call)
     g = (h != 0) * 2.0  # the loss's diff 1 through the Dropout
     close(net.blobs["x"].diff, (g - (g * h).sum(axis=1, keepdims=True)) * h)
