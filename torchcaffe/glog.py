@@ -11,9 +11,38 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import os
 import sys
 import threading
 from collections.abc import Iterator
+
+# glog's severities 0..3 (INFO, WARNING, ERROR, FATAL) as logging's levels
+_SEVERITY_LEVELS = (logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL)
+# -minloglevel given on a command line (``minloglevel``); else glog's GLOG_minloglevel
+_flag_minloglevel: int | None = None
+
+
+@contextlib.contextmanager
+def minloglevel(level: int | None) -> Iterator[None]:
+    """glog's -minloglevel for the block (None: the GLOG_minloglevel environment variable, as
+    glog takes any flag's default from GLOG_<flag>): lines below that severity are dropped."""
+    global _flag_minloglevel
+    previous, _flag_minloglevel = _flag_minloglevel, level
+    try:
+        yield
+    finally:
+        _flag_minloglevel = previous
+
+
+def _threshold() -> int:
+    """The logging level of glog's minloglevel now (0, INFO, where it is unset or unreadable)."""
+    level = _flag_minloglevel
+    if level is None:
+        try:
+            level = int(os.environ.get("GLOG_minloglevel", "0"))
+        except ValueError:
+            level = 0
+    return _SEVERITY_LEVELS[min(max(level, 0), len(_SEVERITY_LEVELS) - 1)]
 
 
 class GlogFormatter(logging.Formatter):
@@ -35,12 +64,14 @@ class GlogFormatter(logging.Formatter):
 @contextlib.contextmanager
 def on_stderr(log: logging.Logger, quiet: bool = False) -> Iterator[None]:
     """``log``'s INFO lines on stderr in glog's format for the block, as Caffe's tools log
-    (``FLAGS_alsologtostderr``); nothing added if ``quiet`` or ``log`` has handlers of its
-    own (an application that set up logging)."""
+    (``FLAGS_alsologtostderr``), less those below glog's minloglevel (``GLOG_minloglevel=2``
+    keeps errors only); nothing added if ``quiet`` or ``log`` has handlers of its own (an
+    application that set up logging)."""
     if quiet or log.handlers:
         yield
         return
     handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(_threshold())
     handler.setFormatter(GlogFormatter())
     level = log.level
     log.addHandler(handler)

@@ -296,3 +296,24 @@ def test_compute_image_mean_says_when_it_decodes_an_encoded_database(tmp_path, c
     std = capsys.readouterr()
     assert std.out == ""
     assert _logged(std.err)[:3] == ["Decoding Datum", "Starting iteration", "Processed 2 files."]
+
+
+@pytest.mark.parametrize(
+    "env,flags,lines",
+    [
+        (None, ["-minloglevel=1"], 0),  # INFO dropped, as glog's -minloglevel does
+        ("2", [], 0),  # glog reads GLOG_minloglevel when the flag is absent
+        ("2", ["--minloglevel", "0"], 7),  # the flag wins over the environment
+        ("junk", [], 7),
+    ],
+)
+def test_tools_follow_glogs_minloglevel(tmp_path, capsys, monkeypatch, env, flags, lines):
+    if env is None:
+        monkeypatch.delenv("GLOG_minloglevel", raising=False)
+    else:
+        monkeypatch.setenv("GLOG_minloglevel", env)
+    db = str(GOLDEN / "data_lmdb_crop_meanfile" / "lmdb")
+    assert cli(["compute_image_mean", *flags, db, str(tmp_path / "m.binaryproto")]) == 0
+    err = capsys.readouterr().err
+    assert len(_logged(err)) == lines, err
+    assert "has no effect" not in err

@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from .. import __version__
+from .. import __version__, glog
 from ..errors import TorchCaffeError
 from ..formats.user_schema import use_schema
 from . import (
@@ -34,7 +34,7 @@ from . import (
     upgrade_net_proto_text,
     upgrade_solver_proto_text,
 )
-from .flags import CAFFE_VALUED, GLOG_VALUED, FlagParser, gflags_argv
+from .flags import CAFFE_VALUED, GLOG_VALUED, FlagParser, gflags_argv, glog_minloglevel
 
 Action = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
 # One line per action: name -> (add_arguments, main).
@@ -140,9 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         return _no_action(argv)
     else:
         ignored = CAFFE_VALUED if action in CAFFE_ACTIONS else frozenset()
-        glog: list[str] = []
-        args = actions[action].parse_args(gflags_argv(actions[action], rest, ignored, glog))
-        for name in glog:  # accepted as Caffe's tools accept them, but not acted on
+        dropped: list[str] = []
+        args = actions[action].parse_args(gflags_argv(actions[action], rest, ignored, dropped))
+        for name in dropped:  # accepted as Caffe's tools accept them, but not acted on
+            if name == "minloglevel":
+                continue  # acted on: see ``glog_minloglevel``
             print(
                 f"torchcaffe {action}: note: glog's -{name} has no effect "
                 "(torchcaffe logs through Python's logging, to stderr)",
@@ -150,7 +152,11 @@ def main(argv: list[str] | None = None) -> int:
             )
         args.action = action
     try:
-        with use_schema(getattr(args, "caffe_proto", None)), warnings.catch_warnings():
+        with (
+            use_schema(getattr(args, "caffe_proto", None)),
+            glog.minloglevel(glog_minloglevel(rest)),
+            warnings.catch_warnings(),
+        ):
             warnings.showwarning = functools.partial(_show_warning, args.action)
             return ACTIONS[args.action][1](args)
     except TorchCaffeError as err:  # a user's file problem: one clear line, no traceback

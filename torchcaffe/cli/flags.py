@@ -107,6 +107,24 @@ def gflags_argv(
     return out
 
 
+def glog_minloglevel(argv: Sequence[str]) -> int | None:
+    """glog's -minloglevel in ``argv`` (``-minloglevel=2``, ``--minloglevel 2``; the last
+    wins), or None. It is the one glog flag acted on: lines below it are dropped."""
+    level = None
+    for i, token in enumerate(argv):
+        match = _LONG.match(token)
+        if not match or match.group(1) != "minloglevel":
+            continue
+        value = match.group(2)[1:] if match.group(2) else (argv[i + 1] if i + 1 < len(argv) else "")
+        try:
+            level = int(value)
+        except ValueError:
+            raise UsageError(
+                "illegal value for glog's -minloglevel", expected="an integer 0-3", got=value
+            ) from None
+    return level
+
+
 def _declared(known: dict[str, str], name: str) -> str | None:
     """The option string ``parser`` declares for ``name`` (``_`` and ``-`` alike), if any."""
     for spelling in (name, name.replace("_", "-"), name.replace("-", "_")):
