@@ -326,6 +326,42 @@ def test_load_hdf5_and_the_index_lists(prototxt, tmp_path):
     assert net._blobs[2] is net.blobs["ip1"]
 
 
+TWO_AUTOMATIC = """
+layer { name: "in" type: "Input" top: "a" top: "b" top: "c"
+  input_param { shape { dim: 2 dim: 3 } shape { dim: 2 dim: 3 } shape { dim: 2 dim: 3 } } }
+layer { name: "l1" type: "EuclideanLoss" bottom: "a" bottom: "b" }
+layer { name: "l2" type: "EuclideanLoss" bottom: "a" bottom: "c" loss_weight: 3 }
+"""
+
+
+def test_automatic_tops_all_show_as_one_automatic_key_as_in_pycaffe(tmp_path):
+    """Caffe's AppendTop names every automatic top "(automatic)"; pycaffe zips _blob_names
+    into dicts, so net.blobs and blob_loss_weights hold one such key, at the first one's
+    place, with the last one's blob and weight; top_names indexes blob ids into those
+    keys, one short, and runs out at l2."""
+    path = tmp_path / "two_losses.prototxt"
+    path.write_text(TWO_AUTOMATIC)
+    net = caffe.Net(str(path), caffe.TEST)
+    assert net._blob_names.count("(automatic)") == 2
+    assert net._blob_names[-2:] == ["(automatic)", "(automatic)"]
+    assert list(net.blobs) == net._blob_names[:-1]
+    assert net.blob_loss_weights["(automatic)"] == 3.0
+    assert list(net.blob_loss_weights) == list(net.blobs)
+    net.blobs["a"].data[...] = 1.0
+    net.blobs["b"].data[...] = 0.0
+    net.blobs["c"].data[...] = 3.0
+    assert net.forward() == {}  # automatic tops are never net outputs
+    first, last = net._blobs[-2], net._blobs[-1]
+    assert net.blobs["(automatic)"] is last
+    np.testing.assert_allclose(first.data, 6 / 4)  # sum((a - b)^2) / 2N
+    np.testing.assert_allclose(last.data, 24 / 4)
+    out = net.forward(blobs=["(automatic)"])
+    assert list(out) == ["(automatic)"] and out["(automatic)"] == 6.0
+    assert net.bottom_names["l2"] == ["a_in_0_split_1", "c"]  # ids before the repeat: unshifted
+    with pytest.raises(IndexError):
+        net.top_names  # noqa: B018  # pycaffe: l2's top id is past list(net.blobs)
+
+
 DUMMY = """
 layer { name: "d" type: "DummyData" top: "x" top: "label"
   dummy_data_param { shape { dim: 2 dim: 3 } shape { dim: 2 dim: 1 }

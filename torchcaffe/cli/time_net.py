@@ -86,7 +86,7 @@ def _time(args: argparse.Namespace) -> int:
     )
     try:  # built from the NetParameter (to set force_backward): errors learn the file here
         net = Net(net_param, **options)
-        if not any(net.blob_loss_weights.values()) and not net_param.force_backward:
+        if not any(net._blob_loss_weights) and not net_param.force_backward:
             log.info("The net has no loss: timing backward with force_backward: true.")
             net_param.force_backward = True
             net = Net(net_param, **options)

@@ -33,8 +33,9 @@ def log_forward(net: Net, i: int) -> None:
     step = net._net.steps[i]
     device = net._device
     for name in step.tops:
-        value = _mean_abs(net.blobs[name].data_at(device))
-        log.info("    [Forward] Layer %s, top blob %s data: %g", step.name, name, value)
+        value = _mean_abs(net._blob_of[name].data_at(device))
+        shown = net._pycaffe_names[net._blob_index[name]]  # Caffe's "(automatic)"
+        log.info("    [Forward] Layer %s, top blob %s data: %g", step.name, shown, value)
     view = net._layer_views[i]
     specs = getattr(view.module, "layer_param", None)
     for k, blob in enumerate(view.blobs):
@@ -50,7 +51,7 @@ def log_backward(net: Net, i: int) -> None:
     device = net._device
     for name, need in zip(step.bottoms, step.bottom_need_backward):
         if need:
-            value = _mean_abs(net.blobs[name].diff_at(device))
+            value = _mean_abs(net._blob_of[name].diff_at(device))
             log.info("    [Backward] Layer %s, bottom blob %s diff: %g", step.name, name, value)
     for k, (blob, need) in enumerate(zip(net._layer_views[i].blobs, step.param_need_backward)):
         if need:

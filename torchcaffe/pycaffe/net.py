@@ -153,7 +153,7 @@ class Net:
         self._note_sources()
         self._make_blobs()
         self._held_tops = self._constant_dummy_tops()
-        self._lazy = LazyForward(self._net, self.blobs, self._net.loss_weights())
+        self._lazy = LazyForward(self._net, self._blob_of, self._net.loss_weights())
         # share_with: (layer index, param index) -> (the tensor put there, the source's tensor,
         # the source net); the nets either side of a share (their writes change ours)
         self._shared: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, Net]] = {}
@@ -179,7 +179,7 @@ class Net:
         self._data_source = self._find_split_sources()
         # the input shapes the layer-by-layer (autograd) forwards last checked the net for
         # (load inferred the shapes the blobs start with)
-        self._checked_input_shapes = {n: self.blobs[n].shape for n in self._net.input_names}
+        self._checked_input_shapes = {n: self._blob_of[n].shape for n in self._net.input_names}
         if weights is not None:
             self.copy_from(weights)
 
@@ -191,15 +191,28 @@ class Net:
                 module.source_path = self._net.path
 
     def _make_blobs(self) -> None:
-        self.blobs: OrderedDict[str, Blob] = OrderedDict(
+        """The blobs by the net's own (unique) names, and the views pycaffe shows: Caffe
+        names every automatic top "(automatic)", so ``net.blobs`` (a dict zipped from
+        ``_blob_names``) keeps that key at the first one's place with the last one's blob."""
+        self._blob_of: OrderedDict[str, Blob] = OrderedDict(
             (name, Blob(self._net.blob_shapes[name])) for name in self._net.blob_names
         )
-        self._blob_loss_weights = BlobLossWeights(list(self.blobs))
+        automatic: set[str] = set()
+        for step in self._net.steps:
+            count = self._net.module_of(step).automatic_tops
+            automatic.update(step.tops[len(step.tops) - count :] if count else ())
+        self._pycaffe_names = [
+            "(automatic)" if name in automatic else name for name in self._blob_of
+        ]
+        self.blobs = OrderedDict(zip(self._pycaffe_names, self._blob_of.values()))
+        # a pycaffe name -> the blob it shows, by the net's name
+        self._own_name = dict(zip(self._pycaffe_names, self._blob_of))
+        self._blob_loss_weights = BlobLossWeights(list(self._blob_of))
         for step in self._net.steps:
             for top, w in zip(step.tops, step.loss_weights):
                 if w:
                     self._blob_loss_weights[top] = w
-                    self.blobs[top].diff[...] = w  # Caffe's SetLossWeights
+                    self._blob_of[top].diff[...] = w  # Caffe's SetLossWeights
 
     def _bind_params(self) -> None:
         """One Blob per distinct param tensor, sharing memory with the module's tensors.
@@ -370,7 +383,7 @@ class Net:
 
     @property
     def _blob_names(self) -> list[str]:
-        return list(self.blobs)
+        return list(self._pycaffe_names)
 
     @property
     def inputs(self) -> list[str]:
@@ -401,17 +414,29 @@ class Net:
 
     @property
     def top_names(self) -> OrderedDict[str, list[str]]:
-        return OrderedDict((s.name, list(s.tops)) for s in self._net.steps)
+        return self._names_by_id(self._top_ids)
 
     @property
     def bottom_names(self) -> OrderedDict[str, list[str]]:
-        return OrderedDict((s.name, list(s.bottoms)) for s in self._net.steps)
+        return self._names_by_id(self._bottom_ids)
+
+    def _names_by_id(self, ids: Callable[[int], list[int]]) -> OrderedDict[str, list[str]]:
+        """pycaffe maps blob ids through ``list(net.blobs)``, whose keys are one short per
+        repeated "(automatic)": past a second automatic top the names shift (or run out)."""
+        names = list(self.blobs)
+        return OrderedDict(
+            (s.name, [names[j] for j in ids(i)]) for i, s in enumerate(self._net.steps)
+        )
 
     def _top_ids(self, i: int) -> list[int]:
-        return [self._blob_names.index(t) for t in self._net.steps[i].tops]
+        return [self._blob_index[t] for t in self._net.steps[i].tops]
 
     def _bottom_ids(self, i: int) -> list[int]:
-        return [self._blob_names.index(b) for b in self._net.steps[i].bottoms]
+        return [self._blob_index[b] for b in self._net.steps[i].bottoms]
+
+    @functools.cached_property
+    def _blob_index(self) -> dict[str, int]:
+        return {name: i for i, name in enumerate(self._blob_of)}
 
     # -- devices ----------------------------------------------------------------------------
     def _follow_conversion(self, refuse: bool = True) -> None:
@@ -492,7 +517,7 @@ class Net:
             if isinstance(module, DummyDataLayer) and module.constant:
                 tops = {i: step.tops[i] for i in module.constant}
                 for i, name in tops.items():
-                    self.blobs[name].data[...] = module.constant[i].numpy()
+                    self._blob_of[name].data[...] = module.constant[i].numpy()
                 held[step.name] = tops
         return held
 
@@ -503,7 +528,7 @@ class Net:
         device = self._device
         return holding_tops(
             {
-                layer: {i: self.blobs[name].data_at(device) for i, name in tops.items()}
+                layer: {i: self._blob_of[name].data_at(device) for i, name in tops.items()}
                 for layer, tops in self._held_tops.items()
             }
         )
@@ -577,7 +602,7 @@ class Net:
                 continue
             bottoms = []
             for j, name in enumerate(step.bottoms):
-                t = self.blobs[self._data_source.get(name, name)].data_at(device)
+                t = self._blob_of[self._data_source.get(name, name)].data_at(device)
                 t = t.clone() if self._overwritten[i][j] else t.detach()
                 if step.need_backward and step.bottom_need_backward[j] and t.is_floating_point():
                     t.requires_grad_(True)
@@ -585,7 +610,7 @@ class Net:
             with torch.set_grad_enabled(step.need_backward):
                 tops = self._net.run_step(step, bottoms)
             for name, t, w in zip(step.tops, tops, step.loss_weights):
-                blob = self.blobs[name]
+                blob = self._blob_of[name]
                 if blob.shape != tuple(t.shape):
                     self._reshape_blob(name, tuple(t.shape))
                 blob.data_memory.drop_deferred()
@@ -600,7 +625,7 @@ class Net:
         """Once per new input blob shapes, infer the net's shapes (Caffe's per-layer Reshape),
         so a layer that cannot take them (an Eltwise of two sizes after ``blobs['data']
         .reshape``) is a located error before any layer runs, not a torch RuntimeError."""
-        shapes = {n: self.blobs[n].shape for n in self._net.input_names}
+        shapes = {n: self._blob_of[n].shape for n in self._net.input_names}
         if shapes != self._checked_input_shapes:
             self._net.infer_shapes(shapes)
             self._checked_input_shapes = shapes
@@ -643,7 +668,7 @@ class Net:
                 if before is not None or name in kept:
                     continue
                 if name not in last_top:
-                    kept[name] = self.blobs[name].data_at(device).clone()
+                    kept[name] = self._blob_of[name].data_at(device).clone()
                     continue
                 t, writer = last_top[name]
                 # a top that is a view of its bottom (Split, Reshape) would move with edits
@@ -702,10 +727,10 @@ class Net:
         # autograd-recording forwards (inference tensors refuse in-place updates outside).
         with torch.no_grad():
             if whole and passes:
-                program = net.optimized_program(self.blobs, device)
-                values = {n: self.blobs[n].data_at(device) for n in net.input_names}
+                program = net.optimized_program(self._blob_of, device)
+                values = {n: self._blob_of[n].data_at(device) for n in net.input_names}
                 produced = net.run(values, program=program)
-                for name in self.blobs:
+                for name in self._blob_of:
                     if name in produced and name in self._layer_tops:
                         self._store_top(name, produced[name], device)
             else:
@@ -715,19 +740,21 @@ class Net:
                     # a split top reads its bottom blob, whose data it shares in Caffe
                     # (an edit of that blob reaches a forward started past the split)
                     source = self._data_source
-                    bottoms = [self.blobs[source.get(b, b)].data_at(device) for b in step.bottoms]
+                    bottoms = [
+                        self._blob_of[source.get(b, b)].data_at(device) for b in step.bottoms
+                    ]
                     for name, t in zip(step.tops, net.run_step(step, bottoms)):
                         self._store_top(name, t, device)
             loss = 0.0
             for i in range(start, end + 1):
                 for name, w in zip(net.steps[i].tops, net.steps[i].loss_weights):
                     if w:
-                        loss += w * float(self.blobs[name].data_at(device).sum())
+                        loss += w * float(self._blob_of[name].data_at(device).sum())
         return loss
 
     def _reshape_blob(self, name: str, shape: tuple[int, ...]) -> None:
         """Reshape a blob a forward writes; a loss top's diff is its loss weight again."""
-        blob = self.blobs[name]
+        blob = self._blob_of[name]
         blob.reshape(shape)
         if self._blob_loss_weights[name]:
             blob.diff[...] = self._blob_loss_weights[name]
@@ -737,7 +764,7 @@ class Net:
     ) -> None:
         """Copy a computed top into its Blob (reshaping it, and its loss diff, when needed).
         ``adopt``: ``t`` is a fresh output no one else holds; the Blob may take it as is."""
-        blob = self.blobs[name]
+        blob = self._blob_of[name]
         if blob.shape != tuple(t.shape):
             self._reshape_blob(name, tuple(t.shape))
         if adopt:
@@ -786,7 +813,7 @@ class Net:
         if step.type == "Silence":  # SilenceLayer::Backward zeroes each bottom's diff
             for j, name in enumerate(step.bottoms):
                 if step.bottom_need_backward[j]:
-                    self.blobs[name].diff_at(device, mutable=True).zero_()
+                    self._blob_of[name].diff_at(device, mutable=True).zero_()
             return
         record = self._records.get(i)
         if getattr(module, "in_place_slope", False):
@@ -810,7 +837,7 @@ class Net:
         for name, t in zip(step.tops, record.tops):
             if t.requires_grad:
                 outs.append(t)
-                grads.append(self.blobs[name].diff_at(device).view(t.shape).to(t.dtype))
+                grads.append(self._blob_of[name].diff_at(device).view(t.shape).to(t.dtype))
         wanted = [
             j
             for j, b in enumerate(record.bottoms)
@@ -826,7 +853,7 @@ class Net:
             return
         got = torch.autograd.grad(outs, inputs, grads, allow_unused=True, retain_graph=True)
         for j, g in zip(wanted, got[: len(wanted)]):
-            diff = self.blobs[step.bottoms[j]].diff_at(device, mutable=True)
+            diff = self._blob_of[step.bottoms[j]].diff_at(device, mutable=True)
             if g is None:
                 diff.zero_()
             else:
@@ -839,7 +866,7 @@ class Net:
         """Caffe's ParameterLayer shares its param's diff with its top, so after Backward the
         param diff is the top diff its consumers wrote (overwritten, not added to)."""
         (param,) = module.param_blobs()
-        top = self.blobs[self._net.steps[i].tops[0]].diff_at(device)
+        top = self._blob_of[self._net.steps[i].tops[0]].diff_at(device)
         self._param_blob_of[id(param)].diff_at(device, mutable=True).copy_(top.view(param.shape))
 
     def _replay(self, i: int, device: torch.device) -> _Record:
@@ -864,15 +891,15 @@ class Net:
         if not step.bottom_need_backward[0]:
             return
         top = self._current_data(step.tops[0], device)
-        grad = rule(top, self.blobs[step.tops[0]].diff_at(device))
-        diff = self.blobs[step.bottoms[0]].diff_at(device, mutable=True)
+        grad = rule(top, self._blob_of[step.tops[0]].diff_at(device))
+        diff = self._blob_of[step.bottoms[0]].diff_at(device, mutable=True)
         diff.copy_(grad.reshape(diff.shape))  # MVN's top is 4-D whatever its bottom's axes
 
     def _current_data(self, name: str, device: torch.device) -> torch.Tensor:
         """Blob ``name``'s data now, on ``device``. A newer host side is copied out rather than
         synced into the device buffer in place: that would bump the autograd version of the
         tensors the forward's graph saved from it, and other layers' backward would refuse."""
-        blob = self.blobs[name]
+        blob = self._blob_of[name]
         if device.type != "cpu" and blob.data_memory.head is Head.HEAD_AT_CPU:
             return blob.cpu_data().to(device)
         return blob.data_at(device)
@@ -899,7 +926,7 @@ class Net:
             outputs = set(self.outputs + blobs)
         else:
             end_ind = self._layer_index(end)
-            outputs = set(self._net.steps[end_ind].tops) | set(blobs)
+            outputs = set(self.top_names[self._net.layer_names[end_ind]] + blobs)
         if kwargs:
             self._assign_batch(
                 kwargs,
@@ -908,7 +935,7 @@ class Net:
                 "Input blob arguments do not match net inputs.",
                 "Input is not batch sized",
             )
-        self._forward(start_ind, end_ind, sorted(outputs))
+        self._forward(start_ind, end_ind, sorted(self._own_name.get(n, n) for n in outputs))
         if self._records:
             self._note_forward_data(start_ind, end_ind)
         return {name: self.blobs[name].data for name in outputs}
@@ -928,7 +955,7 @@ class Net:
             outputs = set(self.inputs + diffs)
         else:
             end_ind = self._layer_index(end)
-            outputs = set(self._net.steps[end_ind].bottoms) | set(diffs)
+            outputs = set(self.bottom_names[self._net.layer_names[end_ind]] + diffs)
         if kwargs:
             self._assign_batch(
                 kwargs,
@@ -955,7 +982,7 @@ class Net:
             raise BlobWiringError(mismatch, expected=sorted(names), got=sorted(values))
         for name, value in values.items():
             array = np.asarray(value)
-            blob = self.blobs[name]
+            blob = self._blob_of[name]
             if array.shape[0] != blob.shape[0]:
                 raise BlobWiringError(
                     f"{not_batch} (blob {name!r})",
@@ -1063,7 +1090,7 @@ class Net:
         first blob's first axis), the last one padded with zeros."""
         if not arrays:
             return
-        batch = next(iter(self.blobs.values())).shape[0]
+        batch = next(iter(self._blob_of.values())).shape[0]
         total = len(next(iter(arrays.values())))
         for first in range(0, total, batch):
             part = {}
@@ -1078,17 +1105,17 @@ class Net:
     @property
     def _blobs(self) -> list[Blob]:
         """pycaffe's Net._blobs: the blobs in order."""
-        return list(self.blobs.values())
+        return list(self._blob_of.values())
 
     @property
     def _inputs(self) -> list[int]:
         """pycaffe's Net._inputs: the input blobs' indices among ``_blob_names``."""
-        return [self._blob_names.index(n) for n in self.inputs]
+        return [self._blob_index[n] for n in self.inputs]
 
     @property
     def _outputs(self) -> list[int]:
         """pycaffe's Net._outputs: the output blobs' indices among ``_blob_names``."""
-        return [self._blob_names.index(n) for n in self.outputs]
+        return [self._blob_index[n] for n in self.outputs]
 
     def clear_param_diffs(self) -> None:
         for blob in self._param_blob_of.values():
@@ -1096,12 +1123,12 @@ class Net:
 
     def reshape(self) -> None:
         """Re-infer every blob shape from the input blobs' current shapes (Net::Reshape)."""
-        shapes = self._net.infer_shapes({n: self.blobs[n].shape for n in self.inputs})
+        shapes = self._net.infer_shapes({n: self._blob_of[n].shape for n in self.inputs})
         for name, shape in shapes.items():
-            if self.blobs[name].shape != tuple(shape):
-                self.blobs[name].reshape(shape)
+            if self._blob_of[name].shape != tuple(shape):
+                self._blob_of[name].reshape(shape)
                 if self._blob_loss_weights.get(name):
-                    self.blobs[name].diff[...] = self._blob_loss_weights[name]
+                    self._blob_of[name].diff[...] = self._blob_loss_weights[name]
 
     # -- weights -----------------------------------------------------------------------------
     def copy_from(self, path: str | os.PathLike, strict: bool = False) -> None:

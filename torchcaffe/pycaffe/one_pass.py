@@ -186,7 +186,7 @@ def forward_backward_one_pass(net: Net, plan: OnePassPlan, clear: bool = False) 
             for j, name in enumerate(step.bottoms):
                 t = values.get(name)
                 if t is None:  # an input blob: a later in-place layer may overwrite it
-                    t = net.blobs[name].data_at(device)
+                    t = net._blob_of[name].data_at(device)
                     t = t.clone() if run.clones[j] else t
                 if run.edges[j] and t.is_floating_point():
                     if t.requires_grad:
@@ -249,11 +249,11 @@ def _backward(
         first = last.get(name)
         if first is None or edges[first][0] == i:
             last[name] = e
-    seed_diffs = [net.blobs[name].diff_at(device) for name, _ in seeds]
+    seed_diffs = [net._blob_of[name].diff_at(device) for name, _ in seeds]
     seeded = {name for name, _ in seeds}
     for name in last:  # the gradients' memory (SyncedMemory.release); seeds are read
         if name not in seeded:
-            net.blobs[name].diff_memory.release()
+            net._blob_of[name].diff_memory.release()
     got = torch.autograd.grad(
         [t for _, t in seeds],
         inputs,
@@ -264,7 +264,7 @@ def _backward(
     taken = {d.data_ptr() for d in seed_diffs}
     del seed_diffs  # views: a blob taking a gradient counts the views of its buffer
     for name, e in last.items():
-        blob, g = net.blobs[name], got[e]
+        blob, g = net._blob_of[name], got[e]
         if g is None:
             blob.diff_at(device, mutable=True).zero_()
         elif _sole(g, taken, views=True):

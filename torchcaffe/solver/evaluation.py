@@ -57,8 +57,10 @@ def run_test(solver: Solver, index: int) -> OrderedDict[str, np.ndarray]:
 
 
 def weighted_loss(net: Net) -> float:
-    """Caffe's loss of a forward: sum over loss blobs of weight * sum(blob)."""
-    return sum(w * float(net.blobs[n].data.sum()) for n, w in net.blob_loss_weights.items() if w)
+    """Caffe's loss of a forward: sum over loss blobs of weight * sum(blob) (every automatic
+    top counts, though ``net.blobs`` shows pycaffe's one "(automatic)")."""
+    blobs = net._blobs
+    return sum(w * float(blobs[i].data.sum()) for i, w in enumerate(net._blob_loss_weights) if w)
 
 
 def log_outputs(net: Net, kind: str, values: dict[str, np.ndarray]) -> None:
