@@ -499,3 +499,34 @@ def test_softmax_reads_the_top_a_later_dropout_overwrote(tmp_path, one_call):
     net, _, h = _act_then_dropout(tmp_path, 'type: "Softmax"', 14, one_call)
     g = (h != 0) * 2.0  # the loss's diff 1 through the Dropout
     close(net.blobs["x"].diff, (g - (g * h).sum(axis=1, keepdims=True)) * h)
+
+
+MVN_ALONE = """
+force_backward: true
+layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 4 } } }
+layer { name: "mvn" type: "MVN" bottom: "x" top: "n" mvn_param { across_channels: %s } }
+"""
+
+
+@pytest.mark.parametrize("across", [False, True], ids=["per_channel", "across_channels"])
+def test_mvn_keeps_its_forward_variance_after_a_bottom_edit(tmp_path, across):
+    # MVNLayer::Backward_cpu reads top data and its forward's variance_: an edit of blob x
+    # after forward() changes neither
+    path = tmp_path / "mvn.prototxt"
+    path.write_text(MVN_ALONE % str(across).lower())
+    net = caffe.Net(str(path), caffe.TRAIN)
+    rng = np.random.default_rng(8)
+    net.blobs["x"].data[...] = rng.standard_normal((2, 3, 4))
+    rows = 2 if across else 6
+    xs = net.blobs["x"].data.astype(np.float64).reshape(rows, -1)
+    net.forward()
+    edit(net, "x", 9)
+    dy = rng.standard_normal(net.blobs["n"].shape)
+    net.blobs["n"].diff[...] = dy
+    net.backward()
+    z = net.blobs["n"].data.astype(np.float64).reshape(rows, -1)
+    dy = net.blobs["n"].diff.astype(np.float64).reshape(rows, -1)
+    centered = xs - xs.mean(axis=1, keepdims=True)
+    denom = np.sqrt((centered**2).mean(axis=1, keepdims=True)) + 1e-9
+    sums = z * (z * dy).sum(axis=1, keepdims=True) + dy.sum(axis=1, keepdims=True)
+    close(net.blobs["x"].diff, ((dy - sums / z.shape[1]) / denom).reshape(2, 3, 4))

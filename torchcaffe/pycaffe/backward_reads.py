@@ -137,6 +137,15 @@ def _softmax_backward(layer: SoftmaxLayer) -> Callable[..., torch.Tensor]:
     return lambda y, dy: (dy - (dy * y).sum(dim=axis, keepdim=True)) * y
 
 
+def keeps_forward_bottom(module: CaffeLayer) -> bool:
+    """Does ``top_data_rule`` for this layer recompute what Caffe's forward kept (MVN's
+    variance_, Swish's sigmoid_output_) from the bottom that forward read? A script may
+    overwrite that blob before backward(), so the face keeps a copy."""
+    if isinstance(module, MVNLayer):
+        return bool(module.normalize_variance)
+    return isinstance(module, SwishLayer)
+
+
 def reads_top_data(step: LayerStep, module: CaffeLayer) -> bool:
     """Does Caffe's Backward for ``step`` read its top blob's data (and what its forward kept),
     but not its bottoms'?"""

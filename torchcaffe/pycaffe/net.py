@@ -43,7 +43,12 @@ from ..precision import caffe_float32, on_cuda
 from ..proto import caffe_pb2
 from ..syncedmem import Head, SyncedMemory
 from . import debug_info
-from .backward_reads import reads_bottom_data, slope_kept_when_overwritten, top_data_rule
+from .backward_reads import (
+    keeps_forward_bottom,
+    reads_bottom_data,
+    slope_kept_when_overwritten,
+    top_data_rule,
+)
 from .lazy_forward import LazyForward, layer_tops
 from .one_pass import OnePassPlan, forward_backward_one_pass, plan_one_pass
 
@@ -641,7 +646,9 @@ class Net:
         last writer's top tensor (kept alive by its record) serves without a copy; other blobs
         are cloned. A bottom an in-place layer overwrote after the layer read it is compared
         with what the layer read (its record's clone), so Backward replays on the blob as Caffe
-        reads it. (``forward_backward`` skips this: nothing can edit in between.)"""
+        reads it. Layers whose backward rule recomputes a forward buffer (``keeps_forward_bottom``)
+        keep theirs the same way. (``forward_backward`` skips this: nothing can edit in
+        between.)"""
         device = self._device
         steps = self._net.steps
         overwritten = self._overwritten
@@ -656,7 +663,9 @@ class Net:
         kept: dict[str, torch.Tensor] = {}
         for i in range(start, end + 1):
             record = self._records.get(i)
-            if record is None or not reads_bottom_data(steps[i]):
+            if record is None or not (
+                reads_bottom_data(steps[i]) or keeps_forward_bottom(self._net.module_of(steps[i]))
+            ):
                 continue
             if not slope_kept_when_overwritten(steps[i], self._net.module_of(steps[i])):
                 # a bottom that an in-place layer overwrote after this layer read it: Caffe's
@@ -823,9 +832,8 @@ class Net:
         # from the top blob after an edit, or after a later in-place layer wrote it
         if record is not None and (check_edits or self._top_rewritten[i]):
             source = self._data_source.get(step.bottoms[0], step.bottoms[0])
-            rule = top_data_rule(
-                step, module, record.bottoms, lambda: self._current_data(source, device)
-            )
+            read = record.seen or record.bottoms  # seen: a copy a script's edit leaves alone
+            rule = top_data_rule(step, module, read, lambda: self._current_data(source, device))
             if rule is not None:
                 self._backward_from_top(i, rule, device)
                 return
