@@ -434,20 +434,20 @@ def test_in_place_mvn_reads_the_scaled_blob_and_its_own_partial_diff(tmp_path, o
 
 ACT_THEN_DROPOUT = """
 force_backward: true
-layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 4 dim: 6 } } }
+layer { name: "x" type: "Input" top: "x" input_param { shape { %s } } }
 layer { name: "act" %s bottom: "x" top: "h" }
 layer { name: "drop" type: "Dropout" bottom: "h" top: "h" dropout_param { dropout_ratio: 0.5 } }
 layer { name: "loss" type: "Reduction" bottom: "h" top: "loss" loss_weight: 1 }
 """
 
 
-def _act_then_dropout(tmp_path, layer, seed, one_call):
+def _act_then_dropout(tmp_path, layer, seed, one_call, shape=(4, 6)):
     """Run ``layer`` (x -> h) then an in-place Dropout on h, forward and backward in one call
     or two; returns the net and x, h as float64 (h as the Dropout left it)."""
     path = tmp_path / "act.prototxt"
-    path.write_text(ACT_THEN_DROPOUT % layer)
+    path.write_text(ACT_THEN_DROPOUT % (" ".join(f"dim: {d}" for d in shape), layer))
     net = caffe.Net(str(path), caffe.TRAIN)
-    net.blobs["x"].data[...] = np.random.default_rng(seed).standard_normal((4, 6))
+    net.blobs["x"].data[...] = np.random.default_rng(seed).standard_normal(shape)
     if one_call:
         net.forward_backward()
     else:
@@ -530,3 +530,59 @@ def test_mvn_keeps_its_forward_variance_after_a_bottom_edit(tmp_path, across):
     denom = np.sqrt((centered**2).mean(axis=1, keepdims=True)) + 1e-9
     sums = z * (z * dy).sum(axis=1, keepdims=True) + dy.sum(axis=1, keepdims=True)
     close(net.blobs["x"].diff, ((dy - sums / z.shape[1]) / denom).reshape(2, 3, 4))
+
+
+LRN = 'type: "LRN" lrn_param { local_size: 5 alpha: 0.1 beta: 0.75 norm_region: %s }'
+LRN_SHAPE = (2, 7, 3, 4)
+
+
+def _lrn_backward(x, x_now, y_now, dy, across, n=5, alpha=0.1, beta=0.75):
+    """LRNLayer::Backward_cpu in float64, what its forward kept from ``x``, bottom and top as
+    they are now: ACROSS_CHANNELS reads both and scale_; WITHIN_CHANNEL's sublayers read the
+    bottom (the Eltwise product, the squaring Power) and the inner Power's forward blobs."""
+    if across:
+        pad = np.pad(x * x, ((0, 0), (2, 2), (0, 0), (0, 0)))
+        scale = 1 + alpha / n * sum(pad[:, i : i + x.shape[1]] for i in range(n))
+        ratio = np.pad(dy * y_now / scale, ((0, 0), (2, 2), (0, 0), (0, 0)))
+        window = sum(ratio[:, i : i + x.shape[1]] for i in range(n))
+        return scale**-beta * dy - 2 * alpha * beta / n * x_now * window
+    sq = f64(x * x).requires_grad_(True)
+    pool = F.avg_pool2d(sq, n, 1, 2, ceil_mode=True, count_include_pad=True)
+    p = (1 + alpha * pool.detach()) ** -beta
+    slope = -beta * alpha * p / (1 + alpha * pool.detach())
+    (d_sq,) = torch.autograd.grad(pool, sq, f64(x_now * dy) * slope)
+    return p.numpy() * dy + 2 * x_now * d_sq.numpy()
+
+
+@pytest.mark.parametrize("across", [False, True], ids=["within_channel", "across_channels"])
+def test_lrn_reads_the_edited_bottom_and_top_as_caffe_does(tmp_path, across):
+    # ACROSS_CHANNELS: CrossChannelBackward_cpu reads bottom and top data live, scale_ from
+    # its forward; WITHIN_CHANNEL: the bottom live (its Split's tops share its data)
+    path = tmp_path / "lrn.prototxt"
+    region = "ACROSS_CHANNELS" if across else "WITHIN_CHANNEL"
+    path.write_text(
+        'force_backward: true\nlayer { name: "x" type: "Input" top: "x" input_param { shape { '
+        + " ".join(f"dim: {d}" for d in LRN_SHAPE)
+        + ' } } }\nlayer { name: "lrn" %s bottom: "x" top: "y" }\n' % (LRN % region)
+    )
+    net = caffe.Net(str(path), caffe.TRAIN)
+    rng = np.random.default_rng(10)
+    net.blobs["x"].data[...] = 2 * rng.standard_normal(LRN_SHAPE)
+    x = net.blobs["x"].data.astype(np.float64)
+    net.forward()
+    x_now = edit(net, "x", 11)
+    y_now = edit(net, "y", 12)
+    dy = rng.standard_normal(LRN_SHAPE)
+    net.blobs["y"].diff[...] = dy
+    net.backward()
+    dy = net.blobs["y"].diff.astype(np.float64)
+    close(net.blobs["x"].diff, _lrn_backward(x, x_now, y_now, dy, across))
+
+
+@pytest.mark.parametrize("one_call", [True, False], ids=["forward_backward", "backward"])
+@pytest.mark.parametrize("across", [False, True], ids=["within_channel", "across_channels"])
+def test_lrn_reads_the_top_a_later_dropout_overwrote(tmp_path, one_call, across):
+    # ACROSS_CHANNELS reads top h as the in-place Dropout left it; WITHIN_CHANNEL no top
+    layer = LRN % ("ACROSS_CHANNELS" if across else "WITHIN_CHANNEL")
+    net, x, h = _act_then_dropout(tmp_path, layer, 13, one_call, LRN_SHAPE)
+    close(net.blobs["x"].diff, _lrn_backward(x, x, h, (h != 0) * 2.0, across))

@@ -4,14 +4,14 @@ Caffe's Net::Backward hands each layer the live blobs, so data a pycaffe script 
 ``forward()`` and ``backward()`` changes the diffs of layers whose Backward_cpu reads
 ``bottom[i]->cpu_data()``: InnerProduct and Convolution (the weight diff), ReLU, AbsVal, BNLL,
 Log and Clip (the local slope), PReLU and Scale (both), Embed and BatchReindex (the indices
-that route the diff), and ELU and Power, which read their top too (see ``top_data_rule``).
-Other layers read what their forward left behind, and an edit to a bottom leaves their diffs as
-the forward made them: Sigmoid, TanH, Exp, Swish, Softmax and MVN read top data (see
-``top_data_rule``); Pooling MAX and Eltwise MAX a forward-time argmax; Dropout its mask; LRN,
-BatchNorm and the losses with an internal buffer (SoftmaxWithLoss, EuclideanLoss,
-SigmoidCrossEntropyLoss, ContrastiveLoss) their buffers. Python layers see the blobs their own
-forward was given. Layers whose diffs do not depend on data (Split, Concat, Reshape, Eltwise
-SUM, Pooling AVE...) give the same answer either way.
+that route the diff), ELU, Power and LRN ACROSS_CHANNELS, which read their top too, and LRN
+WITHIN_CHANNEL (see ``top_data_rule``). Other layers read what their forward left behind, and
+an edit to a bottom leaves their diffs as the forward made them: Sigmoid, TanH, Exp, Swish,
+Softmax and MVN read top data (see ``top_data_rule``); Pooling MAX and Eltwise MAX a
+forward-time argmax; Dropout its mask; BatchNorm and the losses with an internal buffer
+(SoftmaxWithLoss, EuclideanLoss, SigmoidCrossEntropyLoss, ContrastiveLoss) their buffers.
+Python layers see the blobs their own forward was given. Layers whose diffs do not depend on
+data (Split, Concat, Reshape, Eltwise SUM, Pooling AVE...) give the same answer either way.
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from ..net.program import LayerStep
 from ..ops._legacy import legacy_nchw
 from ..ops.base import CaffeLayer
+from ..ops.lrn import LP, LRNLayer, channel_window_sum, neg_power
 from ..ops.mvn import MVNLayer
 from ..ops.neuron import ELULayer, ExpLayer, PowerLayer, SwishLayer
 from ..ops.softmax import SoftmaxLayer
@@ -137,18 +139,58 @@ def _softmax_backward(layer: SoftmaxLayer) -> Callable[..., torch.Tensor]:
     return lambda y, dy: (dy - (dy * y).sum(dim=axis, keepdim=True)) * y
 
 
+def _lrn_backward(
+    layer: LRNLayer, x: torch.Tensor, x_now: torch.Tensor
+) -> Callable[..., torch.Tensor]:
+    """LRNLayer::Backward_cpu from its blobs as they are now (``x_now`` the bottom's data),
+    with what its forward kept computed from ``x``, the bottom that forward read.
+
+    ACROSS_CHANNELS (CrossChannelBackward_cpu): scale^-beta * top_diff - 2 alpha beta / n *
+    bottom * (sum over the n channels around of top_diff * top / scale), bottom and top live,
+    scale_ its forward's. WITHIN_CHANNEL runs its sublayers' Backward: the Eltwise product and
+    the squaring Power read the bottom (their Split's tops share its data), the inner Power
+    its forward's blobs, and no one the top: p * top_diff + 2 * bottom * (AVE pooling's
+    backward of bottom * top_diff * p'), p = (1 + alpha * window mean of x^2)^-beta."""
+    n, alpha, beta = layer.local_size, layer.alpha, layer.beta
+    x = x.detach()
+    if layer.norm_region == LP.ACROSS_CHANNELS:
+        scale = channel_window_sum(x * x, n).mul_(alpha / n).add_(layer.k)
+        ratio, inverse = 2.0 * alpha * beta / n, neg_power(scale, beta)
+
+        def across(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+            window = channel_window_sum(dy * y / scale, n)
+            return inverse * dy - ratio * x_now * window
+
+        return across
+    pad = (n - 1) // 2
+    pool = F.avg_pool2d(x * x, n, 1, pad, ceil_mode=True, count_include_pad=True)
+    p = neg_power(1 + alpha * pool, beta)
+    slope = p * (-beta * alpha) / (1 + alpha * pool)  # the inner Power's diff_scale * top / base
+
+    def within(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+        squares = torch.zeros_like(x, requires_grad=True)
+        with torch.enable_grad():
+            window = F.avg_pool2d(squares, n, 1, pad, ceil_mode=True, count_include_pad=True)
+        (d_sq,) = torch.autograd.grad(window, squares, x_now * dy * slope)
+        return p * dy + 2 * x_now * d_sq
+
+    return within
+
+
 def keeps_forward_bottom(module: CaffeLayer) -> bool:
     """Does ``top_data_rule`` for this layer recompute what Caffe's forward kept (MVN's
-    variance_, Swish's sigmoid_output_) from the bottom that forward read? A script may
-    overwrite that blob before backward(), so the face keeps a copy."""
+    variance_, Swish's sigmoid_output_, LRN's scale_) from the bottom that forward read? A
+    script may overwrite that blob before backward(), so the face keeps a copy."""
     if isinstance(module, MVNLayer):
         return bool(module.normalize_variance)
-    return isinstance(module, SwishLayer)
+    return isinstance(module, (SwishLayer, LRNLayer))
 
 
 def reads_top_data(step: LayerStep, module: CaffeLayer) -> bool:
     """Does Caffe's Backward for ``step`` read its top blob's data (and what its forward kept),
     but not its bottoms'?"""
+    if isinstance(module, LRNLayer):  # WITHIN_CHANNEL reads its bottom only (top_data_rule)
+        return module.norm_region == LP.ACROSS_CHANNELS
     if isinstance(module, MVNLayer):
         return bool(module.normalize_variance)
     if isinstance(module, PowerLayer):  # its slope is data-free when power is 1 or 0
@@ -164,8 +206,10 @@ def top_data_rule(
     bottom_now: Callable[[], torch.Tensor],
 ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
     """``step``'s Caffe Backward as a function of its top blob now and its top diff, when
-    ``reads_top_data``; ``forward_bottoms``: what its forward read; ``bottom_now``: its
-    bottom blob's data now (ELU reads it too)."""
+    ``reads_top_data`` or for an LRN; ``forward_bottoms``: what its forward read;
+    ``bottom_now``: its bottom blob's data now (ELU, Power and LRN read it too)."""
+    if isinstance(module, LRNLayer):
+        return _lrn_backward(module, forward_bottoms[0], bottom_now())
     if not reads_top_data(step, module):
         return None
     if isinstance(module, ELULayer):  # (bottom > 0) + (alpha + top) * (bottom <= 0)
