@@ -322,7 +322,8 @@ def test_signal_effects(case, sigint, sighup, raised, stops_at, snapshots):
     """A signal at iteration 2 takes effect after that iteration (Caffe's SignalHandler)."""
     solver = caffe.get_solver("solver.prototxt")
     solver.add_callback(lambda: solver.iter == 2 and signal.raise_signal(raised))
-    with _signal_actions(solver, sigint, sighup):
+    with _signal_actions(sigint, sighup) as request:
+        solver.action_request = request
         solver.step(15)
     assert solver.iter == stops_at
     assert (case / "final_iter_3.caffemodel").exists() == snapshots
@@ -344,7 +345,8 @@ def test_signals_are_flags_read_sighup_first(case, sigint, sighup, raised, stops
     before SIGINT's, one per call (util/signal_handler.cpp)."""
     solver = caffe.get_solver("solver.prototxt")
     solver.add_callback(lambda: solver.iter == 2 and [signal.raise_signal(s) for s in raised])
-    with _signal_actions(solver, sigint, sighup):
+    with _signal_actions(sigint, sighup) as request:
+        solver.action_request = request
         solver.step(15)
     assert solver.iter == stops_at
     written = sorted(int(p.stem.split("_")[-1]) for p in case.glob("final_iter_*.caffemodel"))

@@ -97,7 +97,7 @@ def main(args: argparse.Namespace) -> int:
             # caffe.cpp hooks SIGINT/SIGHUP before it builds the solver: a signal while the
             # nets load (a closed ssh session's SIGHUP) is a flag the first iteration reads
             with (
-                _signal_actions(None, args.sigint_effect, args.sighup_effect) as request,
+                _signal_actions(args.sigint_effect, args.sighup_effect) as request,
                 logging_redirect_tqdm(loggers=[log]),
             ):
                 solver = cls(
@@ -186,13 +186,11 @@ def _rank_main(rank: int, args: argparse.Namespace, world_size: int, port: int) 
 
 
 @contextlib.contextmanager
-def _signal_actions(
-    solver: Solver | None, sigint_effect: str, sighup_effect: str
-) -> Iterator[Callable[[], str]]:
+def _signal_actions(sigint_effect: str, sighup_effect: str) -> Iterator[Callable[[], str]]:
     """Caffe's SignalHandler: SIGINT/SIGHUP raise a flag the loop reads between iterations.
     As its CheckForSignals, one request per read, SIGHUP's before SIGINT's, and a signal
     that comes again before its flag is read counts once (an effect of ``none`` swallows
-    the signal). Yields the reader, which it also gives ``solver`` (when there is one)."""
+    the signal). Yields the reader, for ``Solver.action_request``."""
     effects = {signal.SIGINT: sigint_effect}
     if hasattr(signal, "SIGHUP"):
         effects = {signal.SIGHUP: sighup_effect, **effects}  # Caffe reads SIGHUP first
@@ -213,12 +211,8 @@ def _signal_actions(
             )
     except ValueError:  # not the main thread: leave signals alone
         previous = {}
-    if solver is not None:
-        solver.action_request = request
     try:
         yield request
     finally:
-        if solver is not None:
-            solver.action_request = None
         for sig, handler in previous.items():
             signal.signal(sig, handler)
