@@ -302,8 +302,13 @@ class ELULayer(NeuronLayer):
         return True
 
     def caffe_slope(self, x: torch.Tensor) -> torch.Tensor:
-        # (bottom > 0) + (alpha + top) * (bottom <= 0), bottom and top both ``x``
-        return (x > 0).to(x.dtype) + (self.param.alpha + x) * (x <= 0).to(x.dtype)
+        # ELULayer::Backward_cpu with bottom and top data both ``x``
+        return self.caffe_slope_at(x, x)
+
+    def caffe_slope_at(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """ELULayer::Backward_cpu's local slope with bottom data ``x`` and top data ``y``:
+        (bottom > 0) + (alpha + top) * (bottom <= 0)."""
+        return (x > 0).to(y.dtype) + (self.param.alpha + y) * (x <= 0).to(y.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.elu(x, alpha=self.param.alpha)

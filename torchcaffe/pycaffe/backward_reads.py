@@ -212,12 +212,9 @@ def top_data_rule(
         return _lrn_backward(module, forward_bottoms[0], bottom_now())
     if not reads_top_data(step, module):
         return None
-    if isinstance(module, ELULayer):  # (bottom > 0) + (alpha + top) * (bottom <= 0)
-        x, alpha = bottom_now(), module.param.alpha
-        return lambda y, dy: dy * ((x > 0).to(y.dtype) + (alpha + y) * (x <= 0).to(y.dtype))
-    if isinstance(module, PowerLayer):
-        x, power = bottom_now(), module
-        return lambda y, dy: dy * power.caffe_slope_at(x.view(y.shape), y)
+    if isinstance(module, (ELULayer, PowerLayer)):  # their slope reads bottom and top
+        x, layer = bottom_now(), module
+        return lambda y, dy: dy * layer.caffe_slope_at(x.view(y.shape), y)
     if isinstance(module, MVNLayer):
         return _mvn_backward(module, forward_bottoms[0])
     if isinstance(module, ExpLayer):
