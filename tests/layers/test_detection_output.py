@@ -322,3 +322,42 @@ def test_many_candidates_span_several_nms_blocks(eta):
     )
     assert 50 < want.shape[2] < many
     np.testing.assert_allclose(top.numpy(), want, rtol=1e-12, atol=1e-12)
+
+
+def _f32_decode_center_size(prior, var, loc):
+    """DecodeBBox CENTER_SIZE as the fork evaluates it: float fields and float products,
+    C's double exp times the float prior width rounded once, centre -/+ half in double."""
+    f32, f64 = np.float32, np.float64
+    pw, ph = f32(prior[2] - prior[0]), f32(prior[3] - prior[1])
+    pcx, pcy = f32((prior[0] + prior[2]) / f32(2)), f32((prior[1] + prior[3]) / f32(2))
+    cx, cy = f32(var[0] * loc[0] * pw + pcx), f32(var[1] * loc[1] * ph + pcy)
+    w = f32(np.exp(f64(f32(var[2] * loc[2]))) * f64(pw))
+    h = f32(np.exp(f64(f32(var[3] * loc[3]))) * f64(ph))
+    return [
+        f32(f64(c) + s * f64(d) / 2)
+        for s, c, d in ((-1, cx, w), (-1, cy, h), (1, cx, w), (1, cy, h))
+    ]
+
+
+def test_float32_center_size_decode_rounds_as_the_fork():
+    """The fork's exp is C's double exp: float exp then a float multiply by the prior width
+    was one bit off for about a quarter of the boxes."""
+    rng = np.random.default_rng(5)
+    p = 64
+    prior = ref.random_priors(rng, p).astype(np.float32)
+    loc = rng.normal(0, 1, size=(1, p * 4)).astype(np.float32)
+    conf = np.tile(np.array([0.0, 1.0], np.float32), (1, p))  # every prior kept, NMS off
+    layer, _ = make_layer(
+        "detection_output_param { num_classes: 2 code_type: CENTER_SIZE "
+        "nms_param { nms_threshold: 1.0 } }",
+        [loc.shape, conf.shape, prior.shape],
+        type="DetectionOutput",
+        phase="TEST",
+    )
+    top = layer(*[torch.from_numpy(a) for a in (loc, conf, prior)]).numpy().reshape(-1, 7)
+    boxes, variances = prior[0, 0].reshape(p, 4), prior[0, 1].reshape(p, 4)
+    want = np.array(
+        [_f32_decode_center_size(boxes[j], variances[j], loc.reshape(p, 4)[j]) for j in range(p)],
+        np.float32,
+    )
+    np.testing.assert_array_equal(top[:, 3:], want)

@@ -600,3 +600,18 @@ def test_error_degenerate_prior_when_matching_decoded_boxes():
     _layer(snippet % "", data)(*data)  # priors matched directly: never decoded
     with pytest.raises(DataError, match=r"positive width and height.*prior 0"):
         _layer(snippet % "use_prior_for_matching: false", data)(*data)
+
+
+def test_float32_center_size_encode_rounds_as_the_fork():
+    """EncodeBBox's log is C's double log, divided by the variance in double and rounded
+    once into the float target (a float log then a float division was a bit off)."""
+    from torchcaffe.ops import _bbox
+
+    rng = np.random.default_rng(2)
+    prior = torch.from_numpy(ref.random_priors(rng, 256)[0, 0].reshape(-1, 4).astype(np.float32))
+    gt = torch.from_numpy(ref.random_priors(rng, 256)[0, 0].reshape(-1, 4).astype(np.float32))
+    var = torch.tensor([0.1, 0.1, 0.2, 0.2]).expand(256, 4)
+    got = _bbox.encode(prior, var, gt, _bbox.CENTER_SIZE, False)[:, 2:].numpy()
+    ratio = ((gt[:, 2:] - gt[:, :2]) / (prior[:, 2:] - prior[:, :2])).numpy()  # float division
+    want = (np.log(ratio.astype(np.float64)) / np.float64(np.float32(0.2))).astype(np.float32)
+    np.testing.assert_array_equal(got, want)

@@ -49,6 +49,20 @@ def jaccard(b1: torch.Tensor, s1: torch.Tensor, b2: torch.Tensor, s2: torch.Tens
     return torch.where(apart | ~(iw > 0) | ~(ih > 0), 0.0, inter / union)
 
 
+def _exp_times(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``exp(a) * b`` stored in a float field: the fork calls C's double ``exp``, so the
+    product is formed in double and rounded once (float exp then a float multiply differs
+    in the last bit about a quarter of the time)."""
+    return (torch.exp(a.double()) * b.double()).to(a.dtype)
+
+
+def _log_over(ratio: torch.Tensor, var: torch.Tensor | None) -> torch.Tensor:
+    """``log(ratio)`` (``/ var``) stored in a float field: C's double ``log``, divided in
+    double, rounded once."""
+    out = torch.log(ratio.double())
+    return (out if var is None else out / var.double()).to(ratio.dtype)
+
+
 def _center_form(b: torch.Tensor):
     """(width, height, center x, center y) of (..., 4) boxes."""
     w, h = b[..., 2] - b[..., 0], b[..., 3] - b[..., 1]
@@ -69,10 +83,13 @@ def encode(
     pw, ph, pcx, pcy = _center_form(prior)
     if code_type == CENTER_SIZE:
         gw, gh, gcx, gcy = _center_form(gt)
-        out = torch.stack(
-            [(gcx - pcx) / pw, (gcy - pcy) / ph, torch.log(gw / pw), torch.log(gh / ph)], -1
-        )
-        return out if variance_in_target else out / var
+        v = None if variance_in_target else var
+        cx, cy = (gcx - pcx) / pw, (gcy - pcy) / ph
+        if v is not None:
+            cx, cy = cx / v[..., 0], cy / v[..., 1]
+        log_w = _log_over(gw / pw, None if v is None else v[..., 2])
+        log_h = _log_over(gh / ph, None if v is None else v[..., 3])
+        return torch.stack([cx, cy, log_w, log_h], -1)
     if code_type == CORNER_SIZE:
         wh = torch.stack([pw, ph, pw, ph], -1)
         out = (gt - prior) / wh
@@ -96,12 +113,12 @@ def decode(
     if code_type == CENTER_SIZE:
         if variance_in_target:
             cx, cy = loc[..., 0] * pw + pcx, loc[..., 1] * ph + pcy
-            w, h = torch.exp(loc[..., 2]) * pw, torch.exp(loc[..., 3]) * ph
+            w, h = _exp_times(loc[..., 2], pw), _exp_times(loc[..., 3], ph)
         else:
             cx = var[..., 0] * loc[..., 0] * pw + pcx
             cy = var[..., 1] * loc[..., 1] * ph + pcy
-            w = torch.exp(var[..., 2] * loc[..., 2]) * pw
-            h = torch.exp(var[..., 3] * loc[..., 3]) * ph
+            w = _exp_times(var[..., 2] * loc[..., 2], pw)
+            h = _exp_times(var[..., 3] * loc[..., 3], ph)
         return torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], -1)
     if code_type == CORNER_SIZE:
         wh = torch.stack([pw, ph, pw, ph], -1)
