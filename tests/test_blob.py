@@ -99,6 +99,17 @@ def test_share_data_and_diff():
         Blob((3,)).share_data(a)
 
 
+def test_growing_into_a_smaller_shared_memory_allocates():
+    """A blob whose capacity is past the memory it shares (a Flatten top of a bottom that
+    shrank) gets its own memory when it grows past that memory's count."""
+    top, bottom = Blob((10,)), Blob((4,))
+    top.reshape(4)
+    top.share_data(bottom)
+    top.reshape(6)  # within the top's capacity of 10, past the shared 4
+    assert top.data.shape == (6,)
+    assert not np.shares_memory(top.data, bottom.data)
+
+
 def test_copy_from_with_and_without_reshape():
     src, dst = Blob((2, 3)), Blob((3, 2))
     src.data[...] = np.arange(6).reshape(2, 3)

@@ -92,7 +92,8 @@ class Blob:
             raise BlobShapeError("blob size exceeds INT_MAX", expected=f"<= {INT_MAX}", got=count)
         self._shape = dims
         self._count = count
-        if count > self.capacity:
+        # a memory shared from a smaller blob (share_data) cannot hold more than its count
+        if count > self.capacity or count > min(self._data.count, self._diff.count):
             self.capacity = count
             self._data = SyncedMemory(count, self.dtype, self.gpu_device)
             self._diff = SyncedMemory(count, self.dtype, self.gpu_device)
