@@ -14,7 +14,7 @@ net is written through the Caffe face, ``settle`` recomputes what is left out wi
 the forward used.
 
 Every blob's memory follows one ``BulkDeferral``: a forward whose input shapes are those of the
-last one, with no blob reshaped or given another memory since (``Blob.on_layout_change``),
+last one, with no blob reshaped or given another memory since (``forget_link``),
 defers them all with one call and looks for live views only among the memories accessed
 since, touching no other blob: a run leaves those Python objects cold in cache, where a walk
 over MobileNetV2's 140 blobs cost ~0.3 ms. Other forwards walk every blob.
@@ -113,18 +113,27 @@ class LazyForward:
     """Whole-net inference forwards for one Caffe-face Net (see the module docstring)."""
 
     def __init__(
-        self, net: TorchNet, blobs: Mapping[str, Blob], loss_weights: Mapping[str, float]
+        self,
+        net: TorchNet,
+        blobs: Mapping[str, Blob],
+        loss_weights: Mapping[str, float],
+        keys: Mapping[str, str | None] | None = None,
     ) -> None:
         self.net = net
         self.blobs = blobs
+        # blob -> the blob whose value its memory takes (blobs sharing one memory, as
+        # Caffe's Flatten top and its bottom, take the last one written); None: no layer
+        # writes that memory (a Reshape of an input)
+        self.keys: Mapping[str, str | None] = keys or {}
+        # a blob shown through another's memory -> that one, whose value it then needs
+        self._through = {n: k for n, k in self.keys.items() if k is not None and k != n}
         self.loss_weights = {n: w for n, w in loss_weights.items() if w}
         self.read: set[str] = set()  # blobs accessed since the last forward
         self.replays = 0  # how many forwards had to recompute a left-out blob (tests read it)
         self.last_program: OptimizedProgram | None = None
         # outputs, losses and the blobs whose shape only a run can give: always kept
-        self._always = (
-            frozenset(net.output_names) | frozenset(self.loss_weights) | data_shaped_blobs(net)
-        )
+        always = frozenset(net.output_names) | frozenset(self.loss_weights) | data_shaped_blobs(net)
+        self._always = always | {self._through[n] for n in always if n in self._through}
         # input blobs no layer overwrites in place: a run leaves them as they were (one a
         # layer overwrites ends with that layer's top, as Caffe's shared Blob does)
         self._kept_inputs = frozenset(net.input_names) - layer_tops(net)
@@ -134,6 +143,7 @@ class LazyForward:
         self._run: _Run | None = None
         self._written: tuple[tuple[str, Blob], ...] | None = None  # every blob a run writes
         self._written_names: frozenset[str] = frozenset()
+        self._keys: frozenset[str] = frozenset()  # the blobs whose value a memory takes
         self._bulk = BulkDeferral()  # every written blob's data memory follows it
         self._linked_memories: frozenset[SyncedMemory] = frozenset()
         # what held when a forward last linked every blob, each of its inferred shape: the
@@ -178,8 +188,14 @@ class LazyForward:
         if linked:  # a memory gains a view only through an access: look at those accessed
             watched = self._viewed_touched()
         else:
-            watched = {name for name, blob in written if blob.data_memory.viewed()}
+            watched = {
+                key
+                for name, blob in written
+                if (key := self._key(name)) is not None and blob.data_memory.viewed()
+            }
         seen = self._always | watched | self.read | frozenset(observe)
+        if self._through:
+            seen |= {self._through[n] for n in observe if n in self._through}
         self.read = set()
         program = net.optimized_program(seen, device)  # named: no walk over the params
         self.last_program = program
@@ -187,7 +203,7 @@ class LazyForward:
             produced = net.run(dict(inputs), program=program)
         kept = frozenset(name for name in seen if name in produced)
         run = self._run = _Run(self, produced, inputs, kept)
-        run.left_out = not self._written_names <= kept  # some blob defers to the replay
+        run.left_out = not self._keys <= kept  # some blob defers to the replay
         if linked and self._inferred_shapes_hold(run, shapes):
             self._bulk.advance(run.value, on_gpu)  # every blob deferred to this run at once
         else:
@@ -200,6 +216,9 @@ class LazyForward:
             loss += w * float(top.sum())
         return loss
 
+    def _key(self, name: str) -> str | None:
+        return self.keys.get(name, name)
+
     def _written_blobs(self) -> tuple[tuple[str, Blob], ...]:
         """The blobs layers write, in the net's order (fixed after build)."""
         if self._written is None:
@@ -207,6 +226,9 @@ class LazyForward:
                 (name, blob) for name, blob in self.blobs.items() if name not in self._kept_inputs
             )
             self._written_names = frozenset(name for name, _ in self._written)
+            self._keys = frozenset(
+                key for name, _ in self._written if (key := self._key(name)) is not None
+            )
         return self._written
 
     def _viewed_touched(self) -> set[str]:
@@ -240,20 +262,25 @@ class LazyForward:
             shape = tuple(run.produced[name].shape) if name in run.kept else shapes[name]
             if blob.shape != shape:
                 reshape(name, shape)  # may give the blob a new memory
-            blob.on_layout_change = self._forget_link
-        memories = tuple(blob.data_memory for _, blob in written)
-        for memory in self._linked_memories - set(memories):
+        links: dict[SyncedMemory, str] = {}  # one key per memory: the value it holds
+        for name, blob in written:
+            key = self._key(name)
+            if key is not None:
+                memory = blob.data_memory
+                links[memory] = key if memory is self.blobs[key].data_memory else name
+        for memory in self._linked_memories - set(links):
             memory.unlink()  # before the advance: it keeps the value it has now
         bulk.advance(run.value, on_gpu)
-        for (name, _), memory in zip(written, memories):
-            memory.link(bulk, name)
+        for memory, key in links.items():
+            memory.link(bulk, key)
         bulk.touched.clear()  # the viewed blobs' writes, which follow, note them again
-        self._linked_memories = frozenset(memories)
+        self._linked_memories = frozenset(links)
         inferred = all(blob.shape == shapes[name] for name, blob in written)
         self._link = (shapes, on_gpu) if inferred else None
 
-    def _forget_link(self) -> None:
-        """A blob was reshaped or given another memory: the next forward links all again."""
+    def forget_link(self) -> None:
+        """A blob was reshaped or given another memory: the next forward links all again
+        (its owner calls this from ``Blob.on_layout_change``)."""
         self._link = None
 
     def _write_now(self, name: str, run: _Run, device: torch.device) -> None:

@@ -156,9 +156,14 @@ class Net:
         )
         self._device = torch.device("cpu")
         self._note_sources()
+        self._find_shares()
         self._make_blobs()
         self._held_tops = self._constant_dummy_tops()
-        self._lazy = LazyForward(self._net, self._blob_of, self._net.loss_weights())
+        self._lazy = LazyForward(
+            self._net, self._blob_of, self._net.loss_weights(), self._memory_keys()
+        )
+        for blob in self._blob_of.values():
+            blob.on_layout_change = self._relaid
         # share_with: (layer index, param index) -> (the tensor put there, the source's tensor,
         # the source net); the nets either side of a share (their writes change ours)
         self._shared: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, Net]] = {}
@@ -195,6 +200,72 @@ class Net:
             if isinstance(module, PythonLayer):
                 module.source_path = self._net.path
 
+    def _find_shares(self) -> None:
+        """The tops whose Blob uses its bottom's memory in Caffe (Blob::ShareData): every
+        Split top shares its bottom's data (SplitLayer::Forward; the diffs stay apart, summed
+        by its Backward); Flatten's and Reshape's top, Concat's of one bottom and Slice's of
+        one top share data and diff (their Reshape or Forward; FlattenLayer::Backward gives
+        the bottom the top's diff). So a script writing one blob sees the other change, as
+        pycaffe's arrays over the one buffer do, and a layer writing a top in place writes
+        its bottom too. ``_shares``: (top, bottom, diff too), in layer order so that a chain
+        (a Split top flattened) shares one memory; ``_shared_writes``: (layer index, top) of
+        those tops, whose forward writes nothing (the values are already there);
+        ``_memory_root``: a sharing top -> the blob that owns the memory."""
+        self._shares: list[tuple[str, str, bool]] = []
+        self._shared_writes: dict[tuple[int, str], str] = {}
+        self._memory_root: dict[str, str] = {}
+        for i, step in enumerate(self._net.steps):
+            kind, bottoms, tops = step.type, step.bottoms, step.tops
+            if kind == "Split" and len(bottoms) == 1:
+                pairs = [(top, bottoms[0], False) for top in tops]
+            elif kind in ("Flatten", "Reshape", "Concat", "Slice") and (
+                len(bottoms) == len(tops) == 1
+            ):
+                pairs = [(tops[0], bottoms[0], True)]
+            else:
+                continue
+            for top, bottom, diff in pairs:
+                if top != bottom:
+                    self._shares.append((top, bottom, diff))
+                    self._shared_writes[(i, top)] = bottom
+                    self._memory_root[top] = self._memory_root.get(bottom, bottom)
+        self._shares_stale = True
+
+    def _share_blobs(self) -> None:
+        """Give each sharing top its bottom's memory again where it lost it (a reshape that
+        grew either one allocates anew), as Caffe's layers share again on each Reshape or
+        Forward. Blobs of different counts (one reshaped, the other not yet) wait."""
+        blobs = self._blob_of
+        for top, bottom, diff in self._shares:
+            t, b = blobs[top], blobs[bottom]
+            if t.count != b.count:
+                continue
+            if t.data_memory is not b.data_memory:
+                t.share_data(b)
+            if diff and t.diff_memory is not b.diff_memory:
+                t.share_diff(b)
+        self._shares_stale = False
+
+    def _relaid(self) -> None:
+        """A blob was reshaped or given another memory (``Blob.on_layout_change``)."""
+        self._shares_stale = True
+        self._lazy.forget_link()
+
+    def _memory_keys(self) -> dict[str, str | None]:
+        """Blob -> the blob whose value its memory holds after a whole forward: of the
+        blobs sharing one memory (``_find_shares``), the last one a layer writes values
+        into (a layer in place on a flattened top writes its bottom's memory); None where
+        no layer does (a Reshape of an input: the memory is the input's)."""
+        root = self._memory_root
+        last: dict[str, str] = {}
+        for i, step in enumerate(self._net.steps):
+            if step.is_input:
+                continue
+            for top in step.tops:
+                if (i, top) not in self._shared_writes:
+                    last[root.get(top, top)] = top
+        return {name: last.get(root.get(name, name)) for name in self._blob_of}
+
     def _make_blobs(self) -> None:
         """The blobs by the net's own (unique) names, and the views pycaffe shows: Caffe
         names every automatic top "(automatic)", so ``net.blobs`` (a dict zipped from
@@ -202,6 +273,7 @@ class Net:
         self._blob_of: OrderedDict[str, Blob] = OrderedDict(
             (name, Blob(self._net.blob_shapes[name])) for name in self._net.blob_names
         )
+        self._share_blobs()  # before the loss diffs: a shared diff holds its top's weight
         automatic: set[str] = set()
         for step in self._net.steps:
             count = self._net.module_of(step).automatic_tops
@@ -303,22 +375,36 @@ class Net:
             blob.diff_memory.set_gpu_data(grad)
         return blob
 
-    def _find_overwritten_bottoms(self) -> list[list[bool]]:
-        """Per layer and bottom: will this or a later layer overwrite the blob (in-place)?"""
+    def _written_from(self) -> list[set[str]]:
+        """Per layer index i (and one past the last): the memories (``_memory_root`` names)
+        that layers i and after write values into."""
+        root = self._memory_root
         steps = self._net.steps
-        out = []
-        for i, step in enumerate(steps):
-            later_tops = {t for s in steps[i:] for t in s.tops}
-            out.append([b in later_tops for b in step.bottoms])
+        out: list[set[str]] = [set() for _ in range(len(steps) + 1)]
+        for i in range(len(steps) - 1, -1, -1):
+            written = {root.get(t, t) for t in steps[i].tops if (i, t) not in self._shared_writes}
+            out[i] = out[i + 1] | written
         return out
 
-    def _find_rewritten_tops(self) -> list[bool]:
-        """Per layer: does a later layer write its first top in place? A Backward that reads
-        that top (Sigmoid, TanH, an in-place slope) then reads what the later layer left."""
-        steps = self._net.steps
+    def _find_overwritten_bottoms(self) -> list[list[bool]]:
+        """Per layer and bottom: will this or a later layer overwrite the blob's memory (in
+        place, or in place on a blob sharing it)?"""
+        root = self._memory_root
+        later = self._written_from()
         return [
-            bool(step.tops) and any(step.tops[0] in later.tops for later in steps[i + 1 :])
-            for i, step in enumerate(steps)
+            [root.get(b, b) in later[i] for b in step.bottoms]
+            for i, step in enumerate(self._net.steps)
+        ]
+
+    def _find_rewritten_tops(self) -> list[bool]:
+        """Per layer: does a later layer write its first top's memory (in place, or in place
+        on a blob sharing it)? A Backward that reads that top (Sigmoid, TanH, an in-place
+        slope) then reads what the later layer left."""
+        root = self._memory_root
+        later = self._written_from()
+        return [
+            bool(step.tops) and root.get(step.tops[0], step.tops[0]) in later[i + 1]
+            for i, step in enumerate(self._net.steps)
         ]
 
     def _find_backward_refusals(self) -> dict[int, Callable[[], BlobWiringError]]:
@@ -471,6 +557,8 @@ class Net:
 
     def _ensure_device(self) -> torch.device:
         self._follow_conversion()
+        if self._shares_stale:
+            self._share_blobs()
         if self._written_params:
             self._forget_written_params()
         device = runtime.compute_device()
@@ -618,13 +706,21 @@ class Net:
                 blob = self._blob_of[name]
                 if blob.shape != tuple(t.shape):
                     self._reshape_blob(name, tuple(t.shape))
-                blob.data_memory.drop_deferred()
-                blob.data_at(device, mutable=True).copy_(t.detach())
+                if not self._holds_shared(i, name):
+                    blob.data_memory.drop_deferred()
+                    blob.data_at(device, mutable=True).copy_(t.detach())
                 if w:
                     loss += w * float(t.detach().sum())
             if step.need_backward:
                 self._record(i, bottoms, tops)
         return loss
+
+    def _holds_shared(self, i: int, top: str) -> bool:
+        """Is layer ``i``'s ``top`` its bottom's memory, which holds its values already?"""
+        bottom = self._shared_writes.get((i, top))
+        return bottom is not None and (
+            self._blob_of[bottom].data_memory is self._blob_of[top].data_memory
+        )
 
     def _check_input_shapes(self) -> None:
         """Once per new input blob shapes, infer the net's shapes (Caffe's per-layer Reshape),
@@ -739,11 +835,17 @@ class Net:
                 program = net.optimized_program(self._blob_of, device)
                 values = {n: self._blob_of[n].data_at(device) for n in net.input_names}
                 produced = net.run(values, program=program)
+                keys = self._lazy.keys
                 for name in self._blob_of:
                     if name in produced and name in self._layer_tops:
-                        self._store_top(name, produced[name], device)
+                        if keys.get(name, name) == name:
+                            self._store_top(name, produced[name], device)
+                        elif self._blob_of[name].shape != tuple(produced[name].shape):
+                            # its memory is another blob's, which takes the final value
+                            self._reshape_blob(name, tuple(produced[name].shape))
             else:
-                for step in net.steps[start : end + 1]:
+                for i in range(start, end + 1):
+                    step = net.steps[i]
                     if step.is_input:
                         continue
                     # a split top reads its bottom blob, whose data it shares in Caffe
@@ -753,7 +855,10 @@ class Net:
                         self._blob_of[source.get(b, b)].data_at(device) for b in step.bottoms
                     ]
                     for name, t in zip(step.tops, net.run_step(step, bottoms)):
-                        self._store_top(name, t, device)
+                        if self._blob_of[name].shape != tuple(t.shape):
+                            self._reshape_blob(name, tuple(t.shape))
+                        if not self._holds_shared(i, name):
+                            self._store_top(name, t, device)
             loss = 0.0
             for i in range(start, end + 1):
                 for name, w in zip(net.steps[i].tops, net.steps[i].loss_weights):
@@ -762,9 +867,12 @@ class Net:
         return loss
 
     def _reshape_blob(self, name: str, shape: tuple[int, ...]) -> None:
-        """Reshape a blob a forward writes; a loss top's diff is its loss weight again."""
+        """Reshape a blob a forward writes (sharing memory again where Caffe's layers do); a
+        loss top's diff is its loss weight again."""
         blob = self._blob_of[name]
         blob.reshape(shape)
+        if self._shares_stale:
+            self._share_blobs()
         if self._blob_loss_weights[name]:
             blob.diff[...] = self._blob_loss_weights[name]
 
@@ -819,6 +927,8 @@ class Net:
         if step.type == "Parameter":
             self._parameter_shares_diff(i, module, device)
             return
+        if self._shares_diff(i):  # Flatten, Reshape: the bottom's diff is the top's
+            return
         if step.type == "Silence":  # SilenceLayer::Backward zeroes each bottom's diff
             for j, name in enumerate(step.bottoms):
                 if step.bottom_need_backward[j]:
@@ -869,6 +979,14 @@ class Net:
         for p, g in zip(params, got[len(wanted) :]):
             if g is not None:
                 self._param_blob_of[id(p)].diff_at(device, mutable=True).add_(g.view(p.shape))
+
+    def _shares_diff(self, i: int) -> bool:
+        """Is layer ``i``'s one top's diff its bottom's memory (``_find_shares``)?"""
+        step = self._net.steps[i]
+        if len(step.tops) != 1 or (i, step.tops[0]) not in self._shared_writes:
+            return False
+        top, bottom = self._blob_of[step.tops[0]], self._blob_of[step.bottoms[0]]
+        return step.type != "Split" and top.diff_memory is bottom.diff_memory
 
     def _parameter_shares_diff(self, i: int, module: CaffeLayer, device: torch.device) -> None:
         """Caffe's ParameterLayer shares its param's diff with its top, so after Backward the
@@ -1134,9 +1252,7 @@ class Net:
         shapes = self._net.infer_shapes({n: self._blob_of[n].shape for n in self.inputs})
         for name, shape in shapes.items():
             if self._blob_of[name].shape != tuple(shape):
-                self._blob_of[name].reshape(shape)
-                if self._blob_loss_weights.get(name):
-                    self._blob_of[name].diff[...] = self._blob_loss_weights[name]
+                self._reshape_blob(name, tuple(shape))
 
     # -- weights -----------------------------------------------------------------------------
     def copy_from(self, path: str | os.PathLike, strict: bool = False) -> None:

@@ -216,7 +216,12 @@ def forward_backward_one_pass(net: Net, plan: OnePassPlan, clear: bool = False) 
     finally:
         torch.set_grad_enabled(was_enabled)
     taken: set[int] = set()
+    keys = net._lazy.keys
     for name, t in values.items():  # a blob ends with its last writer's top, as in Caffe
+        if keys.get(name, name) != name:  # its memory is another blob's: that one's value
+            if net._blob_of[name].shape != tuple(t.shape):
+                net._reshape_blob(name, tuple(t.shape))
+            continue
         fresh = t.grad_fn is not None and _sole(t, taken)  # an op's output, not a buffer
         net._store_top(name, t.detach(), device, adopt=fresh)
     seeds = [(name, t) for name, t in produced if id(t) not in read]
@@ -263,7 +268,9 @@ def _backward(
     )
     taken = {d.data_ptr() for d in seed_diffs}
     del seed_diffs  # views: a blob taking a gradient counts the views of its buffer
-    for name, e in last.items():
+    # in Caffe's order (last layer first, each layer's bottoms in order): blobs sharing one
+    # diff memory (a Flatten top and its bottom) end with the last write
+    for name, e in sorted(last.items(), key=lambda item: (-edges[item[1]][0], item[1])):
         blob, g = net._blob_of[name], got[e]
         if g is None:
             blob.diff_at(device, mutable=True).zero_()
