@@ -153,3 +153,18 @@ def test_a_reshaped_input_is_the_input(tmp_path):
     assert np.shares_memory(net.blobs["data"].data, net.blobs["r"].data)
     net.blobs["r"].data[...] = 0
     np.testing.assert_array_equal(net.blobs["data"].data, np.zeros((2, 6)))
+
+
+@pytest.mark.parametrize("force_backward", [False, True], ids=["inference", "recorded"])
+def test_whole_forward_reads_a_write_through_the_shared_memory(tmp_path, force_backward):
+    """The ReLU in place on flat rectifies conv's memory before ip2 reads resh (the same
+    memory), so Caffe's ip2 sees the rectified values; a whole forward must too."""
+    net = make_net(tmp_path, force_backward)
+    assert net._stale_alias_reads
+    net.forward(end="conv")
+    relu = np.maximum(net.blobs["conv"].data, 0).reshape(2, -1)
+    out = net.forward()
+    w2, b2 = (p.data for p in net.params["ip2"])
+    np.testing.assert_allclose(out["ip2"], relu @ w2.T + b2, rtol=1e-5, atol=1e-6)
+    w, b = (p.data for p in net.params["ip"])
+    np.testing.assert_allclose(out["ip"], relu @ w.T + b, rtol=1e-5, atol=1e-6)

@@ -182,6 +182,7 @@ class Net:
         self._debug_info = bool(self._net.net_param.debug_info)
         self._overwritten = self._find_overwritten_bottoms()
         self._top_rewritten = self._find_rewritten_tops()
+        self._stale_alias_reads = self._find_stale_alias_reads()
         self._layer_tops = layer_tops(self._net)  # what a forward writes (inputs: in place)
         # the layers that need backward, in order: a forward asks whether its range has one
         self._backward_steps = [i for i, s in enumerate(self._net.steps) if s.need_backward]
@@ -406,6 +407,27 @@ class Net:
             bool(step.tops) and root.get(step.tops[0], step.tops[0]) in later[i + 1]
             for i, step in enumerate(self._net.steps)
         ]
+
+    def _find_stale_alias_reads(self) -> bool:
+        """Does a layer read a blob whose shared memory another blob's layer wrote since the
+        blob was last produced (a ReLU in place on a Flatten top, then a Reshape of the same
+        bottom read)? Caffe's reader sees that write through the memory; the torch face's
+        program passes each blob its own value, so such nets run layer by layer here."""
+        root = self._memory_root
+        produced: dict[str, int] = {}  # blob -> the step that last gave it its value
+        written: dict[str, int] = {}  # memory -> the step that last wrote values into it
+        writer: dict[str, str] = {}  # memory -> the blob that step wrote
+        for i, step in enumerate(self._net.steps):
+            for b in step.bottoms:
+                r = root.get(b, b)
+                if writer.get(r, b) != b and written[r] > produced.get(b, -1):
+                    return True
+            for t in step.tops:
+                produced[t] = i
+                if (i, t) not in self._shared_writes:
+                    r = root.get(t, t)
+                    written[r], writer[r] = i, t
+        return False
 
     def _find_backward_refusals(self) -> dict[int, Callable[[], BlobWiringError]]:
         """Layer index -> the error (made fresh per raise) for a layer whose Caffe Backward
@@ -824,7 +846,7 @@ class Net:
         if self._records:
             for i in range(start, end + 1):
                 self._records.pop(i, None)
-        whole = start == 0 and end == len(net.steps) - 1
+        whole = start == 0 and end == len(net.steps) - 1 and not self._stale_alias_reads
         passes = net.optimize and not net.layers_hooked()  # hooks see their layers' calls
         if whole and passes and self._lazy.applies and not self._written_params:
             return self._lazy.forward(device, observe, self._reshape_blob)
@@ -1158,8 +1180,9 @@ class Net:
         return loss
 
     def _layer_by_layer(self) -> bool:
-        """Must passes run layer by layer (per-layer callbacks, debug_info)?"""
-        return self._debug_info or any(self._callbacks.values())
+        """Must passes run layer by layer (per-layer callbacks, debug_info, a read through
+        a memory another blob's layer wrote: ``_find_stale_alias_reads``)?"""
+        return self._debug_info or any(self._callbacks.values()) or self._stale_alias_reads
 
     @_in_caffe_float32
     def _clear_and_forward_backward(self) -> float:
