@@ -217,6 +217,24 @@ def test_fold_follows_param_changes_and_dtype():
     _assert_close(got["d"].float(), want["d"])
 
 
+@pytest.mark.parametrize("make", [torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW])
+def test_fold_follows_a_fused_optimizer_step(make):
+    """A ``fused=True`` optimizer writes the params through one kernel that bumps no version
+    counter; the net bumps them after its step, or inference keeps the old fold."""
+    net = _net()
+    x = torch.randn(2, 3, 7, 6)
+    with torch.no_grad():
+        net(data=x)  # folds cached
+    opt = make(net.parameters(), lr=0.1, fused=True)
+    net(data=x)["d"].sum().backward()
+    opt.step()
+    with torch.no_grad():
+        got = net(data=x)
+    want = _unoptimized(net, data=x)
+    for name in got:
+        _assert_close(got[name], want[name])
+
+
 def test_an_infinite_scale_keeps_caffes_infinities_through_the_fold():
     """gamma = inf makes the folded filter of its channel +-inf, whose products over mixed
     signs sum to NaN; Caffe's Scale gives +-inf there (0 after the ReLU where negative)."""

@@ -25,7 +25,7 @@ from ..errors import (
     UnknownLayerError,
     UsageError,
 )
-from ..ops import fused_relu, hook_watch, mode_watch
+from ..ops import fused_relu, fused_steps, hook_watch, mode_watch
 from ..ops.base import CaffeLayer, Shape
 from ..precision import caffe_float32, caffe_float32_backward, on_cuda
 from ..proto import caffe_pb2
@@ -122,6 +122,7 @@ class TorchNet(nn.Module):
         self._finite_params = FiniteParams()
         self._hooks_seen = (-1, False)  # (hook_watch.EPOCH when scanned, any layer hooked)
         mode_watch.watch(self)  # keeps ``_off_mode_layers`` (set by ``train`` above) current
+        fused_steps.install()  # a fused optimizer's step bumps the versions the folds read
         self._observe_outputs = frozenset(self.output_names)
         self._observe_all = frozenset(self.blob_names)
         self.__class__ = with_own_forward(type(self))
@@ -145,6 +146,7 @@ class TorchNet(nn.Module):
         self.__dict__.pop("_modes_seen", None)  # a pickle from before mode_watch
         self.layer_modes_changed()
         mode_watch.watch(self)
+        fused_steps.install()
         self.__dict__.setdefault("conversions", 0)  # and from before the conversion count
         if "_known_inputs" not in self.__dict__:  # a pickle from before the dtype check
             self._known_inputs = {}
