@@ -272,6 +272,25 @@ layer { name: "b" type: "InnerProduct" bottom: "a" top: "b"
     assert len(list(net.parameters())) == 2
 
 
+def test_layers_named_as_module_dict_attributes_build_save_and_reload(tmp_path):
+    """``training``, ``update``, ``keys``: names a ModuleDict already has, so its
+    ``add_module`` refuses them; the layers get other keys and keep their Caffe names."""
+    names = ["training", "update", "keys", "_modules"]
+    text = 'layer { name: "d" type: "Input" top: "x0" input_param { shape { dim: 1 dim: 2 } } }'
+    for i, name in enumerate(names):
+        text += (
+            f' layer {{ name: "{name}" type: "InnerProduct" bottom: "x{i}" top: "x{i + 1}"'
+            f" inner_product_param {{ num_output: 2"
+            f' weight_filler {{ type: "constant" value: {i + 1} }} }} }}'
+        )
+    net = build(text)
+    assert [float(net.layer(n).weight[0, 0].detach()) for n in names] == [1.0, 2.0, 3.0, 4.0]
+    torchcaffe.save_weights(net, tmp_path / "w.caffemodel")
+    again = torchcaffe.load(read_net(text), tmp_path / "w.caffemodel")
+    x = torch.ones(1, 2)
+    assert torch.equal(again(x)["x4"], net(x)["x4"])
+
+
 def test_shared_params_with_different_shapes_refused():
     text = """
 layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 } } }

@@ -76,13 +76,18 @@ class _LayerRow:
         )
 
 
+# What a ModuleDict already has (``training``, ``keys``, ``update``, ``_modules``, ...): torch's
+# ``add_module`` refuses such a key with a bare KeyError, so a layer of that name is renamed.
+_MODULE_DICT_NAMES = frozenset(dir(torch.nn.ModuleDict()))
+
+
 def module_key(name: str, taken: set[str]) -> str:
     """A torch-legal, unique submodule key for a Caffe layer name."""
     key = re.sub(r"[^0-9A-Za-z_]", "_", name) or "layer"
     if key[0].isdigit():
         key = "_" + key
     base, n = key, 1
-    while key in taken:
+    while key in taken or key in _MODULE_DICT_NAMES:
         n += 1
         key = f"{base}_{n}"
     taken.add(key)
