@@ -145,6 +145,21 @@ def test_clamp_forward_and_caffe_gradient_ignore_it():
     assert dx[0, 2] == pytest.approx(-0.5)  # (0 - 1) / 2: the clamp does not stop it
 
 
+def test_a_float16_net_keeps_the_clamp_of_a_confident_miss():
+    """In float16 the label's probability (e**-30) and FLT_MIN are both 0: the loss is
+    computed in float32, as Caffe's float one, and rounded once (not -log(0) = inf)."""
+    layer, _ = make_layer("", [(2, 3), (2,)], type="SoftmaxWithLoss")
+    x = torch.tensor([[0.0, 30.0, 0.0], [1.0, 2.0, 3.0]])
+    label = torch.tensor([2.0, 0.0])
+    want = layer(x, label)
+    x16 = x.half().requires_grad_()
+    loss = layer.half()(x16, label.half())
+    assert loss.dtype == torch.float16
+    assert float(loss.detach()) == pytest.approx(float(want.detach()), rel=1e-3)
+    loss.backward()
+    assert x16.grad is not None and bool(torch.isfinite(x16.grad).all())
+
+
 def test_all_ignored_gives_zero_loss_and_gradient():
     x = np.random.default_rng(1).standard_normal((3, 4))
     label = np.full((3,), 2.0)

@@ -17,12 +17,20 @@ class LogSoftmaxClamped(torch.autograd.Function):
     Caffe's gradient differs from the mathematical one where the clamp is active: it is the
     log-softmax gradient g - p * sum(g) whatever the probability. The probabilities (second
     output) get no gradient, as Caffe ignores the diff of a loss layer's prob top.
+
+    A float16 ``x`` is computed in float32 and the outputs rounded back: in float16 a
+    probability below 6e-8 and the thresholds (FLT_MIN, 1e-20) are 0, so the log of a
+    confident miss would be -inf where Caffe's is log(threshold).
     """
 
     @staticmethod
     def forward(ctx, x, axis: int, threshold: float):
+        dtype = x.dtype
+        if dtype == torch.float16:
+            x = x.float()
         prob = torch.softmax(x, dim=axis)  # exp(x - max) / sum, as SoftmaxLayer
         log_prob = torch.log(torch.clamp(prob, min=threshold))
+        log_prob, prob = log_prob.to(dtype), prob.to(dtype)
         ctx.axis = axis
         ctx.save_for_backward(prob)
         ctx.mark_non_differentiable(prob)
