@@ -399,6 +399,29 @@ def test_torch_face_optimizer_trains_like_the_solver(setup):
             )
 
 
+def test_torch_face_optimizer_takes_a_solver_path_and_refuses_other_things(setup):
+    """``make_optimizer("solver.prototxt", net)`` reads the file; the (param, path) pair that
+    ``load_solver_param`` returns, an unknown type or lr_policy: a SolverError saying so,
+    not an AttributeError or KeyError from inside."""
+    from torchcaffe.errors import SolverError
+    from torchcaffe.solver import load_solver_param, make_lr_policy, make_optimizer
+
+    name = setup.solver('type: "Nesterov" base_lr: 0.1 momentum: 0.9 lr_policy: "fixed"')
+    net = caffe.load("train.prototxt", phase="train")
+    opt = make_optimizer(name, net)
+    assert type(opt) is type(make_optimizer(load_solver_param(name)[0], net))
+    assert make_lr_policy(name, opt).get_last_lr() == pytest.approx([0.1] * len(opt.param_groups))
+    with pytest.raises(SolverError, match="first item"):
+        make_optimizer(load_solver_param(name), net)
+    param = load_solver_param(name)[0]
+    param.type = "nesterov"
+    with pytest.raises(SolverError, match="unknown solver type 'nesterov'"):
+        make_optimizer(param, net)
+    param.type, param.lr_policy = "Nesterov", "cosine"
+    with pytest.raises(SolverError, match="unknown lr_policy 'cosine'"):
+        make_lr_policy(param, opt)
+
+
 @pytest.mark.parametrize("rule", ['type: "SGD" momentum: 0.9', 'type: "Adam"'])
 def test_torch_face_steps_params_that_backward_leaves_without_a_grad(setup, rule):
     """With ``propagate_down: false`` above ip1 its diff stays zero, yet Caffe's ApplyUpdate

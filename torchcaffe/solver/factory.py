@@ -11,9 +11,12 @@ for it in range(param.max_iter):
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
+from ..errors import SolverError
 from ..proto import caffe_pb2
+from .config import PathLike, load_solver_param
 from .lr_policy import LR_POLICIES, CaffeLRPolicy, policy_arguments
 from .optimizers import OPTIMIZERS, REGULARIZATION_TYPES, CaffeOptimizer
 from .param_groups import Learnable, learnable_params, multiplier_groups
@@ -33,17 +36,23 @@ RULE_FIELDS = {
 
 
 def make_optimizer(
-    param: caffe_pb2.SolverParameter,
+    param: caffe_pb2.SolverParameter | PathLike,
     net: TorchNet | list[Learnable],
     solver_type: str | None = None,
 ) -> CaffeOptimizer:
     """The update rule of ``solver_type`` (default: ``param.type``) over ``net``'s params.
 
-    Every learnable param is stepped each ``step``, a zero gradient standing in where backward
-    left none (after ``zero_grad``), as Caffe's ApplyUpdate does with the cleared diffs.
-    Blobs that are buffers here (BatchNorm statistics) get their Caffe history tracked
-    (``CaffeOptimizer.track_statistics``) without being moved."""
+    ``param``: a SolverParameter, or the path of a solver.prototxt (read and upgraded as
+    Caffe's tool reads it). Every learnable param is stepped each ``step``, a zero gradient
+    standing in where backward left none (after ``zero_grad``), as Caffe's ApplyUpdate does
+    with the cleared diffs. Blobs that are buffers here (BatchNorm statistics) get their
+    Caffe history tracked (``CaffeOptimizer.track_statistics``) without being moved."""
+    param = _solver_param(param)
     solver_type = solver_type or param.type
+    if solver_type not in OPTIMIZERS:  # Caffe's SolverRegistry: "Unknown solver type"
+        raise SolverError(
+            f"unknown solver type {solver_type!r}", expected=f"one of {sorted(OPTIMIZERS)}"
+        )
     cls = OPTIMIZERS[solver_type]
     rule = {name: getattr(param, name) for name in RULE_FIELDS[solver_type]}
     groups = multiplier_groups(net) or [{"params": [], "lr_mult": 1.0, "decay_mult": 1.0}]
@@ -69,7 +78,31 @@ def make_optimizer(
     return optimizer
 
 
-def make_lr_policy(param: caffe_pb2.SolverParameter, optimizer: CaffeOptimizer) -> CaffeLRPolicy:
-    """The scheduler of ``param.lr_policy``, at iteration 0."""
+def make_lr_policy(
+    param: caffe_pb2.SolverParameter | PathLike, optimizer: CaffeOptimizer
+) -> CaffeLRPolicy:
+    """The scheduler of ``param.lr_policy`` (a SolverParameter or a solver.prototxt path), at
+    iteration 0."""
+    param = _solver_param(param)
+    if (
+        param.lr_policy not in LR_POLICIES
+    ):  # Caffe's GetLearningRate: "Unknown learning rate policy"
+        raise SolverError(
+            f"unknown lr_policy {param.lr_policy!r}", expected=f"one of {sorted(LR_POLICIES)}"
+        )
     cls = LR_POLICIES[param.lr_policy]
     return cls(optimizer, **policy_arguments(param.lr_policy, param))
+
+
+def _solver_param(param: caffe_pb2.SolverParameter | PathLike) -> caffe_pb2.SolverParameter:
+    """``param`` itself, or the SolverParameter its path names; anything else is refused
+    (it would fail later on a missing attribute)."""
+    if isinstance(param, caffe_pb2.SolverParameter):
+        return param
+    if isinstance(param, (str, os.PathLike)):
+        return load_solver_param(param)[0]
+    raise SolverError(
+        f"a {type(param).__name__} is no solver definition",
+        expected="a SolverParameter or the path of a solver.prototxt",
+        hint="load_solver_param(path) returns (param, path): pass its first item",
+    )
