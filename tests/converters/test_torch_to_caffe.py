@@ -196,6 +196,18 @@ def test_batch_norm_becomes_batchnorm_plus_scale(tmp_path):
     assert layers[2].scale_param.bias_term
 
 
+def test_scale_after_batch_norm_is_in_place(tmp_path):
+    """As Caffe models pair them: caffe2onnx fuses BatchNorm + Scale and reads the pair's
+    output under the BatchNorm's top, so a Scale writing a top of its own breaks the graph."""
+    model = nn.Sequential(nn.Conv2d(2, 3, 1), nn.BatchNorm2d(3), nn.ReLU()).eval()
+    proto, _ = _export(tmp_path, model, torch.randn(1, 2, 4, 4))
+    bn, scale, relu = read_net(proto).layer[2:]
+    assert list(scale.bottom) == list(scale.top) == list(bn.top)
+    assert list(relu.bottom) == list(bn.top)
+    proto, weights = _export(tmp_path, model[:2], torch.randn(1, 2, 4, 4))
+    assert [lp.type for lp in read_net(proto).layer][-1] == "Scale"  # an output: no Split copy
+
+
 def test_floor_rounded_pooling_is_sliced_to_torch_size(tmp_path):
     proto, _ = _export(tmp_path, nn.MaxPool2d(3, 2, 1), torch.randn(1, 1, 14, 14))
     types = [lp.type for lp in read_net(proto).layer]

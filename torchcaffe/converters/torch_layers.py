@@ -179,13 +179,16 @@ def _batch_norm(
             node, f"{type(m).__name__} without running stats (track_running_stats=False)"
         )
     one = torch.ones(1, dtype=m.running_mean.dtype)
-    lp = ex.layer(
-        node, "BatchNorm", [bottom], blobs=[m.running_mean, m.running_var, one], last=not m.affine
-    )
+    lp = ex.layer(node, "BatchNorm", [bottom], blobs=[m.running_mean, m.running_var, one])
     lp.batch_norm_param.use_global_stats = True
     lp.batch_norm_param.eps = float(m.eps)
     if m.affine:
-        sp = ex.layer(node, "Scale", [lp.top[0]], suffix="/scale", blobs=[m.weight, m.bias])
+        # in place on the BatchNorm's top, as Caffe models pair them: tools that fuse the
+        # pair (caffe2onnx) read its output under that name and refuse a Scale of its own top
+        sp = ex.layer(
+            node, "Scale", [lp.top[0]], suffix="/scale", blobs=[m.weight, m.bias], last=False
+        )
+        sp.top[0] = lp.top[0]
         sp.scale_param.bias_term = True
 
 

@@ -203,12 +203,16 @@ class _Exporter:
         return self.net, self.blobs, self.graph
 
     def _expose_outputs(self) -> None:
-        """Caffe's net outputs are the blobs no layer consumes: a module output that a later
-        layer also reads (or an input returned as is) gets a Split copy, ``<blob>/output``."""
-        consumed = {b for lp in self.net.layer for b in lp.bottom}
+        """Caffe's net outputs are the blobs no later layer consumes (an in-place layer's top
+        stays one, as in Net::Init): a module output that a later layer also reads (or an
+        input returned as is) gets a Split copy, ``<blob>/output``."""
+        available: set[str] = set()
+        for lp in self.net.layer:
+            available.difference_update(lp.bottom)
+            available.update(lp.top)
         inputs = {lp.top[0] for lp in self.net.layer if lp.type == "Input"}
         for i, blob in enumerate(self.graph.output_blobs):
-            if blob in consumed or blob in inputs:
+            if blob not in available or blob in inputs:
                 name = self.unique(f"{blob}/output")
                 lp = self.net.layer.add(name=name, type="Split")
                 lp.bottom.append(blob)
