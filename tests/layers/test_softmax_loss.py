@@ -228,3 +228,39 @@ def test_label_range_check_is_opt_in():
             check_labels(layer, labels, None, 3)
     finally:
         runtime.set_label_range_checks(False)
+
+
+@pytest.mark.parametrize("loss_type", ["SoftmaxWithLoss", "InfogainLoss"])
+def test_a_float16_net_sums_many_labels_in_float32(loss_type):
+    """300x300 labels: in float16 both the summed loss and the VALID count pass 65504 (inf,
+    then NaN); Caffe's float loss is finite, and so is ours, rounded once."""
+    param = "loss_param { ignore_label: 255 }"
+    if loss_type == "InfogainLoss":
+        param += " infogain_loss_param { axis: 1 }"
+    shapes = [(1, 3, 300, 300), (1, 1, 300, 300)]
+    if loss_type == "InfogainLoss":
+        shapes.append((1, 1, 3, 3))
+    layer, _ = make_layer(param, shapes, type=loss_type)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(shapes[0], generator=gen)
+    label = torch.randint(0, 3, shapes[1], generator=gen).float()
+    extra = [torch.eye(3).reshape(shapes[2])] if loss_type == "InfogainLoss" else []
+    want = layer(x, label, *extra)
+    got = layer.half()(x.half(), label.half(), *[e.half() for e in extra])
+    assert got.dtype == torch.float16
+    assert float(got) == pytest.approx(float(want), rel=1e-3)
+
+
+def test_a_float16_sigmoid_cross_entropy_sums_in_float32():
+    layer, _ = make_layer(
+        "loss_param { normalization: VALID ignore_label: -1 }",
+        [(1, 90000), (1, 90000)],
+        type="SigmoidCrossEntropyLoss",
+    )
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 90000, generator=gen)
+    target = torch.randint(0, 2, (1, 90000), generator=gen).float()
+    want = layer(x, target)
+    got = layer.half()(x.half(), target.half())
+    assert got.dtype == torch.float16
+    assert float(got) == pytest.approx(float(want), rel=1e-3)

@@ -96,10 +96,20 @@ def normalization_mode(layer: CaffeLayer, default: int | None = None) -> int:
     return p.normalization if default is None else default
 
 
+def summed(loss: torch.Tensor) -> torch.Tensor:
+    """The sum of a loss layer's per-element losses, in float32 for a 16-bit float net: a
+    float16 sum past 65504 is inf, where Caffe's float one is finite (``like`` of
+    ``normalizer`` then carries float32; the layer rounds its loss back once)."""
+    if loss.dtype in (torch.float16, torch.bfloat16):
+        return loss.sum(dtype=torch.float32)
+    return loss.sum()
+
+
 def normalizer(
     mode: int, outer: int, inner: int, valid: torch.Tensor | None, like: torch.Tensor
 ) -> torch.Tensor | float:
-    """Caffe's get_normalizer, at least 1. ``valid``: mask of counted labels (None: all)."""
+    """Caffe's get_normalizer, at least 1. ``valid``: mask of counted labels (None: all);
+    the count takes ``like``'s dtype (give the summed loss: float32 for a 16-bit net)."""
     if mode == Norm.FULL:
         return float(max(1, outer * inner))
     if mode == Norm.VALID:

@@ -18,6 +18,7 @@ from ._loss_normalization import (
     ignore_label,
     normalizer,
     params_repr,
+    summed,
 )
 from .base import Between, canonical_axis
 
@@ -106,6 +107,6 @@ class InfogainLossLayer(LossLayer):
         rows = h[safe].transpose(1, 2)  # (outer, C, inner): H[label, l]
         if valid is not None:
             rows = torch.where(valid.unsqueeze(1), rows, 0.0)
-        loss = -(rows * log_prob.reshape(outer, channels, inner)).sum()
-        loss = loss / normalizer(self.normalization, outer, inner, valid, x)
+        total = -summed(rows * log_prob.reshape(outer, channels, inner))
+        loss = (total / normalizer(self.normalization, outer, inner, valid, total)).to(x.dtype)
         return (loss, prob) if self.num_tops == 2 else loss

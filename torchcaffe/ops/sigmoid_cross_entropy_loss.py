@@ -7,7 +7,14 @@ import math
 import torch
 
 from ..registry import register_layer
-from ._loss_normalization import LossLayer, Norm, ignore_label, normalization_mode, normalizer
+from ._loss_normalization import (
+    LossLayer,
+    Norm,
+    ignore_label,
+    normalization_mode,
+    normalizer,
+    summed,
+)
 
 
 @register_layer("SigmoidCrossEntropyLoss")
@@ -52,6 +59,6 @@ class SigmoidCrossEntropyLossLayer(LossLayer):
             valid = target.long() != self.ignore_label
             loss = torch.where(valid, loss, 0.0)
         outer = x.shape[0]
-        return loss.sum() / normalizer(
-            self.normalization, outer, x.numel() // max(outer, 1), valid, x
-        )
+        total = summed(loss)
+        norm = normalizer(self.normalization, outer, x.numel() // max(outer, 1), valid, total)
+        return (total / norm).to(x.dtype)

@@ -17,6 +17,7 @@ from ._loss_normalization import (
     normalization_mode,
     normalizer,
     params_repr,
+    summed,
 )
 from .base import Between, canonical_axis
 
@@ -65,5 +66,6 @@ class SoftmaxWithLossLayer(LossLayer):
         picked = log_prob.reshape(outer, channels, inner).gather(1, safe)
         if valid is not None:
             picked = torch.where(valid, picked, 0.0)
-        loss = -picked.sum() / normalizer(self.normalization, outer, inner, valid, x)
+        total = summed(picked)
+        loss = (-total / normalizer(self.normalization, outer, inner, valid, total)).to(x.dtype)
         return (loss, prob) if self.num_tops == 2 else loss
