@@ -84,9 +84,8 @@ def make_lr_policy(
     """The scheduler of ``param.lr_policy`` (a SolverParameter or a solver.prototxt path), at
     iteration 0."""
     param = _solver_param(param)
-    if (
-        param.lr_policy not in LR_POLICIES
-    ):  # Caffe's GetLearningRate: "Unknown learning rate policy"
+    # Caffe's GetLearningRate: "Unknown learning rate policy"
+    if param.lr_policy not in LR_POLICIES:
         raise SolverError(
             f"unknown lr_policy {param.lr_policy!r}", expected=f"one of {sorted(LR_POLICIES)}"
         )
