@@ -586,3 +586,33 @@ def test_lrn_reads_the_top_a_later_dropout_overwrote(tmp_path, one_call, across)
     layer = LRN % ("ACROSS_CHANNELS" if across else "WITHIN_CHANNEL")
     net, x, h = _act_then_dropout(tmp_path, layer, 13, one_call, LRN_SHAPE)
     close(net.blobs["x"].diff, _lrn_backward(x, x, h, (h != 0) * 2.0, across))
+
+
+def test_backward_after_a_forward_over_an_earlier_range(tmp_path):
+    """forward(start=conv1, end=relu2) writes conv1's memory again (in place): conv4's record
+    from the whole forward saved that memory as its bottom, so its backward must read the
+    blob anew (as Caffe's does) rather than hand autograd the rewritten tensor."""
+    path = tmp_path / "net.prototxt"
+    path.write_text(
+        'force_backward: true input: "data" input_shape { dim: 2 dim: 4 dim: 2 dim: 2 }\n'
+        'layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"\n'
+        '  convolution_param { num_output: 4 kernel_size: 1 weight_filler { type: "xavier" } } }\n'
+        'layer { name: "relu2" type: "ReLU" bottom: "conv1" top: "conv1" }\n'
+        'layer { name: "ip3" type: "InnerProduct" bottom: "conv1" top: "ip3"\n'
+        '  inner_product_param { num_output: 4 weight_filler { type: "gaussian" } } }\n'
+        'layer { name: "conv4" type: "Convolution" bottom: "conv1" top: "conv4"\n'
+        '  convolution_param { num_output: 2 kernel_size: 1 weight_filler { type: "xavier" } } }\n'
+    )
+    net = caffe.Net(str(path), caffe.TEST)
+    net.blobs["data"].data[...] = np.random.default_rng(0).standard_normal((2, 4, 2, 2))
+    net.forward()
+    net.forward(start="conv1", end="relu2")
+    net.blobs["conv4"].diff[...] = 1
+    net.backward(start="conv4", end="conv4")
+    x = net.blobs["conv1"].data.astype(np.float64)  # the split top conv4 reads shares it
+    w = net.params["conv4"][0].data[:, :, 0, 0].astype(np.float64)
+    close(net.params["conv4"][0].diff[:, :, 0, 0], np.ones((2, 1)) * x.sum(axis=(0, 2, 3)))
+    close(
+        net.blobs["conv1_relu2_0_split_1"].diff,
+        np.einsum("oc,nohw->nchw", w, np.ones((2, 2, 2, 2))),
+    )

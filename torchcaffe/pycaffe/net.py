@@ -16,7 +16,7 @@ import os
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -59,6 +59,15 @@ class _Record:
     tops: tuple[torch.Tensor, ...]
     # the bottom blobs' data when the forward ended, for layers whose Caffe Backward reads it
     seen: list[torch.Tensor] | None = None
+    # the bottoms' autograd versions when recorded: a later forward that writes a bottom's
+    # memory in place (one over an earlier range) leaves the graph unusable
+    versions: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.versions = tuple(b._version for b in self.bottoms)
+
+    def bottoms_rewritten(self) -> bool:
+        return any(b._version != v for b, v in zip(self.bottoms, self.versions))
 
 
 def _in_caffe_float32(method):
@@ -969,9 +978,13 @@ class Net:
             if rule is not None:
                 self._backward_from_top(i, rule, device)
                 return
-        if record is None or (
-            check_edits and reads_bottom_data(step) and self._bottoms_edited(i, device, edited)
-        ):  # no forward since, or a script wrote a bottom this layer's Backward reads
+        reads = reads_bottom_data(step)
+        if (
+            record is None
+            or (reads and record.bottoms_rewritten())
+            or (check_edits and reads and self._bottoms_edited(i, device, edited))
+        ):  # no forward since, a later forward wrote a bottom's memory (a forward over an
+            # earlier range), or a script wrote a bottom this layer's Backward reads
             record = self._replay(i, device)
         outs, grads = [], []
         for name, t in zip(step.tops, record.tops):
