@@ -616,3 +616,34 @@ def test_backward_after_a_forward_over_an_earlier_range(tmp_path):
         net.blobs["conv1_relu2_0_split_1"].diff,
         np.einsum("oc,nohw->nchw", w, np.ones((2, 2, 2, 2))),
     )
+
+
+RELU_THEN_SCALE = """
+force_backward: true
+layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 1 dim: 2 dim: 1 dim: 1 } } }
+layer { name: "relu" type: "ReLU" bottom: "x" top: "x" }
+layer { name: "scale" type: "Scale" bottom: "x" top: "x" scale_param { bias_term: true } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "x" bottom: "t" top: "loss" }
+layer { name: "t" type: "DummyData" top: "t" dummy_data_param { shape { dim: 1 dim: 2 } } }
+"""
+
+
+@pytest.mark.parametrize("one_call", [True, False], ids=["forward_backward", "backward"])
+def test_in_place_relu_masks_with_what_a_later_in_place_scale_left(tmp_path, one_call):
+    # ReLULayer::Backward_cpu: top_diff * (bottom_data > 0); in place, bottom_data is the
+    # blob after the Scale in place on it: sign(-relu(x) + 0.5), not relu(x)'s
+    path = tmp_path / "relu_scale.prototxt"
+    lines = RELU_THEN_SCALE.strip().splitlines()
+    path.write_text("\n".join(lines[:2] + [lines[5]] + lines[2:5]))  # DummyData before the loss
+    net = caffe.Net(str(path), caffe.TRAIN)
+    net.params["scale"][0].data[...] = -1
+    net.params["scale"][1].data[...] = 0.5
+    net.blobs["x"].data[...] = np.array([1.0, -1.0]).reshape(1, 2, 1, 1)
+    if one_call:
+        net.forward_backward()
+    else:
+        net.forward()
+        net.backward()
+    out = np.array([-0.5, 0.5])  # -relu(x) + 0.5
+    scale_diff = -out  # EuclideanLoss: (out - 0) / num, then the Scale's -1
+    np.testing.assert_allclose(net.blobs["x"].diff.ravel(), scale_diff * (out > 0), atol=1e-7)

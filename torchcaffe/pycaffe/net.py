@@ -46,6 +46,7 @@ from . import debug_info
 from .backward_reads import (
     keeps_forward_bottom,
     reads_bottom_data,
+    relu_in_place,
     slope_kept_when_overwritten,
     top_data_rule,
 )
@@ -794,7 +795,8 @@ class Net:
                 reads_bottom_data(steps[i]) or keeps_forward_bottom(self._net.module_of(steps[i]))
             ):
                 continue
-            if not slope_kept_when_overwritten(steps[i], self._net.module_of(steps[i])):
+            module = self._net.module_of(steps[i])
+            if not slope_kept_when_overwritten(steps[i], module, self._top_rewritten[i]):
                 # a bottom that an in-place layer overwrote after this layer read it: Caffe's
                 # Backward reads the overwritten blob, so compare with what this forward read
                 read = [b.detach() if o else None for b, o in zip(record.bottoms, overwritten[i])]
@@ -982,9 +984,11 @@ class Net:
         if (
             record is None
             or (reads and record.bottoms_rewritten())
+            or (self._top_rewritten[i] and relu_in_place(step))
             or (check_edits and reads and self._bottoms_edited(i, device, edited))
         ):  # no forward since, a later forward wrote a bottom's memory (a forward over an
-            # earlier range), or a script wrote a bottom this layer's Backward reads
+            # earlier range), a later in-place layer rewrote an in-place ReLU's mask, or a
+            # script wrote a bottom this layer's Backward reads
             record = self._replay(i, device)
         outs, grads = [], []
         for name, t in zip(step.tops, record.tops):

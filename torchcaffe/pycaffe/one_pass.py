@@ -27,7 +27,7 @@ and faults back more pages.)
 
 ``plan_one_pass`` says None for a net the one pass cannot reproduce exactly, which then takes
 the layer-by-layer path: a layer that needs backward but has no Backward in Caffe, a Python
-layer (its code may read blobs), an in-place BNLL, Log, Clip... whose blob a later layer
+layer (its code may read blobs), an in-place ReLU, BNLL, Log, Clip... whose blob a later layer
 overwrites (Caffe takes its slope at the final data; see ops/neuron.py), a param whose diff
 Caffe skips in one of its layers, or a param shared by more than two layers (autograd's sum
 of three could round differently from Caffe's running sum).
@@ -45,7 +45,7 @@ from torch import nn
 from ..net.program import LayerStep
 from ..ops.base import CaffeLayer
 from ..ops.python_layer import PythonLayer
-from .backward_reads import reads_top_data
+from .backward_reads import reads_top_data, relu_in_place
 
 if TYPE_CHECKING:
     from .net import Net
@@ -90,7 +90,9 @@ def plan_one_pass(net: Net) -> OnePassPlan | None:
         if isinstance(module, CaffeLayer) and not module.has_backward:
             return None
         if net._top_rewritten[i] and (
-            getattr(module, "in_place_slope", False) or reads_top_data(step, module)
+            getattr(module, "in_place_slope", False)
+            or reads_top_data(step, module)
+            or relu_in_place(step)
         ):  # its Caffe Backward reads the blob's final data, not its own output
             return None
         recorded.add(i)
