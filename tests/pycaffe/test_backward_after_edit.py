@@ -624,7 +624,7 @@ layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 1 dim: 2 dim
 layer { name: "relu" type: "ReLU" bottom: "x" top: "x" }
 layer { name: "scale" type: "Scale" bottom: "x" top: "x" scale_param { bias_term: true } }
 layer { name: "loss" type: "EuclideanLoss" bottom: "x" bottom: "t" top: "loss" }
-layer { name: "t" type: "DummyData" top: "t" dummy_data_param { shape { dim: 1 dim: 2 } } }
+layer { name: "t" type: "Input" top: "t" input_param { shape { dim: 1 dim: 2 } } }
 """
 
 
@@ -634,7 +634,7 @@ def test_in_place_relu_masks_with_what_a_later_in_place_scale_left(tmp_path, one
     # blob after the Scale in place on it: sign(-relu(x) + 0.5), not relu(x)'s
     path = tmp_path / "relu_scale.prototxt"
     lines = RELU_THEN_SCALE.strip().splitlines()
-    path.write_text("\n".join(lines[:2] + [lines[5]] + lines[2:5]))  # DummyData before the loss
+    path.write_text("\n".join(lines[:2] + [lines[5]] + lines[2:5]))  # inputs first
     net = caffe.Net(str(path), caffe.TRAIN)
     net.params["scale"][0].data[...] = -1
     net.params["scale"][1].data[...] = 0.5
@@ -647,3 +647,20 @@ def test_in_place_relu_masks_with_what_a_later_in_place_scale_left(tmp_path, one
     out = np.array([-0.5, 0.5])  # -relu(x) + 0.5
     scale_diff = -out  # EuclideanLoss: (out - 0) / num, then the Scale's -1
     np.testing.assert_allclose(net.blobs["x"].diff.ravel(), scale_diff * (out > 0), atol=1e-7)
+
+
+def test_a_dropout_after_an_in_place_relu_keeps_the_one_pass(tmp_path):
+    """A Dropout in place after the ReLU (CaffeNet's fc6 -> relu6 -> drop6) zeroes the diff
+    wherever it zeroes the data, so Caffe's mask gives the ReLU's own gradient: the solvers'
+    one autograd pass stays; a Scale in place after it does not."""
+    from torchcaffe.pycaffe.one_pass import plan_one_pass
+
+    path = tmp_path / "relu_drop.prototxt"
+    lines = RELU_THEN_SCALE.strip().splitlines()
+    dropout = 'layer { name: "drop" type: "Dropout" bottom: "x" top: "x" }'
+    path.write_text("\n".join(lines[:2] + [lines[5], lines[2], dropout, lines[4]]))
+    net = caffe.Net(str(path), caffe.TRAIN)
+    assert not net._relu_masks_moved and plan_one_pass(net) is not None
+    path.write_text("\n".join(lines[:2] + [lines[5]] + lines[2:5]))
+    net = caffe.Net(str(path), caffe.TRAIN)
+    assert net._relu_masks_moved == {2} and plan_one_pass(net) is None  # after x, t

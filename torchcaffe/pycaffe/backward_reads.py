@@ -68,8 +68,9 @@ def slope_kept_when_overwritten(step: LayerStep, module: CaffeLayer, rewritten: 
     """Does ``step``'s Caffe Backward give the same diffs when its bottom blob holds what
     ``step`` itself overwrote it with in place? A ReLU with a slope >= 0 does (its output has
     its input's sign), so its forward record serves, unless a later in-place layer rewrites
-    the blob (``rewritten``: a Scale or BatchNorm after it), whose values Caffe's mask then
-    reads. BNLL, Log and Clip do not: in place, Caffe takes their slope at the data."""
+    the blob with another sign pattern (``rewritten``: a Scale or BatchNorm after it), whose
+    values Caffe's mask then reads. BNLL, Log and Clip do not: in place, Caffe takes their
+    slope at the data."""
     if step.type != "ReLU" or rewritten:
         return False
     return module.param.negative_slope >= 0
@@ -77,8 +78,7 @@ def slope_kept_when_overwritten(step: LayerStep, module: CaffeLayer, rewritten: 
 
 def relu_in_place(step: LayerStep) -> bool:
     """An in-place ReLU: where a later in-place layer rewrites its blob, Caffe's Backward
-    mask (bottom_data > 0) is that layer's output's sign, not the ReLU's, which one autograd
-    pass cannot give."""
+    mask (bottom_data > 0) is that layer's output's sign, not the ReLU's."""
     return step.type == "ReLU" and step.in_place[0]
 
 

@@ -192,6 +192,7 @@ class Net:
         self._debug_info = bool(self._net.net_param.debug_info)
         self._overwritten = self._find_overwritten_bottoms()
         self._top_rewritten = self._find_rewritten_tops()
+        self._relu_masks_moved = self._find_relu_masks_moved()
         self._stale_alias_reads = self._find_stale_alias_reads()
         self._layer_tops = layer_tops(self._net)  # what a forward writes (inputs: in place)
         # the layers that need backward, in order: a forward asks whether its range has one
@@ -417,6 +418,30 @@ class Net:
             bool(step.tops) and root.get(step.tops[0], step.tops[0]) in later[i + 1]
             for i, step in enumerate(self._net.steps)
         ]
+
+    def _find_relu_masks_moved(self) -> frozenset[int]:
+        """The in-place ReLUs whose blob a later layer rewrites with values of another sign
+        pattern (a Scale or BatchNorm in place after it): Caffe's Backward masks with
+        bottom_data > 0, that layer's output. A Dropout (zero where its own backward zeroes
+        the diff, else a positive multiple) or another ReLU leaves the mask's effect alone."""
+        root = self._memory_root
+        later = {"Dropout", "ReLU"}
+        moved = set()
+        steps = self._net.steps
+        for i, step in enumerate(steps):
+            if not relu_in_place(step):
+                continue
+            blob = root.get(step.tops[0], step.tops[0])
+            for j in range(i + 1, len(steps)):
+                for t in steps[j].tops:
+                    if (j, t) in self._shared_writes or root.get(t, t) != blob:
+                        continue
+                    if steps[j].type not in later or (
+                        steps[j].type == "ReLU"
+                        and self._net.module_of(steps[j]).param.negative_slope < 0
+                    ):
+                        moved.add(i)
+        return frozenset(moved)
 
     def _find_stale_alias_reads(self) -> bool:
         """Does a layer read a blob whose shared memory another blob's layer wrote since the
@@ -796,7 +821,7 @@ class Net:
             ):
                 continue
             module = self._net.module_of(steps[i])
-            if not slope_kept_when_overwritten(steps[i], module, self._top_rewritten[i]):
+            if not slope_kept_when_overwritten(steps[i], module, i in self._relu_masks_moved):
                 # a bottom that an in-place layer overwrote after this layer read it: Caffe's
                 # Backward reads the overwritten blob, so compare with what this forward read
                 read = [b.detach() if o else None for b, o in zip(record.bottoms, overwritten[i])]
@@ -984,7 +1009,7 @@ class Net:
         if (
             record is None
             or (reads and record.bottoms_rewritten())
-            or (self._top_rewritten[i] and relu_in_place(step))
+            or i in self._relu_masks_moved
             or (check_edits and reads and self._bottoms_edited(i, device, edited))
         ):  # no forward since, a later forward wrote a bottom's memory (a forward over an
             # earlier range), a later in-place layer rewrote an in-place ReLU's mask, or a

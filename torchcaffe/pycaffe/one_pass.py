@@ -45,7 +45,7 @@ from torch import nn
 from ..net.program import LayerStep
 from ..ops.base import CaffeLayer
 from ..ops.python_layer import PythonLayer
-from .backward_reads import reads_top_data, relu_in_place
+from .backward_reads import reads_top_data
 
 if TYPE_CHECKING:
     from .net import Net
@@ -90,10 +90,10 @@ def plan_one_pass(net: Net) -> OnePassPlan | None:
         if isinstance(module, CaffeLayer) and not module.has_backward:
             return None
         if net._top_rewritten[i] and (
-            getattr(module, "in_place_slope", False)
-            or reads_top_data(step, module)
-            or relu_in_place(step)
+            getattr(module, "in_place_slope", False) or reads_top_data(step, module)
         ):  # its Caffe Backward reads the blob's final data, not its own output
+            return None
+        if i in net._relu_masks_moved:  # its mask is a later in-place layer's output's sign
             return None
         recorded.add(i)
         for p, need in zip(module.param_blobs(), step.param_need_backward):
