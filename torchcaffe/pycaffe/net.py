@@ -46,11 +46,11 @@ from . import debug_info
 from .backward_reads import (
     keeps_forward_bottom,
     reads_bottom_data,
-    relu_in_place,
     slope_kept_when_overwritten,
     top_data_rule,
 )
 from .lazy_forward import LazyForward, layer_tops
+from .memory_shares import MemoryShares
 from .one_pass import OnePassPlan, forward_backward_one_pass, plan_one_pass
 
 
@@ -166,11 +166,13 @@ class Net:
         )
         self._device = torch.device("cpu")
         self._note_sources()
-        self._find_shares()
+        # which blobs share one memory in Caffe (memory_shares.py)
+        self._memory = MemoryShares.of(self._net.steps)
+        self._shares_stale = True
         self._make_blobs()
         self._held_tops = self._constant_dummy_tops()
         self._lazy = LazyForward(
-            self._net, self._blob_of, self._net.loss_weights(), self._memory_keys()
+            self._net, self._blob_of, self._net.loss_weights(), self._memory.keys(self._blob_of)
         )
         for blob in self._blob_of.values():
             blob.on_layout_change = self._relaid
@@ -190,10 +192,10 @@ class Net:
         # Caffe's debug_info_: log each layer's blobs as it runs (debug_info.py); a solver
         # sets it per iteration as Caffe's Solver::Step does
         self._debug_info = bool(self._net.net_param.debug_info)
-        self._overwritten = self._find_overwritten_bottoms()
-        self._top_rewritten = self._find_rewritten_tops()
-        self._relu_masks_moved = self._find_relu_masks_moved()
-        self._stale_alias_reads = self._find_stale_alias_reads()
+        self._overwritten = self._memory.overwritten_bottoms()
+        self._top_rewritten = self._memory.rewritten_tops()
+        self._relu_masks_moved = self._memory.relu_masks_moved(self._net.module_of)
+        self._stale_alias_reads = self._memory.stale_alias_reads()
         self._layer_tops = layer_tops(self._net)  # what a forward writes (inputs: in place)
         # the layers that need backward, in order: a forward asks whether its range has one
         self._backward_steps = [i for i, s in enumerate(self._net.steps) if s.need_backward]
@@ -212,43 +214,12 @@ class Net:
             if isinstance(module, PythonLayer):
                 module.source_path = self._net.path
 
-    def _find_shares(self) -> None:
-        """The tops whose Blob uses its bottom's memory in Caffe (Blob::ShareData): every
-        Split top shares its bottom's data (SplitLayer::Forward; the diffs stay apart, summed
-        by its Backward); Flatten's and Reshape's top, Concat's of one bottom and Slice's of
-        one top share data and diff (their Reshape or Forward; FlattenLayer::Backward gives
-        the bottom the top's diff). So a script writing one blob sees the other change, as
-        pycaffe's arrays over the one buffer do, and a layer writing a top in place writes
-        its bottom too. ``_shares``: (top, bottom, diff too), in layer order so that a chain
-        (a Split top flattened) shares one memory; ``_shared_writes``: (layer index, top) of
-        those tops, whose forward writes nothing (the values are already there);
-        ``_memory_root``: a sharing top -> the blob that owns the memory."""
-        self._shares: list[tuple[str, str, bool]] = []
-        self._shared_writes: dict[tuple[int, str], str] = {}
-        self._memory_root: dict[str, str] = {}
-        for i, step in enumerate(self._net.steps):
-            kind, bottoms, tops = step.type, step.bottoms, step.tops
-            if kind == "Split" and len(bottoms) == 1:
-                pairs = [(top, bottoms[0], False) for top in tops]
-            elif kind in ("Flatten", "Reshape", "Concat", "Slice") and (
-                len(bottoms) == len(tops) == 1
-            ):
-                pairs = [(tops[0], bottoms[0], True)]
-            else:
-                continue
-            for top, bottom, diff in pairs:
-                if top != bottom:
-                    self._shares.append((top, bottom, diff))
-                    self._shared_writes[(i, top)] = bottom
-                    self._memory_root[top] = self._memory_root.get(bottom, bottom)
-        self._shares_stale = True
-
     def _share_blobs(self) -> None:
         """Give each sharing top its bottom's memory again where it lost it (a reshape that
         grew either one allocates anew), as Caffe's layers share again on each Reshape or
         Forward. Blobs of different counts (one reshaped, the other not yet) wait."""
         blobs = self._blob_of
-        for top, bottom, diff in self._shares:
+        for top, bottom, diff in self._memory.pairs:
             t, b = blobs[top], blobs[bottom]
             if t.count != b.count:
                 continue
@@ -262,21 +233,6 @@ class Net:
         """A blob was reshaped or given another memory (``Blob.on_layout_change``)."""
         self._shares_stale = True
         self._lazy.forget_link()
-
-    def _memory_keys(self) -> dict[str, str | None]:
-        """Blob -> the blob whose value its memory holds after a whole forward: of the
-        blobs sharing one memory (``_find_shares``), the last one a layer writes values
-        into (a layer in place on a flattened top writes its bottom's memory); None where
-        no layer does (a Reshape of an input: the memory is the input's)."""
-        root = self._memory_root
-        last: dict[str, str] = {}
-        for i, step in enumerate(self._net.steps):
-            if step.is_input:
-                continue
-            for top in step.tops:
-                if (i, top) not in self._shared_writes:
-                    last[root.get(top, top)] = top
-        return {name: last.get(root.get(name, name)) for name in self._blob_of}
 
     def _make_blobs(self) -> None:
         """The blobs by the net's own (unique) names, and the views pycaffe shows: Caffe
@@ -386,83 +342,6 @@ class Net:
             blob.data_memory.set_gpu_data(flat)
             blob.diff_memory.set_gpu_data(grad)
         return blob
-
-    def _written_from(self) -> list[set[str]]:
-        """Per layer index i (and one past the last): the memories (``_memory_root`` names)
-        that layers i and after write values into."""
-        root = self._memory_root
-        steps = self._net.steps
-        out: list[set[str]] = [set() for _ in range(len(steps) + 1)]
-        for i in range(len(steps) - 1, -1, -1):
-            written = {root.get(t, t) for t in steps[i].tops if (i, t) not in self._shared_writes}
-            out[i] = out[i + 1] | written
-        return out
-
-    def _find_overwritten_bottoms(self) -> list[list[bool]]:
-        """Per layer and bottom: will this or a later layer overwrite the blob's memory (in
-        place, or in place on a blob sharing it)?"""
-        root = self._memory_root
-        later = self._written_from()
-        return [
-            [root.get(b, b) in later[i] for b in step.bottoms]
-            for i, step in enumerate(self._net.steps)
-        ]
-
-    def _find_rewritten_tops(self) -> list[bool]:
-        """Per layer: does a later layer write its first top's memory (in place, or in place
-        on a blob sharing it)? A Backward that reads that top (Sigmoid, TanH, an in-place
-        slope) then reads what the later layer left."""
-        root = self._memory_root
-        later = self._written_from()
-        return [
-            bool(step.tops) and root.get(step.tops[0], step.tops[0]) in later[i + 1]
-            for i, step in enumerate(self._net.steps)
-        ]
-
-    def _find_relu_masks_moved(self) -> frozenset[int]:
-        """The in-place ReLUs whose blob a later layer rewrites with values of another sign
-        pattern (a Scale or BatchNorm in place after it): Caffe's Backward masks with
-        bottom_data > 0, that layer's output. A Dropout (zero where its own backward zeroes
-        the diff, else a positive multiple) or another ReLU leaves the mask's effect alone."""
-        root = self._memory_root
-        later = {"Dropout", "ReLU"}
-        moved = set()
-        steps = self._net.steps
-        for i, step in enumerate(steps):
-            if not relu_in_place(step):
-                continue
-            blob = root.get(step.tops[0], step.tops[0])
-            for j in range(i + 1, len(steps)):
-                for t in steps[j].tops:
-                    if (j, t) in self._shared_writes or root.get(t, t) != blob:
-                        continue
-                    if steps[j].type not in later or (
-                        steps[j].type == "ReLU"
-                        and self._net.module_of(steps[j]).param.negative_slope < 0
-                    ):
-                        moved.add(i)
-        return frozenset(moved)
-
-    def _find_stale_alias_reads(self) -> bool:
-        """Does a layer read a blob whose shared memory another blob's layer wrote since the
-        blob was last produced (a ReLU in place on a Flatten top, then a Reshape of the same
-        bottom read)? Caffe's reader sees that write through the memory; the torch face's
-        program passes each blob its own value, so such nets run layer by layer here."""
-        root = self._memory_root
-        produced: dict[str, int] = {}  # blob -> the step that last gave it its value
-        written: dict[str, int] = {}  # memory -> the step that last wrote values into it
-        writer: dict[str, str] = {}  # memory -> the blob that step wrote
-        for i, step in enumerate(self._net.steps):
-            for b in step.bottoms:
-                r = root.get(b, b)
-                if writer.get(r, b) != b and written[r] > produced.get(b, -1):
-                    return True
-            for t in step.tops:
-                produced[t] = i
-                if (i, t) not in self._shared_writes:
-                    r = root.get(t, t)
-                    written[r], writer[r] = i, t
-        return False
 
     def _find_backward_refusals(self) -> dict[int, Callable[[], BlobWiringError]]:
         """Layer index -> the error (made fresh per raise) for a layer whose Caffe Backward
@@ -774,7 +653,7 @@ class Net:
 
     def _holds_shared(self, i: int, top: str) -> bool:
         """Is layer ``i``'s ``top`` its bottom's memory, which holds its values already?"""
-        bottom = self._shared_writes.get((i, top))
+        bottom = self._memory.shared_writes.get((i, top))
         return bottom is not None and (
             self._blob_of[bottom].data_memory is self._blob_of[top].data_memory
         )
@@ -1045,9 +924,9 @@ class Net:
                 self._param_blob_of[id(p)].diff_at(device, mutable=True).add_(g.view(p.shape))
 
     def _shares_diff(self, i: int) -> bool:
-        """Is layer ``i``'s one top's diff its bottom's memory (``_find_shares``)?"""
+        """Is layer ``i``'s one top's diff its bottom's memory (``MemoryShares``)?"""
         step = self._net.steps[i]
-        if len(step.tops) != 1 or (i, step.tops[0]) not in self._shared_writes:
+        if len(step.tops) != 1 or (i, step.tops[0]) not in self._memory.shared_writes:
             return False
         top, bottom = self._blob_of[step.tops[0]], self._blob_of[step.bottoms[0]]
         return step.type != "Split" and top.diff_memory is bottom.diff_memory
@@ -1223,7 +1102,7 @@ class Net:
 
     def _layer_by_layer(self) -> bool:
         """Must passes run layer by layer (per-layer callbacks, debug_info, a read through
-        a memory another blob's layer wrote: ``_find_stale_alias_reads``)?"""
+        a memory another blob's layer wrote: ``MemoryShares.stale_alias_reads``)?"""
         return self._debug_info or any(self._callbacks.values()) or self._stale_alias_reads
 
     @_in_caffe_float32
