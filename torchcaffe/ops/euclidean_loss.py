@@ -7,7 +7,7 @@ import math
 import torch
 
 from ..registry import register_layer
-from ._loss_normalization import LossLayer
+from ._loss_normalization import LossLayer, widened
 
 
 @register_layer("EuclideanLoss")
@@ -36,5 +36,7 @@ class EuclideanLossLayer(LossLayer):
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         self._check_counts(a.shape, b.shape)
+        dtype = a.dtype
+        a, b = widened(a, b)
         diff = a - b.reshape(a.shape)
-        return (diff * diff).sum() / a.shape[0] / 2
+        return ((diff * diff).sum() / a.shape[0] / 2).to(dtype)

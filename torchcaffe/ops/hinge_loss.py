@@ -8,7 +8,7 @@ import torch
 
 from ..proto import caffe_pb2
 from ..registry import register_layer
-from ._loss_normalization import LossLayer, check_labels
+from ._loss_normalization import LossLayer, check_labels, widened
 
 L1, L2 = caffe_pb2.HingeLossParameter.L1, caffe_pb2.HingeLossParameter.L2
 
@@ -36,11 +36,13 @@ class HingeLossLayer(LossLayer):
     def forward(self, x: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
         num = x.shape[0]
         dim = math.prod(x.shape[1:])
+        dtype = x.dtype
+        (x,) = widened(x)
         scores = x.reshape(num, dim)
         labels = label.detach().reshape(-1)[:num].long().reshape(num, 1)
         check_labels(self, labels, None, dim)
         is_label = torch.arange(dim, device=x.device).reshape(1, dim) == labels
         margin = torch.relu(1 + torch.where(is_label, -scores, scores))
         if self.norm == L1:
-            return margin.sum() / num
-        return (margin * margin).sum() / num
+            return (margin.sum() / num).to(dtype)
+        return ((margin * margin).sum() / num).to(dtype)

@@ -8,7 +8,7 @@ import torch
 
 from ..registry import register_layer
 from ._functional.clamped_log import log_clamped
-from ._loss_normalization import LOG_THRESHOLD, LossLayer, check_labels, legacy_dim
+from ._loss_normalization import LOG_THRESHOLD, LossLayer, check_labels, legacy_dim, widened
 
 
 @register_layer("MultinomialLogisticLoss")
@@ -39,5 +39,5 @@ class MultinomialLogisticLossLayer(LossLayer):
         dim = math.prod(p.shape[1:])
         labels = label.detach().reshape(num, 1).long()
         check_labels(self, labels, None, dim)
-        picked = p.reshape(num, dim).gather(1, labels)
-        return -log_clamped(picked, LOG_THRESHOLD).sum() / num
+        (picked,) = widened(p.reshape(num, dim).gather(1, labels))
+        return (-log_clamped(picked, LOG_THRESHOLD).sum() / num).to(p.dtype)

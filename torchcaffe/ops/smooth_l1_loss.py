@@ -6,7 +6,7 @@ import torch
 
 from ..registry import register_layer
 from ._functional.smooth_l1 import smooth_l1, weighted_smooth_l1_fork
-from ._loss_normalization import LossLayer, legacy_dim
+from ._loss_normalization import LossLayer, legacy_dim, widened
 from .base import Between
 
 
@@ -56,12 +56,14 @@ class SmoothL1LossLayer(LossLayer):
         self.sigma2 = float(torch.tensor(sigma, dtype=torch.float32) ** 2)  # Dtype sigma^2
 
     def forward(self, a: torch.Tensor, b: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
+        dtype = a.dtype
+        a, b, *wide = widened(a, b, *weights)
         d = a - b.reshape(a.shape)
-        weights = tuple(w.detach().reshape(a.shape) for w in weights)
-        if len(weights) == 1:
-            errors = weighted_smooth_l1_fork(d, weights[0], self.sigma2)
-        elif len(weights) == 2:
-            errors = smooth_l1(weights[0] * d, self.sigma2) * weights[1]
+        w = [t.detach().reshape(a.shape) for t in wide]
+        if len(w) == 1:
+            errors = weighted_smooth_l1_fork(d, w[0], self.sigma2)
+        elif len(w) == 2:
+            errors = smooth_l1(w[0] * d, self.sigma2) * w[1]
         else:
             errors = smooth_l1(d, self.sigma2)
-        return errors.sum() / a.shape[0]
+        return (errors.sum() / a.shape[0]).to(dtype)
