@@ -146,3 +146,22 @@ def test_error_channels_change():
     )
     with pytest.raises(LayerParamError, match=r"layer 'n1' \(Normalize\).*channels"):
         layer.output_shapes([(2, 4, 4)])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16bit_normalize_is_the_float_one_rounded(dtype):
+    # SSD's conv4_3 features reach hundreds: a float16 sum of squares over 512 channels is
+    # inf; a zero position (after ReLU) is 0 / 0 when eps 1e-10 rounds to 0
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(2, 512, 3, 3, generator=g) * 100).relu().to(dtype)
+    x[0, :, 0, 0] = 0
+    snippet = (
+        "norm_param { across_spatial: false channel_shared: false"
+        " scale_filler { type: 'constant' value: 20 } }"
+    )
+    layer, _ = make_layer(snippet, [x.shape], type="Normalize", bottoms=[x], dtype=dtype)
+    ref, _ = make_layer(snippet, [x.shape], type="Normalize", bottoms=[x.float()])
+    y = layer(x)
+    assert y.dtype == dtype
+    tol = 1e-2 if dtype == torch.bfloat16 else 2e-3
+    torch.testing.assert_close(y.float(), ref(x.float()), rtol=tol, atol=tol)

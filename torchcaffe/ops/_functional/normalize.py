@@ -45,4 +45,10 @@ class CaffeNormalize(torch.autograd.Function):
 def caffe_normalize(
     x: torch.Tensor, scale: torch.Tensor, across_spatial: bool, eps: float
 ) -> torch.Tensor:
-    return CaffeNormalize.apply(x, scale, (1, 2) if across_spatial else (1,), eps)
+    """A float16/bfloat16 ``x`` is normalized in float32 and rounded back: in float16 a sum of
+    squares past 65504 is inf (SSD's conv4_3 features reach hundreds) and eps 1e-10 is 0, so
+    a zero row would be 0 / 0 where Caffe's float gives 0."""
+    dims = (1, 2) if across_spatial else (1,)
+    if x.dtype in (torch.float16, torch.bfloat16):
+        return CaffeNormalize.apply(x.float(), scale.float(), dims, eps).to(x.dtype)
+    return CaffeNormalize.apply(x, scale, dims, eps)
