@@ -191,3 +191,21 @@ def test_off_the_cpu_the_window_is_one_pooling_and_autograd_copies_nothing():
     assert not {"slice.Tensor", "copy_.default", "as_strided.default"} & set(names)
     assert names.count("avg_pool3d_backward.default") == 1
     assert len(names) <= 21, names  # the slice-update form: 123
+
+
+@pytest.mark.parametrize("region", ["ACROSS_CHANNELS", "WITHIN_CHANNEL"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16bit_lrn_is_the_float_one_rounded(dtype, region):
+    # CaffeNet's conv1 tops reach hundreds: a float16 square past 256 is inf
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(1, 16, 6, 6, generator=g) * 150).relu().to(dtype)
+    snippet = f"lrn_param {{ local_size: 5 alpha: 0.0001 beta: 0.75 norm_region: {region} }}"
+    layer, _ = make_layer(snippet, [x.shape], type="LRN", bottoms=[x], dtype=dtype)
+    ref, _ = make_layer(snippet, [x.shape], type="LRN", bottoms=[x.float()])
+    xg = x.clone().requires_grad_(True)
+    y = layer(xg)
+    assert y.dtype == dtype
+    tol = 1e-2 if dtype == torch.bfloat16 else 2e-3
+    torch.testing.assert_close(y.float(), ref(x.float()), rtol=tol, atol=tol)
+    y.sum().backward()
+    assert xg.grad is not None and bool(torch.isfinite(xg.grad).all())

@@ -63,6 +63,11 @@ class LRNLayer(CaffeLayer):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Shapes were checked by output_shapes (TorchNet.infer_shapes, once per input shape).
+        if x.dtype in (torch.float16, torch.bfloat16):
+            # in float16 a square past 256 (CaffeNet's conv1 tops) and the window sum past
+            # 65504 are inf, so the top would be 0 where Caffe's float one is not: compute
+            # in float32 and round the top once
+            return self.forward(x.float()).to(x.dtype)
         n = self.local_size
         if self.norm_region == LP.ACROSS_CHANNELS:
             sq = x * x
