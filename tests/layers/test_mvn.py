@@ -147,3 +147,17 @@ def test_in_place_backward_is_caffes_aliased_one(across):
     top.backward(torch.tensor(top_diff))
     want = ref_mvn_diff_in_place(x, top_diff, across_channels=across)
     np.testing.assert_allclose(xt.grad.numpy(), want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16bit_mvn_is_the_float_one_rounded(dtype):
+    # a constant slice is 0 / (0 + eps) = 0 in Caffe's float; eps 1e-9 is 0 in float16
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(2, 3, 8, 8, generator=g) * 30 + 200).to(dtype)
+    x[0, 1] = 2.0
+    layer, _ = make_layer("", [x.shape], type="MVN", bottoms=[x], dtype=dtype)
+    ref, _ = make_layer("", [x.shape], type="MVN", bottoms=[x.float()])
+    y = layer(x)
+    assert y.dtype == dtype
+    tol = 1e-2 if dtype == torch.bfloat16 else 2e-3
+    torch.testing.assert_close(y.float(), ref(x.float()), rtol=tol, atol=tol)
