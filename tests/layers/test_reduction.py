@@ -71,3 +71,17 @@ def test_error_axis(axis):
         make_layer(
             f"reduction_param {{ axis: {axis} }}", [(2, 3, 4, 5)], type="Reduction", name="r1"
         )
+
+
+@pytest.mark.parametrize("op", ["MEAN", "SUMSQ"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16bit_reduction_is_the_float_one_rounded(dtype, op):
+    # the MEAN of 100000 tens is 10; a float16 running sum passes 65504 on the way
+    x = (torch.randn(2, 100000, generator=torch.Generator().manual_seed(3)) + 10).to(dtype)
+    snippet = f"reduction_param {{ operation: {op} axis: 1 coeff: 1e-5 }}"
+    layer, _ = make_layer(snippet, [x.shape], type="Reduction", bottoms=[x], dtype=dtype)
+    ref, _ = make_layer(snippet, [x.shape], type="Reduction", bottoms=[x.float()])
+    y = layer(x)
+    assert y.dtype == dtype
+    tol = 1e-2 if dtype == torch.bfloat16 else 2e-3
+    torch.testing.assert_close(y.float(), ref(x.float()), rtol=tol, atol=0)

@@ -39,6 +39,10 @@ class ReductionLayer(CaffeLayer):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         axis = canonical_axis(self, self.param.axis, x.dim())
+        if x.dtype in (torch.float16, torch.bfloat16):
+            # a float16 sum past 65504 (or square past 256) is inf where Caffe's float is
+            # finite, even for a MEAN of small values: reduce in float32, round the top once
+            return self.forward(x.float()).to(x.dtype)
         flat = x.reshape(*x.shape[:axis], -1)
         coeff = self.coeff
         if self.operation == ReductionOp.ASUM:
