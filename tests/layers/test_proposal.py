@@ -440,3 +440,19 @@ def test_rpn_error_batch_of_two():
 def test_rpn_error_im_info_needs_scale():
     with pytest.raises(LayerParamError, match=r"layer 'p1' \(Python\).*im_info.*1 x 3"):
         make_layer(RPN, [(1, 12, 3, 3), (1, 24, 3, 3), (1, 2)], type="Python", name="p1")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16bit_fork_forward_is_the_float_one_rounded(dtype):
+    """A .half() / .bfloat16() net: boxes decoded and selected in float32 (bfloat16 scores
+    tie often, which took the host replay of sort_box, with no bfloat16 numpy)."""
+    scores, deltas, im_info = make_bottoms(torch.Generator().manual_seed(4))
+    scores, deltas = scores.to(dtype), deltas.to(dtype)
+    shapes = [scores.shape, deltas.shape, (1, 3)]
+    bottoms = [scores, deltas, im_info]
+    layer, _ = make_layer(FORK, shapes, type="Proposal", n_tops=2, bottoms=bottoms, dtype=dtype)
+    rois, kept = layer(scores, deltas, im_info)
+    want_rois, want_scores = layer.float()(scores.float(), deltas.float(), im_info)
+    assert rois.dtype == kept.dtype == dtype
+    torch.testing.assert_close(rois, want_rois.to(dtype), rtol=0, atol=0)
+    torch.testing.assert_close(kept, want_scores.to(dtype), rtol=0, atol=0)
