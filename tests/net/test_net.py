@@ -180,6 +180,23 @@ def test_an_integer_input_is_the_float_blob_caffe_would_hold():
         net.float()(data=x.to(torch.complex64))
 
 
+def test_a_16bit_net_refuses_integers_its_dtype_cannot_hold():
+    """A bfloat16 net's label 999 would be the blob 1000 (a wrong class, or an index past
+    the scores); Caffe's float holds it exactly. Integers the dtype holds pass."""
+    flat = build(
+        'input: "data" input_shape { dim: 2 dim: 3 }\n'
+        'layer { name: "f" type: "Flatten" bottom: "data" top: "f" }\n'
+        'layer { name: "ip" type: "InnerProduct" bottom: "f" top: "ip" '
+        "inner_product_param { num_output: 2 } }"
+    ).bfloat16()
+    ok = torch.tensor([[0, 255, 256], [-3, 512, 1]])
+    assert torch.equal(flat.forward_all_blobs(data=ok)["f"], ok.to(torch.bfloat16))
+    with pytest.raises(UsageError, match="input 'data' holds 999, which torch.bfloat16"):
+        flat(data=torch.tensor([[0, 999, 1], [2, 3, 4]]))
+    with pytest.raises(UsageError, match="holds 2049, which torch.float16"):
+        flat.half()(data=torch.tensor([[0, 2049, 1], [2, 3, 4]]))
+
+
 def test_inputs_are_checked_again_after_the_net_changes_dtype():
     """A float32 call, then ``net.double()``: the same float32 input is now the wrong dtype."""
     net = build(MLP)

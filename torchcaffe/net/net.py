@@ -239,8 +239,26 @@ class TorchNet(nn.Module):
         self._check_inputs(blobs)
         for name, value in blobs.items():
             if not value.is_floating_point():
-                blobs[name] = value.to(self._blob_dtype())
+                blobs[name] = self._as_blob(name, value)
         return blobs
+
+    def _as_blob(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        """An integer input in the params' dtype. A 16-bit net's would round integers past 256
+        (bfloat16) or 2048 (float16): a label 999 became 1000, a wrong class or an index past
+        the scores, where Caffe's float is exact; that is a UsageError instead."""
+        dtype = self._blob_dtype()
+        blob = value.to(dtype)
+        if dtype in (torch.float16, torch.bfloat16) and value.dtype != torch.bool:
+            inexact = blob.to(value.dtype) != value
+            if bool(inexact.any()):
+                first = int(value[inexact].reshape(-1)[0])
+                raise UsageError(
+                    f"input {name!r} holds {first}, which {dtype} cannot represent exactly "
+                    f"(it would read {float(torch.tensor(first).to(dtype))})",
+                    path=self.path,
+                    hint="run the net in float32 (a label's blob takes the net's dtype)",
+                )
+        return blob
 
     def _blob_dtype(self) -> torch.dtype:
         """The dtype an integer or bool input (a uint8 image, an int64 label) is cast to: the
