@@ -615,3 +615,28 @@ def test_float32_center_size_encode_rounds_as_the_fork():
     ratio = ((gt[:, 2:] - gt[:, :2]) / (prior[:, 2:] - prior[:, :2])).numpy()  # float division
     want = (np.log(ratio.astype(np.float64)) / np.float64(np.float32(0.2))).astype(np.float32)
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16bit_loss_is_the_float_loss_rounded(dtype):
+    """No mining, FULL normalization: the float16 sum over every prior would pass 65504."""
+    rng = np.random.default_rng(3)
+    loc, conf, prior, gt = (torch.tensor(a).to(dtype) for a in make_data(rng))
+    conf = (conf * 30).repeat(1, 300)  # 9000 priors an image, confident misses
+    loc, prior = loc.repeat(1, 300), prior.repeat(1, 1, 300)
+    snippet = (
+        "multibox_loss_param { num_classes: 4 mining_type: NONE } "
+        "loss_param { normalization: FULL }"
+    )
+    bottoms = [loc, conf, prior, gt]
+    shapes = [b.shape for b in bottoms]
+    layer, _ = make_layer(snippet, shapes, type="MultiBoxLoss", bottoms=bottoms, dtype=dtype)
+    ref_layer, _ = make_layer(snippet, shapes, type="MultiBoxLoss", bottoms=bottoms)
+    x = conf.clone().requires_grad_(True)
+    loss = layer(loc, x, prior, gt)
+    want = ref_layer(*(b.float() for b in (loc, conf, prior, gt)))
+    assert loss.dtype == dtype and torch.isfinite(want)
+    tol = 1e-2 if dtype == torch.bfloat16 else 2e-3
+    torch.testing.assert_close(loss.float(), want, rtol=tol, atol=0)
+    loss.backward()
+    assert x.grad is not None and x.grad.dtype == dtype

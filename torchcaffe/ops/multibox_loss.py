@@ -12,7 +12,7 @@ from ..proto import caffe_pb2
 from ..registry import register_layer
 from . import _bbox, _multibox
 from ._functional.clamped_log import log_softmax_clamped
-from ._loss_normalization import FLT_MIN, normalization_mode, params_repr
+from ._loss_normalization import FLT_MIN, normalization_mode, params_repr, widened
 from .base import CaffeLayer, Exactly, Shape
 from .detection_output import check_prior_boxes, check_prior_counts, split_priors
 
@@ -157,6 +157,11 @@ class MultiBoxLossLayer(CaffeLayer):
 
     # -- Forward --------------------------------------------------------------------------
     def forward(self, loc, conf, prior, label):
+        if loc.dtype in (torch.float16, torch.bfloat16):
+            # a float16 sum of the confidence losses over every prior passes 65504 (SSD300:
+            # 8732 priors an image) and FLT_MIN is 0 there; matching and mining in 16-bit
+            # overlaps move too: compute in float32, rounding the loss once
+            return self.forward(*widened(loc, conf, prior, label)).to(loc.dtype)
         p, num = self.param, loc.shape[0]
         # the fork's Reshape recounts the priors (a reshaped net brings more or fewer);
         # output_shapes checked the counts for these shapes
