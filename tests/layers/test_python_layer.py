@@ -198,3 +198,24 @@ def test_phase_is_an_int_named_as_pycaffes_enum(monkeypatch, tmp_path):
         assert net.layer_dict["p"].phase == phase
         out = net.forward(x=np.ones((2, 3), np.float32))["y"]
         np.testing.assert_allclose(out, np.full((2, 3), scale))
+
+
+def test_bfloat16_net_hands_the_layer_float32_arrays(tmp_path):
+    """numpy has no bfloat16: a .bfloat16() net's Python layers read and write float32
+    arrays (bottoms, tops, diffs, params) and their tops come back in bfloat16."""
+    path = tmp_path / "net.prototxt"
+    path.write_text(NET)
+    g = torch.Generator().manual_seed(2)
+    x, y = (torch.randn(3, 4, generator=g).bfloat16() for _ in range(2))
+    nets = [caffe.load(path, allow_python_layers=True) for _ in range(2)]
+    half = nets[1].bfloat16()
+    xs = [x.float().requires_grad_(True), x.clone().requires_grad_(True)]
+    losses = [net(x=a, y=b)["loss"] for net, a, b in zip(nets, xs, (y.float(), y))]
+    assert losses[1].dtype == torch.bfloat16
+    torch.testing.assert_close(losses[1].float(), losses[0], rtol=1e-2, atol=1e-2)
+    for loss in losses:
+        loss.backward()
+    assert xs[1].grad is not None and xs[1].grad.dtype == torch.bfloat16
+    torch.testing.assert_close(xs[1].grad.float(), xs[0].grad, rtol=2e-2, atol=2e-2)
+    w = dict(half.named_parameters())
+    assert all(p.grad is not None and p.grad.dtype == torch.bfloat16 for p in w.values())

@@ -142,10 +142,18 @@ def native_substitute(
     return None if found else builder
 
 
+def _host(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` on the host for the layer's numpy code: a bfloat16 one (a .bfloat16() net)
+    as float32, since numpy has no bfloat16 (``.numpy()`` would raise torch's bare error);
+    the tops are cast back to the net's dtype."""
+    host = tensor.detach().to("cpu")
+    return host.float() if host.dtype == torch.bfloat16 else host
+
+
 def _fill(blob: Blob, tensor: torch.Tensor) -> None:
     """Copy ``tensor`` into ``blob``, reshaped to it. The Blob object stays: Caffe hands a
     layer the same bottom blobs in every call, and a layer may keep one from ``setup``."""
-    host = tensor.detach().to("cpu")
+    host = _host(tensor)
     if blob.dtype != host.dtype:  # the next reshape allocates memory of the tensor's dtype
         blob.dtype = host.dtype
         blob.capacity = 0
@@ -302,6 +310,8 @@ class PythonLayer(CaffeLayer):
         """After ``.to()`` moved the params, point the user's Blobs at host copies."""
         for blob, param in zip(getattr(self.py, "blobs", []), self.param_blobs()):
             host = param.detach()
+            if host.dtype == torch.bfloat16:  # a float32 copy numpy can read
+                host = _host(host)
             blob.set_cpu_data(host if host.device.type == "cpu" else host.to("cpu"))
 
     # -- the numpy round trips ---------------------------------------------------------------
@@ -315,7 +325,7 @@ class PythonLayer(CaffeLayer):
             _fill(blob, tensor)
         for blob, tensor in zip(self._tops, tops):
             blob.reshape(tuple(tensor.shape))
-            blob.data[...] = tensor.detach().to("cpu").numpy()
+            blob.data[...] = _host(tensor).numpy()
         self.forward_runs += 1
 
     def run_forward(self, bottoms: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -342,7 +352,7 @@ class PythonLayer(CaffeLayer):
         """The user's ``backward``; (bottom diffs, param diffs). In a pycaffe Net the class
         writes the param diffs in place (share_param_diffs) and their entries are None."""
         for top, grad in zip(self._tops, grads):
-            top.diff[...] = grad.detach().to("cpu").numpy()
+            top.diff[...] = _host(grad).numpy()
         for blob in self._bottoms:
             blob.diff[...] = 0
         blobs = getattr(self.py, "blobs", [])
