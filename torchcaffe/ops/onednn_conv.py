@@ -68,6 +68,8 @@ def can_take(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
         return False  # oneDNN's top is channels_last: the bottom must be, so layouts stay put
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return False
+    if torch.is_autocast_enabled("cpu"):
+        return False  # oneDNN's op is no autocast op: F.conv2d runs in the autocast dtype
     # made under inference_mode: no version counter to key the copy on
     return not weight.is_inference()
 
@@ -204,6 +206,8 @@ class _PackedCall:
         if not self.call or torch.is_grad_enabled() or not torch._C._get_mkldnn_enabled():
             return False
         if torch._C._is_tracing():  # torch.jit's (the caller is not run by dynamo)
+            return False
+        if torch.is_autocast_enabled("cpu"):  # as can_take
             return False
         strides, last_bias, bias_storage = self.call
         return (

@@ -166,6 +166,8 @@ def _onednn_can_take(tensors: tuple[torch.Tensor, ...]) -> bool:
         return False
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return False
+    if torch.is_autocast_enabled("cpu"):
+        return False  # oneDNN's op is no autocast op: F.linear runs in the autocast dtype
     return bool(torch.backends.mkldnn.enabled)
 
 
