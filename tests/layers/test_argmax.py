@@ -9,7 +9,7 @@ import torch
 
 from tests.helpers.cases import LayerCase
 from tests.helpers.harness import make_layer
-from torchcaffe.errors import LayerParamError
+from torchcaffe.errors import DataError, LayerParamError
 
 CASES = [
     LayerCase("ArgMax", "", ((3, 2, 4, 5),)),
@@ -100,3 +100,16 @@ def test_no_gradient():
 def test_error(snippet, shape, field):
     with pytest.raises(LayerParamError, match=rf"layer 'a1' \(ArgMax\).*{field}"):
         make_layer(snippet, [shape], type="ArgMax", name="a1")
+
+
+@pytest.mark.parametrize("snippet", ["", "argmax_param { axis: 1 }"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16bit_index_the_dtype_cannot_hold_is_an_error(dtype, snippet):
+    """In a .bfloat16() net class 999 of 1000 would read 1000; Caffe's float holds it."""
+    x = torch.zeros(2, 3000, dtype=dtype)
+    x[0, 255] = x[1, 3] = 1
+    layer, _ = make_layer(snippet, [x.shape], type="ArgMax", bottoms=[x], dtype=dtype)
+    assert layer(x).float().reshape(-1).tolist() == [255, 3]
+    x[0, 2049] = 2
+    with pytest.raises(DataError, match=f"index 2049 cannot be represented in {dtype}"):
+        layer(x)

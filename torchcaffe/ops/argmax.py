@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..errors import DataError
 from ..registry import register_layer
 from .base import CaffeLayer, Shape, canonical_axis
 
@@ -70,15 +71,30 @@ class ArgMaxLayer(CaffeLayer):
         top[0], top[1], top[2] = shape[0], 2 if self.out_max_val else 1, self.top_k
         return [tuple(top)]
 
+    def _indices(self, idx: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The indices as the top's floats. A 16-bit net's would round an index past 256
+        (bfloat16) or 2048 (float16): class 999 of 1000 read 1000, where Caffe's float is
+        exact; that is a DataError instead."""
+        out = idx.to(dtype)
+        if dtype in (torch.float16, torch.bfloat16):
+            inexact = out.long() != idx
+            if bool(inexact.any()):
+                raise self.error(
+                    f"index {int(idx[inexact][0])} cannot be represented in {dtype}",
+                    cls=DataError,
+                    hint="run the net in float32 (the top holds indices as floats)",
+                )
+        return out
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.detach()
         if self.has_axis:
             axis = canonical_axis(self, self.param.axis, x.dim())
             values, idx = _topk_caffe(x.movedim(axis, -1), self.top_k)
-            out = values if self.out_max_val else idx.to(x.dtype)
+            out = values if self.out_max_val else self._indices(idx, x.dtype)
             return out.movedim(-1, axis).contiguous()
         values, idx = _topk_caffe(x.reshape(x.shape[0], -1), self.top_k)
-        parts = [idx.to(x.dtype)] + ([values] if self.out_max_val else [])
+        parts = [self._indices(idx, x.dtype)] + ([values] if self.out_max_val else [])
         # output_shapes's (N, 1 or 2, top_k, 1, ...), with N as x has it: output_shapes
         # takes int() of each size, which would pin a symbolic batch under torch.export
         ones = (1,) * (max(3, x.dim()) - 3)
