@@ -309,3 +309,56 @@ def test_cached_global_stats_are_the_same_arithmetic_and_take_no_grad():
     for got, expected in zip(cached, want):
         np.testing.assert_array_equal(got.numpy(), expected)
         assert not got.is_inference() and not got.requires_grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16bit_layer_keeps_float32_running_sums(dtype):
+    """Caffe's running sums reach 1000 times the statistics: a float16 variance sum of a
+    variance near 100 passed 65504 (inf), bfloat16's stopped growing at 256 updates. They stay
+    float32 after .half() / .bfloat16(); the top is in the bottom's dtype."""
+    x = torch.randn(8, 2, 4, 4, generator=torch.Generator().manual_seed(0)) * 10 + 5
+    ref, _ = make_layer("", [x.shape], type="BatchNorm", bottoms=[x])
+    layer, _ = make_layer("", [x.shape], type="BatchNorm", bottoms=[x], dtype=dtype)
+    assert all(b.dtype == torch.float32 for b in layer.buffers())
+    xr = x.to(dtype)
+    with torch.no_grad():
+        for _ in range(1500):
+            assert layer(xr).dtype == dtype
+            ref(xr.float())
+    for name, want in ref.state_dict().items():
+        torch.testing.assert_close(layer.state_dict()[name], want, rtol=5e-3, atol=0)
+    layer.eval()
+    ref.eval()
+    with torch.no_grad():
+        y = layer(xr)
+        assert y.dtype == dtype
+        tol = 1e-2 if dtype == torch.bfloat16 else 2e-3
+        torch.testing.assert_close(y.float(), ref(xr.float()), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16bit_net_folds_with_float32_statistics(dtype):
+    """The folds (into a convolution, and a BatchNorm + Scale alone after a Concat) take the
+    float32 statistics and give tops in the net's dtype."""
+    net = torchcaffe.load(
+        read_net(
+            'input: "data" input_shape { dim: 2 dim: 3 dim: 6 dim: 6 }\n'
+            'layer { name: "c1" type: "Convolution" bottom: "data" top: "c1" '
+            "convolution_param { num_output: 4 kernel_size: 1 "
+            "weight_filler { type: 'xavier' } } }\n"
+            'layer { name: "bn1" type: "BatchNorm" bottom: "c1" top: "c1" }\n'
+            'layer { name: "cat" type: "Concat" bottom: "c1" bottom: "data" top: "cat" }\n'
+            'layer { name: "bn2" type: "BatchNorm" bottom: "cat" top: "cat" }\n'
+            'layer { name: "sc" type: "Scale" bottom: "cat" top: "cat" '
+            "scale_param { bias_term: true } }"
+        ),
+        phase="train",
+    )
+    x = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(0)) * 3
+    for _ in range(3):
+        net(x)
+    want = net.eval()(x.to(dtype).float())["cat"]
+    got = net.to(dtype)(x.to(dtype))["cat"]
+    assert got.dtype == dtype
+    tol = 3e-2 if dtype == torch.bfloat16 else 4e-3
+    torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)

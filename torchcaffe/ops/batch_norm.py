@@ -13,6 +13,8 @@ from ._derived import DerivedCache
 from ._launches import launch_bound
 from .base import CaffeLayer, Shape
 
+_NARROW = (torch.float16, torch.bfloat16)
+
 
 @register_layer("BatchNorm")
 class BatchNormLayer(CaffeLayer):
@@ -72,6 +74,20 @@ class BatchNormLayer(CaffeLayer):
         self.add_blob("variance", (channels,), learnable=False)
         self.add_blob("scale_factor", (1,), learnable=False)
         self.stats_cache: DerivedCache[tuple[torch.Tensor, torch.Tensor]] = DerivedCache()
+
+    def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
+        """nn.Module's ``.to()`` / ``.half()``, keeping the statistics float32 where the
+        layer becomes float16/bfloat16: their running sums (scale_factor near 1000, mean and
+        variance sums 1000 times the statistics) pass 65504 in float16 (the variance became
+        inf) and stop growing in bfloat16 (0.999 rounds to 1, 256 + 1 to 256), where Caffe's
+        float ones converge. The layer casts what it reads to the bottom's dtype."""
+        kept = {name: self._buffers[name] for name in ("mean", "variance", "scale_factor")}
+        out = super()._apply(fn, recurse)
+        for name, old in kept.items():
+            new = self._buffers[name]
+            if old is not None and new is not None and new.dtype in _NARROW:
+                self._buffers[name] = old.to(device=new.device, dtype=torch.float32)
+        return out
 
     def _check_param(self, p, layer_param) -> None:
         """BVLC's checks: no affine part, and the statistics masked from the solver."""

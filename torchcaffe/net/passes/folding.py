@@ -275,8 +275,12 @@ class FoldedAffine:
                 c = blob(beta).to(dtype) + c
         if bias is not None:
             c = blob(bias).to(dtype) + c
-        ones = torch.ones(ref.shape[0], dtype=ref.dtype, device=ref.device)
-        return (ones * a).to(ref.dtype), (ones * c).to(ref.dtype)
+        # the links' dtype: a 16-bit net's BatchNorm keeps float32 statistics, so the
+        # producer's, the Scale's or the Bias's where the chain has one
+        others = (self.producer.weight if self.producer is not None else None, scale, bias)
+        out = next((t[0] if isinstance(t, tuple) else t for t in others if t is not None), ref)
+        ones = torch.ones(ref.shape[0], dtype=out.dtype, device=ref.device)
+        return (ones * a).to(out.dtype), (ones * c).to(out.dtype)
 
     def weights_in_graph(self, detach: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """A Convolution's (weight, bias) with the chain folded in, in the links' dtype, as ops
@@ -425,6 +429,8 @@ class FoldedAffine:
         p = self.producer
         if p is None:  # BatchNorm (+ Scale/Bias) alone: one fused multiply-add over axis 1
             assert b is not None
+            if w.dtype != x.dtype:  # a BatchNorm alone in a 16-bit net: float32 statistics
+                w, b = w.to(x.dtype), b.to(x.dtype)
             view = (1, -1) + (1,) * (x.dim() - 2)
             return fused_relu.apply_(torch.addcmul(b.reshape(view), x, w.reshape(view)), relu)
         if self.producer_type == "InnerProduct":
