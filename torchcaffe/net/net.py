@@ -26,6 +26,7 @@ from ..errors import (
     UsageError,
 )
 from ..ops import fused_relu, fused_steps, hook_watch, mode_watch
+from ..ops._narrow import is_narrow
 from ..ops.base import CaffeLayer, Shape
 from ..precision import caffe_float32, caffe_float32_backward, on_cuda
 from ..proto import caffe_pb2
@@ -248,7 +249,7 @@ class TorchNet(nn.Module):
         the scores, where Caffe's float is exact; that is a UsageError instead."""
         dtype = self._blob_dtype()
         blob = value.to(dtype)
-        if dtype in (torch.float16, torch.bfloat16) and value.dtype != torch.bool:
+        if is_narrow(dtype) and value.dtype != torch.bool:
             inexact = blob.to(value.dtype) != value
             if bool(inexact.any()):
                 first = int(value[inexact].reshape(-1)[0])

@@ -18,6 +18,7 @@ from google.protobuf import text_format
 from .. import runtime
 from ..errors import DataError, LayerParamError
 from ..proto import caffe_pb2
+from ._narrow import is_narrow
 from .base import CaffeLayer, Exactly, Shape
 
 Norm = caffe_pb2.LossParameter
@@ -100,7 +101,7 @@ def summed(loss: torch.Tensor) -> torch.Tensor:
     """The sum of a loss layer's per-element losses, in float32 for a 16-bit float net: a
     float16 sum past 65504 is inf, where Caffe's float one is finite (``like`` of
     ``normalizer`` then carries float32; the layer rounds its loss back once)."""
-    if loss.dtype in (torch.float16, torch.bfloat16):
+    if is_narrow(loss.dtype):
         return loss.sum(dtype=torch.float32)
     return loss.sum()
 
@@ -109,7 +110,7 @@ def widened(*tensors: torch.Tensor) -> list[torch.Tensor]:
     """float32 copies of float16/bfloat16 tensors, the others as they are: a 16-bit net's loss
     layers compute in float32 and round the loss once, as a float16 square (|d| > 256) or sum
     past 65504 is inf and 1e-20 is 0 where Caffe's float loss is finite."""
-    return [t.float() if t.dtype in (torch.float16, torch.bfloat16) else t for t in tensors]
+    return [t.float() if is_narrow(t.dtype) else t for t in tensors]
 
 
 def normalizer(

@@ -9,6 +9,7 @@ import torch
 
 from ..errors import DataError
 from ..registry import register_layer
+from ._narrow import is_narrow
 from .base import CaffeLayer, Shape, canonical_axis
 
 
@@ -76,7 +77,7 @@ class ArgMaxLayer(CaffeLayer):
         (bfloat16) or 2048 (float16): class 999 of 1000 read 1000, where Caffe's float is
         exact; that is a DataError instead."""
         out = idx.to(dtype)
-        if dtype in (torch.float16, torch.bfloat16):
+        if is_narrow(dtype):
             inexact = out.long() != idx
             if bool(inexact.any()):
                 raise self.error(

@@ -11,9 +11,8 @@ from ..proto import caffe_pb2
 from ..registry import register_layer
 from ._derived import DerivedCache
 from ._launches import launch_bound
+from ._narrow import is_narrow
 from .base import CaffeLayer, Shape
-
-_NARROW = (torch.float16, torch.bfloat16)
 
 
 @register_layer("BatchNorm")
@@ -85,7 +84,7 @@ class BatchNormLayer(CaffeLayer):
         out = super()._apply(fn, recurse)
         for name, old in kept.items():
             new = self._buffers[name]
-            if old is not None and new is not None and new.dtype in _NARROW:
+            if old is not None and new is not None and is_narrow(new.dtype):
                 self._buffers[name] = old.to(device=new.device, dtype=torch.float32)
         return out
 

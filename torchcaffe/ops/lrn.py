@@ -9,6 +9,7 @@ from .. import limits
 from ..proto import caffe_pb2
 from ..registry import register_layer
 from ._launches import launch_bound
+from ._narrow import computed_in_float32
 from .base import CaffeLayer
 
 LP = caffe_pb2.LRNParameter
@@ -61,13 +62,11 @@ class LRNLayer(CaffeLayer):
         self._check(tuple(bottom_shapes[0]))
         return [tuple(bottom_shapes[0])]
 
+    # in float16 a square past 256 (CaffeNet's conv1 tops) and the window sum past 65504 are
+    # inf, so the top would be 0 where Caffe's float one is not
+    @computed_in_float32
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Shapes were checked by output_shapes (TorchNet.infer_shapes, once per input shape).
-        if x.dtype in (torch.float16, torch.bfloat16):
-            # in float16 a square past 256 (CaffeNet's conv1 tops) and the window sum past
-            # 65504 are inf, so the top would be 0 where Caffe's float one is not: compute
-            # in float32 and round the top once
-            return self.forward(x.float()).to(x.dtype)
         n = self.local_size
         if self.norm_region == LP.ACROSS_CHANNELS:
             sq = x * x

@@ -13,6 +13,7 @@ from ..registry import register_layer
 from . import _bbox, _multibox
 from ._functional.clamped_log import log_softmax_clamped
 from ._loss_normalization import FLT_MIN, normalization_mode, params_repr, widened
+from ._narrow import is_narrow
 from .base import CaffeLayer, Exactly, Shape
 from .detection_output import check_prior_boxes, check_prior_counts, split_priors
 
@@ -157,7 +158,7 @@ class MultiBoxLossLayer(CaffeLayer):
 
     # -- Forward --------------------------------------------------------------------------
     def forward(self, loc, conf, prior, label):
-        if loc.dtype in (torch.float16, torch.bfloat16):
+        if is_narrow(loc.dtype):
             # a float16 sum of the confidence losses over every prior passes 65504 (SSD300:
             # 8732 priors an image) and FLT_MIN is 0 there; matching and mining in 16-bit
             # overlaps move too: compute in float32, rounding the loss once

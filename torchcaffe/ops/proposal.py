@@ -16,6 +16,7 @@ import torch
 
 from ..proto import caffe_pb2
 from ..registry import register_layer
+from ._narrow import computed_in_float32
 from .base import Arity, Between, CaffeLayer, Exactly, Shape
 
 
@@ -249,15 +250,10 @@ class ProposalLayer(CaffeLayer):
 
     nms_disjoint_zero = True
 
+    # pixel coordinates near 1000 are 8 apart in bfloat16 (0.5 in float16), which moves boxes
+    # and NMS overlaps, and the tie replay has no bfloat16 numpy: decode and select in float32
+    @computed_in_float32
     def forward(self, scores: torch.Tensor, deltas: torch.Tensor, im_info: torch.Tensor):
-        if scores.dtype in (torch.float16, torch.bfloat16):
-            # pixel coordinates near 1000 are 8 apart in bfloat16 (0.5 in float16), which
-            # moves boxes and NMS overlaps, and the tie replay has no bfloat16 numpy: decode
-            # and select in float32 as Caffe's float does, rounding the tops once
-            tops = self.forward(scores.float(), deltas.float(), im_info)
-            if isinstance(tops, tuple):
-                return tuple(t.to(scores.dtype) for t in tops)
-            return tops.to(scores.dtype)
         rois, kept_scores = [], []
         with torch.no_grad():
             info = im_info.reshape(im_info.shape[0], -1)[0].to(scores.dtype)

@@ -9,6 +9,7 @@ import torch
 
 from ..proto import caffe_pb2
 from ..registry import register_layer
+from ._narrow import computed_in_float32
 from .base import CaffeLayer, Shape, canonical_axis
 
 ReductionOp = caffe_pb2.ReductionParameter
@@ -37,12 +38,11 @@ class ReductionLayer(CaffeLayer):
         shape = tuple(int(d) for d in bottom_shapes[0])
         return [shape[: canonical_axis(self, self.param.axis, len(shape))]]
 
+    # a float16 sum past 65504 (or square past 256) is inf where Caffe's float is finite,
+    # even for a MEAN of small values
+    @computed_in_float32
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         axis = canonical_axis(self, self.param.axis, x.dim())
-        if x.dtype in (torch.float16, torch.bfloat16):
-            # a float16 sum past 65504 (or square past 256) is inf where Caffe's float is
-            # finite, even for a MEAN of small values: reduce in float32, round the top once
-            return self.forward(x.float()).to(x.dtype)
         flat = x.reshape(*x.shape[:axis], -1)
         coeff = self.coeff
         if self.operation == ReductionOp.ASUM:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from .._narrow import is_narrow
+
 
 class CaffeMVN(torch.autograd.Function):
     """Rows of a (groups, dim) tensor: y = (x - mean) / (sqrt(mean((x - mean)^2)) + eps).
@@ -55,6 +57,6 @@ def caffe_mvn(x: torch.Tensor, eps: float, in_place: bool = False) -> torch.Tens
     """A float16/bfloat16 ``x`` is normalized in float32 and rounded back: eps 1e-9 is 0 in
     float16, so a constant row would be 0 / 0 where Caffe's float gives 0, and a float16
     square of a deviation past 256 is inf."""
-    if x.dtype in (torch.float16, torch.bfloat16):
+    if is_narrow(x.dtype):
         return caffe_mvn(x.float(), eps, in_place).to(x.dtype)
     return (CaffeMVNInPlace if in_place else CaffeMVN).apply(x, eps)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from .._narrow import is_narrow
+
 
 class CaffeNormalize(torch.autograd.Function):
     """x of shape (N, C, S): y = x / norm * scale, norm = sqrt(sum x^2 + eps) over ``dims``
@@ -49,6 +51,6 @@ def caffe_normalize(
     squares past 65504 is inf (SSD's conv4_3 features reach hundreds) and eps 1e-10 is 0, so
     a zero row would be 0 / 0 where Caffe's float gives 0."""
     dims = (1, 2) if across_spatial else (1,)
-    if x.dtype in (torch.float16, torch.bfloat16):
+    if is_narrow(x.dtype):
         return CaffeNormalize.apply(x.float(), scale.float(), dims, eps).to(x.dtype)
     return CaffeNormalize.apply(x, scale, dims, eps)
