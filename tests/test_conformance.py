@@ -48,3 +48,23 @@ def test_golden_case(case):
     if runner is None:
         pytest.fail(f"no runner for golden group {case.group!r}")
     runner(case)
+
+
+def test_golden_mode_switch(monkeypatch):
+    """TORCHCAFFE_GOLDEN_MODE=gpu runs the cases in GPU mode; a typo is an error, not a CPU
+    run that looks like a GPU one."""
+    import torch
+
+    import torchcaffe
+
+    case = next(c for c in CASES if c.group == "layers")
+    monkeypatch.setenv("TORCHCAFFE_GOLDEN_MODE", "gpu")
+    if torch.cuda.is_available():
+        RUNNERS[case.group](case)
+        assert torchcaffe.runtime.mode() == "gpu"
+    else:
+        with pytest.raises(torchcaffe.errors.DeviceError, match="set_mode_gpu"):
+            RUNNERS[case.group](case)
+    monkeypatch.setenv("TORCHCAFFE_GOLDEN_MODE", "gpus")
+    with pytest.raises(ValueError, match="expected cpu or gpu"):
+        RUNNERS[case.group](case)

@@ -6,6 +6,10 @@ every blob's data and diff, every param, param diff and updated param within the
 tolerances. data/ and solvers/ cases run in a writable copy of their folder (as cwd): data
 cases compare every top after each forward, solver cases the loss of every step, the final
 params and the solverstate history.
+
+``TORCHCAFFE_GOLDEN_MODE=gpu`` runs every case in Caffe's GPU mode (``set_mode_gpu``), with
+the same tolerances: the CPU reference's numbers, computed on CUDA. It is opt-in, for a
+machine with a GPU (CI has none).
 """
 
 from __future__ import annotations
@@ -62,12 +66,26 @@ class _Cwd:
         os.chdir(self.old)
 
 
+def golden_mode() -> str:
+    """The Caffe mode the cases run in: ``cpu`` (the default) or ``gpu``."""
+    mode = os.environ.get("TORCHCAFFE_GOLDEN_MODE", "cpu").lower()
+    if mode not in ("cpu", "gpu"):
+        raise ValueError(f"TORCHCAFFE_GOLDEN_MODE={mode!r}: expected cpu or gpu")
+    return mode
+
+
+def _enter_mode() -> None:
+    if golden_mode() == "gpu":
+        caffe.set_mode_gpu()
+
+
 def _phase(meta: dict) -> int:
     return caffe.TRAIN if meta["phase"] == "TRAIN" else caffe.TEST
 
 
 def run_blob_case(case: Case) -> None:
     """layers/, nets/, forks/: every blob data/diff, param, param diff."""
+    _enter_mode()
     meta, arrays = case.meta, case.arrays()
     rtol, atol = meta["rtol"], meta["atol"]
     weights = case.path / "weights.caffemodel"
@@ -113,6 +131,7 @@ def run_blob_case(case: Case) -> None:
 
 def run_legacy_case(case: Case) -> None:
     """legacy/: the legacy files and the upgraded files give the recorded outputs."""
+    _enter_mode()
     meta, arrays = case.meta, case.arrays()
     rtol, atol = meta["rtol"], meta["atol"]
     pairs = [
@@ -146,6 +165,7 @@ def _writable_copy(case: Case) -> tempfile.TemporaryDirectory:
 def run_data_case(case: Case) -> None:
     """data/: build the net in a writable copy of the case, forward ``batches`` times and
     compare every top after each forward."""
+    _enter_mode()
     meta, arrays = case.meta, case.arrays()
     rtol, atol = meta["rtol"], meta["atol"]
     with _writable_copy(case) as tmp, _Cwd(Path(tmp) / case.name):
@@ -163,6 +183,7 @@ def run_solver_case(case: Case) -> None:
     """solvers/: train from weights.caffemodel step by step in a writable copy of the case;
     compare the loss of every step, the final params, and the history and counters of the
     solverstate we write; then restore Caffe's own final.solverstate into a fresh solver."""
+    _enter_mode()
     from torchcaffe.solver import read_solverstate
 
     meta, arrays = case.meta, case.arrays()
