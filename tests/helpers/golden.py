@@ -207,7 +207,7 @@ def run_solver_case(case: Case) -> None:
         assert fresh.iter == caffes.iter
         _check_params(fresh.net, arrays, "param/", rtol, atol)
         history = fresh.optimizer.history_blobs([e.tensor for e in fresh._learnables])
-        _check_history([h.numpy() for h in history], arrays, rtol, atol)
+        _check_history([h.cpu().numpy() for h in history], arrays, rtol, atol)
 
 
 def _check_params(net, arrays, prefix: str, rtol: float, atol: float) -> None:

@@ -83,6 +83,20 @@ def _in_caffe_float32(method):
     return wrapper
 
 
+def _notes_layer_writes(method):
+    """After a compute method, mark the param blobs its layers wrote in place on the device
+    (``Net._note_layer_writes``), also when it raised part way."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._note_layer_writes()
+
+    return wrapper
+
+
 class LayerView:
     """pycaffe's Layer object: ``type``, ``blobs`` and the underlying module. A Python layer
     is its own object instead (``pycaffe_layer``)."""
@@ -299,9 +313,31 @@ class Net:
         self._host_synced_at = -1
         for blob in by_tensor.values():
             self._param_users[id(blob)] = blob.data_memory.cpu_users()
+        # the blobs a layer may update in its own forward (buffers: BatchNorm's running
+        # statistics) and their tensors' versions, which ``_note_layer_writes`` watches
+        self._buffer_watch: list[tuple[torch.Tensor, Blob]] = [
+            (tensor, by_tensor[id(tensor)])
+            for tensor in self._net.buffers()
+            if id(tensor) in by_tensor
+        ]
+        self._buffer_versions = [tensor._version for tensor, _ in self._buffer_watch]
         self._parameters = tuple(self._net.parameters())
         self._one_pass_cache: tuple[tuple[bool, ...], OnePassPlan | None] | None = None
         self._binds += 1
+
+    def _note_layer_writes(self) -> None:
+        """A layer that updates its own blobs in forward (BatchNorm's running statistics in
+        TRAIN) writes the module's tensor in place. On the CPU that tensor is the blob's host
+        memory; on a GPU the host copy is then stale, as in Caffe, whose layer writes
+        mutable_gpu_data: move the head to the device so the next host read copies back, and
+        a host edit is not synced over the update."""
+        if self._device.type == "cpu":
+            return
+        versions = self._buffer_versions
+        for k, (tensor, blob) in enumerate(self._buffer_watch):
+            if tensor._version != versions[k]:
+                versions[k] = tensor._version
+                blob.data_memory.head = Head.HEAD_AT_GPU
 
     def _param_may_change(self, blob: Blob) -> None:
         """A param blob is handed out writable (a numpy view: net surgery). Blobs the lazy
@@ -562,6 +598,7 @@ class Net:
             }
         )
 
+    @_notes_layer_writes
     @_in_caffe_float32
     def _forward(self, start: int, end: int, observe: Sequence[str] = ()) -> float:
         """Run layers ``start..end``; ``observe``: blobs the caller reads right after. With
@@ -829,6 +866,7 @@ class Net:
         if dest.data_ptr() != t.data_ptr() or dest.stride() != t.stride():
             dest.copy_(t)
 
+    @_notes_layer_writes
     @_in_caffe_float32
     def _backward(self, start: int, end: int, check_edits: bool = True) -> None:
         self._check_range("_backward", start, end)
@@ -1083,6 +1121,7 @@ class Net:
         first.check_array(labels, "labels array", (1, 1, 1))
         first.reset(data, labels)
 
+    @_notes_layer_writes
     @_in_caffe_float32
     def forward_backward(self) -> float:
         """Caffe's Net::ForwardBackward: forward, then backward; returns the loss. Nothing can
@@ -1105,6 +1144,7 @@ class Net:
         a memory another blob's layer wrote: ``MemoryShares.stale_alias_reads``)?"""
         return self._debug_info or any(self._callbacks.values()) or self._stale_alias_reads
 
+    @_notes_layer_writes
     @_in_caffe_float32
     def _clear_and_forward_backward(self) -> float:
         """ClearParamDiffs then ForwardBackward (a solver iteration of one pass); on the one
