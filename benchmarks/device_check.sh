@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The GPU checks of one lent device machine, in one call (the workplace's `device` tool).
+#
+#   bash benchmarks/device_check.sh prep   # here: wheels the image lacks -> .whl/, the four
+#                                          # benchmark prototxts -> .gpu/models/ (both ignored
+#                                          # via .git/info/exclude; carry them: [".whl", ".gpu"])
+#   bash benchmarks/device_check.sh run    # there: golden cases in GPU mode, the whole suite
+#                                          # (CUDA variants included), the GPU benchmark rows
+#
+# `run` writes golden_gpu.log, tests.log, bench.log and results_gpu.md under $OUT and prints
+# the failures and the table last. Each part has its own time limit (GOLDEN_S, TESTS_S,
+# BENCH_S seconds) so that one call fits the device time; BENCH picks the sections, REPEAT the
+# repeats. The image's python3 is 3.12 with its own torch (2.11.0+cu130 when last read):
+# its torch, not CI's pin, runs the checks.
+set -u
+cd "$(dirname "$0")/.."
+case "${1:-}" in
+prep)
+    # protobuf >= 7.35 (caffe_pb2's gencode), lmdb, plyvel, pydot, grpcio-tools: not in the
+    # image, or too old there (its list: /work/.library/device/KINDS.md)
+    mkdir -p .whl .gpu/models
+    grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+    grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+    for spec in protobuf==7.36.2 lmdb==3.0.0 plyvel==1.5.1 pydot==4.0.1 grpcio==1.85.3 \
+        grpcio-tools==1.85.1; do
+        python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+            --implementation cp --platform manylinux_2_28_x86_64 \
+            --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "$spec" \
+            || exit 1
+    done
+    for rel in bvlc_reference_caffenet/deploy.prototxt bvlc_googlenet/deploy.prototxt \
+        resnet50_kaiminghe/ResNet-50-deploy.prototxt mobilenet_v2/mobilenet_v2_deploy.prototxt; do
+        mkdir -p ".gpu/models/$(dirname "$rel")"
+        cp "../shared/models/$rel" ".gpu/models/$rel" || exit 1
+    done
+    du -sh .whl .gpu
+    ;;
+run)
+    : "${OUT:?run on the device machine, where OUT names the folder that comes back}"
+    export PYTHONUNBUFFERED=1
+    t0=$(date +%s)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 3
+    export PYTHONPATH=/tmp/site:$PWD
+    nvidia-smi -L
+    python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
+    echo "== golden cases in GPU mode"
+    TORCHCAFFE_GOLDEN_MODE=gpu timeout "${GOLDEN_S:-90}" python3 -m pytest -n 16 -v \
+        -p no:cacheprovider tests/test_conformance.py -rfE > "$OUT/golden_gpu.log" 2>&1
+    grep -oE "(FAILED|ERROR) tests/[^ ]*" "$OUT/golden_gpu.log" | sort -u | head -40
+    tail -1 "$OUT/golden_gpu.log"
+    echo "== the whole suite at $(( $(date +%s) - t0 )) s"
+    timeout "${TESTS_S:-300}" python3 -m pytest -n 16 -v -p no:cacheprovider --timeout 120 \
+        tests -rfE > "$OUT/tests.log" 2>&1
+    grep -oE "(FAILED|ERROR) tests/[^ ]*" "$OUT/tests.log" | sort -u | head -40
+    tail -1 "$OUT/tests.log"
+    echo "== benchmarks at $(( $(date +%s) - t0 )) s"
+    mkdir -p ../shared && ln -sfn "$PWD/.gpu/models" ../shared/models
+    timeout "${BENCH_S:-150}" python3 benchmarks/run.py --device cuda \
+        --only "${BENCH:-handwritten,caffe_face,memory}" --no-compile \
+        --repeat "${REPEAT:-15}" --out "$OUT/results_gpu.md" > "$OUT/bench.log" 2>&1
+    tail -3 "$OUT/bench.log"
+    grep "^|" "$OUT/results_gpu.md"
+    echo "== done at $(( $(date +%s) - t0 )) s"
+    ;;
+*)
+    echo "usage: bash benchmarks/device_check.sh prep|run" >&2
+    exit 2
+    ;;
+esac
