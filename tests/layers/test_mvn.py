@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+import torchcaffe as caffe
 from tests.helpers.cases import LayerCase
 from tests.helpers.gradcheck import check_layer_gradient
 from tests.helpers.harness import make_layer
@@ -128,7 +129,9 @@ def ref_mvn_diff_in_place(x, top_diff, across_channels=False, eps=1e-9):
     d = np.broadcast_to(d.sum(axis=1, keepdims=True), d.shape)  # gemv, gemm
     d = y * d
     d = d + d.sum(axis=1, keepdims=True)  # gemv of top_diff, which is bottom_diff now
-    d = 1 * d + (-1.0 / dim) * d  # axpby with X == Y
+    # axpby(1, X, -1/dim, Y) with X == Y: BVLC's non-MKL cblas_saxpby scales Y, then adds X (= Y)
+    d = (-1.0 / dim) * d
+    d = d + d
     variance = np.sqrt(((rows - rows.mean(axis=1, keepdims=True)) ** 2).mean(axis=1, keepdims=True))
     return (d / (variance + f32(eps))).reshape(shape4)
 
@@ -147,6 +150,26 @@ def test_in_place_backward_is_caffes_aliased_one(across):
     top.backward(torch.tensor(top_diff))
     want = ref_mvn_diff_in_place(x, top_diff, across_channels=across)
     np.testing.assert_allclose(xt.grad.numpy(), want, rtol=1e-10, atol=1e-12)
+
+
+def test_in_place_backward_matches_real_caffe(tmp_path):
+    # Expected values computed by BVLC Caffe 1.0 built from source (CPU, OpenBLAS), pycaffe:
+    # MVN with top == bottom, force_backward, x and top diff as below, shape (1, 2, 1, 3)
+    path = tmp_path / "mvn.prototxt"
+    path.write_text(
+        'force_backward: true layer { name: "in" type: "Input" top: "x" '
+        "input_param { shape { dim: 1 dim: 2 dim: 1 dim: 3 } } } "
+        'layer { name: "m" type: "MVN" bottom: "x" top: "x" }'
+    )
+    net = caffe.Net(str(path), caffe.TRAIN)
+    net.blobs["x"].data[...] = np.array([1, 2, 4, -1, 0.5, 3], np.float32).reshape(1, 2, 1, 3)
+    net.forward()
+    net.blobs["x"].diff[...] = np.array([0.5, -1, 2, 1, 1, -3], np.float32).reshape(1, 2, 1, 3)
+    net.backward()
+    caffe_top = [-1.0690452, -0.2672614, 1.3363061, -1.1111678, -0.2020305, 1.3131983]
+    caffe_diff = [1.3744872, 0.3436224, -1.7181072, -2.358397, -0.42879945, 2.7871964]
+    np.testing.assert_allclose(net.blobs["x"].data.ravel(), caffe_top, rtol=1e-5)
+    np.testing.assert_allclose(net.blobs["x"].diff.ravel(), caffe_diff, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

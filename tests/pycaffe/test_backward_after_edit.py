@@ -412,7 +412,9 @@ MVN_IN_PLACE_THEN_SCALE = MVN_THEN_SCALE.replace(
 @pytest.mark.parametrize("one_call", [True, False], ids=["forward_backward", "backward"])
 def test_in_place_mvn_reads_the_scaled_blob_and_its_own_partial_diff(tmp_path, one_call):
     # In place, MVNLayer::Backward_cpu reads blob n (the Scale's output by then) and writes
-    # the diff it reads: d = z sum(z dy); d += sum(d); (d - d / dim) / (std + eps).
+    # the diff it reads: d = z sum(z dy); d += sum(d); then axpby(1, d, -1/dim, d) on that one
+    # buffer (BVLC's non-MKL saxpby: scal, then axpy of the scaled buffer onto itself) gives
+    # -2 d / dim; / (std + eps). Checked against BVLC Caffe 1.0 built from source (CPU).
     path = tmp_path / "mvn.prototxt"
     path.write_text(MVN_IN_PLACE_THEN_SCALE)
     net = caffe.Net(str(path), caffe.TRAIN)
@@ -429,7 +431,7 @@ def test_in_place_mvn_reads_the_scaled_blob_and_its_own_partial_diff(tmp_path, o
     denom = np.sqrt((centered**2).mean(axis=1, keepdims=True)) + 1e-9
     d = z * (z * dy).sum(axis=1, keepdims=True)
     d = d + d.sum(axis=1, keepdims=True)
-    close(net.blobs["x"].diff, ((d - d / 4) / denom).reshape(2, 3, 4))
+    close(net.blobs["x"].diff, ((-2 * d / 4) / denom).reshape(2, 3, 4))
 
 
 ACT_THEN_DROPOUT = """

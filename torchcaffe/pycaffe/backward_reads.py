@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..net.program import LayerStep
+from ..ops._functional.mvn import aliased_axpby
 from ..ops._legacy import legacy_nchw
 from ..ops.base import CaffeLayer
 from ..ops.lrn import LP, LRNLayer, channel_window_sum, neg_power
@@ -115,7 +116,7 @@ def _mvn_backward(layer: MVNLayer, x: torch.Tensor) -> Callable[..., torch.Tenso
         if layer.in_place:  # the diff it writes is the one it reads (CaffeMVNInPlace)
             d = y * (y * dy).sum(dim=1, keepdim=True)
             d = d + d.sum(dim=1, keepdim=True)
-            return (d + d * (-1.0 / dim)) / denom.to(y.dtype)
+            return aliased_axpby(d, dim) / denom.to(y.dtype)
         sums = y * (y * dy).sum(dim=1, keepdim=True) + dy.sum(dim=1, keepdim=True)
         return (dy - sums / dim) / denom.to(y.dtype)
 

@@ -39,8 +39,10 @@ class CaffeMVN(torch.autograd.Function):
 class CaffeMVNInPlace(CaffeMVN):
     """CaffeMVN with top == bottom: Caffe's Backward writes the bottom diff over the top diff
     it is still reading, so the sum of g and the final g - sums / dim see its partial results.
+    That last step, caffe_cpu_axpby(1, top_diff, -1 / dim, bottom_diff) with X == Y, is
+    BVLC's non-MKL cblas_saxpby: Y *= -1 / dim, then Y += X, which is Y again, so -2 d / dim.
 
-    Backward: d = y * sum(g * y); d = d + sum(d); (d - d / dim) / (sqrt(var) + eps).
+    Backward: d = y * sum(g * y); d = d + sum(d); (-2 d / dim) / (sqrt(var) + eps).
     """
 
     @staticmethod
@@ -50,7 +52,14 @@ class CaffeMVNInPlace(CaffeMVN):
         dim = y.shape[1]
         d = y * (y * grad).sum(dim=1, keepdim=True)
         d = d + d.sum(dim=1, keepdim=True)
-        return (d + d * (-1.0 / dim)) / denom, None
+        return aliased_axpby(d, dim) / denom, None
+
+
+def aliased_axpby(d: torch.Tensor, dim: int) -> torch.Tensor:
+    """caffe_cpu_axpby(1, d, -1 / dim, d) on one buffer: scal (d * (-1 / dim)), then axpy
+    adds the scaled buffer to itself."""
+    scaled = d * (-1.0 / dim)
+    return scaled + scaled
 
 
 def caffe_mvn(x: torch.Tensor, eps: float, in_place: bool = False) -> torch.Tensor:
