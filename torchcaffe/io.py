@@ -127,7 +127,9 @@ def blobproto_to_array(blob: caffe_pb2.BlobProto, return_diff: bool = False) -> 
     else by ``shape.dim`` (no dims: a 0-d scalar). A count/shape mismatch raises
     ArrayShapeError (a ValueError, as numpy's reshape in pycaffe raises).
     """
-    data = np.array(blob.diff if return_diff else blob.data)
+    # dtype named: protobuf's upb containers hand numpy a float32 buffer, the protobuf of
+    # Caffe's era a list of Python floats (float64), which a mean computed from it keeps
+    data = np.array(blob.diff if return_diff else blob.data, dtype=np.float64)
     if any(blob.HasField(f) for f in ("num", "channels", "height", "width")):
         return _reshaped(data, (blob.num, blob.channels, blob.height, blob.width), "BlobProto")
     return _reshaped(data, tuple(blob.shape.dim), "BlobProto")

@@ -40,6 +40,20 @@ def test_blobproto_scalar():
     assert arr.shape == () and float(arr) == 1.5
 
 
+def test_blobproto_to_array_is_float64_as_pycaffe():
+    # BVLC pycaffe (built from source, protobuf 3.21 python) returns float64 here; upb's
+    # repeated-float container would otherwise give numpy a float32 buffer
+    arr = np.array([[0.1, 1e-8], [3.0, -2.5]], np.float32)
+    blob = caffe.io.array_to_blobproto(arr, diff=2 * arr)
+    for back in (caffe.io.blobproto_to_array(blob), caffe.io.blobproto_to_array(blob, True)):
+        assert back.dtype == np.float64
+    (vec,) = caffe.io.blobprotovector_str_to_arraylist(
+        caffe.io.arraylist_to_blobprotovector_str([arr])
+    )
+    assert vec.dtype == np.float64
+    np.testing.assert_array_equal(vec, arr)
+
+
 def test_array_blobproto_round_trip_with_diff():
     arr = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
     blob = caffe.io.array_to_blobproto(arr, diff=-arr)
