@@ -120,3 +120,58 @@ def test_backward_where_base_is_zero_is_caffes(params):
 def test_gradient(case):
     layer, bottoms = case.build()
     check_layer_gradient(layer, bottoms, step=1e-3)
+
+
+POWER_LOG_IN_PLACE = """
+force_backward: true
+layer { name: "in" type: "Input" top: "a" top: "b" top: "c"
+  input_param { shape { dim: 1 dim: 4 } } }
+layer { name: "pw" type: "Power" bottom: "a" top: "a"
+  power_param { power: 2 scale: 0.5 shift: 0.2 } }
+layer { name: "p1" type: "Power" bottom: "b" top: "b"
+  power_param { power: 1 scale: -3 shift: 0.5 } }
+layer { name: "lg" type: "Log" bottom: "c" top: "c" log_param { base: 2 scale: 2 shift: 0.1 } }
+"""
+
+
+def test_power_and_log_in_place_square_their_slope_as_caffe(tmp_path):
+    # In place, Power's and Log's Backward_cpu write the slope into the bottom diff, which is
+    # the top diff, then multiply it by itself: the top diff is lost. Expected values computed
+    # by BVLC Caffe 1.0 built from source (CPU, OpenBLAS), pycaffe forward() then backward().
+    import torchcaffe as caffe
+
+    path = tmp_path / "net.prototxt"
+    path.write_text(POWER_LOG_IN_PLACE)
+    net = caffe.Net(str(path), caffe.TRAIN)
+    x = np.array([[0.5, -1.0, 2.0, 0.25]], np.float32)
+    for k in "abc":
+        net.blobs[k].data[...] = np.abs(x) if k == "c" else x
+    g = np.array([[1.5, -2.0, 0.5, 3.0]], np.float32)
+    net.forward()
+    for k in "abc":
+        net.blobs[k].diff[...] = g
+    net.backward()
+    want = {
+        "a": ([0.20249999, 0.09, 1.44, 0.10562499], [0.09075155, 0.060025003, 0.8464, 0.063914165]),
+        "b": ([-1.0, 3.5, -5.5, -0.25], [9.0, 9.0, 9.0, 9.0]),
+        "c": (
+            [0.13750355, 1.0703893, 2.0356238, -0.73696554],
+            [59.20114, 1.6581018, 0.4784947, 4.4104123],
+        ),
+    }
+    for k, (data, diff) in want.items():
+        np.testing.assert_allclose(net.blobs[k].data.ravel(), data, rtol=1e-5, err_msg=k)
+        np.testing.assert_allclose(net.blobs[k].diff.ravel(), diff, rtol=1e-5, err_msg=k)
+
+
+def test_power_in_place_autograd_squares_its_slope():
+    # the module's own backward (torch face): the same numbers as the Caffe face above
+    layer, _ = make_layer(
+        'bottom: "a" top: "a" power_param { power: 2 scale: 0.5 shift: 0.2 }',
+        [(1, 4)],
+        type="Power",
+    )
+    x = torch.tensor([[0.5, -1.0, 2.0, 0.25]], requires_grad=True)
+    layer(x).backward(torch.tensor([[1.5, -2.0, 0.5, 3.0]]))
+    want = [0.09075155, 0.060025003, 0.8464, 0.063914165]  # BVLC Caffe, as above
+    np.testing.assert_allclose(x.grad.numpy().ravel(), want, rtol=1e-5)

@@ -10,6 +10,9 @@ negative slope), or where the slope is a value a later in-place layer may rewrit
 in-place instance is built with a Function that takes ``caffe_slope`` at its output
 (``in_place_slope``); the others keep torch's.
 The Caffe face reads the same ``caffe_slope`` at the blob as it is at Backward time.
+Power and Log build their slope in the bottom diff over several BLAS passes before multiplying
+by the top diff; in place that top diff is the same buffer, so what comes back is the slope
+squared, whatever the top diff was (``in_place_backward``).
 """
 
 from __future__ import annotations
@@ -50,6 +53,15 @@ class NeuronLayer(CaffeLayer):
         only of a layer whose ``slope_reads_output`` is true, which defines it."""
         raise TypeError(f"{self.caffe_type} takes its backward slope at its input")
 
+    # Does Backward_cpu write the slope into the bottom diff before it reads the top diff?
+    slope_overwrites_top_diff = False
+
+    def in_place_backward(self, y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+        """Caffe's in-place bottom diff from the shared blob's data ``y`` and diff ``dy``."""
+        slope = self.caffe_slope(y)
+        # caffe_mul(top_diff, bottom_diff, bottom_diff) where top_diff now holds the slope
+        return slope * slope if self.slope_overwrites_top_diff else dy * slope
+
     def _forward_slope_at_output(self, x: torch.Tensor) -> torch.Tensor:
         return SlopeAtOutput.apply(x, self)
 
@@ -72,7 +84,7 @@ class SlopeAtOutput(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad):
         (y,) = ctx.saved_tensors
-        return grad * ctx.layer.caffe_slope(y), None
+        return ctx.layer.in_place_backward(y, grad), None
 
 
 def _log_base(layer: CaffeLayer, base: float) -> float:
@@ -186,6 +198,7 @@ class PowerLayer(NeuronLayer):
     """
 
     param_field = "power_param"
+    slope_overwrites_top_diff = True
 
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)
@@ -193,7 +206,8 @@ class PowerLayer(NeuronLayer):
         self.power, self.scale, self.shift = p.power, p.scale, p.shift
 
     def slope_reads_output(self) -> bool:
-        return self.param.power != 1 and self.param.power * self.param.scale != 0
+        # power 1: a constant slope, but in place it still replaces the top diff
+        return self.param.power * self.param.scale != 0
 
     def caffe_slope(self, x: torch.Tensor) -> torch.Tensor:
         # PowerLayer::Backward_cpu with bottom and top data both ``x``
@@ -252,6 +266,7 @@ class LogLayer(NeuronLayer):
     """
 
     param_field = "log_param"
+    slope_overwrites_top_diff = True
 
     def __init__(self, layer_param, bottom_shapes):
         super().__init__(layer_param, bottom_shapes)

@@ -155,7 +155,7 @@ class BlobLossWeights(list):
 
 def _slope_rule(module: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """An in-place neuron layer's Caffe Backward from the blob it shares with its bottom."""
-    return lambda y, dy: dy * module.caffe_slope(y)
+    return module.in_place_backward
 
 
 class Net:
