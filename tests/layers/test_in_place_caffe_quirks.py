@@ -45,10 +45,13 @@ def eltwise_cpu(op, k, coeff, stable, bottoms, top_diff):
             g = np.float32(coeff[i]) * d[k]
         elif op == "MAX":
             g = np.where(mask == i, d[k], 0).astype(np.float32)
-        elif stable:
-            g = np.prod([b[j] for j in range(n) if j != i], axis=0, dtype=np.float32) * d[k]
         else:
-            g = top / b[i] * d[k]
+            if stable:
+                local = np.prod([b[j] for j in range(n) if j != i], axis=0, dtype=np.float32)
+            else:
+                local = top / b[i]
+            # the factor goes into bottom i's diff first: for i == k that is the top diff
+            g = local * (local if i == k else d[k])
         d[i] = g
     return top, d
 
@@ -253,3 +256,40 @@ def test_in_place_chain_takes_slopes_at_the_final_blob(tmp_path, one_pass):
     want = power_slope(2, 1, 1)(h, h) ** 2 * clip_slope(-1, 0.5)(h, h)
     np.testing.assert_allclose(net.blobs["h"].diff, want, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(net.params["ip"][0].diff, want.T @ x, rtol=1e-5, atol=1e-6)
+
+
+ELTWISE_PROD_IN_PLACE = """
+force_backward: true
+layer { name: "in" type: "Input" top: "a" top: "b" top: "c" top: "d" top: "e"
+  input_param { shape { dim: 1 dim: 3 } } }
+layer { name: "e1" type: "Eltwise" bottom: "a" bottom: "b" top: "a"
+  eltwise_param { operation: PROD } }
+layer { name: "e2" type: "Eltwise" bottom: "c" bottom: "d" bottom: "e" top: "c"
+  eltwise_param { operation: PROD stable_prod_grad: false } }
+"""
+
+
+def test_in_place_prod_matches_real_caffe(tmp_path):
+    # Expected values computed by BVLC Caffe 1.0 built from source (CPU, OpenBLAS), pycaffe:
+    # bottom 0's diff is its factor squared, the later bottoms multiply by that
+    path = tmp_path / "net.prototxt"
+    path.write_text(ELTWISE_PROD_IN_PLACE)
+    net = caffe.Net(str(path), caffe.TRAIN)
+    vals = {"a": [0.5, -2, 3], "b": [1.5, 0.25, -1], "c": [2, -0.5, 1.25]}
+    vals.update({"d": [-1, 4, 0.5], "e": [0.75, 2, -3]})
+    for k, v in vals.items():
+        net.blobs[k].data[...] = v
+    net.forward()
+    for k in "ac":
+        net.blobs[k].diff[...] = [1.5, -2.0, 0.5]
+    net.backward()
+    want = {
+        "a": ([0.75, -0.5, -3.0], [2.25, 0.0625, 1.0]),
+        "b": ([1.5, 0.25, -1.0], [1.6875, -0.03125, -3.0]),
+        "c": ([-1.5, -4.0, -1.875], [1.0, 1.0, 1.0]),
+        "d": ([-1.0, 4.0, 0.5], [1.5, -1.0, -3.75]),
+        "e": ([0.75, 2.0, -3.0], [-2.0, -2.0, 0.625]),
+    }
+    for k, (data, diff) in want.items():
+        np.testing.assert_allclose(net.blobs[k].data.ravel(), data, rtol=1e-6, err_msg=k)
+        np.testing.assert_allclose(net.blobs[k].diff.ravel(), diff, rtol=1e-6, err_msg=k)

@@ -45,7 +45,9 @@ class CaffeEltwiseInPlace(torch.autograd.Function):
     Forward: SUM clears the top first, so bottom 0 adds 0 (sum of coeff_i * b_i, i >= 1);
     MAX sets it to -FLT_MAX, so bottom 0 competes as -FLT_MAX; PROD reads bottom 0 before
     writing. Backward reads the top as bottom 0's data, and bottom 0's diff is the top diff,
-    so bottoms 1.. see bottom 0's diff as their top diff once it is written.
+    so bottoms 1.. see bottom 0's diff as their top diff once it is written; PROD writes its
+    factor there before it multiplies by the top diff, so bottom 0's diff is that factor
+    squared.
     """
 
     @staticmethod
@@ -87,14 +89,17 @@ class CaffeEltwiseInPlace(torch.autograd.Function):
                 g = grad if coeff[i] == 1 else grad * coeff[i]
             elif op == "MAX":
                 g = torch.where(mask == i, grad, torch.zeros_like(grad))
-            elif stable:
-                others = [d for j, d in enumerate(data) if j != i]
-                g = others[0]
-                for d in others[1:]:
-                    g = g * d
-                g = g * grad
             else:
-                g = (top / data[i]) * grad
+                if stable:
+                    others = [d for j, d in enumerate(data) if j != i]
+                    local = others[0]
+                    for d in others[1:]:
+                        local = local * d
+                else:
+                    local = top / data[i]
+                # PROD builds its factor in bottom i's diff, then multiplies by the top diff:
+                # for bottom 0 that is the same buffer, so the factor is squared
+                g = local * (local if i == 0 else grad)
             grads.append(g)
             if i == 0:  # bottom 0's diff is the top diff the later bottoms read
                 grad = g
