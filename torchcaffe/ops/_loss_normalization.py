@@ -106,13 +106,6 @@ def summed(loss: torch.Tensor) -> torch.Tensor:
     return loss.sum()
 
 
-def widened(*tensors: torch.Tensor) -> list[torch.Tensor]:
-    """float32 copies of float16/bfloat16 tensors, the others as they are: a 16-bit net's loss
-    layers compute in float32 and round the loss once, as a float16 square (|d| > 256) or sum
-    past 65504 is inf and 1e-20 is 0 where Caffe's float loss is finite."""
-    return [t.float() if is_narrow(t.dtype) else t for t in tensors]
-
-
 def normalizer(
     mode: int, outer: int, inner: int, valid: torch.Tensor | None, like: torch.Tensor
 ) -> torch.Tensor | float:

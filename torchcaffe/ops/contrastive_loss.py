@@ -6,7 +6,8 @@ import torch
 
 from ..registry import register_layer
 from ._functional.contrastive import caffe_pair_distance
-from ._loss_normalization import LossLayer, legacy_dim, widened
+from ._loss_normalization import LossLayer, legacy_dim
+from ._narrow import computed_in_float32
 from .base import Exactly
 
 
@@ -56,10 +57,10 @@ class ContrastiveLossLayer(LossLayer):
         self.margin = p.margin
         self.legacy_version = p.legacy_version
 
+    # a 16-bit net's loss in float32, rounded once (ops/_narrow.py)
+    @computed_in_float32
     def forward(self, a: torch.Tensor, b: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         num = a.shape[0]
-        dtype = a.dtype
-        a, b = widened(a, b)
         diff = (a - b.reshape(a.shape)).reshape(num, -1)
         dist_sq = (diff * diff).sum(dim=1)
         similar = y.detach().reshape(-1)[:num].long() != 0
@@ -68,4 +69,4 @@ class ContrastiveLossLayer(LossLayer):
         else:
             gap = torch.relu(self.margin - caffe_pair_distance(dist_sq))
             dissimilar = gap * gap
-        return (torch.where(similar, dist_sq, dissimilar).sum() / num / 2).to(dtype)
+        return torch.where(similar, dist_sq, dissimilar).sum() / num / 2

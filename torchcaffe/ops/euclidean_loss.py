@@ -7,7 +7,8 @@ import math
 import torch
 
 from ..registry import register_layer
-from ._loss_normalization import LossLayer, widened
+from ._loss_normalization import LossLayer
+from ._narrow import computed_in_float32
 
 
 @register_layer("EuclideanLoss")
@@ -34,9 +35,9 @@ class EuclideanLossLayer(LossLayer):
                 got=f"shape {tuple(b)}",
             )
 
+    # a 16-bit net's loss in float32, rounded once (ops/_narrow.py)
+    @computed_in_float32
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         self._check_counts(a.shape, b.shape)
-        dtype = a.dtype
-        a, b = widened(a, b)
         diff = a - b.reshape(a.shape)
-        return ((diff * diff).sum() / a.shape[0] / 2).to(dtype)
+        return (diff * diff).sum() / a.shape[0] / 2

@@ -8,7 +8,8 @@ import torch
 
 from ..proto import caffe_pb2
 from ..registry import register_layer
-from ._loss_normalization import LossLayer, check_labels, widened
+from ._loss_normalization import LossLayer, check_labels
+from ._narrow import computed_in_float32
 
 L1, L2 = caffe_pb2.HingeLossParameter.L1, caffe_pb2.HingeLossParameter.L2
 
@@ -33,16 +34,16 @@ class HingeLossLayer(LossLayer):
         if self.norm not in (L1, L2):
             raise self.error("unknown norm", expected="L1 or L2", got=self.norm)
 
+    # a 16-bit net's loss in float32, rounded once (ops/_narrow.py)
+    @computed_in_float32
     def forward(self, x: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
         num = x.shape[0]
         dim = math.prod(x.shape[1:])
-        dtype = x.dtype
-        (x,) = widened(x)
         scores = x.reshape(num, dim)
         labels = label.detach().reshape(-1)[:num].long().reshape(num, 1)
         check_labels(self, labels, None, dim)
         is_label = torch.arange(dim, device=x.device).reshape(1, dim) == labels
         margin = torch.relu(1 + torch.where(is_label, -scores, scores))
         if self.norm == L1:
-            return (margin.sum() / num).to(dtype)
-        return ((margin * margin).sum() / num).to(dtype)
+            return margin.sum() / num
+        return (margin * margin).sum() / num

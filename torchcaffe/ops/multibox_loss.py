@@ -12,8 +12,8 @@ from ..proto import caffe_pb2
 from ..registry import register_layer
 from . import _bbox, _multibox
 from ._functional.clamped_log import log_softmax_clamped
-from ._loss_normalization import FLT_MIN, normalization_mode, params_repr, widened
-from ._narrow import is_narrow
+from ._loss_normalization import FLT_MIN, normalization_mode, params_repr
+from ._narrow import computed_in_float32
 from .base import CaffeLayer, Exactly, Shape
 from .detection_output import check_prior_boxes, check_prior_counts, split_priors
 
@@ -157,12 +157,11 @@ class MultiBoxLossLayer(CaffeLayer):
         return params_repr(self, "multibox_loss_param", "loss_param")
 
     # -- Forward --------------------------------------------------------------------------
+    # a float16 sum of the confidence losses over every prior passes 65504 (SSD300: 8732
+    # priors an image) and FLT_MIN is 0 there; matching and mining in 16-bit overlaps move
+    # too: a 16-bit net computes this loss in float32, rounding it once
+    @computed_in_float32
     def forward(self, loc, conf, prior, label):
-        if is_narrow(loc.dtype):
-            # a float16 sum of the confidence losses over every prior passes 65504 (SSD300:
-            # 8732 priors an image) and FLT_MIN is 0 there; matching and mining in 16-bit
-            # overlaps move too: compute in float32, rounding the loss once
-            return self.forward(*widened(loc, conf, prior, label)).to(loc.dtype)
         p, num = self.param, loc.shape[0]
         # the fork's Reshape recounts the priors (a reshaped net brings more or fewer);
         # output_shapes checked the counts for these shapes

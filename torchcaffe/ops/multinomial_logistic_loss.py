@@ -8,7 +8,8 @@ import torch
 
 from ..registry import register_layer
 from ._functional.clamped_log import log_clamped
-from ._loss_normalization import LOG_THRESHOLD, LossLayer, check_labels, legacy_dim, widened
+from ._loss_normalization import LOG_THRESHOLD, LossLayer, check_labels, legacy_dim
+from ._narrow import computed_in_float32
 
 
 @register_layer("MultinomialLogisticLoss")
@@ -34,10 +35,12 @@ class MultinomialLogisticLossLayer(LossLayer):
                 got=f"label shape {label_shape}",
             )
 
+    # a 16-bit net's loss in float32, rounded once (ops/_narrow.py)
+    @computed_in_float32
     def forward(self, p: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
         num = p.shape[0]
         dim = math.prod(p.shape[1:])
         labels = label.detach().reshape(num, 1).long()
         check_labels(self, labels, None, dim)
-        (picked,) = widened(p.reshape(num, dim).gather(1, labels))
-        return (-log_clamped(picked, LOG_THRESHOLD).sum() / num).to(p.dtype)
+        picked = p.reshape(num, dim).gather(1, labels)
+        return -log_clamped(picked, LOG_THRESHOLD).sum() / num

@@ -6,7 +6,8 @@ import torch
 
 from ..registry import register_layer
 from ._functional.smooth_l1 import smooth_l1, weighted_smooth_l1_fork
-from ._loss_normalization import LossLayer, legacy_dim, widened
+from ._loss_normalization import LossLayer, legacy_dim
+from ._narrow import computed_in_float32
 from .base import Between
 
 
@@ -55,15 +56,15 @@ class SmoothL1LossLayer(LossLayer):
         sigma = self.param.sigma
         self.sigma2 = float(torch.tensor(sigma, dtype=torch.float32) ** 2)  # Dtype sigma^2
 
+    # a 16-bit net's loss in float32, rounded once (ops/_narrow.py)
+    @computed_in_float32
     def forward(self, a: torch.Tensor, b: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
-        dtype = a.dtype
-        a, b, *wide = widened(a, b, *weights)
         d = a - b.reshape(a.shape)
-        w = [t.detach().reshape(a.shape) for t in wide]
+        w = [t.detach().reshape(a.shape) for t in weights]
         if len(w) == 1:
             errors = weighted_smooth_l1_fork(d, w[0], self.sigma2)
         elif len(w) == 2:
             errors = smooth_l1(w[0] * d, self.sigma2) * w[1]
         else:
             errors = smooth_l1(d, self.sigma2)
-        return (errors.sum() / a.shape[0]).to(dtype)
+        return errors.sum() / a.shape[0]
