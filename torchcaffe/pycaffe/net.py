@@ -71,26 +71,16 @@ class _Record:
         return any(b._version != v for b, v in zip(self.bottoms, self.versions))
 
 
-def _in_caffe_float32(method):
-    """Run a compute method in Caffe's IEEE float32 (``caffe_float32``) when the mode
-    computes on CUDA."""
-
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        with caffe_float32(on_cuda(runtime.compute_device())):
-            return method(self, *args, **kwargs)
-
-    return wrapper
-
-
-def _notes_layer_writes(method):
-    """After a compute method, mark the param blobs its layers wrote in place on the device
-    (``Net._note_layer_writes``), also when it raised part way."""
+def _compute_method(method):
+    """A method that runs layers: in Caffe's IEEE float32 (``caffe_float32``) when the mode
+    computes on CUDA, and afterwards, also when it raised part way, the param blobs its
+    layers wrote in place on the device are marked so (``Net._note_layer_writes``)."""
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         try:
-            return method(self, *args, **kwargs)
+            with caffe_float32(on_cuda(runtime.compute_device())):
+                return method(self, *args, **kwargs)
         finally:
             self._note_layer_writes()
 
@@ -598,8 +588,7 @@ class Net:
             }
         )
 
-    @_notes_layer_writes
-    @_in_caffe_float32
+    @_compute_method
     def _forward(self, start: int, end: int, observe: Sequence[str] = ()) -> float:
         """Run layers ``start..end``; ``observe``: blobs the caller reads right after. With
         per-layer callbacks (``before_forward``, ``after_forward``) or ``debug_info``, layer by
@@ -866,8 +855,7 @@ class Net:
         if dest.data_ptr() != t.data_ptr() or dest.stride() != t.stride():
             dest.copy_(t)
 
-    @_notes_layer_writes
-    @_in_caffe_float32
+    @_compute_method
     def _backward(self, start: int, end: int, check_edits: bool = True) -> None:
         self._check_range("_backward", start, end)
         if self._refusals:
@@ -1121,8 +1109,7 @@ class Net:
         first.check_array(labels, "labels array", (1, 1, 1))
         first.reset(data, labels)
 
-    @_notes_layer_writes
-    @_in_caffe_float32
+    @_compute_method
     def forward_backward(self) -> float:
         """Caffe's Net::ForwardBackward: forward, then backward; returns the loss. Nothing can
         edit a blob in between, so where exact this is one autograd pass (one_pass.py), unless
@@ -1144,8 +1131,7 @@ class Net:
         a memory another blob's layer wrote: ``MemoryShares.stale_alias_reads``)?"""
         return self._debug_info or any(self._callbacks.values()) or self._stale_alias_reads
 
-    @_notes_layer_writes
-    @_in_caffe_float32
+    @_compute_method
     def _clear_and_forward_backward(self) -> float:
         """ClearParamDiffs then ForwardBackward (a solver iteration of one pass); on the one
         pass each param diff is written once instead of zeroed and then added to."""
