@@ -1,8 +1,8 @@
 """The one benchmark command: every comparison of issue 14 in one process, one table of ratios.
 
     python benchmarks/run.py [--quick]
-                             [--only handwritten,opencv,layout,caffe_face,load,build,memory,
-                                     dispatch]
+                             [--only handwritten,frozen,guards,opencv,layout,caffe_face,load,
+                                     build,memory,dispatch]
                              [--nets CaffeNet,GoogLeNet,ResNet-50,MobileNetV2] [--no-compile]
                              [--threads N] [--device cuda]
     python -m benchmarks ...   (the same)
@@ -15,6 +15,9 @@ parity, above 1 is better. Sections:
   handwritten  compiled net vs the same architecture written by hand in torch
                (benchmarks/handwritten.py) with the same weights: inference at batch 1 and 8,
                forward+backward at batch 8, eager and under torch.compile
+  frozen       inference compiled with inductor's freezing on both sides
+  guards       the host time dynamo's guard check adds to a compiled batch-1 call (the call
+               with its guards checked minus one run with skip_guard_eval_unsafe)
   opencv       inference vs OpenCV dnn's Caffe importer on the same prototxt and weights
   layout       eager inference with every pass vs every pass but channels_last_layout
   caffe_face   pycaffe's ``blobs['data'].data[...] = x; forward()`` vs ``net(data=x)`` on the
@@ -67,6 +70,7 @@ MODELS = (REPO / ".." / "shared" / "models").resolve()
 SECTIONS = (
     "handwritten",
     "frozen",
+    "guards",
     "opencv",
     "layout",
     "caffe_face",
@@ -88,7 +92,8 @@ class Row:
 
     @property
     def ratio(self) -> float:
-        return statistics.median(self.baseline) / statistics.median(self.ours)
+        ours = statistics.median(self.ours)  # 0 only for a difference (``guards``) in noise
+        return statistics.median(self.baseline) / ours if ours else float("inf")
 
     def cells(self) -> list[str]:
         return [
@@ -308,6 +313,50 @@ def bench_frozen(args, rows: list[Row]) -> None:
         with inductor_config.patch(freezing=True):  # read when each graph compiles
             where = ("frozen", f"{name} frozen")
             inference_rows(args, rows, where, ours, base, size, "hand-written torch, frozen")
+
+
+def guard_check_seconds(call: Callable[[], object], rounds: int, block: int = 7) -> list[float]:
+    """Seconds that dynamo's guard check adds to one call of the compiled ``call``, one value
+    per round: the median of ``block`` calls with the guards checked minus the median of
+    ``block`` with ``skip_guard_eval_unsafe`` (the one cache entry runs unchecked), the two
+    alternated. Measured in the run, not by ``check`` in a loop: after a forward the guards'
+    objects are out of the cache, and checking them costs 4-5x more than back to back."""
+
+    def skipping() -> None:
+        with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+            call()
+
+    out = []
+    for _ in range(rounds):
+        checked, skipped = interleaved(call, skipping, block, warmup=1)
+        out.append(max(statistics.median(checked) - statistics.median(skipped), 0.0))
+    return out
+
+
+def bench_guards(args, rows: list[Row]) -> None:
+    """The host time of a compiled call that is dynamo's guard check, ours against the
+    hand-written model's: what remains between them at batch 1 where the graphs' kernels
+    take the same time (MobileNetV2)."""
+    if args.no_compile:
+        return
+    for name in args.nets:
+        net, hand, _, size, _ = prepare(name, args.device)
+        torch._dynamo.reset()
+        ours, base = torch.compile(net), torch.compile(hand)
+        x = torch.randn(1, 3, size, size, device=args.device)
+
+        def run_ours(m=ours, x=x) -> None:
+            with torch.inference_mode():
+                m(data=x)
+
+        def run_base(m=base, x=x) -> None:
+            with torch.inference_mode():
+                m(x)
+
+        t_ours = guard_check_seconds(synced(run_ours, args.device), args.repeat)
+        t_base = guard_check_seconds(synced(run_base, args.device), args.repeat)
+        what = f"{name} compiled inference b1 guard check"
+        rows.append(Row("guards", what, t_ours, "hand-written torch", t_base))
 
 
 def bench_opencv(args, rows: list[Row]) -> None:
@@ -638,6 +687,7 @@ def main(argv: list[str] | None = None) -> None:
     run = {
         "handwritten": bench_handwritten,
         "frozen": bench_frozen,
+        "guards": bench_guards,
         "opencv": bench_opencv,
         "layout": bench_layout,
         "caffe_face": bench_caffe_face,

@@ -112,3 +112,26 @@ def test_pass_ab_runs_one_pass_on_and_off(models_root, capsys):
     assert "median of round ratios" in line
     with pytest.raises(SystemExit, match="no inference pass 'speed'"):
         bench_pass_ab.main(["speed"])
+
+
+def test_guard_check_times_calls_without_guards_and_then_checks_them_again():
+    """guard_check_seconds: one non-negative figure per round, and afterwards dynamo checks
+    guards again: a call whose guards fail recompiles instead of running the stale graph
+    (which adds where the new argument asks to subtract)."""
+    import torch
+
+    @torch.compile(backend="eager")
+    def step(x, add):
+        return x + 1 if add else x - 1
+
+    x = torch.zeros(3)
+    assert step(x, True).tolist() == [1.0, 1.0, 1.0]
+    seconds = run.guard_check_seconds(lambda: step(x, True), rounds=2, block=2)
+    assert len(seconds) == 2 and all(s >= 0 for s in seconds)
+    assert step(x, False).tolist() == [-1.0, -1.0, -1.0]
+
+
+def test_guards_section_has_no_rows_without_compile():
+    rows: list = []
+    run.bench_guards(argparse.Namespace(no_compile=True, nets=["CaffeNet"]), rows)
+    assert rows == []
