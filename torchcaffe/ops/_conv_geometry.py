@@ -41,7 +41,14 @@ def c_div(a: int, b: int) -> int:
 class ConvGeometry:
     """A convolution's or pooling's per-axis geometry. Slots: torch.compile reads it in every
     traced forward, and a method called on an instance with a ``__dict__`` is one more guard
-    (that the dict does not shadow it) checked on every compiled call."""
+    (that the dict does not shadow it) checked on every compiled call.
+
+    What a forward needs is read from ``spec``, one tuple of all the fields, through methods:
+    dynamo guards each attribute a traced forward reads, and checks those guards on every
+    compiled call, so one tuple is one guard node with 3 checks where the fields read one by
+    one were 6 nodes with 16 (MobileNetV2: 6,562 -> 5,594 guard lines; its guard check at
+    batch 1, three alternated processes each, 0.51-0.58 -> 0.45-0.54 ms). The fields stay
+    for everyone else."""
 
     channel_axis: int
     kernel: tuple[int, ...]
@@ -49,10 +56,14 @@ class ConvGeometry:
     pad: tuple[int, ...]
     dilation: tuple[int, ...]
     extent: tuple[int, ...] = field(init=False, compare=False)  # dilated: d * (k - 1) + 1
+    # (channel_axis, kernel, stride, pad, dilation, extent)
+    spec: tuple[Any, ...] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         extent = tuple(d * (k - 1) + 1 for k, d in zip(self.kernel, self.dilation))
         object.__setattr__(self, "extent", extent)
+        spec = (self.channel_axis, self.kernel, self.stride, self.pad, self.dilation, extent)
+        object.__setattr__(self, "spec", spec)
 
     def __getstate__(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -65,31 +76,34 @@ class ConvGeometry:
 
     @property
     def num_spatial(self) -> int:
-        return len(self.kernel)
+        return len(self.spec[1])
+
+    def layout(self) -> tuple[int, int]:
+        """(channel axis, number of spatial axes)."""
+        return self.spec[0], len(self.spec[1])
+
+    def torch_args(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """(stride, pad, dilation), as torch's convolutions take them."""
+        return self.spec[2], self.spec[3], self.spec[4]
 
     @property  # not cached_property: Python 3.11's takes a lock, which dynamo cannot trace
     def is_pointwise(self) -> bool:
         """A 1-wide kernel on every axis, stride 1, no pad: each output reads one input
         position (dense, it is one GEMM over the positions)."""
-        return (
-            all(k == 1 for k in self.kernel)
-            and all(s == 1 for s in self.stride)
-            and not any(self.pad)
-        )
+        _, kernel, stride, pad, _, _ = self.spec
+        return all(k == 1 for k in kernel) and all(s == 1 for s in stride) and not any(pad)
 
     def conv_output(self, spatial: Sequence[int]) -> tuple[int, ...]:
         """Caffe: (in + 2 * pad - extent) / stride + 1, with C's truncating division."""
+        _, _, stride, pad, _, extent = self.spec
         return tuple(
-            c_div(i + 2 * p - e, s) + 1
-            for i, p, e, s in zip(spatial, self.pad, self.extent, self.stride)
+            c_div(i + 2 * p - e, s) + 1 for i, p, e, s in zip(spatial, pad, extent, stride)
         )
 
     def deconv_output(self, spatial: Sequence[int]) -> tuple[int, ...]:
         """Caffe: stride * (in - 1) + extent - 2 * pad."""
-        return tuple(
-            s * (i - 1) + e - 2 * p
-            for i, p, e, s in zip(spatial, self.pad, self.extent, self.stride)
-        )
+        _, _, stride, pad, _, extent = self.spec
+        return tuple(s * (i - 1) + e - 2 * p for i, p, e, s in zip(spatial, pad, extent, stride))
 
     def extra_pad(self, spatial: Sequence[int]) -> tuple[int, ...]:
         """Zeros to add after each axis so that floor rounding gives Caffe's output size
@@ -97,12 +111,13 @@ class ConvGeometry:
 
         Runs on every forward, so the usual case (no short axis) returns before computing
         output sizes."""
-        if all(i + 2 * p >= e for i, p, e in zip(spatial, self.pad, self.extent)):
-            return (0,) * len(self.kernel)
+        _, kernel, stride, pad, _, extent = self.spec
+        if all(i + 2 * p >= e for i, p, e in zip(spatial, pad, extent)):
+            return (0,) * len(kernel)
         out = self.conv_output(spatial)
         return tuple(
             max(0, (o - 1) * s + e - (i + 2 * p))
-            for o, s, e, i, p in zip(out, self.stride, self.extent, spatial, self.pad)
+            for o, s, e, i, p in zip(out, stride, extent, spatial, pad)
         )
 
 

@@ -116,8 +116,8 @@ class ConvolutionBase(CaffeLayer, metaclass=abc.ABCMeta):
         return tuple(self._one(x) for x in bottoms)
 
     def _one(self, x: torch.Tensor) -> torch.Tensor:
-        axis = self.geom.channel_axis
-        if axis == 1 and x.dim() == 2 + self.geom.num_spatial:
+        axis, n = self.geom.layout()
+        if axis == 1 and x.dim() == 2 + n:
             return self.compute(x, tuple(x.shape[2:]))
         lead, spatial = x.shape[:axis], tuple(x.shape[axis + 1 :])
         y = self.compute(x.reshape(math.prod(lead), self.channels, *spatial), spatial)
@@ -227,14 +227,14 @@ class ConvolutionLayer(ConvolutionBase):
     def top_with_relu(self, x: torch.Tensor, slope: fused_relu.Slope) -> torch.Tensor:
         """The top of one (N, C, *spatial) bottom with a ReLU of ``slope`` fused in
         (``fused_relu``; inference only)."""
-        g = self.geom
-        if g.channel_axis != 1 or x.dim() != 2 + g.num_spatial:
+        axis, n = self.geom.layout()
+        if axis != 1 or x.dim() != 2 + n:
             return fused_relu.apply_(self._one(x), slope)
-        if g.num_spatial == 2 and not torch.compiler.is_compiling():
+        if n == 2 and not torch.compiler.is_compiling():
             # the packed call made last, before ``compute``'s own checks (a bottom of the
             # shape that call had needs no extra pad)
             bias = self.bias if self.bias_term else None
-            geometry = (g.stride, g.pad, g.dilation, self.group)
+            geometry = (*self.geom.torch_args(), self.group)
             y = self.weight_cache.replay(x, self.weight, bias, geometry, slope)
             if y is not None:
                 return y
@@ -263,9 +263,10 @@ class ConvolutionLayer(ConvolutionBase):
         if any(extra):
             x = F.pad(x, [v for e in reversed(extra) for v in (0, e)])
         bias = self.bias if self.bias_term else None
+        stride, pad, dilation = g.torch_args()
         if n == 2:
             cache = self.weight_cache
-            return conv2d(x, weight, bias, g.stride, g.pad, g.dilation, self.group, cache, relu)
+            return conv2d(x, weight, bias, stride, pad, dilation, self.group, cache, relu)
         conv = F.conv1d if n == 1 else F.conv3d
-        y = conv(x, weight, bias, g.stride, g.pad, g.dilation, self.group)
+        y = conv(x, weight, bias, stride, pad, dilation, self.group)
         return fused_relu.apply_(y, relu)

@@ -39,13 +39,6 @@ class DeconvolutionLayer(ConvolutionBase):
             cols = cols.reshape(x.shape[0], -1, *spatial)
             return self.add_bias(col2im_nd(cols, g, self.output_spatial(spatial)))
         deconv = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[n - 1]
-        return deconv(
-            x,
-            weight,
-            self.bias if self.bias_term else None,
-            g.stride,
-            g.pad,
-            0,
-            self.group,
-            g.dilation,
-        )
+        stride, pad, dilation = g.torch_args()
+        bias = self.bias if self.bias_term else None
+        return deconv(x, weight, bias, stride, pad, 0, self.group, dilation)

@@ -137,7 +137,7 @@ def wanted(conv: Any, x: torch.Tensor, sources: list[torch.Tensor]) -> bool:
     if _CACHED_CONV2D is None or not onednn_linear.graph_can_take([x, *sources]):
         return False
     g = conv.geom
-    if g.num_spatial != 2 or g.channel_axis != 1 or x.dim() != 4:
+    if g.layout() != (1, 2) or x.dim() != 4:
         return False
     if x.shape[2] == x.shape[3] == 1:
         return False  # a classifier over pooled features: a GEMM with nothing to pack

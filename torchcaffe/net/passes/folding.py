@@ -392,8 +392,7 @@ class FoldedAffine:
         if self.producer_type == "Convolution" and self.weight_cache is not None:
             # the packed call made last, before ``run_folded``'s own checks: a bottom of the
             # shape that call had needs no extra pad (it had none, or was the padded one)
-            g = self.producer.geom
-            geometry = (g.stride, g.pad, g.dilation, self.producer.group)
+            geometry = (*self.producer.geom.torch_args(), self.producer.group)
             y = self.weight_cache.replay(x, w, b, geometry, slope)
             if y is not None:
                 return y
@@ -437,16 +436,17 @@ class FoldedAffine:
             return onednn_linear.linear(x.reshape(x.shape[0], p.k), w, b, relu)
         g = p.geom
         n = g.num_spatial
+        stride, pad, dilation = g.torch_args()
         if self.producer_type == "Deconvolution":
             deconv = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[n - 1]
-            return fused_relu.apply_(deconv(x, w, b, g.stride, g.pad, 0, 1, g.dilation), relu)
+            return fused_relu.apply_(deconv(x, w, b, stride, pad, 0, 1, dilation), relu)
         extra = g.extra_pad(tuple(x.shape[2:]))
         if any(extra):
             x = F.pad(x, [v for e in reversed(extra) for v in (0, e)])
         if n == 2:
-            return conv2d(x, w, b, g.stride, g.pad, g.dilation, p.group, self.weight_cache, relu)
+            return conv2d(x, w, b, stride, pad, dilation, p.group, self.weight_cache, relu)
         conv = F.conv1d if n == 1 else F.conv3d
-        return fused_relu.apply_(conv(x, w, b, g.stride, g.pad, g.dilation, p.group), relu)
+        return fused_relu.apply_(conv(x, w, b, stride, pad, dilation, p.group), relu)
 
 
 def _folding_pays_at_batch_1(conv: Any, x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -176,7 +176,7 @@ class SiblingConvolutions:
         extra = g.extra_pad(tuple(x.shape[2:]))
         if any(extra):
             x = F.pad(x, [v for e in reversed(extra) for v in (0, e)])
-        y = conv2d(x, weight, bias, g.stride, g.pad, g.dilation, 1, self._packed, slope)
+        y = conv2d(x, weight, bias, *g.torch_args(), 1, self._packed, slope)
         layout = torch.channels_last if is_channels_last(y) else torch.contiguous_format
         return tuple(part.contiguous(memory_format=layout) for part in y.split(self.sizes, 1))
 
