@@ -49,7 +49,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -299,17 +299,23 @@ def bench_handwritten(args, rows: list[Row]) -> None:
             )
 
 
-def bench_frozen(args, rows: list[Row]) -> None:
-    """Inference compiled with inductor's ``freezing`` on both sides: the params are
-    constants, so inductor folds and packs the weights of either model itself."""
-    from torch._inductor import config as inductor_config
-
+def compiled_pairs(args) -> Iterator[tuple[str, Callable, Callable, int]]:
+    """(name, torch.compile(net), torch.compile(hand-written), input size) per net, dynamo's
+    caches reset before each; nothing with ``--no-compile``."""
     if args.no_compile:
         return
     for name in args.nets:
         net, hand, _, size, _ = prepare(name, args.device)
         torch._dynamo.reset()
-        ours, base = torch.compile(net), torch.compile(hand)
+        yield name, torch.compile(net), torch.compile(hand), size
+
+
+def bench_frozen(args, rows: list[Row]) -> None:
+    """Inference compiled with inductor's ``freezing`` on both sides: the params are
+    constants, so inductor folds and packs the weights of either model itself."""
+    from torch._inductor import config as inductor_config
+
+    for name, ours, base, size in compiled_pairs(args):
         with inductor_config.patch(freezing=True):  # read when each graph compiles
             where = ("frozen", f"{name} frozen")
             inference_rows(args, rows, where, ours, base, size, "hand-written torch, frozen")
@@ -337,12 +343,7 @@ def bench_guards(args, rows: list[Row]) -> None:
     """The host time of a compiled call that is dynamo's guard check, ours against the
     hand-written model's: what remains between them at batch 1 where the graphs' kernels
     take the same time (MobileNetV2)."""
-    if args.no_compile:
-        return
-    for name in args.nets:
-        net, hand, _, size, _ = prepare(name, args.device)
-        torch._dynamo.reset()
-        ours, base = torch.compile(net), torch.compile(hand)
+    for name, ours, base, size in compiled_pairs(args):
         x = torch.randn(1, 3, size, size, device=args.device)
 
         def run_ours(m=ours, x=x) -> None:
