@@ -204,6 +204,41 @@ def test_a_compiled_convolution_guards_its_geometry_as_one_tuple():
     assert geometry and all(g.split(", accessed_by=")[0].endswith(".geom.spec") for g in geometry)
 
 
+def test_a_compiled_fold_guards_its_layers_settings_as_one_tuple():
+    """A traced fold reads its layers' settings (BatchNorm's eps, the convolution's group and
+    num_output, which links have a bias) as one tuple of literals, ``graph_settings``, and
+    BatchNorm's statistics from its buffers: no guard node per setting, and none on the
+    BatchNorm's parameter or submodule dicts (``nn.Module.__getattr__``'s lookups)."""
+    net = _layout_net()
+    guards = _compiled_guards(net, torch.randn(1, 4, 8, 8))
+    nodes = [g.split(", accessed_by=")[0] for g in guards if "GuardManager: source=" in g]
+    fold = [n for n in nodes if "runners['conv+folded" in n]
+    assert any(n.endswith(".graph_settings") for n in fold)
+    settings = (".eps", ".group", ".num_output", ".producer_type", "_has_bias", ".weight_cache")
+    assert not [n for n in fold if n.endswith(settings) or n.endswith("runner.bias")]
+    assert not [n for n in fold if ".bn._modules" in n or ".bn._parameters" in n]
+    assert any(".bn._buffers['mean']" in n for n in fold)
+
+
+def test_a_compiled_fold_reads_a_batch_norm_statistic_shared_as_a_parameter():
+    """A BatchNorm blob that weight sharing made a Parameter (``set_param_blob``) is no
+    buffer: the traced fold reads it as an attribute, and computes what eager does."""
+    net = _layout_net()
+    bn = net.layer("bn")
+    with torch.no_grad():
+        bn.variance.uniform_(0.5, 2.0)
+        bn.scale_factor.fill_(2.0)
+        shared = torch.nn.Parameter(torch.randn(4), requires_grad=False)
+    bn.set_param_blob(0, shared)
+    assert "mean" not in bn._buffers
+    x = torch.randn(1, 4, 8, 8)
+    with torch.inference_mode():
+        want = net(data=x)["p"]
+        torch._dynamo.reset()
+        got = torch.compile(net, fullgraph=True)(data=x)["p"]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def _compiled_guards(net: torchcaffe.TorchNet, x: torch.Tensor) -> list[str]:
     """The guard lines dynamo checks on each call of ``torch.compile(net)(data=x)``."""
     from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list

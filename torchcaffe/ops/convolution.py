@@ -245,7 +245,8 @@ class ConvolutionLayer(ConvolutionBase):
     ) -> torch.Tensor:
         """The convolution proper, then the ReLU of slope ``relu`` if any (``fused_relu``)."""
         g, n = self.geom, self.geom.num_spatial
-        if torch.compiler.is_compiling() and opaque_conv.wanted(self, x, self.sources()):
+        compiling = torch.compiler.is_compiling()
+        if compiling and opaque_conv.wanted(self, x, self.sources(), self.group):
             return fused_relu.apply_(opaque_conv.call(x, self.sources(), [self]), relu)
         weight = self.weight
         if n == 0:  # no spatial axes: a 1x1 convolution over a length-1 axis

@@ -122,10 +122,11 @@ def _op() -> Any | None:
 _CACHED_CONV2D = _op()
 
 
-def wanted(conv: Any, x: torch.Tensor, sources: list[torch.Tensor]) -> bool:
-    """Whether a compiled graph should call the op for Convolution layer ``conv`` over this
-    bottom: under torch.compile but not torch.export, a dense 2-D convolution with at least
-    MIN_WEIGHTS weights over more than one pixel, on CPU float32 tensors, with nothing
+def wanted(conv: Any, x: torch.Tensor, sources: list[torch.Tensor], group: int) -> bool:
+    """Whether a compiled graph should call the op for Convolution layer ``conv`` (of
+    ``group``, which the caller read) over this bottom: under torch.compile but not
+    torch.export, a dense 2-D convolution with at least MIN_WEIGHTS weights over more than
+    one pixel, on CPU float32 tensors, with nothing
     recorded by autograd (the eager path then packs its weight; the op hands it a
     channels_last copy of an NCHW bottom). A pointwise (1x1) convolution only over a
     channels_last bottom: it gains by keeping the layout of a region of ops (ResNet-50 b1:
@@ -141,7 +142,7 @@ def wanted(conv: Any, x: torch.Tensor, sources: list[torch.Tensor]) -> bool:
         return False
     if x.shape[2] == x.shape[3] == 1:
         return False  # a classifier over pooled features: a GEMM with nothing to pack
-    if conv.group != 1 or sources[0].numel() < MIN_WEIGHTS:  # sources[0]: the weight
+    if group != 1 or sources[0].numel() < MIN_WEIGHTS:  # sources[0]: the weight
         return False
     if g.is_pointwise and not onednn_conv.is_channels_last(x):
         return False  # it packs nothing; it pays only inside a channels_last region

@@ -43,6 +43,12 @@ BLOB_NAMES = {
     "Scale": ("weight", "bias"),
     "Bias": ("bias",),
 }
+# What a traced fold reads of its layers' settings, as one tuple of literals: (the
+# producer's type, producer has a bias, Scale has a bias, a Bias link, BatchNorm's eps (0.0
+# without one), the Convolution's group and num_output (1 and 0 otherwise)). Read from the
+# layers, each would be one more guard node that a compiled call checks: dynamo guards a
+# tuple of literals held under a module with one check (MobileNetV2: ~7 nodes a fold).
+GraphSettings = tuple[str, bool, bool, bool, float, int, int]
 
 
 def producer_ok(step: LayerStep, module: Any) -> bool:
@@ -170,6 +176,7 @@ class FoldedAffine:
         "weight_cache",
         "_source_slots",
         "_finite",
+        "graph_settings",
     )
 
     shares_with_graph: ClassVar[bool] = True  # may a compiled graph's op run it (inference)?
@@ -191,6 +198,7 @@ class FoldedAffine:
         self.weight_cache: PackedConvWeight | None = PackedConvWeight()
         self._finite = True  # are the folded weights finite (``_fold`` sets it)?
         self._source_slots = blob_slots(self.layers())  # in ``param_blobs`` order
+        self.graph_settings = self._settings()
         if (
             self.shares_with_graph
             and producer_type == "Convolution"
@@ -200,6 +208,20 @@ class FoldedAffine:
             # (one built in a trace is not kept: ``opaque_conv`` builds its own)
             key = tuple(layer.graph_handle for layer in self.layers())
             getattr(producer, "graph_folds", {}).setdefault(key, self)
+
+    def _settings(self) -> GraphSettings:
+        """The layers' settings that a traced forward reads (``GraphSettings``), read once."""
+        p, bn = self.producer, self.bn
+        conv = self.producer_type == "Convolution"
+        return (
+            self.producer_type,
+            self.producer_has_bias,
+            self.scale_has_bias,
+            self.bias is not None,
+            float(bn.eps) if bn is not None else 0.0,
+            int(p.group) if conv else 1,
+            int(p.num_output) if conv else 0,
+        )
 
     def layers(self) -> list[Any]:
         """The producer, then the links, in LINKS order."""
@@ -239,7 +261,7 @@ class FoldedAffine:
         if self.scale is not None:
             scale = (self.scale.weight, self.scale.bias if self.scale_has_bias else None)
         bias = self.bias.bias if self.bias is not None else None
-        return self._chain_affine(stats, scale, bias, wide, detach)
+        return self._chain_affine(stats, scale, bias, wide, detach, self.graph_settings[4])
 
     def _chain_affine(
         self,
@@ -248,9 +270,11 @@ class FoldedAffine:
         bias: torch.Tensor | None,
         wide: bool,
         detach: bool,
+        eps: float,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``_affine`` from the links' values: BatchNorm's (mean, variance) as Caffe reads
-        them, Scale's (gamma, beta or None), Bias's bias; None for a link the chain lacks."""
+        them and its ``eps``, Scale's (gamma, beta or None), Bias's bias; None for a link the
+        chain lacks."""
         blob = torch.Tensor.detach if detach else (lambda t: t)
         if stats is not None:
             ref = stats[0]
@@ -263,9 +287,8 @@ class FoldedAffine:
         a: torch.Tensor | float = 1.0
         c: torch.Tensor | float = 0.0
         if stats is not None:
-            assert self.bn is not None
             m, v = stats
-            a = torch.rsqrt(blob(v).to(dtype) + self.bn.eps)
+            a = torch.rsqrt(blob(v).to(dtype) + eps)
             c = -blob(m).to(dtype) * a
         if scale is not None:
             gamma, beta = scale
@@ -313,22 +336,21 @@ class FoldedAffine:
         9,363 guard lines, 0.9 ms a call, against the hand-written model's 5,157 and 0.4 ms).
         """
         p, bn, sc = self.producer, self.bn, self.scale
-        own = [] if p is None else [p.weight, p.bias] if self.producer_has_bias else [p.weight]
-        stats_blobs = [] if bn is None else [bn.mean, bn.variance, bn.scale_factor]
-        scale_blobs = (
-            [] if sc is None else [sc.weight, sc.bias] if self.scale_has_bias else [sc.weight]
-        )
-        bias_blobs = [] if self.bias is None else [self.bias.bias]
-        conv = self.producer_type == "Convolution"
+        kind, own_has_bias, scale_has_bias, has_bias, eps, group, num_output = self.graph_settings
+        conv = kind == "Convolution"
+        own = [] if p is None else [p.weight, p.bias] if own_has_bias else [p.weight]
+        stats_blobs = [] if bn is None else _stats_blobs(bn)
+        scale_blobs = [] if sc is None else [sc.weight, sc.bias] if scale_has_bias else [sc.weight]
+        bias_blobs = [self.bias.bias] if has_bias and self.bias is not None else []
         sources = own + stats_blobs + scale_blobs + bias_blobs  # as ``sources()`` lists them
-        if conv and opaque_conv.wanted(p, x, sources):
+        if conv and opaque_conv.wanted(p, x, sources, group):
             return opaque_conv.call(x, sources, self.layers())
         stats = scaled_stats(*stats_blobs) if stats_blobs else None
         scale = None
         if scale_blobs:
-            scale = (scale_blobs[0], scale_blobs[1] if self.scale_has_bias else None)
+            scale = (scale_blobs[0], scale_blobs[1] if scale_has_bias else None)
         bias = bias_blobs[0] if bias_blobs else None
-        a, c = self._chain_affine(stats, scale, bias, wide=False, detach=True)
+        a, c = self._chain_affine(stats, scale, bias, wide=False, detach=True, eps=eps)
         # stacked: inductor inlines a pointwise function of small tensors into each consumer,
         # so an epilogue would recompute BatchNorm's arithmetic for every vector of channels
         # it writes (11 ops where nn.BatchNorm2d's has 6); a stack (a cat) is a buffer of its
@@ -338,7 +360,9 @@ class FoldedAffine:
         if p is None:
             return self.run_folded(x, a, c)
         weight, own_bias = own[0], (own[1] if len(own) > 1 else None)
-        if conv and (frozen_graph.params_frozen() or _folding_pays_at_batch_1(p, x, weight)):
+        if conv and (
+            frozen_graph.params_frozen() or _folding_pays_at_batch_1(p, x, weight, num_output)
+        ):
             return self.run_folded(x, *_scaled_weights(weight, own_bias, a, c))
         y = self.run_folded(x, weight, own_bias) if conv else p(x)
         view = (1, -1) + (1,) * (y.dim() - 2)
@@ -432,30 +456,44 @@ class FoldedAffine:
                 w, b = w.to(x.dtype), b.to(x.dtype)
             view = (1, -1) + (1,) * (x.dim() - 2)
             return fused_relu.apply_(torch.addcmul(b.reshape(view), x, w.reshape(view)), relu)
-        if self.producer_type == "InnerProduct":
+        kind, group = self.graph_settings[0], self.graph_settings[5]
+        if kind == "InnerProduct":
             return onednn_linear.linear(x.reshape(x.shape[0], p.k), w, b, relu)
         g = p.geom
         n = g.num_spatial
         stride, pad, dilation = g.torch_args()
-        if self.producer_type == "Deconvolution":
+        if kind == "Deconvolution":
             deconv = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[n - 1]
             return fused_relu.apply_(deconv(x, w, b, stride, pad, 0, 1, dilation), relu)
         extra = g.extra_pad(tuple(x.shape[2:]))
         if any(extra):
             x = F.pad(x, [v for e in reversed(extra) for v in (0, e)])
         if n == 2:
-            return conv2d(x, w, b, stride, pad, dilation, p.group, self.weight_cache, relu)
+            # a trace reads no cache (``conv2d``): not even whether there is one, a guard
+            cache = None if torch.compiler.is_compiling() else self.weight_cache
+            return conv2d(x, w, b, stride, pad, dilation, group, cache, relu)
         conv = F.conv1d if n == 1 else F.conv3d
-        return fused_relu.apply_(conv(x, w, b, stride, pad, dilation, p.group), relu)
+        return fused_relu.apply_(conv(x, w, b, stride, pad, dilation, group), relu)
 
 
-def _folding_pays_at_batch_1(conv: Any, x: torch.Tensor, weight: torch.Tensor) -> bool:
+def _folding_pays_at_batch_1(
+    conv: Any, x: torch.Tensor, weight: torch.Tensor, num_output: int
+) -> bool:
     """At batch 1, a Convolution whose weight has fewer elements than its top: scaling the
     weight costs less than scaling the top (see ``FoldedAffine._traced``)."""
     if x.shape[0] != 1:
         return False
-    top = conv.num_output * math.prod(conv.geom.conv_output(tuple(x.shape[2:])))
+    top = num_output * math.prod(conv.geom.conv_output(tuple(x.shape[2:])))
     return weight.numel() < top
+
+
+def _stats_blobs(bn: Any) -> list[torch.Tensor]:
+    """BatchNorm's (mean, variance, scale_factor), read from its buffers: ``bn.mean`` goes
+    through ``nn.Module.__getattr__``, which a trace guards as a look into its parameters,
+    buffers and submodules (two guard nodes more a layer). A blob shared with a Parameter
+    (``set_param_blob``) is not a buffer: read as an attribute."""
+    buffers = bn._buffers
+    return [buffers[n] if n in buffers else getattr(bn, n) for n in BLOB_NAMES["BatchNorm"]]
 
 
 def _scaled_weights(
