@@ -209,3 +209,37 @@ def test_16bit_lrn_is_the_float_one_rounded(dtype, region):
     torch.testing.assert_close(y.float(), ref(x.float()), rtol=tol, atol=tol)
     y.sum().backward()
     assert xg.grad is not None and bool(torch.isfinite(xg.grad).all())
+
+
+@pytest.mark.parametrize(
+    "snippet", ["local_size: 5 alpha: 0.3 beta: 0.75 k: 2", "local_size: 9 alpha: 2 beta: 1.5"]
+)
+def test_across_channels_backward_is_caffes_formula(snippet):
+    """Under autograd on the CPU the layer runs ``AcrossChannelsLRN`` (Caffe's
+    CrossChannelBackward, not autograd through the shifted in-place sums): its bottom gradient
+    equals autograd's through torch's own LRN of the same formula."""
+    layer, (x,) = make_layer(
+        f"lrn_param {{ {snippet} }}", [(2, 7, 5, 6)], type="LRN", dtype=torch.float64
+    )
+    a = x.clone().requires_grad_()
+    top = layer(a)
+    assert type(top.grad_fn).__name__ == "AcrossChannelsLRNBackward"
+    g = torch.randn(top.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    top.backward(g)
+    b = x.clone().requires_grad_()
+    p = layer.param
+    want = torch.nn.functional.local_response_norm(b, p.local_size, p.alpha, p.beta, p.k)
+    want.backward(g)
+    torch.testing.assert_close(top.detach(), want.detach(), rtol=1e-12, atol=0.0)
+    torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_across_channels_top_may_be_written_in_place_before_the_backward():
+    """Only the bottom is saved: a later in-place layer on the top (an in-place ReLU) leaves
+    the backward valid."""
+    layer, (x,) = make_layer("lrn_param { local_size: 3 }", [(2, 4, 3, 3)], type="LRN")
+    a = x.clone().requires_grad_()
+    top = layer(a)
+    top.relu_()
+    top.sum().backward()
+    assert a.grad is not None and torch.isfinite(a.grad).all()
