@@ -243,3 +243,20 @@ def test_across_channels_top_may_be_written_in_place_before_the_backward():
     top.relu_()
     top.sum().backward()
     assert a.grad is not None and torch.isfinite(a.grad).all()
+
+
+def test_compiled_across_channels_backward_equals_eager():
+    """torch.compile traces ``AcrossChannelsLRN`` too (no graph break): the same top and
+    bottom gradient as the eager layer."""
+    snippet = "lrn_param { local_size: 5 alpha: 0.3 beta: 0.75 k: 2 }"
+    layer, (x,) = make_layer(snippet, [(2, 7, 5, 6)], type="LRN", dtype=torch.float64)
+    g = torch.randn(2, 7, 5, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    runs = []
+    torch._dynamo.reset()
+    for fn in (layer, torch.compile(layer, fullgraph=True)):
+        a = x.clone().requires_grad_()
+        top = fn(a)
+        top.backward(g)
+        runs.append((top.detach(), a.grad))
+    for want, got in zip(runs[0], runs[1]):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
