@@ -77,7 +77,7 @@ class LRNLayer(CaffeLayer):
             ):
                 return AcrossChannelsLRN.apply(x, n, self.alpha, self.beta, self.k)
             sq = x * x
-            scale = channel_window_sum(sq, n).mul_(self.alpha / n).add_(self.k)
+            scale = across_scale(sq, n, self.alpha, self.k)
             if (
                 (torch.is_grad_enabled() and x.requires_grad)
                 or torch.compiler.is_compiling()
@@ -109,7 +109,7 @@ class AcrossChannelsLRN(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, n, alpha, beta, k):  # type: ignore[override]
         sq = x * x
-        scale = channel_window_sum(sq, n).mul_(alpha / n).add_(k)
+        scale = across_scale(sq, n, alpha, k)
         ctx.save_for_backward(x)
         ctx.lrn = (n, alpha, beta, k)
         return neg_power(scale, beta, out=sq).mul_(x)
@@ -119,13 +119,19 @@ class AcrossChannelsLRN(torch.autograd.Function):
     def backward(ctx, grad_top):  # type: ignore[override]
         (x,) = ctx.saved_tensors
         n, alpha, beta, k = ctx.lrn
-        scale = channel_window_sum(x * x, n).mul_(alpha / n).add_(k)
+        scale = across_scale(x * x, n, alpha, k)
         power = neg_power(scale, beta)  # scale^-beta: top = x * power
         ratio = grad_top * x
         ratio.mul_(power).div_(scale)  # top_diff * top / scale
         accum = channel_window_sum(ratio, n)
         grad = torch.mul(grad_top, power, out=ratio)
         return grad.addcmul_(accum, x, value=-2.0 * alpha * beta / n), None, None, None, None
+
+
+def across_scale(sq: torch.Tensor, n: int, alpha: float, k: float) -> torch.Tensor:
+    """ACROSS_CHANNELS' scale, k + alpha / n * (the window sum of the squares ``sq``), in a
+    buffer of its own (``sq`` is left for the caller to reuse)."""
+    return channel_window_sum(sq, n).mul_(alpha / n).add_(k)
 
 
 def channel_window_sum(sq: torch.Tensor, n: int) -> torch.Tensor:
