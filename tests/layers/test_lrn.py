@@ -246,17 +246,30 @@ def test_across_channels_top_may_be_written_in_place_before_the_backward():
 
 
 def test_compiled_across_channels_backward_equals_eager():
-    """torch.compile traces ``AcrossChannelsLRN`` too (no graph break): the same top and
-    bottom gradient as the eager layer."""
+    """torch.compile traces ``AcrossChannelsLRN`` too (no graph break): its forward graph
+    saves the bottom alone for the backward (autograd's path through the power saved the
+    scale and its powers too), and the top and bottom gradient are the eager layer's."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    forwards = []
+
+    def record(gm, example_inputs):
+        forwards.append(gm)
+        return gm
+
     snippet = "lrn_param { local_size: 5 alpha: 0.3 beta: 0.75 k: 2 }"
     layer, (x,) = make_layer(snippet, [(2, 7, 5, 6)], type="LRN", dtype=torch.float64)
     g = torch.randn(2, 7, 5, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     runs = []
     torch._dynamo.reset()
-    for fn in (layer, torch.compile(layer, fullgraph=True)):
+    backend = aot_autograd(fw_compiler=record, bw_compiler=lambda gm, _: gm)
+    for fn in (layer, torch.compile(layer, backend=backend, fullgraph=True)):
         a = x.clone().requires_grad_()
         top = fn(a)
         top.backward(g)
         runs.append((top.detach(), a.grad))
     for want, got in zip(runs[0], runs[1]):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    (forward,) = forwards
+    (output,) = [n for n in forward.graph.nodes if n.op == "output"]
+    assert len(output.args[0]) == 2  # the top, and the bottom saved for the backward
