@@ -274,17 +274,19 @@ def test_ranks_training_different_nets_fail_cleanly(tmp_path, monkeypatch):
 
 
 def _dying_rank(rank: int, root: str, port: int, results: dict) -> None:
-    """Rank 1 leaves right after attach (as a rank that failed would); rank 0 trains on."""
+    """Rank 1 dies right after attach (exits without tearing its group down, as a failed
+    rank would: a teardown racing rank 0's collective sometimes made gloo abort rank 1
+    instead); rank 0 trains on."""
     os.chdir(root)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    solver = caffe.get_solver("solver4.prototxt", root=rank == 0)
+    distributed.attach(solver, distributed.ProcessGroup(rank, 2, rank))
+    if rank == 1:
+        os._exit(0)
     try:
-        solver = caffe.get_solver("solver4.prototxt", root=rank == 0)
-        distributed.attach(solver, distributed.ProcessGroup(rank, 2, rank))
-        if rank == 0:
-            try:
-                solver.step(2)
-            except TorchCaffeError as err:
-                results[rank] = str(err)
+        solver.step(2)
+    except TorchCaffeError as err:
+        results[rank] = str(err)
     finally:
         dist.destroy_process_group()
 
