@@ -146,8 +146,12 @@ def test_compiled_folds_are_an_epilogue_or_a_fold_in_the_graph():
     graphs = _graphs(net, torch.rand(1, 8, 2, 2))
     assert _conv_weights(graphs) == ["placeholder", "mul"]
     assert "double" not in _calls(graphs)
+    # the epilogue reads (a, c) from a stack; the weight's multiply computes them itself
+    assert _calls(graphs).count("stack") == 1
     # at batch 2 both take the epilogue (the fold's bias would be copied into the top)
-    assert _conv_weights(_graphs(net, torch.rand(2, 8, 2, 2))) == ["placeholder", "placeholder"]
+    graphs = _graphs(net, torch.rand(2, 8, 2, 2))
+    assert _conv_weights(graphs) == ["placeholder", "placeholder"]
+    assert _calls(graphs).count("stack") == 2
 
 
 def test_compiled_epilogue_reads_the_affine_computed_once():
