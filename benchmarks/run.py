@@ -4,7 +4,7 @@
                              [--only handwritten,frozen,guards,opencv,layout,caffe_face,load,
                                      build,memory,dispatch]
                              [--nets CaffeNet,GoogLeNet,ResNet-50,MobileNetV2] [--no-compile]
-                             [--threads N] [--device cuda]
+                             [--threads N] [--device cuda] [--inductor-cache DIR]
     python -m benchmarks ...   (the same)
 
 Every row compares torchcaffe with a named baseline timed in the same run, in the same
@@ -35,6 +35,8 @@ parity, above 1 is better. Sections:
 Caffe face in GPU mode), both sides in IEEE float32 (``caffe_float32``: no TF32); each timed
 call then ends with a device synchronize. The opencv, load and build sections measure the
 host and run as on the CPU.
+Compiled rows use a fresh inductor cache unless ``--inductor-cache`` names one, and the run stops
+where inductor found no vector instruction set on a CPU that has one (scalar kernels).
 It writes benchmarks/results.md (``--out``) naming the machine. ``--quick`` runs a small
 subset with few repeats to show the runner works; its figures are not the table of record.
 """
@@ -626,7 +628,9 @@ def _infer(fn: Callable[[], object]) -> None:
         fn()
 
 
-def machine() -> str:
+def machine(vector_isa: str | None = None) -> str:
+    """The host, torch and its threads, the GPU and OpenCV where present, and inductor's
+    vector instruction set where compiled rows ran (``vector_isa``)."""
     cpu = platform.processor() or "unknown CPU"
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -638,6 +642,8 @@ def machine() -> str:
         f"({torch.get_num_threads()} threads), Python {platform.python_version()}, "
         f"{platform.system()} {platform.release()}"
     ]
+    if vector_isa is not None:
+        parts.append(f"inductor vectorizes with {vector_isa}")
     if torch.cuda.is_available():
         parts.append(f"GPU {torch.cuda.get_device_name()}, CUDA {torch.version.cuda}")
     with contextlib.suppress(ImportError):
@@ -645,6 +651,53 @@ def machine() -> str:
 
         parts.append(f"OpenCV {cv2.__version__}")
     return "; ".join(parts)
+
+
+COMPILED_SECTIONS = ("handwritten", "frozen", "guards")
+
+
+def inductor_vector_isa() -> str:
+    """The SIMD instruction set of inductor's CPU kernels in this process; "none" where its
+    probe build failed, and then every kernel it writes is a scalar loop."""
+    from torch._inductor import cpu_vec_isa
+
+    isa = cpu_vec_isa.pick_vec_isa()
+    return str(isa) if isa else "none"
+
+
+def check_inductor_vectorizes(parser: argparse.ArgumentParser) -> str:
+    """Inductor's vector ISA (``inductor_vector_isa``); stops the run where it found none on
+    a CPU that has one, as the compiled rows would then time scalar kernels."""
+    isa = inductor_vector_isa()
+    capability = torch.backends.cpu.get_cpu_capability()
+    if isa == "none" and capability != "DEFAULT":
+        parser.error(
+            f"inductor found no vector instruction set although this CPU has {capability}: "
+            "its probe build or load failed (a module on sys.path named like a standard one "
+            "can break the probe's subprocess); compiled rows would time scalar kernels. "
+            "Mend the environment, or pass --no-compile"
+        )
+    return isa
+
+
+@contextlib.contextmanager
+def inductor_cache(path: Path | None) -> Iterator[None]:
+    """Inductor's on-disk cache for the run: ``path``, else a fresh directory removed after.
+    A shared cache serves code another process compiled: one whose vector probe had failed
+    stored scalar kernels for the same graph, which later runs timed (MobileNetV2 b1
+    compiled 0.83x, every kernel scalar; 0.95x compiled afresh)."""
+    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with contextlib.ExitStack() as stack:
+        if path is None:
+            path = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="inductor_")))
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
+        try:
+            yield
+        finally:
+            if previous is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
 
 
 def table(rows: list[Row]) -> str:
@@ -664,7 +717,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch (and OpenCV) threads")
     parser.add_argument("--device", type=torch.device, default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results.md")
+    parser.add_argument(
+        "--inductor-cache",
+        type=Path,
+        default=None,
+        help="inductor's cache directory (default: a fresh one, removed after the run)",
+    )
     args = parser.parse_args(argv)
+    with inductor_cache(args.inductor_cache):
+        _run(parser, args, argv)
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None) -> None:
     if args.device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: CUDA is not available on this machine")
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
@@ -683,6 +747,10 @@ def main(argv: list[str] | None = None) -> None:
     args.train_batch = 2 if args.quick else 8
     if not MODELS.is_dir():
         raise SystemExit(f"the benchmarks read prototxts from {MODELS}, which is absent")
+    args.vector_isa = None
+    if args.device.type == "cpu" and not args.no_compile:
+        if any(s in COMPILED_SECTIONS for s in sections):
+            args.vector_isa = check_inductor_vectorizes(parser)
     torch.manual_seed(0)
     rows: list[Row] = []
     run = {
@@ -724,7 +792,7 @@ def write_results(args, argv: list[str] | None, rows: list[Row], failed: list[st
         text += "\n\nFailed sections:\n" + "\n".join(f"- {f}" for f in failed)
     args.out.write_text(
         "# Benchmark results\n\n"
-        f"Machine: {machine()}.\n\n"
+        f"Machine: {machine(args.vector_isa)}.\n\n"
         f"Command: `{command.strip()}`{quick}.\n\n"
         "Medians after warm-up, range in brackets, torchcaffe and the baseline alternated in one "
         "process with the same threads (against OpenCV, each timed call follows an untimed one "

@@ -135,3 +135,28 @@ def test_guards_section_has_no_rows_without_compile():
     rows: list = []
     run.bench_guards(argparse.Namespace(no_compile=True, nets=["CaffeNet"]), rows)
     assert rows == []
+
+
+def test_runner_stops_where_inductor_would_write_scalar_kernels(capsys, monkeypatch):
+    """A failed vector probe makes every compiled kernel a scalar loop: no table of that."""
+    monkeypatch.setattr(run, "inductor_vector_isa", lambda: "none")
+    monkeypatch.setattr(run.torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    with pytest.raises(SystemExit):
+        run.main(["--only", "guards", "--nets", "CaffeNet"])
+    assert "no vector instruction set although this CPU has AVX2" in capsys.readouterr().err
+
+
+def test_machine_names_inductors_vector_isa_where_compiled_rows_ran():
+    assert "inductor vectorizes with avx2" in run.machine("avx2")
+    assert "inductor" not in run.machine()
+
+
+def test_compiled_rows_use_a_fresh_inductor_cache_unless_one_is_named(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "shared"))
+    with run.inductor_cache(None):
+        fresh = Path(run.os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        assert fresh.is_dir() and fresh != tmp_path / "shared"
+    assert not fresh.exists()
+    assert run.os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "shared")
+    with run.inductor_cache(tmp_path / "mine"):
+        assert run.os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
