@@ -334,3 +334,30 @@ def test_ranks_wait_for_rank_0_testing_longer_than_torchs_default(monkeypatch):
     monkeypatch.setattr(dist, "get_world_size", lambda: 2)
     distributed.init_from_env("gloo")
     assert seen["timeout"].total_seconds() >= 24 * 3600
+
+
+def test_a_completed_rank_flushes_its_output_and_exits_without_teardown(monkeypatch):
+    """The rank ends with os._exit(0) (torch's process-group teardown at interpreter exit
+    could abort it), so what it printed is flushed first: os._exit drops buffers."""
+    flushed = []
+
+    class Stream:
+        def __init__(self, name):
+            self.name = name
+
+        def flush(self):
+            flushed.append(self.name)
+
+    class Exited(Exception):
+        pass
+
+    def fake_exit(code):
+        raise Exited(code)
+
+    monkeypatch.setattr(sys, "stdout", Stream("stdout"))
+    monkeypatch.setattr(sys, "stderr", Stream("stderr"))
+    monkeypatch.setattr(distributed.os, "_exit", fake_exit)
+    with pytest.raises(Exited) as exited:
+        distributed.exit_completed_rank()
+    assert exited.value.args == (0,)
+    assert flushed[-2:] == ["stdout", "stderr"]  # after logging.shutdown's own flushes

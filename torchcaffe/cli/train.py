@@ -122,6 +122,8 @@ def main(args: argparse.Namespace) -> int:
             f"trained {solver.net.name!r} to iteration {solver.iter}, "
             f"loss {solver.smoothed_loss:.6g}"
         )
+    if group is not None:
+        distributed.exit_completed_rank()
     return 0
 
 
