@@ -341,6 +341,8 @@ class FoldedAffine:
         own = [] if p is None else [p.weight, p.bias] if own_has_bias else [p.weight]
         stats_blobs = [] if bn is None else _stats_blobs(bn)
         scale_blobs = [] if sc is None else [sc.weight, sc.bias] if scale_has_bias else [sc.weight]
+        # ``has_bias`` first: without a Bias link ``self.bias`` is not read (one guard node
+        # less); the ``is not None`` only narrows the type
         bias_blobs = [self.bias.bias] if has_bias and self.bias is not None else []
         sources = own + stats_blobs + scale_blobs + bias_blobs  # as ``sources()`` lists them
         if conv and opaque_conv.wanted(p, x, sources, group):
