@@ -114,21 +114,24 @@ def test_pass_ab_runs_one_pass_on_and_off(models_root, capsys):
         bench_pass_ab.main(["speed"])
 
 
-def test_guard_check_times_calls_without_guards_and_then_checks_them_again():
-    """guard_check_seconds: one non-negative figure per round, and afterwards dynamo checks
-    guards again: a call whose guards fail recompiles instead of running the stale graph
-    (which adds where the new argument asks to subtract)."""
+def test_guard_lookup_times_each_compiled_call_per_round(monkeypatch):
+    """guard_lookup_seconds: one positive figure per round for each call, read from the
+    profiler's record of dynamo's cache lookup; a call that never enters a compiled frame
+    has no such record, and a torch that writes none stops the section with a message."""
     import torch
 
     @torch.compile(backend="eager")
-    def step(x, add):
-        return x + 1 if add else x - 1
+    def step(x):
+        return x + 1
 
     x = torch.zeros(3)
-    assert step(x, True).tolist() == [1.0, 1.0, 1.0]
-    seconds = run.guard_check_seconds(lambda: step(x, True), rounds=2, block=2)
-    assert len(seconds) == 2 and all(s >= 0 for s in seconds)
-    assert step(x, False).tolist() == [-1.0, -1.0, -1.0]
+    ours, base = run.guard_lookup_seconds([lambda: step(x), lambda: step(x + 1)], rounds=3, block=2)
+    assert len(ours) == len(base) == 3 and all(0 < s < 0.01 for s in ours + base)
+    with pytest.raises(SystemExit, match="does not write"):
+        run.guard_lookup_seconds([lambda: x + 1], rounds=1, block=1)
+    monkeypatch.setattr(run, "LOOKUP_EVENT", "no such record")
+    with pytest.raises(SystemExit, match="'no such record'"):
+        run.guard_lookup_seconds([lambda: step(x)], rounds=1, block=1)
 
 
 def test_guards_section_has_no_rows_without_compile():
