@@ -335,7 +335,7 @@ def guard_lookup_seconds(
     a loop: after a forward the guards' objects are out of the cache, and checking them
     costs 5-10x more than back to back. Not a difference against ``skip_guard_eval_unsafe``
     either: that stance still checks every tensor that is not a Parameter (dynamo's diff
-    guards: the input, and MobileNetV2's 160 BatchNorm buffers in ours), which such a
+    guards: the input, and MobileNetV2's 159 BatchNorm buffers in ours), which such a
     difference leaves out of both sides (MobileNetV2: 0.62 against 0.28 ms that way, 0.80
     against 0.56 ms whole)."""
     from torch.profiler import ProfilerActivity, profile
