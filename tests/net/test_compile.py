@@ -205,10 +205,12 @@ def test_a_compiled_convolution_guards_its_geometry_as_one_tuple():
 
 
 def test_a_compiled_fold_guards_its_layers_settings_as_one_tuple():
-    """A traced fold reads its layers' settings (BatchNorm's eps, the convolution's group and
-    num_output, which links have a bias) as one tuple of literals, ``graph_settings``, and
-    BatchNorm's statistics from its buffers: no guard node per setting, and none on the
-    BatchNorm's parameter or submodule dicts (``nn.Module.__getattr__``'s lookups)."""
+    """A traced fold reads its layers' settings (BatchNorm's eps, the convolution's group,
+    num_output and geometry, which links have a bias) as one tuple of literals,
+    ``graph_settings``, and BatchNorm's statistics from its buffers: no guard node per
+    setting, none on the producer's ``geom`` (three a fold, MobileNetV2's guard check 0.14 ms
+    of 0.77), and none on the BatchNorm's parameter or submodule dicts
+    (``nn.Module.__getattr__``'s lookups)."""
     net = _layout_net()
     guards = _compiled_guards(net, torch.randn(1, 4, 8, 8))
     nodes = [g.split(", accessed_by=")[0] for g in guards if "GuardManager: source=" in g]
@@ -216,6 +218,7 @@ def test_a_compiled_fold_guards_its_layers_settings_as_one_tuple():
     assert any(n.endswith(".graph_settings") for n in fold)
     settings = (".eps", ".group", ".num_output", ".producer_type", "_has_bias", ".weight_cache")
     assert not [n for n in fold if n.endswith(settings) or n.endswith("runner.bias")]
+    assert not [n for n in fold if ".geom" in n]
     assert not [n for n in fold if ".bn._modules" in n or ".bn._parameters" in n]
     assert any(".bn._buffers['mean']" in n for n in fold)
 

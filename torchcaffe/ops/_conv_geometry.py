@@ -17,24 +17,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ._conv_spec import (  # noqa: F401  (c_div: imported from here too)
+    c_div,
+    spec_conv_output,
+    spec_extra_pad,
+    spec_is_pointwise,
+    spec_layout,
+)
 from .base import CaffeLayer, canonical_axis
-
-
-def c_div(a: int, b: int) -> int:
-    """C integer division (truncates toward zero), as Caffe's output-size formulas use.
-
-    A symbolic size (a SymInt under ``torch.compile(dynamic=True)`` or ``torch.export``) is
-    divided without branching on its sign, so that it stays symbolic: the positive part floors
-    down and the negative part floors toward zero. Plain ints take builtin ``max``: dynamo
-    before torch 2.13 breaks the graph on ``torch.sym_max`` of two ints. Under jit tracing (the
-    legacy ONNX exporter) sizes arrive as 0-d tensors and are read as ints."""
-    if isinstance(a, torch.Tensor):
-        a = int(a)
-    if b < 0:
-        return -c_div(a, -b)
-    if isinstance(a, torch.SymInt):
-        return torch.sym_max(a, 0) // b - torch.sym_max(-a, 0) // b
-    return max(a, 0) // b - max(-a, 0) // b
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +70,7 @@ class ConvGeometry:
 
     def layout(self) -> tuple[int, int]:
         """(channel axis, number of spatial axes)."""
-        return self.spec[0], len(self.spec[1])
+        return spec_layout(self.spec)
 
     def torch_args(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
         """(stride, pad, dilation), as torch's convolutions take them."""
@@ -90,15 +80,11 @@ class ConvGeometry:
     def is_pointwise(self) -> bool:
         """A 1-wide kernel on every axis, stride 1, no pad: each output reads one input
         position (dense, it is one GEMM over the positions)."""
-        _, kernel, stride, pad, _, _ = self.spec
-        return all(k == 1 for k in kernel) and all(s == 1 for s in stride) and not any(pad)
+        return spec_is_pointwise(self.spec)
 
     def conv_output(self, spatial: Sequence[int]) -> tuple[int, ...]:
         """Caffe: (in + 2 * pad - extent) / stride + 1, with C's truncating division."""
-        _, _, stride, pad, _, extent = self.spec
-        return tuple(
-            c_div(i + 2 * p - e, s) + 1 for i, p, e, s in zip(spatial, pad, extent, stride)
-        )
+        return spec_conv_output(self.spec, spatial)
 
     def deconv_output(self, spatial: Sequence[int]) -> tuple[int, ...]:
         """Caffe: stride * (in - 1) + extent - 2 * pad."""
@@ -107,18 +93,8 @@ class ConvGeometry:
 
     def extra_pad(self, spatial: Sequence[int]) -> tuple[int, ...]:
         """Zeros to add after each axis so that floor rounding gives Caffe's output size
-        (non-zero only where in + 2 * pad < extent, which C's division rounds up to one output).
-
-        Runs on every forward, so the usual case (no short axis) returns before computing
-        output sizes."""
-        _, kernel, stride, pad, _, extent = self.spec
-        if all(i + 2 * p >= e for i, p, e in zip(spatial, pad, extent)):
-            return (0,) * len(kernel)
-        out = self.conv_output(spatial)
-        return tuple(
-            max(0, (o - 1) * s + e - (i + 2 * p))
-            for o, s, e, i, p in zip(out, stride, extent, spatial, pad)
-        )
+        (non-zero only where in + 2 * pad < extent, which C's division rounds up to one output)."""
+        return spec_extra_pad(self.spec, spatial)
 
 
 def _per_axis(

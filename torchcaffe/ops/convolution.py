@@ -246,7 +246,7 @@ class ConvolutionLayer(ConvolutionBase):
         """The convolution proper, then the ReLU of slope ``relu`` if any (``fused_relu``)."""
         g, n = self.geom, self.geom.num_spatial
         compiling = torch.compiler.is_compiling()
-        if compiling and opaque_conv.wanted(self, x, self.sources(), self.group):
+        if compiling and opaque_conv.wanted(g.spec, x, self.sources(), self.group):
             return fused_relu.apply_(opaque_conv.call(x, self.sources(), [self]), relu)
         weight = self.weight
         if n == 0:  # no spatial axes: a 1x1 convolution over a length-1 axis

@@ -32,6 +32,7 @@ import torch
 
 from ..errors import TorchCaffeError
 from . import onednn_conv, onednn_linear
+from ._conv_spec import Spec, spec_is_pointwise, spec_layout
 
 # Weights (out * in * kh * kw) from which the op pays: below, its call (~20 us) and the
 # channels_last copies it starts outweigh packing a small weight (MobileNetV2 batch 1, every
@@ -122,12 +123,13 @@ def _op() -> Any | None:
 _CACHED_CONV2D = _op()
 
 
-def wanted(conv: Any, x: torch.Tensor, sources: list[torch.Tensor], group: int) -> bool:
-    """Whether a compiled graph should call the op for Convolution layer ``conv`` (of
-    ``group``, which the caller read) over this bottom: under torch.compile but not
-    torch.export, a dense 2-D convolution with at least MIN_WEIGHTS weights over more than
-    one pixel, on CPU float32 tensors, with nothing recorded by autograd (the eager path
-    then packs its weight; the op hands it a channels_last copy of an NCHW bottom). A
+def wanted(spec: Spec, x: torch.Tensor, sources: list[torch.Tensor], group: int) -> bool:
+    """Whether a compiled graph should call the op for a Convolution layer of geometry
+    ``spec`` (its ``geom.spec``) and ``group``, which the caller read, over this bottom:
+    under torch.compile but not torch.export, a dense 2-D convolution with at least
+    MIN_WEIGHTS weights over more than one pixel, on CPU float32 tensors, with nothing
+    recorded by autograd (the eager path then packs its weight; the op hands it a
+    channels_last copy of an NCHW bottom). A
     pointwise (1x1) convolution only over a channels_last bottom: it gains by keeping the
     layout of a region of ops (ResNet-50 b1: 1.02-1.06x the hand-written model without them,
     1.21-1.29x with), and starting one costs more than it saves (MobileNetV2 b1: 0.86-0.90x,
@@ -136,14 +138,13 @@ def wanted(conv: Any, x: torch.Tensor, sources: list[torch.Tensor], group: int) 
     (MobileNetV2 b1, ResNet-50 b1 and b8: 0.99-1.01x, median of per-round ratios)."""
     if _CACHED_CONV2D is None or not onednn_linear.graph_can_take([x, *sources]):
         return False
-    g = conv.geom
-    if g.layout() != (1, 2) or x.dim() != 4:
+    if spec_layout(spec) != (1, 2) or x.dim() != 4:
         return False
     if x.shape[2] == x.shape[3] == 1:
         return False  # a classifier over pooled features: a GEMM with nothing to pack
     if group != 1 or sources[0].numel() < MIN_WEIGHTS:  # sources[0]: the weight
         return False
-    if g.is_pointwise and not onednn_conv.is_channels_last(x):
+    if spec_is_pointwise(spec) and not onednn_conv.is_channels_last(x):
         return False  # it packs nothing; it pays only inside a channels_last region
     return not (torch.is_grad_enabled() and any(t.requires_grad for t in [x, *sources]))
 

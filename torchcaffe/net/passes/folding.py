@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch.nn.utils.fusion import fuse_conv_bn_weights
 
 from ...ops import frozen_graph, fused_relu, onednn_linear, opaque_conv
+from ...ops._conv_spec import Spec, spec_conv_output, spec_extra_pad
 from ...ops._derived import DerivedCache
 from ...ops.base import CaffeLayer, blob_slots, read_slots
 from ...ops.batch_norm import scaled_stats
@@ -45,10 +46,12 @@ BLOB_NAMES = {
 }
 # What a traced fold reads of its layers' settings, as one tuple of literals: (the
 # producer's type, producer has a bias, Scale has a bias, a Bias link, BatchNorm's eps (0.0
-# without one), the Convolution's group and num_output (1 and 0 otherwise)). Read from the
+# without one), the Convolution's group and num_output (1 and 0 otherwise), the producer's
+# geometry (``ConvGeometry.spec``; None for an InnerProduct or no producer)). Read from the
 # layers, each would be one more guard node that a compiled call checks: dynamo guards a
-# tuple of literals held under a module with one check (MobileNetV2: ~7 nodes a fold).
-GraphSettings = tuple[str, bool, bool, bool, float, int, int]
+# tuple of literals held under a module with one check (MobileNetV2: ~7 nodes a fold; the
+# geometry through ``producer.geom`` three more, 0.14 of its 0.77 ms guard check).
+GraphSettings = tuple[str, bool, bool, bool, float, int, int, Spec | None]
 
 
 def producer_ok(step: LayerStep, module: Any) -> bool:
@@ -221,6 +224,7 @@ class FoldedAffine:
             float(bn.eps) if bn is not None else 0.0,
             int(p.group) if conv else 1,
             int(p.num_output) if conv else 0,
+            p.geom.spec if p is not None and hasattr(p, "geom") else None,
         )
 
     def layers(self) -> list[Any]:
@@ -336,7 +340,9 @@ class FoldedAffine:
         9,363 guard lines, 0.9 ms a call, against the hand-written model's 5,157 and 0.4 ms).
         """
         p, bn, sc = self.producer, self.bn, self.scale
-        kind, own_has_bias, scale_has_bias, has_bias, eps, group, num_output = self.graph_settings
+        kind, own_has_bias, scale_has_bias, has_bias, eps, group, num_output, spec = (
+            self.graph_settings
+        )
         conv = kind == "Convolution"
         own = [] if p is None else [p.weight, p.bias] if own_has_bias else [p.weight]
         stats_blobs = [] if bn is None else _stats_blobs(bn)
@@ -345,7 +351,7 @@ class FoldedAffine:
         # less); the ``is not None`` only narrows the type
         bias_blobs = [self.bias.bias] if has_bias and self.bias is not None else []
         sources = own + stats_blobs + scale_blobs + bias_blobs  # as ``sources()`` lists them
-        if conv and opaque_conv.wanted(p, x, sources, group):
+        if conv and spec is not None and opaque_conv.wanted(spec, x, sources, group):
             return opaque_conv.call(x, sources, self.layers())
         stats = scaled_stats(*stats_blobs) if stats_blobs else None
         scale = None
@@ -355,7 +361,7 @@ class FoldedAffine:
         a, c = self._chain_affine(stats, scale, bias, wide=False, detach=True, eps=eps)
         own_bias = own[1] if len(own) > 1 else None
         if conv and (
-            frozen_graph.params_frozen() or _folding_pays_at_batch_1(p, x, own[0], num_output)
+            frozen_graph.params_frozen() or _folding_pays_at_batch_1(spec, x, own[0], num_output)
         ):
             # (a, c) left to inductor to inline: the weight's kernel computes them with it,
             # where a stack would add a buffer and its aliases to each call (MobileNetV2
@@ -461,16 +467,16 @@ class FoldedAffine:
                 w, b = w.to(x.dtype), b.to(x.dtype)
             view = (1, -1) + (1,) * (x.dim() - 2)
             return fused_relu.apply_(torch.addcmul(b.reshape(view), x, w.reshape(view)), relu)
-        kind, group = self.graph_settings[0], self.graph_settings[5]
+        kind, group, spec = self.graph_settings[0], self.graph_settings[5], self.graph_settings[7]
         if kind == "InnerProduct":
             return onednn_linear.linear(x.reshape(x.shape[0], p.k), w, b, relu)
-        g = p.geom
-        n = g.num_spatial
-        stride, pad, dilation = g.torch_args()
+        assert spec is not None  # a Convolution's or Deconvolution's geometry
+        n = len(spec[1])
+        stride, pad, dilation = spec[2], spec[3], spec[4]
         if kind == "Deconvolution":
             deconv = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[n - 1]
             return fused_relu.apply_(deconv(x, w, b, stride, pad, 0, 1, dilation), relu)
-        extra = g.extra_pad(tuple(x.shape[2:]))
+        extra = spec_extra_pad(spec, tuple(x.shape[2:]))
         if any(extra):
             x = F.pad(x, [v for e in reversed(extra) for v in (0, e)])
         if n == 2:
@@ -482,13 +488,14 @@ class FoldedAffine:
 
 
 def _folding_pays_at_batch_1(
-    conv: Any, x: torch.Tensor, weight: torch.Tensor, num_output: int
+    spec: Spec | None, x: torch.Tensor, weight: torch.Tensor, num_output: int
 ) -> bool:
-    """At batch 1, a Convolution whose weight has fewer elements than its top: scaling the
-    weight costs less than scaling the top (see ``FoldedAffine._traced``)."""
+    """At batch 1, a Convolution (of geometry ``spec``) whose weight has fewer elements than
+    its top: scaling the weight costs less than scaling the top (see ``FoldedAffine._traced``)."""
     if x.shape[0] != 1:
         return False
-    top = num_output * math.prod(conv.geom.conv_output(tuple(x.shape[2:])))
+    assert spec is not None
+    top = num_output * math.prod(spec_conv_output(spec, tuple(x.shape[2:])))
     return weight.numel() < top
 
 
