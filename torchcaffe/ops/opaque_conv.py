@@ -129,13 +129,13 @@ def wanted(spec: Spec, x: torch.Tensor, sources: list[torch.Tensor], group: int)
     under torch.compile but not torch.export, a dense 2-D convolution with at least
     MIN_WEIGHTS weights over more than one pixel, on CPU float32 tensors, with nothing
     recorded by autograd (the eager path then packs its weight; the op hands it a
-    channels_last copy of an NCHW bottom). A
-    pointwise (1x1) convolution only over a channels_last bottom: it gains by keeping the
-    layout of a region of ops (ResNet-50 b1: 1.02-1.06x the hand-written model without them,
-    1.21-1.29x with), and starting one costs more than it saves (MobileNetV2 b1: 0.86-0.90x,
-    0.95-0.96x without). Since the eager path packs pointwise weights too, taking every such
-    convolution, or every one with at least 2**14 weights, measured the same as this rule
-    (MobileNetV2 b1, ResNet-50 b1 and b8: 0.99-1.01x, median of per-round ratios)."""
+    channels_last copy of an NCHW bottom). A pointwise (1x1) convolution only over a
+    channels_last bottom: it gains by keeping the layout of a region of ops (ResNet-50 b1:
+    1.02-1.06x the hand-written model without them, 1.21-1.29x with), and starting one costs
+    more than it saves (MobileNetV2 b1: 0.86-0.90x, 0.95-0.96x without). Since the eager path
+    packs pointwise weights too, taking every such convolution, or every one with at least
+    2**14 weights, measured the same as this rule (MobileNetV2 b1, ResNet-50 b1 and b8:
+    0.99-1.01x, median of per-round ratios)."""
     if _CACHED_CONV2D is None or not onednn_linear.graph_can_take([x, *sources]):
         return False
     if spec_layout(spec) != (1, 2) or x.dim() != 4:

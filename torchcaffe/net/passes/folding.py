@@ -50,7 +50,7 @@ BLOB_NAMES = {
 # geometry (``ConvGeometry.spec``; None for an InnerProduct or no producer)). Read from the
 # layers, each would be one more guard node that a compiled call checks: dynamo guards a
 # tuple of literals held under a module with one check (MobileNetV2: ~7 nodes a fold; the
-# geometry through ``producer.geom`` three more, 0.14 of its 0.77 ms guard check).
+# geometry through ``producer.geom`` three more: its guard lookup 664-779 -> 580-747 us).
 GraphSettings = tuple[str, bool, bool, bool, float, int, int, Spec | None]
 
 
