@@ -141,6 +141,14 @@ def test_the_op_refuses_a_dead_layer_or_tensors_not_its_own():
             torch.ops.torchcaffe.cached_conv2d(x, conv2.sources(), [handle])
 
 
+@pytest.mark.parametrize("shape", [(2, 512, 6, 6), (1, 3, 1, 1), (1, 1, 5, 7), (4, 16, 1, 9)])
+def test_the_op_computes_the_channels_last_strides_torch_allocates(shape):
+    """The op checks its top against these strides (the layout its fake promised) without
+    allocating a tensor to read them from; size-1 axes included."""
+    want = torch.empty(shape, memory_format=torch.channels_last).stride()
+    assert opaque_conv.channels_last_strides(shape) == want
+
+
 def test_the_fold_in_the_op_runs_on_packed_weights(monkeypatch):
     """The op's fold reaches oneDNN's packed convolution (what it is there for)."""
     packed = []

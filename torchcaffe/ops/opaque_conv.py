@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -78,8 +78,9 @@ def _step(handles: list[int], sources: list[torch.Tensor]) -> Any:
             step = fold_builder(producer, {layer.caffe_type: layer for layer in layers[1:]})
             producer.graph_folds[key] = step
     mine = step.sources()
+    # the graph hands the params themselves: identity first, storage only where it differs
     if len(mine) != len(sources) or any(
-        a.data_ptr() != b.data_ptr() for a, b in zip(mine, sources)
+        a is not b and a.data_ptr() != b.data_ptr() for a, b in zip(mine, sources)
     ):
         raise TorchCaffeError(
             "a compiled graph passes a convolution weights that are not its layers'",
@@ -97,6 +98,13 @@ def _channels_last(shape: tuple[Any, ...], like: torch.Tensor) -> torch.Tensor:
     )
 
 
+def channels_last_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """The strides ``torch.empty(shape, memory_format=torch.channels_last)`` has (N, C, H, W):
+    computed rather than allocated on each call of the op."""
+    _, c, h, w = shape
+    return (h * w * c, 1, w * c, c)
+
+
 def _op() -> Any | None:
     """The custom op where this torch build can define one (torch >= 2.4), else None."""
     if not onednn_conv.available() or not onednn_linear.graph_ops_definable():
@@ -108,9 +116,8 @@ def _op() -> Any | None:
     ) -> torch.Tensor:
         step = _step(handles, sources)
         y = step.eager_top(x.contiguous(memory_format=torch.channels_last))
-        expected = _channels_last(tuple(y.shape), y)
-        if y.stride() != expected.stride():  # the layout the graph was promised
-            y = expected.copy_(y)
+        if y.stride() != channels_last_strides(y.shape):  # the layout the graph was promised
+            y = _channels_last(tuple(y.shape), y).copy_(y)
         return y
 
     @cached_conv2d.register_fake
