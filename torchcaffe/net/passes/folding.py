@@ -224,7 +224,7 @@ class FoldedAffine:
             float(bn.eps) if bn is not None else 0.0,
             int(p.group) if conv else 1,
             int(p.num_output) if conv else 0,
-            p.geom.spec if p is not None and hasattr(p, "geom") else None,
+            p.geom.spec if self.producer_type in ("Convolution", "Deconvolution") else None,
         )
 
     def layers(self) -> list[Any]:
