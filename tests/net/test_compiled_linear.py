@@ -1,5 +1,6 @@
-"""A large InnerProduct in a compiled CPU graph runs on oneDNN's product as an opaque op
-(``ops/onednn_linear``), forward and backward, with the eager net's values."""
+"""A large InnerProduct in a compiled CPU graph, or a large 1x1 Convolution over 1x1 features
+(MobileNetV2's classifier), runs on oneDNN's product as an opaque op (``ops/onednn_linear``),
+forward and backward, with the eager net's values."""
 
 from __future__ import annotations
 
@@ -30,25 +31,41 @@ layer { name: "ip2" type: "InnerProduct" bottom: "a" top: "out"
   inner_product_param { num_output: 10 } }
 """
 
+# the same products as 1x1 Convolutions over 1x1 features: conv1 512 * 600 weights, conv2
+# 600 * 10
+CONV_NET = """
+input: "data" input_shape { dim: 3 dim: 512 dim: 1 dim: 1 }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "a"
+  convolution_param { num_output: 600 kernel_size: 1 } }
+layer { name: "relu" type: "ReLU" bottom: "a" top: "a" }
+layer { name: "conv2" type: "Convolution" bottom: "a" top: "out"
+  convolution_param { num_output: 10 kernel_size: 1 } }
+"""
 
-def _net() -> torchcaffe.TorchNet:
-    net = torchcaffe.load(text_format.Parse(NET, caffe_pb2.NetParameter()), phase="test")
+NETS = {"inner_product": (NET, (3, 512)), "conv_classifier": (CONV_NET, (3, 512, 1, 1))}
+
+
+def _net(kind: str = "inner_product") -> torchcaffe.TorchNet:
+    proto = NETS[kind][0]
+    net = torchcaffe.load(text_format.Parse(proto, caffe_pb2.NetParameter()), phase="test")
     fill_params(net, lambda t, gen: (torch.rand(t.shape, generator=gen) - 0.5) * 0.2)
     return net
 
 
-def _input() -> torch.Tensor:
-    return torch.randn(3, 512, generator=torch.Generator().manual_seed(2))
+def _input(kind: str = "inner_product") -> torch.Tensor:
+    return torch.randn(*NETS[kind][1], generator=torch.Generator().manual_seed(2))
 
 
+@pytest.mark.parametrize("kind", sorted(NETS))
 @pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
-def test_only_the_large_product_becomes_the_op(grad):
-    assert calls_of(_net(), OP, grad, data=_input()) == 1
+def test_only_the_large_product_becomes_the_op(grad, kind):
+    assert calls_of(_net(kind), OP, grad, data=_input(kind)) == 1
 
 
-def test_inductor_forward_and_backward_equal_eager():
-    net, x = _net(), _input()
-    w = torch.randn(3, 10, generator=torch.Generator().manual_seed(5))
+@pytest.mark.parametrize("kind", sorted(NETS))
+def test_inductor_forward_and_backward_equal_eager(kind):
+    net, x = _net(kind), _input(kind)
+    w = torch.randn(3, 10, *x.shape[2:], generator=torch.Generator().manual_seed(5))
 
     def grads(run):
         net.zero_grad(set_to_none=True)
