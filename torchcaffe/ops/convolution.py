@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..registry import register_layer
-from . import frozen_graph, fused_relu, onednn_conv, onednn_linear, opaque_conv
+from . import frozen_graph, fused_relu, onednn_conv, onednn_linear, opaque_conv, small_bottom_conv
 from ._conv_geometry import ConvGeometry, conv_geometry, im2col_nd
 from .base import AtLeast, CaffeLayer
 from .onednn_conv import PackedConvWeight
@@ -156,6 +156,9 @@ def conv2d(
       (2 threads, in-net, median of per-round ratios: ResNet-50 1.08x at batch 1, 1.05x at
       batch 8; MobileNetV2 1.06x / 1.04x; GoogLeNet 1.04x / 1.03x).
 
+    In a compiled graph, a batch-1 convolution that aten would send to its im2col kernel,
+    with enough work for oneDNN to be faster, runs there (``small_bottom_conv``).
+
     A graph whose params inductor freezes gets ``F.conv2d`` (``frozen_graph``): inductor
     packs its weight for oneDNN, where it sends a GEMM to MKL, whose batch-1 product runs
     on one thread (MobileNetV2's classifier: 0.40 ms a call).
@@ -183,6 +186,9 @@ def conv2d(
         return y.reshape(n, h, w, -1).permute(0, 3, 1, 2)
     if packed is not None:
         return packed.conv2d(x, weight, bias, (stride, pad, dilation, groups), relu)
+    if small_bottom_conv.wanted(x, weight, bias, groups):
+        y = small_bottom_conv.conv2d(x, weight, bias, stride, pad, dilation)
+        return fused_relu.apply_(y, relu)
     return fused_relu.apply_(F.conv2d(x, weight, bias, stride, pad, dilation, groups), relu)
 
 
