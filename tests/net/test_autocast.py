@@ -1,5 +1,6 @@
 """torch.autocast over a torch-face net: its convolutions and products run in the autocast
-dtype, as F.conv2d / F.linear do, also where the CPU path would call oneDNN's own ops."""
+dtype, as F.conv2d / F.linear do, also where the CPU path would call oneDNN's own ops, eager
+or compiled."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import torch
 
 import torchcaffe
 from torchcaffe.formats.prototxt import read_net
+
+from ..helpers.graphs import calls_of
 
 NET = """
 input: "data" input_shape { dim: 2 dim: 8 dim: 16 dim: 16 }
@@ -32,3 +35,38 @@ def test_autocast_bfloat16_reaches_convolution_and_inner_product(grad):
     for name in ("conv", "ip"):
         torch.testing.assert_close(got[name].float(), want[name], rtol=2e-2, atol=3e-2)
     assert net.forward_all_blobs(x)["ip"].dtype == torch.float32
+
+
+# at batch 1, each of these takes a CPU route of its own in a compiled graph: expand oneDNN's
+# op (``small_bottom_conv``), conv3 our packed-weight op (``opaque_conv``, 331,776 weights),
+# ip our oneDNN product (``onednn_linear``, 1,254,400 weights)
+COMPILED_NET = """
+input: "data" input_shape { dim: 1 dim: 96 dim: 14 dim: 14 }
+layer { name: "expand" type: "Convolution" bottom: "data" top: "expand"
+        convolution_param { num_output: 576 kernel_size: 1 weight_filler { type: "xavier" } } }
+layer { name: "conv3" type: "Convolution" bottom: "expand" top: "conv3"
+        convolution_param { num_output: 64 kernel_size: 3 pad: 1
+                            weight_filler { type: "xavier" } } }
+layer { name: "ip" type: "InnerProduct" bottom: "conv3" top: "ip"
+        inner_product_param { num_output: 100 weight_filler { type: "xavier" } } }
+"""
+ROUTES = (
+    "mkldnn._convolution_pointwise",
+    "torchcaffe.cached_conv2d.default",
+    "torchcaffe.onednn_linear.default",
+)
+
+
+def test_autocast_bfloat16_reaches_a_compiled_graphs_cpu_routes():
+    net = torchcaffe.load(read_net(COMPILED_NET), phase="test").eval()
+    x = torch.rand(1, 96, 14, 14)
+    if [calls_of(net, op, data=x) for op in ROUTES] != [1, 1, 1]:
+        pytest.skip("this torch build lacks one of the CPU routes")
+    with torch.no_grad():
+        want = net.forward_all_blobs(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            torch._dynamo.reset()
+            got = torch.compile(net.forward_all_blobs)(x)
+    for name in ("expand", "conv3", "ip"):
+        assert got[name].dtype == torch.bfloat16, name
+        torch.testing.assert_close(got[name].float(), want[name], rtol=2e-2, atol=3e-2)

@@ -79,15 +79,18 @@ def linear(
 
 def graph_can_take(tensors: Sequence[torch.Tensor]) -> bool:
     """Whether a torch.compile trace may call one of our opaque CPU ops (this module's and
-    ``opaque_conv``'s) on ``tensors``: compiling but not exporting (torch.export also turns
-    oneDNN off while it traces), CPU float32 tensors, oneDNN on, and inductor not freezing
-    the params (``frozen_graph``: it then packs and fuses the plain ops itself)."""
+    ``opaque_conv``'s) or oneDNN's own (``small_bottom_conv``) on ``tensors``: compiling but
+    not exporting (torch.export also turns oneDNN off while it traces), CPU float32 tensors,
+    no CPU autocast, oneDNN on, and inductor not freezing the params (``frozen_graph``: it
+    then packs and fuses the plain ops itself)."""
     if not torch.compiler.is_compiling() or torch.compiler.is_exporting():
         return False
     if frozen_graph.params_frozen():
         return False
     if not all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors):
         return False
+    if torch.is_autocast_enabled("cpu"):
+        return False  # our ops are no autocast ops: torch's run in the autocast dtype
     return bool(torch.backends.mkldnn.enabled)
 
 
