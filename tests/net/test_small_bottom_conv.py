@@ -92,3 +92,15 @@ def test_values_and_layout_those_of_conv2d(channels_last, kernel, stride, pad, d
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         assert got.is_contiguous(memory_format=torch.channels_last) == channels_last
         assert got.is_contiguous() != channels_last
+
+
+@pytest.mark.parametrize("stride, calls", [(1, 1), (2, 0)])
+def test_the_work_counted_is_the_tops(stride, calls):
+    """64 -> 64 3x3 over 14x14: 7.2M multiply-adds at stride 1, a quarter at stride 2."""
+    proto = f"""
+    input: "data" input_shape {{ dim: 1 dim: 64 dim: 14 dim: 14 }}
+    layer {{ name: "conv" type: "Convolution" bottom: "data" top: "out"
+      convolution_param {{ num_output: 64 kernel_size: 3 pad: 1 stride: {stride} }} }}
+    """
+    net = torchcaffe.load(text_format.Parse(proto, caffe_pb2.NetParameter()), phase="test")
+    assert calls_of(net, OP, data=torch.randn(1, 64, 14, 14)) == calls

@@ -186,7 +186,7 @@ def conv2d(
         return y.reshape(n, h, w, -1).permute(0, 3, 1, 2)
     if packed is not None:
         return packed.conv2d(x, weight, bias, (stride, pad, dilation, groups), relu)
-    if small_bottom_conv.wanted(x, weight, bias, groups):
+    if small_bottom_conv.wanted(x, weight, bias, stride, pad, dilation, groups):
         y = small_bottom_conv.conv2d(x, weight, bias, stride, pad, dilation)
         return fused_relu.apply_(y, relu)
     return fused_relu.apply_(F.conv2d(x, weight, bias, stride, pad, dilation, groups), relu)

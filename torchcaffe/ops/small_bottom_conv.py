@@ -4,8 +4,8 @@ oneDNN instead of aten's im2col kernel.
 For a batch-1 convolution whose bottom has at most ATEN_SMALL_BOTTOM elements (groups 1, not
 both kernel sides above 3), aten picks its own im2col + GEMM kernel over oneDNN. That is
 faster for the smallest products, and slower from about 5M multiply-adds. MobileNetV2 has
-seven such convolutions (96 -> 576 at 14x14, 160 -> 960 and 320 -> 1280 at 7x7), 1.05 ms of
-each batch-1 call in both our compiled net and the hand-written one.
+seven such convolutions (96 -> 576 at 14x14, 160 -> 960 and 320 -> 1280 at 7x7), 0.9-1.05 ms
+of each batch-1 call in both our compiled net and the hand-written one.
 
 Inductor lowers ``mkldnn::_convolution_pointwise`` over a plain, unfrozen weight as a C++
 call, with no Python dispatch in between (our opaque ops cost ~40 us a call). Its lowering
@@ -39,7 +39,15 @@ def _op() -> Any | None:
 _CONV = _op()
 
 
-def wanted(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, groups: int) -> bool:
+def wanted(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: tuple[int, ...],
+    pad: tuple[int, ...],
+    dilation: tuple[int, ...],
+    groups: int,
+) -> bool:
     """Whether a compiled graph should run this 2-D convolution here: one that aten would send
     to its im2col kernel (batch 1, groups 1, a bottom of at most ATEN_SMALL_BOTTOM elements,
     not both kernel sides above 3) with at least MIN_MACS multiply-adds, on CPU float32
@@ -55,8 +63,12 @@ def wanted(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gro
     out_c, _, kh, kw = weight.shape
     if x.shape[0] != 1 or x.numel() > ATEN_SMALL_BOTTOM or (kh > 3 and kw > 3):
         return False  # aten takes oneDNN itself
-    if out_c * x.shape[1] * kh * kw * x.shape[2] * x.shape[3] < MIN_MACS:
-        return False  # an upper bound of the product (stride 1, same size): aten's is faster
+    out_h, out_w = (
+        (size + 2 * p - d * (k - 1) - 1) // step + 1
+        for size, k, step, p, d in zip(x.shape[2:], (kh, kw), stride, pad, dilation)
+    )
+    if out_c * x.shape[1] * kh * kw * out_h * out_w < MIN_MACS:
+        return False  # aten's kernel is faster
     return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
 
 
