@@ -84,11 +84,11 @@ def test_values_and_layout_those_of_conv2d(channels_last, kernel, stride, pad, d
         x = x.contiguous(memory_format=torch.channels_last)
     w = torch.randn(48, 32, kernel, kernel, generator=gen) * 0.1
     b = torch.randn(48, generator=gen)
-    args = ((stride, stride), (pad, pad), (dilation, dilation))
+    args = ((stride, stride), (pad, pad), (dilation, dilation), 1)
     want = F.conv2d(x, w, b, *args)
     torch._dynamo.reset()  # inductor's lowering lays its top out channels_last
     for run in (small_bottom_conv.conv2d, torch.compile(small_bottom_conv.conv2d)):
-        got = run(x, w, b, *args)
+        got = run(x, w, b, args)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         assert got.is_contiguous(memory_format=torch.channels_last) == channels_last
         assert got.is_contiguous() != channels_last

@@ -184,11 +184,11 @@ def conv2d(
         rows = x.permute(0, 2, 3, 1).reshape(n * h * w, c)
         y = onednn_linear.pixel_rows_product(rows, weight.reshape(weight.shape[0], c), bias, relu)
         return y.reshape(n, h, w, -1).permute(0, 3, 1, 2)
+    geometry = (stride, pad, dilation, groups)
     if packed is not None:
-        return packed.conv2d(x, weight, bias, (stride, pad, dilation, groups), relu)
-    if small_bottom_conv.wanted(x, weight, bias, stride, pad, dilation, groups):
-        y = small_bottom_conv.conv2d(x, weight, bias, stride, pad, dilation)
-        return fused_relu.apply_(y, relu)
+        return packed.conv2d(x, weight, bias, geometry, relu)
+    if small_bottom_conv.wanted(x, weight, bias, geometry):
+        return fused_relu.apply_(small_bottom_conv.conv2d(x, weight, bias, geometry), relu)
     return fused_relu.apply_(F.conv2d(x, weight, bias, stride, pad, dilation, groups), relu)
 
 

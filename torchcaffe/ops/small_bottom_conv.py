@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from . import onednn_conv, onednn_linear
+from .onednn_conv import Geometry
 
 # aten's limit: a batch-1 bottom of at most this many elements goes to its im2col kernel
 ATEN_SMALL_BOTTOM = 20480
@@ -40,19 +41,14 @@ _CONV = _op()
 
 
 def wanted(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    stride: tuple[int, ...],
-    pad: tuple[int, ...],
-    dilation: tuple[int, ...],
-    groups: int,
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, geometry: Geometry
 ) -> bool:
     """Whether a compiled graph should run this 2-D convolution here: one that aten would send
     to its im2col kernel (batch 1, groups 1, a bottom of at most ATEN_SMALL_BOTTOM elements,
     not both kernel sides above 3) with at least MIN_MACS multiply-adds, on CPU float32
     tensors (``onednn_linear.graph_can_take``: compiling, not exporting, params not frozen),
     static shapes, and nothing recorded by autograd (the op has no backward)."""
+    stride, pad, dilation, groups = geometry
     if _CONV is None or groups != 1 or x.dim() != 4:
         return False
     tensors = [x, weight] if bias is None else [x, weight, bias]
@@ -73,17 +69,13 @@ def wanted(
 
 
 def conv2d(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    stride: tuple[int, ...],
-    pad: tuple[int, ...],
-    dilation: tuple[int, ...],
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, geometry: Geometry
 ) -> torch.Tensor:
-    """``F.conv2d(x, weight, bias, stride, pad, dilation)`` on oneDNN, its top in the layout of
-    ``x`` (the caller checked ``wanted``)."""
+    """``F.conv2d(x, weight, bias, *geometry)`` on oneDNN, its top in the layout of ``x`` (the
+    caller checked ``wanted``)."""
     assert _CONV is not None
-    y = _CONV(x, weight, bias, list(pad), list(stride), list(dilation), 1, "none", [], "")
+    stride, pad, dilation, groups = geometry
+    y = _CONV(x, weight, bias, list(pad), list(stride), list(dilation), groups, "none", [], "")
     if onednn_conv.is_channels_last(x):
         return y.contiguous(memory_format=torch.channels_last)
     return y.contiguous()
