@@ -328,6 +328,45 @@ def test_compiled_frozen_fold_keeps_every_gradient_at_batch_one():
     _close(xg.grad, want[1]["data"])
 
 
+def _conv_biases_in_training_graph(net: torchcaffe.TorchNet, x: torch.Tensor) -> list:
+    """The bias argument of each convolution in dynamo's graph of a recorded forward."""
+    graphs: list[torch.fx.GraphModule] = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(net, backend=record, fullgraph=True)(data=x.requires_grad_())
+    convs = [n for gm in graphs for n in gm.graph.nodes if n.target is torch.conv2d]
+    return [n.args[2] if len(n.args) > 2 else n.kwargs.get("bias") for n in convs]
+
+
+def test_compiled_frozen_fold_adds_its_bias_after_the_convolution():
+    """In a compiled training graph the folded bias is an op after the convolution (inductor
+    fuses it and its gradient's sum into the ops around it); the step keeps its values."""
+    net = _frozen()
+    x = torch.randn(2, 3, 6, 5)
+    assert _conv_biases_in_training_graph(net, x) == [None]
+    twin = copy.deepcopy(net)
+    want = _step(twin, x, optimize=False)
+    compiled = torch.compile(net, backend="aot_eager", fullgraph=True)
+    net.optimize = True
+    net.zero_grad()
+    out = compiled(data=x)["out"]
+    (out * torch.arange(out.numel()).reshape(out.shape)).sum().backward()
+    _close(out.detach(), want[0])
+    for name, p in net.named_parameters():
+        _close(p.grad, want[1][name])
+
+
+def test_compiled_frozen_fold_keeps_the_bias_in_the_convolution_under_autocast():
+    """Under autocast the convolution rounds its top: the folded bias stays its argument."""
+    with torch.autocast("cpu", torch.bfloat16):
+        biases = _conv_biases_in_training_graph(_frozen(), torch.randn(2, 3, 6, 5))
+    assert len(biases) == 1 and biases[0] is not None
+
+
 def test_frozen_fold_off_the_cpu_runs_the_convolution_then_one_batch_norm(monkeypatch):
     """On a GPU the differentiable fold's small ops bound the step by their launches: there
     the convolution runs, then BatchNorm + Scale as one F.batch_norm, with the same step."""
