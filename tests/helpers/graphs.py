@@ -5,10 +5,9 @@ from __future__ import annotations
 import torch
 
 
-def calls_of(net: torch.nn.Module, target: str, grad: bool = False, **inputs: torch.Tensor) -> int:
-    """How many times dynamo's graphs of ``net(**inputs)`` (one graph: fullgraph) call the op
-    named ``target`` (``str`` of an FX node's target, e.g. "torchcaffe.cached_conv2d.default"),
-    traced with autograd on or off (``grad``)."""
+def traced_calls(net: torch.nn.Module, grad: bool = False, **inputs: torch.Tensor) -> list:
+    """The ``call_function`` nodes of dynamo's graphs of ``net(**inputs)`` (one graph:
+    fullgraph), traced with autograd on or off (``grad``)."""
     graphs: list[torch.fx.GraphModule] = []
 
     def record(gm, example_inputs):
@@ -18,9 +17,10 @@ def calls_of(net: torch.nn.Module, target: str, grad: bool = False, **inputs: to
     torch._dynamo.reset()
     with torch.set_grad_enabled(grad):
         torch.compile(net, backend=record, fullgraph=True)(**inputs)
-    return sum(
-        str(node.target) == target
-        for gm in graphs
-        for node in gm.graph.nodes
-        if node.op == "call_function"
-    )
+    return [node for gm in graphs for node in gm.graph.nodes if node.op == "call_function"]
+
+
+def calls_of(net: torch.nn.Module, target: str, grad: bool = False, **inputs: torch.Tensor) -> int:
+    """How many times dynamo's graphs of ``net(**inputs)`` call the op named ``target``
+    (``str`` of an FX node's target, e.g. "torchcaffe.cached_conv2d.default")."""
+    return sum(str(node.target) == target for node in traced_calls(net, grad, **inputs))

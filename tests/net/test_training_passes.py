@@ -18,6 +18,8 @@ from torchcaffe.net.passes import TRAINING_PASSES, OptimizedProgram
 from torchcaffe.net.passes.training import bypass_splits_for_training
 from torchcaffe.proto import caffe_pb2
 
+from ..helpers.graphs import traced_calls
+
 FUSE, RELU = "fuse_batchnorm_scale_for_training", "inplace_relu_for_training"
 FOLD = "fold_frozen_batchnorm_for_training"
 SPLIT = "bypass_splits_for_training"
@@ -330,15 +332,7 @@ def test_compiled_frozen_fold_keeps_every_gradient_at_batch_one():
 
 def _conv_biases_in_training_graph(net: torchcaffe.TorchNet, x: torch.Tensor) -> list:
     """The bias argument of each convolution in dynamo's graph of a recorded forward."""
-    graphs: list[torch.fx.GraphModule] = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    torch.compile(net, backend=record, fullgraph=True)(data=x.requires_grad_())
-    convs = [n for gm in graphs for n in gm.graph.nodes if n.target is torch.conv2d]
+    convs = [n for n in traced_calls(net, grad=True, data=x) if n.target is torch.conv2d]
     return [n.args[2] if len(n.args) > 2 else n.kwargs.get("bias") for n in convs]
 
 
