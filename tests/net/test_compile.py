@@ -315,6 +315,19 @@ def test_a_compiled_fold_reads_its_layers_blobs_and_calls_no_layer_method():
     assert relu and not [g for g in relu if "__dict__" in g]
 
 
+def test_a_compiled_walk_calls_its_runners_without_guarding_their_call_method():
+    """Called as ``runner(x)``, a runner that is no module makes dynamo guard
+    ``type(runner).__call__.__code__``: four guard nodes per runner, checked on every call
+    with the caches cold (MobileNetV2: 4,487 -> 4,275 guard lines). The walk names the method
+    instead, which dynamo looks up as any other; a module runner is still called as a module,
+    so that dynamo inlines its hooks, if any."""
+    net = _layout_net()
+    guards = _compiled_guards(net, torch.randn(1, 4, 8, 8))
+    assert any("traced_runners['conv+folded" in g for g in guards)  # the fold was traced
+    assert any("traced_runners['dw+nhwc']" in g for g in guards)  # a module runner too
+    assert not [g for g in guards if "traced_runners" in g and ".__call__" in g]
+
+
 def test_each_net_compiles_against_a_recompile_budget_of_its_own():
     """Dynamo allows a code object ``recompile_limit`` graphs (8); past that the frame runs
     eagerly. With one ``TorchNet.forward`` for every net, the ninth distinct net compiled in

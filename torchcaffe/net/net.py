@@ -13,7 +13,7 @@ import gc
 import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -523,7 +523,14 @@ class TorchNet(nn.Module):
             for key, names, keeps, tops, dead in program.walk:
                 if key is not None:
                     reads = [blobs[b] if k else blobs[b].detach() for b, k in zip(names, keeps)]
-                    out = runners[key](*reads)
+                    runner: Any = runners[key]
+                    if isinstance(runner, nn.Module):
+                        out = runner(*reads)  # dynamo inlines its hooks, as for any module
+                    else:
+                        # named, the method is looked up as any other; called as ``runner(...)``
+                        # dynamo guards ``type(runner).__call__.__code__``, four guard nodes a
+                        # runner, checked on every call (MobileNetV2: 212 of 4,487 lines)
+                        out = runner.__call__(*reads)
                     if isinstance(out, tuple):
                         blobs.update(zip(tops, out))
                     else:
