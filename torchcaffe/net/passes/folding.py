@@ -52,6 +52,9 @@ BLOB_NAMES = {
 # tuple of literals held under a module with one check (MobileNetV2: ~7 nodes a fold; the
 # geometry through ``producer.geom`` three more: its guard lookup 664-779 -> 580-747 us).
 GraphSettings = tuple[str, bool, bool, bool, float, int, int, Spec | None]
+# The dicts that held the producer's, BatchNorm's, Scale's and Bias's blobs when the fold was
+# built (None: no such layer), where a trace reads them (``_blob``).
+GraphDicts = tuple[dict[str, Any] | None, ...]
 
 
 def producer_ok(step: LayerStep, module: Any) -> bool:
@@ -180,6 +183,7 @@ class FoldedAffine:
         "_source_slots",
         "_finite",
         "graph_settings",
+        "graph_dicts",
     )
 
     shares_with_graph: ClassVar[bool] = True  # may a compiled graph's op run it (inference)?
@@ -202,6 +206,12 @@ class FoldedAffine:
         self._finite = True  # are the folded weights finite (``_fold`` sets it)?
         self._source_slots = blob_slots(self.layers())  # in ``param_blobs`` order
         self.graph_settings = self._settings()
+        self.graph_dicts: GraphDicts = (
+            None if producer is None else producer._parameters,
+            None if self.bn is None else self.bn._buffers,  # Caffe masks them from the solver
+            None if self.scale is None else self.scale._parameters,
+            None if self.bias is None else self.bias._parameters,
+        )
         if (
             self.shares_with_graph
             and producer_type == "Convolution"
@@ -275,10 +285,12 @@ class FoldedAffine:
         wide: bool,
         detach: bool,
         eps: float,
+        own_weight: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``_affine`` from the links' values: BatchNorm's (mean, variance) as Caffe reads
         them and its ``eps``, Scale's (gamma, beta or None), Bias's bias; None for a link the
-        chain lacks."""
+        chain lacks. ``own_weight``: the producer's weight where the caller read it (else
+        it is read here)."""
         blob = torch.Tensor.detach if detach else (lambda t: t)
         if stats is not None:
             ref = stats[0]
@@ -304,7 +316,9 @@ class FoldedAffine:
             c = blob(bias).to(dtype) + c
         # the links' dtype: a 16-bit net's BatchNorm keeps float32 statistics, so the
         # producer's, the Scale's or the Bias's where the chain has one
-        others = (self.producer.weight if self.producer is not None else None, scale, bias)
+        if own_weight is None and self.producer is not None:
+            own_weight = self.producer.weight
+        others = (own_weight, scale, bias)
         out = next((t[0] if isinstance(t, tuple) else t for t in others if t is not None), ref)
         ones = torch.ones(ref.shape[0], dtype=out.dtype, device=ref.device)
         return (ones * a).to(out.dtype), (ones * c).to(out.dtype)
@@ -344,12 +358,19 @@ class FoldedAffine:
             self.graph_settings
         )
         conv = kind == "Convolution"
-        own = [] if p is None else [p.weight, p.bias] if own_has_bias else [p.weight]
-        stats_blobs = [] if bn is None else _stats_blobs(bn)
-        scale_blobs = [] if sc is None else [sc.weight, sc.bias] if scale_has_bias else [sc.weight]
+        pd, bd, sd, bias_d = self.graph_dicts
+        own = [] if p is None else [_blob(pd, p, "weight")]
+        if p is not None and own_has_bias:
+            own.append(_blob(pd, p, "bias"))
+        stats_blobs = [] if bn is None else [_blob(bd, bn, n) for n in BLOB_NAMES["BatchNorm"]]
+        scale_blobs = [] if sc is None else [_blob(sd, sc, "weight")]
+        if sc is not None and scale_has_bias:
+            scale_blobs.append(_blob(sd, sc, "bias"))
         # ``has_bias`` first: without a Bias link ``self.bias`` is not read (one guard node
         # less); the ``is not None`` only narrows the type
-        bias_blobs = [self.bias.bias] if has_bias and self.bias is not None else []
+        bias_blobs = (
+            [_blob(bias_d, self.bias, "bias")] if has_bias and self.bias is not None else []
+        )
         sources = own + stats_blobs + scale_blobs + bias_blobs  # as ``sources()`` lists them
         if conv and spec is not None and opaque_conv.wanted(spec, x, sources, group):
             return opaque_conv.call(x, sources, self.layers())
@@ -358,7 +379,9 @@ class FoldedAffine:
         if scale_blobs:
             scale = (scale_blobs[0], scale_blobs[1] if scale_has_bias else None)
         bias = bias_blobs[0] if bias_blobs else None
-        a, c = self._chain_affine(stats, scale, bias, wide=False, detach=True, eps=eps)
+        a, c = self._chain_affine(
+            stats, scale, bias, wide=False, detach=True, eps=eps, own_weight=own[0] if own else None
+        )
         own_bias = own[1] if len(own) > 1 else None
         if conv and (
             frozen_graph.params_frozen() or _folding_pays_at_batch_1(spec, x, own[0], num_output)
@@ -499,13 +522,15 @@ def _folding_pays_at_batch_1(
     return weight.numel() < top
 
 
-def _stats_blobs(bn: Any) -> list[torch.Tensor]:
-    """BatchNorm's (mean, variance, scale_factor), read from its buffers: ``bn.mean`` goes
-    through ``nn.Module.__getattr__``, which a trace guards as a look into its parameters,
-    buffers and submodules (two guard nodes more a layer). A blob shared with a Parameter
-    (``set_param_blob``) is not a buffer: read as an attribute."""
-    buffers = bn._buffers
-    return [buffers[n] if n in buffers else getattr(bn, n) for n in BLOB_NAMES["BatchNorm"]]
+def _blob(where: dict[str, Any] | None, layer: Any, name: str) -> torch.Tensor:
+    """A layer's blob as a trace reads it: from the dict it lived in when the fold was built
+    (``graph_dicts``), so that dynamo's path to it skips the layer and its ``__dict__``
+    (MobileNetV2: its cold guard check 46-78 us less). A blob moved since (weight sharing's
+    ``set_param_blob``, a parametrization) is read as an attribute; the check of the dict
+    makes a later move retrace."""
+    if where is not None and name in where:
+        return where[name]
+    return getattr(layer, name)
 
 
 def _scaled_weights(
