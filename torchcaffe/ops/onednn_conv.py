@@ -48,6 +48,12 @@ def available() -> bool:
     return _OPS is not None
 
 
+def pointwise_op() -> Any | None:
+    """oneDNN's convolution op (``mkldnn::_convolution_pointwise``) where ``available``, else
+    None (``small_bottom_conv`` calls it over plain weights)."""
+    return None if _OPS is None else _OPS[1]
+
+
 def is_channels_last(x: torch.Tensor) -> bool:
     """Laid out channels_last and not also NCHW-contiguous (as a tensor with 1x1 spatial
     size or one channel is both)."""

@@ -17,8 +17,6 @@ aten / this form, with the copy: 3.6M multiply-adds 0.88x, 7.2M 1.15x, 10.8M 1.2
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from . import onednn_conv, onednn_linear
@@ -30,14 +28,7 @@ ATEN_SMALL_BOTTOM = 20480
 MIN_MACS = 5 << 20
 
 
-def _op() -> Any | None:
-    """oneDNN's convolution op where this torch build has it, else None."""
-    if not torch.backends.mkldnn.is_available():
-        return None
-    return getattr(torch.ops.mkldnn, "_convolution_pointwise", None)
-
-
-_CONV = _op()
+_CONV = onednn_conv.pointwise_op()
 
 
 def wanted(
