@@ -275,7 +275,8 @@ class FoldedAffine:
         if self.scale is not None:
             scale = (self.scale.weight, self.scale.bias if self.scale_has_bias else None)
         bias = self.bias.bias if self.bias is not None else None
-        return self._chain_affine(stats, scale, bias, wide, detach, self.graph_settings[4])
+        own = self.producer.weight if self.producer is not None else None
+        return self._chain_affine(stats, scale, bias, wide, detach, self.graph_settings[4], own)
 
     def _chain_affine(
         self,
@@ -285,12 +286,12 @@ class FoldedAffine:
         wide: bool,
         detach: bool,
         eps: float,
-        own_weight: torch.Tensor | None = None,
+        own_weight: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``_affine`` from the links' values: BatchNorm's (mean, variance) as Caffe reads
         them and its ``eps``, Scale's (gamma, beta or None), Bias's bias; None for a link the
-        chain lacks. ``own_weight``: the producer's weight where the caller read it (else
-        it is read here)."""
+        chain lacks. ``own_weight``: the producer's weight (None without one), whose dtype
+        the result takes."""
         blob = torch.Tensor.detach if detach else (lambda t: t)
         if stats is not None:
             ref = stats[0]
@@ -316,8 +317,6 @@ class FoldedAffine:
             c = blob(bias).to(dtype) + c
         # the links' dtype: a 16-bit net's BatchNorm keeps float32 statistics, so the
         # producer's, the Scale's or the Bias's where the chain has one
-        if own_weight is None and self.producer is not None:
-            own_weight = self.producer.weight
         others = (own_weight, scale, bias)
         out = next((t[0] if isinstance(t, tuple) else t for t in others if t is not None), ref)
         ones = torch.ones(ref.shape[0], dtype=out.dtype, device=ref.device)
@@ -379,8 +378,9 @@ class FoldedAffine:
         if scale_blobs:
             scale = (scale_blobs[0], scale_blobs[1] if scale_has_bias else None)
         bias = bias_blobs[0] if bias_blobs else None
+        own_weight = own[0] if own else None
         a, c = self._chain_affine(
-            stats, scale, bias, wide=False, detach=True, eps=eps, own_weight=own[0] if own else None
+            stats, scale, bias, wide=False, detach=True, eps=eps, own_weight=own_weight
         )
         own_bias = own[1] if len(own) > 1 else None
         if conv and (
