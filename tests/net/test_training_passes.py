@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import operator
 
 import numpy as np
 import pytest
@@ -352,6 +353,17 @@ def test_compiled_frozen_fold_adds_its_bias_after_the_convolution():
     _close(out.detach(), want[0])
     for name, p in net.named_parameters():
         _close(p.grad, want[1][name])
+
+
+def test_compiled_frozen_fold_computes_its_affine_once_as_one_stacked_buffer():
+    """In a compiled training graph the chain's (a, c) are stacked (one buffer inductor computes
+    once) and both the weight scaling and the bias read that stack's rows."""
+    calls = traced_calls(_frozen(), grad=True, data=torch.randn(2, 3, 6, 5))
+    stacks = [n for n in calls if n.target is torch.stack]
+    assert len(stacks) == 1
+    rows = [n for n in calls if n.target is operator.getitem and n.args[0] is stacks[0]]
+    assert sorted(n.args[1] for n in rows) == [0, 1]
+    assert all(n.users for n in rows)
 
 
 def test_compiled_frozen_fold_keeps_the_bias_in_the_convolution_under_autocast():
