@@ -26,6 +26,7 @@ from benchmarks.handwritten import NETS  # noqa: E402
 from benchmarks.run import (  # noqa: E402
     MODELS,
     calibrate_batchnorm_,
+    calibration_batch,
     interleaved,
     random_weights_,
     synced,
@@ -38,7 +39,7 @@ def caffe_face(name: str, batch: int) -> tuple[Net, torch.Tensor, str]:
     rel, _, out, size = NETS[name]
     net = Net(str(MODELS / rel), phase="test")
     random_weights_(net.module)
-    calibrate_batchnorm_(net.module, torch.randn(2, 3, size, size))
+    calibrate_batchnorm_(net.module, calibration_batch(size))
     net.blobs["data"].reshape(batch, 3, size, size)
     net.reshape()
     return net, torch.randn(batch, 3, size, size), out

@@ -191,6 +191,13 @@ def random_weights_(net: torchcaffe.TorchNet, seed: int = 0) -> None:
                 blobs[0].copy_(torch.rand(blobs[0].shape, generator=gen) + 0.5)
 
 
+def calibration_batch(size: int, seed: int = 0) -> torch.Tensor:
+    """The 2-image batch whose statistics ``calibrate_batchnorm_`` sets: seeded, as the
+    weights are, so that every ``prepare`` of a net yields the same net (a script comparing
+    the values of two prepared nets compares like with like)."""
+    return torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(seed))
+
+
 def calibrate_batchnorm_(net: torchcaffe.TorchNet, x: torch.Tensor) -> None:
     """Set every BatchNorm's global statistics to those of its input on ``x``, layer by layer
     in Caffe order, as training would have left them. Without it, random weights let deep
@@ -225,7 +232,7 @@ def prepare(
     rel, cls, out, size = NETS[name]
     net = torchcaffe.load(MODELS / rel, phase="test").eval()
     random_weights_(net)
-    x = torch.randn(2, 3, size, size)
+    x = calibration_batch(size)
     calibrate_batchnorm_(net, x)
     hand = copy_weights(cls(), net).eval()
     with torch.inference_mode():

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks import run
 
@@ -62,6 +63,15 @@ def test_hand_written_baseline_computes_the_same_net(models_root, name):
     # architecture (e.g. a stride at another block) cannot hide behind a saturated softmax.
     net, hand, out, size, _ = run.prepare(name)
     assert out == "prob" and size in (224, 227)
+
+
+def test_two_prepared_nets_hold_the_same_statistics(models_root):
+    """The BatchNorm calibration batch is seeded as the weights are: preparing a net twice
+    gives the same net, so scripts that compare two prepared nets by value compare like."""
+    first, second = run.prepare("MobileNetV2")[0], run.prepare("MobileNetV2")[0]
+    a, b = first.state_dict(), second.state_dict()
+    assert a.keys() == b.keys() and any("bn" in key for key in a)
+    assert [key for key in a if not torch.equal(a[key], b[key])] == []
 
 
 @pytest.mark.parametrize("name", sorted(run.NETS))
