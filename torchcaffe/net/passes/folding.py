@@ -325,8 +325,11 @@ class FoldedAffine:
     def weights_in_graph(self, detach: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """A Convolution's (weight, bias) with the chain folded in, in the links' dtype, as ops
         of the running graph: a compiled one, or autograd's unless ``detach``."""
+        return self.scaled_by(*self._affine(wide=False, detach=detach))
+
+    def scaled_by(self, a: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Convolution's (weight, bias) with the chain's (a, c) folded in, as graph ops."""
         p = self.producer
-        a, c = self._affine(wide=False, detach=detach)
         return _scaled_weights(p.weight, p.bias if p.bias_term else None, a, c)
 
     def _traced(self, x: torch.Tensor) -> torch.Tensor:

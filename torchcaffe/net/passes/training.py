@@ -43,7 +43,7 @@ from ...ops._launches import launch_bound
 from ...ops.base import CaffeLayer
 from ...ops.eltwise import EltwiseLayer, EltwiseOp
 from ..program import LayerStep
-from .folding import FoldedAffine, _scaled_weights, one_buffer, producer_chains
+from .folding import FoldedAffine, one_buffer, producer_chains
 from .inplace import rewrite_relus_in_place
 from .program import OptimizedProgram, StepMerges, readers_of, step_kind
 from .splits import bypass_unobserved_splits
@@ -81,11 +81,10 @@ class FrozenBatchNormFold(FoldedAffine):
         a, c = self._affine(wide=False, detach=False)
         if self.non_finite(a, c):
             return self.literal_top(x)
-        p = self.producer
         compiling = torch.compiler.is_compiling()
         if compiling:
             a, c = one_buffer(a, c)  # computed once, not in each kernel reading them
-        w, b = _scaled_weights(p.weight, p.bias if p.bias_term else None, a, c)
+        w, b = self.scaled_by(a, c)
         if compiling and not torch.is_autocast_enabled(x.device.type):
             return self.bias_after(self.run_folded(x, w, None), b)
         return self.run_folded(x, w, b)
