@@ -84,10 +84,15 @@ class _FlooredMaxPool2d(torch.autograd.Function):
         ctx.bottom = (x.shape, x.stride(), x.dtype, x.device)
         ctx.geometry = (kernel, stride, pad, ceil)
         ctx.mark_non_differentiable(idx)
+        # the indices take no gradient: autograd would otherwise fill a zero tensor of their
+        # shape for each backward (a kernel and an int64 allocation per pooling)
+        ctx.set_materialize_grads(False)
         return y, idx
 
     @staticmethod
     def backward(ctx, grad_y, grad_idx):  # type: ignore[override]
+        if grad_y is None:
+            return None, None, None, None, None
         y, idx = ctx.saved_tensors
         shape, strides, dtype, device = ctx.bottom
         like = torch.empty_strided(shape, strides, dtype=dtype, device=device)
