@@ -97,7 +97,9 @@ class _FlooredMaxPool2d(torch.autograd.Function):
         shape, strides, dtype, device = ctx.bottom
         like = torch.empty_strided(shape, strides, dtype=dtype, device=device)
         kernel, stride, pad, ceil = ctx.geometry
-        grad_y = torch.where(y > -FLT_MAX, grad_y, 0.0)  # a floored best: Caffe's mask is -1
+        # a floored best (the top holds no NaN): Caffe's mask is -1. A fill with a scalar is
+        # one kernel; a where with 0.0 makes that scalar a device tensor first
+        grad_y = grad_y.masked_fill(y <= -FLT_MAX, 0.0)
         grad_x = torch.ops.aten.max_pool2d_with_indices_backward(
             grad_y, like, kernel, stride, pad, 1, ceil, idx
         )
