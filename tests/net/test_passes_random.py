@@ -4,7 +4,8 @@ For each seeded net, within the golden tolerance (rtol 1e-4, atol 1e-5):
 - the torch face's optimized outputs, and every blob of ``forward_all_blobs``, equal the
   unoptimized program's;
 - the Caffe face's outputs and every blob (left-out blobs are recomputed on access) equal it
-  too, before and after net surgery through a param's numpy view;
+  run in the memories Caffe's blobs share (``literal_blobs_in_caffe_memory``), before and
+  after net surgery through a param's numpy view;
 - an optimized training step (outputs, every gradient, BatchNorm's statistics) equals a
   layer-by-layer one;
 - ``torch.export`` with a dynamic batch runs at other batch sizes and equals it there.
@@ -32,7 +33,7 @@ from torchcaffe.net.passes import INFERENCE_PASSES, TRAINING_PASSES, layout
 from torchcaffe.proto import caffe_pb2
 
 from ..helpers.params import fill_params
-from ..helpers.programs import literal_blobs
+from ..helpers.programs import literal_blobs, literal_blobs_in_caffe_memory
 from .random_nets import random_net
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -80,8 +81,31 @@ def test_torch_face_matches_the_layer_by_layer_program(seed, layout_threshold):
         _close(value, want[name], f"{spec.text}\nblob {name}")
 
 
+# random nets in which a layer writes in place through a memory Caffe shares (a leaky ReLU
+# in place on a Reshape top, read back through its bottom's Split): none is among the first 40
+WRITES_THROUGH_SHARED_MEMORY = (120, 213)
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_caffe_face_matches_before_and_after_surgery(seed, tmp_path, layout_threshold):
+    """The Caffe face against the layer-by-layer program run in Caffe's shared memories
+    (a layer in place on a Reshape top writes its bottom too, and later readers see it)."""
+    _check_caffe_face(seed, tmp_path)
+
+
+@pytest.mark.parametrize("seed", WRITES_THROUGH_SHARED_MEMORY)
+def test_caffe_face_matches_where_a_layer_writes_through_shared_memory(seed, tmp_path):
+    """Nets whose blobs differ between the shared-memory run and the torch face's (so each
+    case checks the sharing), where the Caffe face follows Caffe's memories."""
+    spec = random_net(seed)
+    reference = _load(spec.text, "test", seed)
+    x = torch.randn(*spec.input_shape, generator=torch.Generator().manual_seed(seed))
+    shared, plain = literal_blobs_in_caffe_memory(reference, x), literal_blobs(reference, x)
+    assert any(not torch.allclose(shared[k], plain[k]) for k in plain)
+    _check_caffe_face(seed, tmp_path)
+
+
+def _check_caffe_face(seed: int, tmp_path) -> None:
     spec = random_net(seed)
     path = tmp_path / "net.prototxt"
     path.write_text(spec.text)
@@ -98,7 +122,7 @@ def test_caffe_face_matches_before_and_after_surgery(seed, tmp_path, layout_thre
             net.params[name][0].data[...] += 0.25  # through the numpy view
             with torch.no_grad():
                 reference.layer(name).param_blobs()[0].add_(0.25)
-        want = literal_blobs(reference, x)
+        want = literal_blobs_in_caffe_memory(reference, x)
         net.blobs["data"].data[...] = x.numpy()
         outputs = net.forward()
         for name in net.outputs:
