@@ -333,3 +333,28 @@ def test_an_exporter_failure_reports_its_cause_without_terminal_colours(tmp_path
         export_onnx(net, tmp_path / "x.onnx", dynamo=False)
     text = str(info.value)
     assert "a layer the exporter cannot trace" in text and "\x1b" not in text
+
+
+SLICE_CONV_BATCHNORM = """
+name: "slice_conv_bn"
+layer { name: "data" type: "Input" top: "data"
+  input_param { shape { dim: 2 dim: 2 dim: 4 dim: 12 } } }
+layer { name: "slice" type: "Slice" bottom: "data" top: "a" top: "b"
+  slice_param { axis: 1 slice_point: 1 } }
+layer { name: "conv" type: "Convolution" bottom: "b" top: "conv"
+  convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "gaussian" std: 1 } } }
+layer { name: "bn" type: "BatchNorm" bottom: "conv" top: "bn" }
+"""
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_batchnorm_over_a_convolution_of_a_slice_top_exports(tmp_path, dynamo):
+    """The TorchScript exporter lost the convolution's channel count over the Slice top and
+    refused the batch_norm after it; traced, BatchNorm is Caffe's broadcast arithmetic."""
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    net = torchcaffe.load(torchcaffe.formats.prototxt.read_net(SLICE_CONV_BATCHNORM))
+    randomize(net)
+    path = tmp_path / "bn.onnx"
+    export_onnx(net, path, dynamo=dynamo)
+    _check(net, path, ["bn"], batch=3)

@@ -147,6 +147,8 @@ class BatchNormLayer(CaffeLayer):
         """
         if self.uses_global_stats:
             mean, var = self.global_stats()
+            if torch.jit.is_tracing():
+                return self._normalize_traced(x, mean.to(x.dtype), var.to(x.dtype))
             return F.batch_norm(x, mean.to(x.dtype), var.to(x.dtype), eps=self.eps)
         m = x.numel() // x.shape[1]
         if m <= 1:  # torch's unbiased variance divides by m - 1; Caffe's factor is then 1
@@ -158,6 +160,16 @@ class BatchNormLayer(CaffeLayer):
         y = F.batch_norm(x, batch_mean, batch_var, training=True, momentum=1.0, eps=self.eps)
         self._update_stats(batch_mean, batch_var)
         return y
+
+    def _normalize_traced(
+        self, x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor
+    ) -> torch.Tensor:
+        """Caffe's arithmetic, (x - mean) / sqrt(var + eps), broadcast over the channels:
+        the form torch.jit's tracer records. torch.onnx's TorchScript exporter refuses a
+        batch_norm whose bottom's channel count its shape inference lost (a Convolution over a
+        Slice top: 35 of 260 random nets), where broadcast arithmetic needs none."""
+        view = (1, -1) + (1,) * (x.dim() - 2)
+        return (x - mean.reshape(view)) / torch.sqrt(var + self.eps).reshape(view)
 
     def global_stats(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The stored statistics times 1 / scale_factor (0 when it is 0), as Caffe reads them.
