@@ -92,6 +92,25 @@ layer {{ name: "sum" type: "Eltwise" bottom: "a" bottom: "b" top: "s" }}
 layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "s" bottom: "label" top: "loss" }}
 """
 
+# An LRN whose top a later layer rewrites (a Sigmoid in place on a Reshape of it, which
+# shares its memory): the layer-by-layer path then runs Caffe's LRN Backward over the blobs,
+# whose arithmetic rounds unlike autograd's through the forward.
+LRN_TOP_REWRITTEN = f"""
+name: "lrn_rewritten"
+force_backward: true
+{INPUTS}
+layer {{ name: "conv" type: "Convolution" bottom: "data" top: "conv"
+  convolution_param {{ num_output: 4 kernel_size: 3 {FILL} }} }}
+layer {{ name: "lrn" type: "LRN" bottom: "conv" top: "lrn"
+  lrn_param {{ local_size: 3 alpha: 0.5 beta: 0.75 norm_region: WITHIN_CHANNEL }} }}
+layer {{ name: "flat" type: "Reshape" bottom: "lrn" top: "flat"
+  reshape_param {{ shape {{ dim: 0 dim: -1 }} }} }}
+layer {{ name: "sig" type: "Sigmoid" bottom: "flat" top: "flat" }}
+layer {{ name: "ip" type: "InnerProduct" bottom: "flat" top: "ip"
+  inner_product_param {{ num_output: 3 {FILL} }} }}
+layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }}
+"""
+
 # One param in three layers: autograd's sum of three may round unlike Caffe's running sum.
 THREE_SHARERS = (
     f"""
@@ -171,7 +190,11 @@ def test_one_pass_fires_and_equals_layer_by_layer(tmp_path, monkeypatch, text):
     assert_same(fast, slow)
 
 
-@pytest.mark.parametrize("text", [STOPPED_IN_PLACE, THREE_SHARERS], ids=["stopped", "three"])
+@pytest.mark.parametrize(
+    "text",
+    [STOPPED_IN_PLACE, THREE_SHARERS, LRN_TOP_REWRITTEN],
+    ids=["stopped", "three", "lrn_top_rewritten"],
+)
 def test_nets_the_pass_cannot_reproduce_go_layer_by_layer(tmp_path, monkeypatch, text):
     net = make_net(tmp_path, text, True, monkeypatch)
     assert net._one_pass_plan() is None

@@ -208,6 +208,14 @@ def reads_top_data(step: LayerStep, module: CaffeLayer) -> bool:
     return isinstance(module, kinds) or step.type in TOP_DATA_BACKWARD
 
 
+def has_top_data_rule(step: LayerStep, module: CaffeLayer) -> bool:
+    """Does ``top_data_rule`` compute ``step``'s Backward (from its blobs as they are now)
+    where its top was rewritten: a layer that ``reads_top_data``, and every LRN (whose
+    WITHIN_CHANNEL form reads its bottom now)? A path that computes the Backward otherwise
+    rounds it otherwise."""
+    return isinstance(module, LRNLayer) or reads_top_data(step, module)
+
+
 def top_data_rule(
     step: LayerStep,
     module: CaffeLayer,
@@ -217,10 +225,10 @@ def top_data_rule(
     """``step``'s Caffe Backward as a function of its top blob now and its top diff, when
     ``reads_top_data`` or for an LRN; ``forward_bottoms``: what its forward read;
     ``bottom_now``: its bottom blob's data now (ELU, Power and LRN read it too)."""
+    if not has_top_data_rule(step, module):
+        return None
     if isinstance(module, LRNLayer):
         return _lrn_backward(module, forward_bottoms[0], bottom_now())
-    if not reads_top_data(step, module):
-        return None
     if isinstance(module, (ELULayer, PowerLayer)):  # their slope reads bottom and top
         x, layer = bottom_now(), module
         return lambda y, dy: dy * layer.caffe_slope_at(x.view(y.shape), y)

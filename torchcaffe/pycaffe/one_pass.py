@@ -28,7 +28,9 @@ and faults back more pages.)
 ``plan_one_pass`` says None for a net the one pass cannot reproduce exactly, which then takes
 the layer-by-layer path: a layer that needs backward but has no Backward in Caffe, a Python
 layer (its code may read blobs), an in-place ReLU, BNLL, Log, Clip... whose blob a later layer
-overwrites (Caffe takes its slope at the final data; see ops/neuron.py), a param whose diff
+overwrites (Caffe takes its slope at the final data; see ops/neuron.py), a layer whose top a
+later layer overwrites where the layer-by-layer path computes its Backward from the blobs
+(``has_top_data_rule``: an LRN, an ELU, a Softmax...), a param whose diff
 Caffe skips in one of its layers, or a param shared by more than two layers (autograd's sum
 of three could round differently from Caffe's running sum).
 """
@@ -45,7 +47,7 @@ from torch import nn
 from ..net.program import LayerStep
 from ..ops.base import CaffeLayer
 from ..ops.python_layer import PythonLayer
-from .backward_reads import reads_top_data
+from .backward_reads import has_top_data_rule
 
 if TYPE_CHECKING:
     from .net import Net
@@ -90,9 +92,9 @@ def plan_one_pass(net: Net) -> OnePassPlan | None:
         if isinstance(module, CaffeLayer) and not module.has_backward:
             return None
         if net._top_rewritten[i] and (
-            getattr(module, "in_place_slope", False) or reads_top_data(step, module)
-        ):  # its Caffe Backward reads the blob's final data, not its own output
-            return None
+            getattr(module, "in_place_slope", False) or has_top_data_rule(step, module)
+        ):  # its Caffe Backward reads the blobs' final data, which the layer-by-layer path
+            return None  # computes with that Backward's own arithmetic
         if i in net._relu_masks_moved:  # its mask is a later in-place layer's output's sign
             return None
         recorded.add(i)
