@@ -11,7 +11,7 @@ import torch
 
 import torchcaffe as caffe
 import torchcaffe.syncedmem as syncedmem
-from torchcaffe.pycaffe.backward_reads import reads_top_data
+from torchcaffe.pycaffe.backward_reads import has_top_data_rule
 from torchcaffe.pycaffe.net import Net
 
 from ..net.random_nets import random_training_net
@@ -243,14 +243,15 @@ def test_backward_after_one_pass_replays_from_the_blobs(tmp_path, monkeypatch):
 
 
 def reads_a_rewritten_top(net: Net) -> bool:
-    """Does a layer's Caffe Backward read its top blob after a later in-place layer rewrote it
-    (e.g. an ELU before an in-place Power)? Only the layer-by-layer path reads that."""
+    """Does a layer's Caffe Backward read its blobs after a later in-place layer rewrote its
+    top (e.g. an ELU before an in-place Power, an LRN)? Only the layer-by-layer path reads
+    that."""
     tnet = net.module
     return any(
         net._top_rewritten[i]
         and (
             getattr(tnet.module_of(step), "in_place_slope", False)
-            or reads_top_data(step, tnet.module_of(step))
+            or has_top_data_rule(step, tnet.module_of(step))
         )
         for i, step in enumerate(tnet.steps)
     )
