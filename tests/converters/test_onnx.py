@@ -1,10 +1,12 @@
 """torch.onnx export of compiled Caffe nets, run in onnxruntime with a different batch size
 than the one traced (dynamic batch). The TorchScript exporter runs on all three models; the
-dynamo exporter (slower) on LeNet, and on the large two with TORCHCAFFE_SLOW=1."""
+dynamo exporter (slower) on LeNet, and on the large two with TORCHCAFFE_SLOW=1. Random nets:
+12 through the TorchScript exporter, 2 through dynamo (TORCHCAFFE_RANDOM_NETS=N: N each)."""
 
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -13,6 +15,9 @@ import torch
 import torchcaffe
 from torchcaffe.converters.onnx import export_onnx
 from torchcaffe.errors import ExportError
+
+from ..helpers.params import centered_weights, fill_params
+from ..net.random_nets import random_net
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
@@ -358,3 +363,25 @@ def test_batchnorm_over_a_convolution_of_a_slice_top_exports(tmp_path, dynamo):
     path = tmp_path / "bn.onnx"
     export_onnx(net, path, dynamo=dynamo)
     _check(net, path, ["bn"], batch=3)
+
+
+# random nets exported, per exporter (TORCHCAFFE_RANDOM_NETS=N: N each)
+RANDOM_NETS = int(os.environ.get("TORCHCAFFE_RANDOM_NETS", "0")) or None
+
+
+@pytest.mark.parametrize(
+    "dynamo, seed",
+    [(False, s) for s in range(RANDOM_NETS or 12)] + [(True, s) for s in range(RANDOM_NETS or 2)],
+)
+def test_random_nets_export_and_run_in_onnxruntime(tmp_path, dynamo, seed):
+    """A random net (tests/net/random_nets.py: convolutions, BatchNorm, Scale, pooling, LRN,
+    Eltwise, Concat, Slice, Reshape...) exported with a symbolic batch gives onnxruntime every
+    output the net gives, at a batch size other than the traced one."""
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    spec = random_net(seed)
+    net = torchcaffe.load(torchcaffe.formats.prototxt.read_net(spec.text), phase="test")
+    fill_params(net, centered_weights(1.5), seed)
+    path = tmp_path / "random.onnx"
+    export_onnx(net, path, dynamo=dynamo)
+    _check(net, path, list(net.output_names), batch=3)
