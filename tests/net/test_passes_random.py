@@ -201,7 +201,23 @@ def test_every_pass_fires_on_some_random_net():
     assert all(inference.values()) and all(training.values()), (inference, training)
 
 
-COMPILED = range(int(os.environ.get("TORCHCAFFE_RANDOM_COMPILED", "2")))
+# Random nets whose compile fails inside torch, not here: 24 chains two AVE poolings (2x2
+# stride 1, then stride 2), whose backward torch 2.13's inductor cannot compile
+# (InductorError "vr must not be None for symbol q2"; plain F.avg_pool2d twice does the same).
+TORCH_CANNOT_COMPILE = {24: "torch 2.13 inductor: backward of two chained AVE poolings"}
+COMPILED = [
+    pytest.param(
+        seed,
+        marks=pytest.mark.xfail(
+            raises=torch._dynamo.exc.BackendCompilerFailed,
+            strict=True,
+            reason=TORCH_CANNOT_COMPILE[seed],
+        ),
+    )
+    if seed in TORCH_CANNOT_COMPILE
+    else seed
+    for seed in range(int(os.environ.get("TORCHCAFFE_RANDOM_COMPILED", "2")))
+]
 
 
 @pytest.mark.parametrize("seed", COMPILED)
