@@ -167,7 +167,7 @@ class BatchNormLayer(CaffeLayer):
         """Caffe's arithmetic, (x - mean) / sqrt(var + eps), broadcast over the channels:
         the form torch.jit's tracer records. torch.onnx's TorchScript exporter refuses a
         batch_norm whose bottom's channel count its shape inference lost (a Convolution over a
-        Slice top: 35 of 260 random nets), where broadcast arithmetic needs none."""
+        Slice top: 38 of 300 random nets), where broadcast arithmetic needs none."""
         view = (1, -1) + (1,) * (x.dim() - 2)
         return (x - mean.reshape(view)) / torch.sqrt(var + self.eps).reshape(view)
 
