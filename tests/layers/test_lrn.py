@@ -10,6 +10,7 @@ import torch
 from tests.helpers.cases import LayerCase
 from tests.helpers.gradcheck import check_layer_gradient
 from tests.helpers.harness import make_layer
+from tests.helpers.ops import RecordOps
 from torchcaffe.errors import LayerParamError
 
 CASES = [
@@ -118,23 +119,12 @@ def test_inference_reuses_the_square_and_gives_the_same_values(beta, channels_la
     """With nothing recorded for a backward, the power and the product run in place on the
     square's buffer (aten's in-place forms, no out-of-place rsqrt or mul), bitwise equal to
     the autograd path, and the top keeps the bottom's memory format."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Calls(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names: list[str] = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(func.__name__)
-            return func(*args, **(kwargs or {}))
-
     snippet = f"lrn_param {{ local_size: 5 alpha: 0.4 beta: {beta} k: 1.5 }}"
     layer, (x,) = make_layer(snippet, [(2, 7, 5, 4)], type="LRN")
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     want = layer(x.detach().requires_grad_(True)).detach()
-    with torch.inference_mode(), Calls() as calls:
+    with torch.inference_mode(), RecordOps() as calls:
         got = layer(x)
     assert torch.equal(got, want)
     assert got.is_contiguous(memory_format=torch.channels_last) == channels_last
@@ -174,19 +164,11 @@ def test_the_launch_bound_form_has_the_gradient(monkeypatch, case):
 def test_off_the_cpu_the_window_is_one_pooling_and_autograd_copies_nothing():
     """On the meta device (what a GPU would launch): no slice updates forward, and no copies
     of slices back in the backward."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    names: list[str] = []
-
-    class Record(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            names.append(func.__name__)
-            return func(*args, **(kwargs or {}))
-
     layer, _ = make_layer("lrn_param { local_size: 5 }", [(2, 7, 5, 4)], type="LRN")
     x = torch.randn(2, 7, 5, 4, device="meta", requires_grad=True)
-    with Record():
+    with RecordOps() as ops:
         layer(x).sum().backward()
+    names = ops.names
     assert names.count("avg_pool3d.default") == 1
     assert not {"slice.Tensor", "copy_.default", "as_strided.default"} & set(names)
     assert names.count("avg_pool3d_backward.default") == 1

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from tests.helpers.cases import LayerCase
 from tests.helpers.gradcheck import check_layer_gradient
 from tests.helpers.harness import make_layer
+from tests.helpers.ops import RecordOps
 from torchcaffe.errors import LayerParamError
 from torchcaffe.ops import pooling
 
@@ -502,18 +503,10 @@ def test_compiled_max_pool_uses_the_function_only_where_inductor_compiles_it(gat
 def test_floored_max_pool_floors_in_one_op():
     """Inside the function autograd records nothing, so the floor is one nan_to_num (one
     kernel on a GPU) rather than a compare and a where."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    names: list[str] = []
-
-    class Record(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            names.append(func.__name__)
-            return func(*args, **(kwargs or {}))
-
     x = torch.randn(2, 3, 9, 8, device="meta", requires_grad=True)
-    with Record():
+    with RecordOps() as ops:
         pooling._FlooredMaxPool2d.apply(x, (3, 3), (2, 2), (0, 0), True)
+    names = ops.names
     assert names[:2] == ["nan_to_num.default", "max_pool2d_with_indices.default"], names
 
 
@@ -521,20 +514,12 @@ def test_floored_max_pool_backward_launches_only_the_mask_and_the_pooling_backwa
     """The backward is the mask of floored windows and torch's pooling backward, and nothing
     more: no zero tensor filled for the indices' gradient (they take none), no scalar made a
     device tensor for a where (one kernel each on a GPU)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    names: list[str] = []
-
-    class Record(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            names.append(func.__name__)
-            return func(*args, **(kwargs or {}))
-
     x = torch.randn(2, 3, 9, 8, device="meta", requires_grad=True)
     y, _ = pooling._FlooredMaxPool2d.apply(x, (3, 3), (2, 2), (0, 0), True)
     g = torch.ones(y.shape, device="meta")
-    with Record():
+    with RecordOps() as ops:
         (grad,) = torch.autograd.grad(y, x, g)
+    names = ops.names
     assert grad.shape == x.shape
     launched = [n for n in names if not n.startswith("detach")]
     assert launched == [
