@@ -148,7 +148,10 @@ class BatchNormLayer(CaffeLayer):
         if self.uses_global_stats:
             mean, var = self.global_stats()
             if torch.jit.is_tracing():
-                return self._normalize_traced(x, mean.to(x.dtype), var.to(x.dtype))
+                # broadcast arithmetic: torch.onnx's TorchScript exporter refuses a batch_norm
+                # whose bottom's channel count its shape inference lost (a Convolution over a
+                # Slice top: 38 of 300 random nets)
+                return self._caffe_normalize(x, mean.to(x.dtype), var.to(x.dtype))
             return F.batch_norm(x, mean.to(x.dtype), var.to(x.dtype), eps=self.eps)
         m = x.numel() // x.shape[1]
         if m <= 1:  # torch's unbiased variance divides by m - 1; Caffe's factor is then 1
@@ -161,13 +164,11 @@ class BatchNormLayer(CaffeLayer):
         self._update_stats(batch_mean, batch_var)
         return y
 
-    def _normalize_traced(
+    def _caffe_normalize(
         self, x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor
     ) -> torch.Tensor:
-        """Caffe's arithmetic, (x - mean) / sqrt(var + eps), broadcast over the channels:
-        the form torch.jit's tracer records. torch.onnx's TorchScript exporter refuses a
-        batch_norm whose bottom's channel count its shape inference lost (a Convolution over a
-        Slice top: 38 of 300 random nets), where broadcast arithmetic needs none."""
+        """Caffe's arithmetic, (x - mean) / sqrt(var + eps), with per-channel (C,) ``mean``
+        and ``var`` broadcast over the other axes."""
         view = (1, -1) + (1,) * (x.dim() - 2)
         return (x - mean.reshape(view)) / torch.sqrt(var + self.eps).reshape(view)
 
@@ -195,12 +196,11 @@ class BatchNormLayer(CaffeLayer):
     def _normalize_single(self, x: torch.Tensor) -> torch.Tensor:
         """Batch statistics over one value per channel (variance 0, Caffe's correction 1)."""
         dims = [0] + list(range(2, x.dim()))
-        view = (1, -1) + (1,) * (x.dim() - 2)
         mean = x.mean(dim=dims)
-        centered = x - mean.reshape(view)
+        centered = x - mean.reshape((1, -1) + (1,) * (x.dim() - 2))
         var = (centered * centered).mean(dim=dims)
         self._update_stats(mean.detach(), var.detach())
-        return centered / torch.sqrt(var + self.eps).reshape(view)
+        return self._caffe_normalize(x, mean, var)
 
     @torch.no_grad()
     def _update_stats(self, mean: torch.Tensor, unbiased_var: torch.Tensor) -> None:
