@@ -108,7 +108,9 @@ _check_labels = os.environ.get("TORCHCAFFE_CHECK_LABELS", "") not in ("", "0")
 
 def set_label_range_checks(enabled: bool) -> None:
     """Turn on (or off) the label-range checks of the loss and accuracy layers, and the
-    index-range checks of Embed and BatchReindex off the CPU (all threads)."""
+    index-range checks of Embed, BatchReindex and the unpooling masks (MaxUnPool, SegNet's
+    Upsample) off the CPU (all threads). On the CPU those index checks always run, but in
+    a trace (torch.compile, torch.export) none does."""
     global _check_labels
     _check_labels = bool(enabled)
 

@@ -183,6 +183,30 @@ def test_export_keeps_the_batch_dynamic_through_flatten_and_argmax():
             _close(program.module()(x), net(data=x))
 
 
+SE_GATE = """
+name: "se_gate"
+layer { name: "data" type: "Input" top: "data"
+  input_param { shape { dim: 2 dim: 4 dim: 5 dim: 3 } } }
+layer { name: "squeeze" type: "Pooling" bottom: "data" top: "squeeze"
+  pooling_param { pool: AVE global_pooling: true } }
+layer { name: "gate" type: "Sigmoid" bottom: "squeeze" top: "gate" }
+layer { name: "axpy" type: "Axpy" bottom: "gate" bottom: "data" bottom: "data" top: "out" }
+"""
+
+
+def test_an_axpy_gate_keeps_the_batch_dynamic():
+    """Axpy checked its bottoms' shapes in forward with int() of each size, which pinned the
+    batch (torch.export refused it); the net checks shapes once per input shape instead."""
+    from google.protobuf import text_format
+
+    net = torchcaffe.load(text_format.Parse(SE_GATE, caffe_pb2.NetParameter()))
+    program = export_net(net, {"data": torch.randn(2, 4, 5, 3)})
+    with torch.no_grad():
+        for batch in (1, 7):
+            x = torch.randn(batch, 4, 5, 3)
+            _close(program.module()(x), net(data=x))
+
+
 def test_a_compiled_fold_adds_no_python_evaluated_guards():
     """Dynamo checks a compiled forward's guards on every call. Reading a fold's layers
     through a list kept beside its attributes made it guard each entry against its

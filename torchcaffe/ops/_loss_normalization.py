@@ -112,18 +112,26 @@ def normalizer(
     """Caffe's get_normalizer, at least 1. ``valid``: mask of counted labels (None: all);
     the count takes ``like``'s dtype (give the summed loss: float32 for a 16-bit net)."""
     if mode == Norm.FULL:
-        return float(max(1, outer * inner))
+        return _at_least_one(outer * inner)
     if mode == Norm.VALID:
         if valid is None:
-            return float(max(1, outer * inner))
+            return _at_least_one(outer * inner)
         return valid.sum().to(like.dtype).clamp(min=1.0)
     if mode == Norm.BATCH_SIZE:
-        return float(max(1, outer))
+        return _at_least_one(outer)
     if mode == Norm.NONE:
         return 1.0
     raise LayerParamError(
         "unknown loss normalization mode", expected="FULL, VALID, BATCH_SIZE or NONE", got=mode
     )
+
+
+def _at_least_one(count: int | torch.SymInt) -> float:
+    """max(1, count) as a float; a symbolic count (a dynamic batch under torch.export) stays
+    symbolic, where float() would fix it at the traced size."""
+    if isinstance(count, torch.SymInt):
+        return torch.sym_float(torch.sym_max(1, count))  # type: ignore[return-value]
+    return float(max(1, count))
 
 
 def ignore_label(param) -> int | None:
@@ -133,8 +141,11 @@ def ignore_label(param) -> int | None:
 
 def index_checks_wanted(index: torch.Tensor) -> bool:
     """Whether to range-check an index tensor: on the CPU (no sync, one compare), and on a
-    device only when label-range checks are on (reading the result syncs with it)."""
-    if index.is_meta:
+    device only when label-range checks are on (reading the result syncs with it). Never
+    in a trace (torch.compile, torch.export, jit): reading the result there is a graph
+    break, or a data-dependent guard that fails the export; torch's own gather and scatter
+    kernels still refuse an index out of range."""
+    if index.is_meta or torch.compiler.is_compiling() or torch.jit.is_tracing():
         return False
     return index.is_cpu or runtime.label_range_checks()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from ..registry import register_layer
@@ -45,8 +46,10 @@ class ResizeLayer(CaffeLayer):
         p = self.param
         if not p.is_pyramid_test:
             return int(p.height), int(p.width)
-        scales = torch.tensor([p.out_height_scale, p.out_width_scale], dtype=torch.float32)
-        h, w = (int(v) for v in scales * torch.tensor(list(in_hw), dtype=torch.float32))
+        # float scale * float size, truncated: numpy's float32 product is the same IEEE
+        # rounding as Caffe's, and a traced forward (torch.export) sees plain ints
+        scales = (p.out_height_scale, p.out_width_scale)
+        h, w = (int(np.float32(s) * np.float32(int(n))) for s, n in zip(scales, in_hw))
         return h, w
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:

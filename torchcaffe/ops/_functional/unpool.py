@@ -11,12 +11,15 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from .._loss_normalization import index_checks_wanted
+
 
 def check_mask_range(mask: torch.Tensor, size: int, error) -> torch.Tensor:
     """-> the mask as int64 flat indices (``static_cast<int>``: truncation toward 0); raise
-    ``error(got)`` if one lies outside [0, size) (the forks abort or write out of bounds)."""
+    ``error(got)`` if one lies outside [0, size) (the forks abort or write out of bounds),
+    where index checks run (``index_checks_wanted``: not on a device unless opted in)."""
     index = mask.detach().to(torch.int64)
-    if index.device.type != "meta" and index.numel():
+    if index.numel() and index_checks_wanted(index):
         bad = (index < 0) | (index >= size)
         if bool(bad.any()):
             raise error(index[bad].unique().tolist()[:5])
