@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..errors import ExportError, MissingPackageError
+from ..net.export import batch_groups
 from ..net.net import TorchNet
 from ..proto import caffe_pb2
 
@@ -66,8 +67,12 @@ def export_onnx(
     dynamic_batch = dynamic_batch and bool(net.input_names)
     shapes = {n: tuple(net.blob_shapes[n]) for n in net.input_names}
     shapes.update({n: tuple(s) for n, s in (input_shapes or {}).items()})
-    if dynamic_batch:  # torch.export fixes sizes 0 and 1: trace with a batch of at least 2
-        shapes = {n: (max(2, s[0]), *s[1:]) if s else s for n, s in shapes.items()}
+    groups: dict[str, int] = {}
+    if dynamic_batch:
+        # torch.export fixes sizes 0 and 1: a net whose inputs all have batch 1 is traced at 2
+        if all(s and s[0] <= 1 for s in shapes.values()):
+            shapes = {n: (2, *s[1:]) for n, s in shapes.items()}
+        groups = batch_groups(net, shapes)  # which inputs' axis 0 is symbolic, and shared
     device = _device_of(net)  # example on the net's device; the ONNX graph carries none
     example = tuple(torch.rand(shapes[n], device=device) * 2 - 1 for n in net.input_names)
     unknown = [b for b in outputs or () if b not in net.blob_shapes]
@@ -93,11 +98,21 @@ def export_onnx(
     if opset_version is not None:
         kw["opset_version"] = opset_version
     if dynamic_batch:
+        names = {
+            size: "batch" if i == 0 else f"batch{i}"
+            for i, size in enumerate(dict.fromkeys(groups.values()))
+        }
         if dynamo:
-            batch = torch.export.Dim("batch")
-            kw["dynamic_shapes"] = {"inputs": tuple({0: batch} for _ in net.input_names)}
+            dims = {size: torch.export.Dim(name) for size, name in names.items()}
+            kw["dynamic_shapes"] = {
+                "inputs": tuple(
+                    {0: dims[groups[n]]} if n in groups else {} for n in net.input_names
+                )
+            }
         else:
-            kw["dynamic_axes"] = {n: {0: "batch"} for n in [*net.input_names, *wrapper.outputs]}
+            axes = {n: {0: names[size]} for n, size in groups.items()}
+            axes.update({n: {0: "batch"} for n in wrapper.outputs if n not in axes})
+            kw["dynamic_axes"] = axes
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", (DeprecationWarning, torch.jit.TracerWarning))
@@ -111,7 +126,7 @@ def export_onnx(
             assert result is not None
             _free_blob_names(result.model.graph)
             if dynamic_batch:
-                _require_symbolic_batch(result.model.graph, net)
+                _require_symbolic_batch(result.model.graph, net, groups)
             result.save(os.fspath(path))
     except ExportError:
         raise
@@ -140,11 +155,16 @@ def _first_line(err: Exception) -> str:
     return next((line for line in lines if line), "")
 
 
-def _require_symbolic_batch(graph, net: TorchNet) -> None:
+def _require_symbolic_batch(graph, net: TorchNet, groups: Mapping[str, int]) -> None:
     """torch.export fixes a symbolic batch without a word where a layer pins it (a Reshape
     to a literal batch, a size read with int()); the graph, written as if it had a dynamic
-    batch, would refuse every other batch in onnxruntime."""
-    fixed = {v.name: v.shape[0] for v in graph.inputs if v.shape and isinstance(v.shape[0], int)}
+    batch, would refuse every other batch in onnxruntime. ``groups``: the inputs whose axis
+    0 was asked to be symbolic."""
+    fixed = {
+        v.name: v.shape[0]
+        for v in graph.inputs
+        if v.name in groups and v.shape and isinstance(v.shape[0], int)
+    }
     if fixed:
         raise ExportError(
             "the exported graph fixed the batch of its input(s) although a dynamic batch "

@@ -10,12 +10,46 @@ fails). Passing the inputs positionally, in the net's input order, avoids that:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
-from ..errors import BlobWiringError
+from ..errors import BlobWiringError, ExportError, TorchCaffeError
 from .net import TorchNet
+
+
+def batch_groups(net: TorchNet, shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
+    """The inputs whose axis 0 a dynamic-batch export makes symbolic, each with the example
+    size it has there. Inputs of one size share one symbolic size (a data blob and its
+    label). An input of another size gets its own where the net reshapes for it (a Crop's
+    reference, a detector's ROIs: Caffe's Net::Reshape at one more there) and stays fixed
+    where a layer refuses that (a Bias or Scale blob given as a bottom), as does an input
+    whose axis 0 is 1 beside others' larger one (an LSTM's (1, N, H) initial state). The
+    first input's size must be free to change: where a layer fixes it (an LSTM's
+    timesteps, a Slice into equal parts) that layer is named here, not in a torch error."""
+    sizes = {n: int(s[0]) for n, s in shapes.items() if len(s)}
+    candidates = {n: d for n, d in sizes.items() if d > 1 or max(sizes.values(), default=0) <= 1}
+    groups: dict[str, int] = {}
+    for size in dict.fromkeys(candidates.values()):
+        members = [n for n, d in candidates.items() if d == size]
+        other = {n: (size + 1, *s[1:]) if n in members else tuple(s) for n, s in shapes.items()}
+        try:
+            net.infer_shapes(other)
+        except TorchCaffeError as err:
+            if net.input_names[0] not in members:
+                continue  # fixed at the example's size
+            raise ExportError(
+                f"cannot export with a dynamic batch (axis 0 of {members}): at another size "
+                f"there, {err.what}",
+                path=net.path,
+                layer=err.layer,
+                layer_type=err.layer_type,
+                expected=err.expected,
+                got=err.got,
+                hint="export with dynamic_batch=False (the example's shapes)",
+            ) from err
+        groups.update(dict.fromkeys(members, size))
+    return groups
 
 
 def export_net(
@@ -27,10 +61,11 @@ def export_net(
 ) -> torch.export.ExportedProgram:
     """``torch.export.export`` of ``net`` for these example inputs (by blob name).
 
-    With ``dynamic_batch`` axis 0 of every input is one symbolic size (batch 1 and up), so
-    the exported program runs at any batch; other axes stay as in the example. Examples of
+    With ``dynamic_batch`` axis 0 of the inputs is symbolic (``batch_groups``), so the
+    exported program runs at any batch; other axes stay as in the example. Examples of
     batch 1 are traced as batch 2 (each repeated): torch.export specializes a size of 1 to a
-    constant and would refuse the dynamic batch; the program runs at batch 1 all the same."""
+    constant and would refuse the dynamic batch; the program runs at batch 1 all the same.
+    A net torch cannot trace so raises ``ExportError``, with torch's reason."""
     missing = [n for n in net.input_names if n not in inputs]
     extra = [n for n in inputs if n not in net.input_names]
     if missing or extra:
@@ -45,6 +80,26 @@ def export_net(
     if dynamic_batch:
         if all(a.dim() and a.shape[0] == 1 for a in args):
             args = tuple(torch.cat([a, a]) for a in args)
-        batch = torch.export.Dim("batch", min=1, max=max_batch)
-        shapes = {"args": tuple({0: batch} for _ in args)}
-    return torch.export.export(net, args, dynamic_shapes=shapes)
+        groups = batch_groups(net, {n: tuple(a.shape) for n, a in zip(net.input_names, args)})
+        dims = {
+            size: torch.export.Dim("batch" if i == 0 else f"batch{i}", min=1, max=max_batch)
+            for i, size in enumerate(dict.fromkeys(groups.values()))
+        }
+        shapes = {
+            "args": tuple({0: dims[groups[n]]} if n in groups else {} for n in net.input_names)
+        }
+    try:
+        return torch.export.export(net, args, dynamic_shapes=shapes)
+    except TorchCaffeError:
+        raise
+    except Exception as err:  # torch.export raises many kinds; one clear line, the cause kept
+        raise ExportError(
+            f"torch.export failed: {type(err).__name__}: {_first_line(err)}",
+            path=net.path,
+            hint="a layer whose top's size depends on the values (detections, proposals) "
+            "cannot be traced; others may export with dynamic_batch=False",
+        ) from err
+
+
+def _first_line(err: Exception) -> str:
+    return next((line.strip() for line in str(err).splitlines() if line.strip()), "")

@@ -1,0 +1,117 @@
+"""torch.export with a dynamic batch (``export_net``) of every golden net fed by Input blobs.
+
+Each net of ``tests/golden`` (layers/, forks/, nets/) that its ``in/`` arrays feed is loaded
+in TEST phase and exported with a dynamic batch. The program must equal the eager net at the
+example's batch and at twice it (the symbolic inputs doubled, the fixed ones as they are),
+or, for the nets listed in ``REFUSED``, refuse with an ``ExportError`` that says why. A case
+that starts to export must leave the list; one that starts to refuse must join it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import torchcaffe
+from torchcaffe.errors import ExportError
+from torchcaffe.net.export import batch_groups, export_net
+
+from ..helpers.golden import discover
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+
+# case -> why no dynamic batch exists (each raises ExportError, naming the layer where it can)
+REFUSED = {
+    **dict.fromkeys(
+        [
+            "layers/lstm_basic",
+            "layers/lstm_expose_hidden",
+            "layers/lstm_expose_hidden_cont1",
+            "layers/lstm_static_input",
+            "layers/rnn_basic",
+            "layers/rnn_expose_hidden",
+            "nets/lstm_net",
+        ],
+        "axis 0 is the timesteps, which the unrolled net fixes at set-up",
+    ),
+    "layers/lstm_unit": "c_prev's axis 0 must be 1",
+    "layers/scale_2bottoms_axis0_bias": "the learned bias blob has the batch's size",
+    "layers/slice_axis0_equal": "equal parts of axis 0 need a multiple of the part count",
+    "forks/detection_evaluate": "its top's size is the number of detections",
+    "forks/detection_output_corner_nonshared": "its top's size depends on the values",
+    "forks/detection_output_ssd": "its top's size depends on the values",
+    "forks/proposal_rpn": "its top's size depends on the values",
+}
+
+
+def _input_fed_cases():
+    """The cases whose ``in/`` arrays are exactly their net's input blobs (the others read
+    data layers too)."""
+    for case in discover(GOLDEN):
+        if case.group not in ("layers", "forks", "nets"):
+            continue
+        with np.load(case.path / "arrays.npz") as arrays:
+            fed = sorted(k[3:] for k in arrays.files if k.startswith("in/"))
+        with _cwd(case.path):
+            inputs = torchcaffe.load(str(case.path / "net.prototxt"), phase="test").input_names
+        if fed and fed == sorted(inputs):
+            yield pytest.param(case, id=case.id)
+
+
+@contextlib.contextmanager
+def _cwd(path: Path):
+    old = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+CASES = list(_input_fed_cases())
+
+
+def _load(case):
+    weights = case.path / "weights.caffemodel"
+    args = [str(case.path / "net.prototxt")] + ([str(weights)] if weights.exists() else [])
+    return torchcaffe.load(*args, phase="test").eval()
+
+
+def test_the_cases_cover_the_catalogue():
+    assert len(CASES) >= 150
+    assert {c.values[0].id for c in CASES} >= set(REFUSED)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_golden_net_exports_with_a_dynamic_batch(case):
+    with _cwd(case.path):
+        net = _load(case)
+        inputs = {k[3:]: torch.from_numpy(v) for k, v in case.arrays().items() if k[:3] == "in/"}
+        if case.id in REFUSED:
+            with pytest.raises(ExportError, match="dynamic batch|torch.export failed"):
+                export_net(net, inputs)
+            return
+        program = export_net(net, inputs)
+        if all(v.dim() and v.shape[0] == 1 for v in inputs.values()):
+            inputs = {k: torch.cat([v, v]) for k, v in inputs.items()}  # as export_net traces
+        symbolic = batch_groups(net, {k: tuple(v.shape) for k, v in inputs.items()})
+        for factor in (1, 2):
+            x = {
+                k: torch.cat([v, v.flip(0) * 0.5 if v.is_floating_point() else v.flip(0)])
+                if factor == 2 and k in symbolic
+                else v
+                for k, v in inputs.items()
+            }
+            with torch.no_grad():
+                want = net(**x)
+                got = program.module()(*[x[n] for n in net.input_names])
+            assert got.keys() == want.keys()
+            for name, value in want.items():
+                torch.testing.assert_close(
+                    got[name], value, rtol=1e-4, atol=1e-5, equal_nan=True, msg=f"{name} x{factor}"
+                )
