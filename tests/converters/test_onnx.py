@@ -366,6 +366,31 @@ def test_batchnorm_over_a_convolution_of_a_slice_top_exports(tmp_path, dynamo):
     _check(net, path, ["bn"], batch=3)
 
 
+UPSAMPLE_POOL_CONV = """
+name: "upsample_pool_conv"
+layer { name: "data" type: "Input" top: "data"
+  input_param { shape { dim: 2 dim: 4 dim: 7 dim: 10 } } }
+layer { name: "up" type: "Upsample" bottom: "data" top: "up" upsample_param { scale: 2 } }
+layer { name: "pool" type: "Pooling" bottom: "up" top: "pool"
+  pooling_param { pool: AVE global_pooling: true } }
+layer { name: "conv" type: "Convolution" bottom: "pool" top: "conv"
+  convolution_param { num_output: 8 kernel_size: 1 bias_term: false } }
+"""
+
+
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
+def test_an_upsample_before_a_pooled_convolution_exports(tmp_path, dynamo):
+    """brocolli's Upsample was repeat_interleave, whose static shape the TorchScript
+    exporter inferred wrongly and folded into the 1x1 convolution's reshape: onnxruntime
+    refused the graph at batch 3 (found by a random net with the wider catalogue)."""
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    net = torchcaffe.load(torchcaffe.formats.prototxt.read_net(UPSAMPLE_POOL_CONV))
+    randomize(net)
+    path = tmp_path / "up.onnx"
+    export_onnx(net, path, dynamo=dynamo)
+    _check(net, path, ["conv"], batch=3)
+
 # random nets exported, per exporter (TORCHCAFFE_RANDOM_NETS=N: N each)
 RANDOM_NETS = int(os.environ.get("TORCHCAFFE_RANDOM_NETS", "0")) or None
 

@@ -140,8 +140,8 @@ class UpsampleLayer(CaffeLayer):
             index = check_mask_range(mask, size, self._range_error)
             return segnet_unpool(x, index, self.out_hw)
         x, scale = x.detach(), self.param.scale
-        x = x.repeat_interleave(scale, dim=-1)
-        return x.repeat_interleave(scale, dim=-2) if self.param.dims_num == 4 else x
+        x = _repeat_each(x, scale, -1)
+        return _repeat_each(x, scale, -2) if self.param.dims_num == 4 else x
 
     def _range_error(self, got):
         return self.error(
@@ -150,3 +150,15 @@ class UpsampleLayer(CaffeLayer):
             expected=f"0 <= index < {self.out_hw[0] * self.out_hw[1]}",
             got=got,
         )
+
+
+def _repeat_each(x: torch.Tensor, times: int, axis: int) -> torch.Tensor:
+    """Each element ``times`` times in a row along ``axis`` (< 0): ``repeat_interleave``
+    as an expand and a reshape. torch.onnx's TorchScript exporter infers a wrong static
+    shape for repeat_interleave, from which it folds a later ``reshape(n, -1)`` into a
+    constant: the graph then fails in onnxruntime (an Upsample, a global pooling and a 1x1
+    Convolution, at another batch)."""
+    spread = x.unsqueeze(axis).expand(
+        *x.shape[: x.dim() + axis + 1], times, *x.shape[x.dim() + axis + 1 :]
+    )
+    return spread.flatten(axis - 1, axis)
