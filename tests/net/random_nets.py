@@ -4,7 +4,10 @@ Each net is a seeded random DAG over one Input: convolutions (grouped, depthwise
 strided; siblings of one geometry over one bottom), deconvolutions, inner products,
 BatchNorm/Scale/Bias chains after them (the folds' patterns), activations in place or not,
 pooling, LRN, Eltwise (two or three bottoms), Concat (channels or height), Slice, Flatten,
-Reshape, Softmax, ELU, AbsVal, Dropout and Power.
+Reshape, Softmax, ELU, AbsVal, Dropout and Power; with ``wide`` also the rest of the
+catalogue that a random DAG can hold: BVLC's Crop, Tile, Reduction, MVN, Clip, Swish,
+Threshold, BNLL, Exp and the forks' ReLU6, HardSwish, HardSigmoid, Normalize,
+ShuffleChannel, Upsample, Interp, Pad, PixelShuffle, Permute, Axpy, DepthwiseConvolution.
 Shapes follow Caffe's arithmetic so every generated net is valid; blobs read by several layers
 get Caffe's Splits, and the unread tops are the net's outputs.
 """
@@ -279,6 +282,152 @@ class _Builder:
         p = "dropout_param { dropout_ratio: 0.3 }"
         return self.layer("Dropout", [bottom], self.shapes[bottom], p, in_place=True)
 
+    # -- the wider catalogue (``random_net(wide=True)``): BVLC's other layers and forks' --
+    def wide_pointwise(self, bottom: str) -> str:
+        """A shape-keeping layer from the rest of the catalogue, in place where Caffe allows."""
+        rng = self.rng
+        kind, p = rng.choice(
+            [
+                ("ReLU6", "relu6_param { negative_slope: 0.1 threshold: 1.5 }"),
+                ("ReLU6", ""),
+                ("HardSwish", ""),
+                ("HardSigmoid", "hardsigmoid_param { alpha: 0.3 beta: 0.4 }"),
+                ("Swish", "swish_param { beta: 1.5 }"),
+                ("BNLL", ""),
+                ("Clip", "clip_param { min: -0.5 max: 0.75 }"),
+                ("Threshold", "threshold_param { threshold: 0.1 }"),
+                ("Exp", "exp_param { base: 2 scale: 0.5 shift: -0.25 }"),
+                ("TanH", ""),
+            ]
+        )
+        # HardSwish and BNLL keep a copy of the bottom for their backward in some forks
+        in_place = kind in ("ReLU6", "Clip", "TanH", "Swish") and rng.random() < 0.5
+        return self.layer(kind, [bottom], self.shapes[bottom], p, in_place=in_place)
+
+    def wide_normalize(self, bottom: str) -> str:
+        """MVN, SSD's Normalize (learned scale) or a ShuffleChannel: per-sample arithmetic
+        over channels and positions, shape kept."""
+        rng = self.rng
+        shape = self.shapes[bottom]
+        kind = rng.choice(["MVN", "Normalize", "ShuffleChannel"])
+        if kind == "ShuffleChannel":
+            groups = [g for g in (2, 3, 4) if shape[1] % g == 0 and shape[1] > g]
+            if not groups or len(shape) != 4:
+                kind = "MVN"
+            else:
+                p = f"shuffle_channel_param {{ group: {rng.choice(groups)} }}"
+                return self.layer(kind, [bottom], shape, p)
+        if kind == "Normalize" and len(shape) == 4:
+            spatial = rng.choice(["true", "false"])
+            shared = rng.choice(["true", "false"])
+            p = f"norm_param {{ across_spatial: {spatial} channel_shared: {shared} }}"
+            return self.layer(kind, [bottom], shape, p)
+        variance = rng.choice(["true", "false"])
+        channels = rng.choice(["true", "false"])
+        p = f"mvn_param {{ normalize_variance: {variance} across_channels: {channels} }}"
+        # Caffe's MVN shapes its top by the legacy (num, channels, height, width): 4 axes
+        return self.layer("MVN", [bottom], shape + (1,) * (4 - len(shape)), p)
+
+    def wide_resize(self, bottom: str) -> str | None:
+        """Spatial size changes: Upsample, Interp, Pad, PixelShuffle or a Crop to a smaller
+        blob of the same channels."""
+        rng = self.rng
+        n, c, h, w = self.shapes[bottom]
+        kind = rng.choice(["Upsample", "Interp", "Pad", "PixelShuffle", "Crop"])
+        if kind == "Upsample" and h * w <= 100:
+            return self.layer(
+                "Upsample", [bottom], (n, c, 2 * h, 2 * w), "upsample_param { scale: 2 }"
+            )
+        if kind == "Interp" and h > 1 and w > 1:
+            oh, ow = rng.randint(2, 14), rng.randint(2, 14)
+            p = f"interp_param {{ height: {oh} width: {ow} }}"
+            return self.layer("Interp", [bottom], (n, c, oh, ow), p)
+        if kind == "Pad":
+            mode = rng.choice(["CONSTANT", "REPLICATE", "REFLECT"])
+            u, d, left, r = (rng.randint(0, 2) for _ in range(4))
+            if mode == "REFLECT" and max(u, d) >= h or mode == "REFLECT" and max(left, r) >= w:
+                mode = "CONSTANT"
+            p = f"pad_param {{ pad_type: {mode} pad_u: {u} pad_d: {d} pad_l: {left} pad_r: {r} }}"
+            return self.layer("Pad", [bottom], (n, c, h + u + d, w + left + r), p)
+        if kind == "PixelShuffle" and c % 4 == 0:
+            p = "pixelshuffle_param { upscale_factor: 2 }"
+            return self.layer("PixelShuffle", [bottom], (n, c // 4, 2 * h, 2 * w), p)
+        smaller = [
+            m
+            for m in self.order
+            if len(self.shapes[m]) == 4
+            and self.shapes[m][:2] == (n, c)
+            and self.shapes[m][2] <= h
+            and self.shapes[m][3] <= w
+            and m != bottom
+        ]
+        if not smaller:
+            return None
+        ref = rng.choice(smaller)
+        rh, rw = self.shapes[ref][2:]
+        oh, ow = rng.randint(0, h - rh), rng.randint(0, w - rw)
+        p = f"crop_param {{ axis: 2 offset: {oh} offset: {ow} }}"
+        return self.layer("Crop", [bottom, ref], (n, c, rh, rw), p)
+
+    def wide_reshape(self, bottom: str) -> str | None:
+        """Permute (SSD's NHWC order), Tile, Reduction over the trailing axes, or a Softmax
+        along an axis other than the channels."""
+        rng = self.rng
+        shape = self.shapes[bottom]
+        kind = rng.choice(["Permute", "Tile", "Reduction", "Softmax"])
+        if kind == "Permute" and len(shape) == 4:
+            n, c, h, w = shape
+            p = "permute_param { order: 0 order: 2 order: 3 order: 1 }"
+            return self.layer("Permute", [bottom], (n, h, w, c), p)
+        if kind == "Tile" and math.prod(shape) <= 800:
+            axis = rng.randint(1, len(shape) - 1)
+            tiled = tuple(d * 2 if i == axis else d for i, d in enumerate(shape))
+            return self.layer("Tile", [bottom], tiled, f"tile_param {{ axis: {axis} tiles: 2 }}")
+        if kind == "Reduction" and len(shape) > 2:
+            op = rng.choice(["SUM", "ASUM", "SUMSQ", "MEAN"])
+            p = f"reduction_param {{ operation: {op} axis: 2 coeff: 0.5 }}"
+            return self.layer("Reduction", [bottom], shape[:2], p)
+        axis = len(shape) - 1
+        return self.layer("Softmax", [bottom], shape, f"softmax_param {{ axis: {axis} }}")
+
+    def wide_gate(self, bottom: str) -> str | None:
+        """SENet's gate: a global pooling, then Axpy(gate, x, y) with y of x's shape."""
+        shape = self.shapes[bottom]
+        if len(shape) != 4:
+            return None
+        n, c = shape[:2]
+        gate = self.layer(
+            "Pooling", [bottom], (n, c, 1, 1), "pooling_param { pool: AVE global_pooling: true }"
+        )
+        gate = self.layer("Sigmoid", [gate], (n, c, 1, 1))
+        others = [m for m in self.order if self.shapes[m] == shape and m != bottom]
+        y = self.rng.choice(others) if others else bottom
+        return self.layer("Axpy", [gate, bottom, y], shape)
+
+    def wide_convolution(self, bottom: str) -> str | None:
+        """A grouped Deconvolution or the forks' DepthwiseConvolution."""
+        rng = self.rng
+        n, c, h, w = self.shapes[bottom]
+        if c < 2:
+            return None
+        if rng.random() < 0.5:
+            k, pad, stride = 3, rng.choice([0, 1]), rng.choice([1, 2])
+            oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+            if oh < 1 or ow < 1:
+                return None
+            p = (
+                f"convolution_param {{ num_output: {c} kernel_size: 3 pad: {pad} "
+                f"stride: {stride} group: {c} bias_term: {rng.choice(['true', 'false'])} }}"
+            )
+            return self.layer("DepthwiseConvolution", [bottom], (n, c, oh, ow), p)
+        if c % 2:
+            return None
+        oh, ow = 2 * (h - 1) + 2, 2 * (w - 1) + 2
+        if oh * ow > 400:
+            return None
+        p = f"convolution_param {{ num_output: {c} kernel_size: 2 stride: 2 group: 2 }}"
+        return self.layer("Deconvolution", [bottom], (n, c, oh, ow), p)
+
 
 def _pooled(size: int, k: int, stride: int, pad: int) -> int:
     """Caffe's pooled size: rounded up, and the last window must start inside the input."""
@@ -288,8 +437,9 @@ def _pooled(size: int, k: int, stride: int, pad: int) -> int:
     return out
 
 
-def random_net(seed: int, batch: int = 2, dropout: bool = True) -> RandomNet:
-    """A valid random net of 5 to 14 layers (``dropout``: Dropout may appear)."""
+def random_net(seed: int, batch: int = 2, dropout: bool = True, wide: bool = False) -> RandomNet:
+    """A valid random net of 5 to 14 layers (``dropout``: Dropout may appear; ``wide``: the
+    layers of the wider catalogue too, with the core nets of each seed unchanged without)."""
     rng = random.Random(seed)
     b = _Builder(rng, batch)
     target = rng.randint(5, 14)
@@ -310,6 +460,12 @@ def random_net(seed: int, batch: int = 2, dropout: bool = True) -> RandomNet:
         "slice": b.slice,
         "pw": b.pointwise,
         "siblings": b.siblings,
+        "wide_pointwise": b.wide_pointwise,
+        "wide_normalize": b.wide_normalize,
+        "wide_resize": b.wide_resize,
+        "wide_reshape": b.wide_reshape,
+        "wide_gate": b.wide_gate,
+        "wide_conv": b.wide_convolution,
     }
     while len(b.lines) < target:
         four_d = rng.random() < 0.85
@@ -320,6 +476,10 @@ def random_net(seed: int, batch: int = 2, dropout: bool = True) -> RandomNet:
             choices.append("dropout")
         if is_4d:
             choices += ["conv", "conv", "conv", "deconv", "pool", "pool", "lrn", "siblings"]
+        if wide:
+            choices += ["wide_pointwise", "wide_normalize", "wide_reshape"]
+            if is_4d:
+                choices += ["wide_resize", "wide_resize", "wide_gate", "wide_conv"]
         kind = rng.choice(choices)
         if kind in producers:  # a convolution or inner product, maybe with a chain after it
             make, chain_odds = producers[kind]

@@ -10,7 +10,9 @@ For each seeded net, within the golden tolerance (rtol 1e-4, atol 1e-5):
   layer-by-layer one;
 - ``torch.export`` with a dynamic batch runs at other batch sizes and equals it there.
 The layout pass is tried at its own threshold and with every convolution in channels_last.
-Two nets also go through torch.compile (inductor), inference and a training step.
+Each check runs on the core generator's nets and on nets with the wider catalogue
+(``random_net(wide=True)``: forks' layers, Crop, Tile, MVN...). Two nets also go through
+torch.compile (inductor), inference and a training step.
 ``TORCHCAFFE_RANDOM_NETS=N`` runs N nets per check instead of 40, and
 ``TORCHCAFFE_RANDOM_COMPILED=N`` compiles N.
 """
@@ -39,6 +41,8 @@ from .random_nets import random_net
 RTOL, ATOL = 1e-4, 1e-5
 COUNT = int(os.environ.get("TORCHCAFFE_RANDOM_NETS", "40"))
 SEEDS = range(COUNT)
+# each net from the core generator and from the wider catalogue (BVLC's other layers, forks')
+CATALOGUES = pytest.mark.parametrize("wide", [False, True], ids=["core", "wide"])
 
 
 def _values(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -64,9 +68,10 @@ def layout_threshold(request, monkeypatch):
         monkeypatch.setattr(layout, "MIN_PIXELS", 0)
 
 
+@CATALOGUES
 @pytest.mark.parametrize("seed", SEEDS)
-def test_torch_face_matches_the_layer_by_layer_program(seed, layout_threshold):
-    spec = random_net(seed)
+def test_torch_face_matches_the_layer_by_layer_program(seed, wide, layout_threshold):
+    spec = random_net(seed, wide=wide)
     net = _load(spec.text, "test", seed)
     x = torch.randn(*spec.input_shape, generator=torch.Generator().manual_seed(seed))
     want = literal_blobs(net, x)
@@ -86,11 +91,12 @@ def test_torch_face_matches_the_layer_by_layer_program(seed, layout_threshold):
 WRITES_THROUGH_SHARED_MEMORY = (120, 213)
 
 
+@CATALOGUES
 @pytest.mark.parametrize("seed", SEEDS)
-def test_caffe_face_matches_before_and_after_surgery(seed, tmp_path, layout_threshold):
+def test_caffe_face_matches_before_and_after_surgery(seed, wide, tmp_path, layout_threshold):
     """The Caffe face against the layer-by-layer program run in Caffe's shared memories
     (a layer in place on a Reshape top writes its bottom too, and later readers see it)."""
-    _check_caffe_face(seed, tmp_path)
+    _check_caffe_face(seed, tmp_path, wide)
 
 
 @pytest.mark.parametrize("seed", WRITES_THROUGH_SHARED_MEMORY)
@@ -105,8 +111,8 @@ def test_caffe_face_matches_where_a_layer_writes_through_shared_memory(seed, tmp
     _check_caffe_face(seed, tmp_path)
 
 
-def _check_caffe_face(seed: int, tmp_path) -> None:
-    spec = random_net(seed)
+def _check_caffe_face(seed: int, tmp_path, wide: bool = False) -> None:
+    spec = random_net(seed, wide=wide)
     path = tmp_path / "net.prototxt"
     path.write_text(spec.text)
     net = caffe.Net(str(path), caffe.TEST)
@@ -131,11 +137,12 @@ def _check_caffe_face(seed: int, tmp_path) -> None:
             _close(blob.data, want[name], f"{spec.text}\nsurgery {surgery}: blob {name}")
 
 
+@CATALOGUES
 @pytest.mark.parametrize("seed", SEEDS)
-def test_exported_net_with_a_dynamic_batch_matches_at_other_batches(seed):
+def test_exported_net_with_a_dynamic_batch_matches_at_other_batches(seed, wide):
     """torch.export (export_net: the batch is dynamic) of a random net runs at batch sizes
     other than the example's and equals the layer-by-layer program there."""
-    spec = random_net(seed)
+    spec = random_net(seed, wide=wide)
     net = _load(spec.text, "test", seed)
     program = export_net(net, {"data": torch.randn(*spec.input_shape)})
     for batch in (1, 5):
@@ -160,7 +167,8 @@ def _training_step(net: torchcaffe.TorchNet, x: torch.Tensor, optimize: bool, ru
         (out * torch.linspace(-1.0, 1.0, out.numel(), dtype=out.dtype).reshape(out.shape)).sum()
         for out in outputs.values()
     )
-    loss.backward()
+    if loss.requires_grad:  # not where no gradient reaches an output (brocolli's Upsample)
+        loss.backward()
     grads = {n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None}
     if x.grad is not None:
         grads["data"] = x.grad.clone()
@@ -168,9 +176,10 @@ def _training_step(net: torchcaffe.TorchNet, x: torch.Tensor, optimize: bool, ru
     return {k: v.detach() for k, v in outputs.items()}, grads, stats
 
 
+@CATALOGUES
 @pytest.mark.parametrize("seed", SEEDS)
-def test_training_step_matches_the_layer_by_layer_program(seed, layout_threshold):
-    spec = random_net(seed, batch=4, dropout=False)  # Dropout's masks would differ
+def test_training_step_matches_the_layer_by_layer_program(seed, wide, layout_threshold):
+    spec = random_net(seed, batch=4, dropout=False, wide=wide)  # Dropout's masks would differ
     # in float64: a gradient through batch statistics is a small difference of large terms
     # (a bias before a BatchNorm gets exactly zero), so float32 rounding alone can exceed
     # the tolerance, while a wrong pass is off by far more than float64's rounding
