@@ -50,5 +50,7 @@ class AxpyLayer(CaffeLayer):
 
     def forward(self, a: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         # shapes were checked by output_shapes (the net's infer_shapes, once per input shape)
-        scale = a.reshape(a.shape[:2] + (1,) * (x.dim() - 2))
+        # a's axes past the second are 1: new trailing axes of size 1, not a reshape, whose
+        # shape torch.onnx's TorchScript exporter may fold into the traced batch
+        scale = a[(...,) + (None,) * (x.dim() - a.dim())]
         return scale * x + y
