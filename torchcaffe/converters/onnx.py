@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import warnings
 from collections.abc import Mapping, Sequence
 
@@ -17,7 +16,7 @@ import torch
 from torch import nn
 
 from ..errors import ExportError, MissingPackageError
-from ..net.export import batch_groups
+from ..net.export import batch_axis_names, batch_groups, first_line
 from ..net.net import TorchNet
 from ..proto import caffe_pb2
 
@@ -98,19 +97,14 @@ def export_onnx(
     if opset_version is not None:
         kw["opset_version"] = opset_version
     if dynamic_batch:
-        names = {
-            size: "batch" if i == 0 else f"batch{i}"
-            for i, size in enumerate(dict.fromkeys(groups.values()))
-        }
+        names = batch_axis_names(groups)
         if dynamo:
-            dims = {size: torch.export.Dim(name) for size, name in names.items()}
+            dims = {name: torch.export.Dim(name) for name in names.values()}
             kw["dynamic_shapes"] = {
-                "inputs": tuple(
-                    {0: dims[groups[n]]} if n in groups else {} for n in net.input_names
-                )
+                "inputs": tuple({0: dims[names[n]]} if n in names else {} for n in net.input_names)
             }
         else:
-            axes = {n: {0: names[size]} for n, size in groups.items()}
+            axes = {n: {0: name} for n, name in names.items()}
             axes.update({n: {0: "batch"} for n in wrapper.outputs if n not in axes})
             kw["dynamic_axes"] = axes
     try:
@@ -133,26 +127,12 @@ def export_onnx(
     except Exception as err:  # torch.onnx raises many kinds; one clear line, the cause kept
         raise ExportError(
             f"torch.onnx.export ({'dynamo' if dynamo else 'TorchScript'} exporter) failed: "
-            f"{type(err).__name__}: {_first_line(err)}",
+            f"{type(err).__name__}: {first_line(err)}",
             path=net.path,
             hint="try the other exporter (dynamo=True/False), or dynamic_batch=False",
         ) from err
     finally:
         net.train(was_training)
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def _first_line(err: Exception) -> str:
-    """The line of an exporter's error that says what failed: torch.export's opens with
-    boilerplate (terminal colours included) and gives the cause under "## Exception summary"."""
-    lines = [line.strip() for line in _ANSI.sub("", str(err)).splitlines()]
-    if "## Exception summary" in lines:
-        cause = [line for line in lines[lines.index("## Exception summary") + 1 :] if line]
-        if cause:
-            return cause[0]
-    return next((line for line in lines if line), "")
 
 
 def _require_symbolic_batch(graph, net: TorchNet, groups: Mapping[str, int]) -> None:

@@ -10,6 +10,7 @@ fails). Passing the inputs positionally, in the net's input order, avoids that:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -52,6 +53,13 @@ def batch_groups(net: TorchNet, shapes: Mapping[str, Sequence[int]]) -> dict[str
     return groups
 
 
+def batch_axis_names(groups: Mapping[str, int]) -> dict[str, str]:
+    """Each symbolic input's name for its axis 0 (``batch_groups``): ``batch`` for the first
+    input's group, ``batch1``, ``batch2``... for the others."""
+    order = list(dict.fromkeys(groups.values()))
+    return {n: f"batch{order.index(size) or ''}" for n, size in groups.items()}
+
+
 def export_net(
     net: TorchNet,
     inputs: Mapping[str, torch.Tensor],
@@ -81,25 +89,32 @@ def export_net(
         if all(a.dim() and a.shape[0] == 1 for a in args):
             args = tuple(torch.cat([a, a]) for a in args)
         groups = batch_groups(net, {n: tuple(a.shape) for n, a in zip(net.input_names, args)})
-        dims = {
-            size: torch.export.Dim("batch" if i == 0 else f"batch{i}", min=1, max=max_batch)
-            for i, size in enumerate(dict.fromkeys(groups.values()))
-        }
-        shapes = {
-            "args": tuple({0: dims[groups[n]]} if n in groups else {} for n in net.input_names)
-        }
+        names = batch_axis_names(groups)
+        dims = {name: torch.export.Dim(name, min=1, max=max_batch) for name in names.values()}
+        shapes = {"args": tuple({0: dims[names[n]]} if n in names else {} for n in net.input_names)}
     try:
         return torch.export.export(net, args, dynamic_shapes=shapes)
     except TorchCaffeError:
         raise
     except Exception as err:  # torch.export raises many kinds; one clear line, the cause kept
         raise ExportError(
-            f"torch.export failed: {type(err).__name__}: {_first_line(err)}",
+            f"torch.export failed: {type(err).__name__}: {first_line(err)}",
             path=net.path,
             hint="a layer whose top's size depends on the values (detections, proposals) "
             "cannot be traced; others may export with dynamic_batch=False",
         ) from err
 
 
-def _first_line(err: Exception) -> str:
-    return next((line.strip() for line in str(err).splitlines() if line.strip()), "")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def first_line(err: Exception) -> str:
+    """The line of a torch export error that says what failed: torch.export's errors open
+    with boilerplate (terminal colours included) and give the cause under "## Exception
+    summary"."""
+    lines = [line.strip() for line in _ANSI.sub("", str(err)).splitlines()]
+    if "## Exception summary" in lines:
+        cause = [line for line in lines[lines.index("## Exception summary") + 1 :] if line]
+        if cause:
+            return cause[0]
+    return next((line for line in lines if line), "")
