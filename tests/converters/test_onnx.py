@@ -392,6 +392,37 @@ def test_an_upsample_before_a_pooled_convolution_exports(tmp_path, dynamo):
     _check(net, path, ["conv"], batch=3)
 
 
+TINY_EPS = """
+name: "tiny_eps"
+layer { name: "data" type: "Input" top: "data"
+  input_param { shape { dim: 2 dim: 4 dim: 3 dim: 3 } } }
+layer { name: "mvn" type: "MVN" bottom: "data" top: "mvn" }
+layer { name: "norm" type: "Normalize" bottom: "data" top: "norm"
+  norm_param { across_spatial: false channel_shared: true } }
+"""
+
+
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
+def test_a_tiny_eps_survives_the_export(tmp_path, dynamo):
+    """onnxscript's optimizer (dynamo exporter) took MVN's eps (1e-9) and Normalize's
+    (1e-10) for 0 and dropped the add: a constant row or an all-zero pixel gave 0 / 0 = NaN
+    in onnxruntime where Caffe gives 0 (found by a random net: MVN over a Reduction's top)."""
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    net = torchcaffe.load(torchcaffe.formats.prototxt.read_net(TINY_EPS))
+    path = tmp_path / "eps.onnx"
+    export_onnx(net, path, dynamo=dynamo)
+    x = torch.rand(3, 4, 3, 3)
+    x[0] = 0.5  # constant rows for MVN
+    x[1, :, 1, 1] = 0.0  # an all-zero pixel for Normalize
+    with torch.no_grad():
+        want = net(data=x)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = dict(zip(["mvn", "norm"], sess.run(["mvn", "norm"], {"data": x.numpy()})))
+    for name in ("mvn", "norm"):
+        assert np.isfinite(got[name]).all(), name
+        np.testing.assert_allclose(got[name], want[name].numpy(), rtol=1e-4, atol=1e-5)
+
 # random nets exported, per exporter (TORCHCAFFE_RANDOM_NETS=N: N each)
 RANDOM_NETS = int(os.environ.get("TORCHCAFFE_RANDOM_NETS", "0")) or None
 
