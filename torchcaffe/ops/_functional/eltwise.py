@@ -32,7 +32,16 @@ class CaffeUnstableProd(torch.autograd.Function):
 
 
 def caffe_unstable_prod(*bottoms: torch.Tensor) -> torch.Tensor:
-    return CaffeUnstableProd.apply(*bottoms)
+    """The product; through ``CaffeUnstableProd`` only where autograd records it. Without a
+    gradient to shape, the Function is plain overhead, and dynamo (torch 2.13) traces its
+    varargs forward under no_grad with the arguments lost (IndexError), a graph break, or
+    an error with ``fullgraph=True``."""
+    if torch.is_grad_enabled() and any(b.requires_grad for b in bottoms):
+        return CaffeUnstableProd.apply(*bottoms)
+    top = bottoms[0] * bottoms[1]
+    for b in bottoms[2:]:
+        top = top * b
+    return top
 
 
 FLT_MAX = 3.4028234663852886e38
