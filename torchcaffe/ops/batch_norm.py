@@ -153,6 +153,12 @@ class BatchNormLayer(CaffeLayer):
                 # Slice top: 38 of 300 random nets)
                 return self._caffe_normalize(x, mean.to(x.dtype), var.to(x.dtype))
             return F.batch_norm(x, mean.to(x.dtype), var.to(x.dtype), eps=self.eps)
+        if torch.onnx.is_in_onnx_export():
+            # ONNX's BatchNormalization in training mode: onnxruntime's inference kernel
+            # normalizes by the (zero) running statistics it is given instead, silently
+            # (ResNet blocks with use_global_stats: false, dynamo exporter: off by 3e8).
+            # The graph is inference: the statistics the export's trace sees are not kept.
+            return self._caffe_normalize(x, *self._batch_stats(x))
         m = x.numel() // x.shape[1]
         if m <= 1:  # torch's unbiased variance divides by m - 1; Caffe's factor is then 1
             return self._normalize_single(x)
@@ -195,12 +201,17 @@ class BatchNormLayer(CaffeLayer):
 
     def _normalize_single(self, x: torch.Tensor) -> torch.Tensor:
         """Batch statistics over one value per channel (variance 0, Caffe's correction 1)."""
+        mean, var = self._batch_stats(x)
+        self._update_stats(mean.detach(), var.detach())
+        return self._caffe_normalize(x, mean, var)
+
+    @staticmethod
+    def _batch_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-channel mean and biased variance over every axis but 1, as Caffe computes."""
         dims = [0] + list(range(2, x.dim()))
         mean = x.mean(dim=dims)
         centered = x - mean.reshape((1, -1) + (1,) * (x.dim() - 2))
-        var = (centered * centered).mean(dim=dims)
-        self._update_stats(mean.detach(), var.detach())
-        return self._caffe_normalize(x, mean, var)
+        return mean, (centered * centered).mean(dim=dims)
 
     @torch.no_grad()
     def _update_stats(self, mean: torch.Tensor, unbiased_var: torch.Tensor) -> None:
