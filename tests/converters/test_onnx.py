@@ -423,6 +423,7 @@ def test_a_tiny_eps_survives_the_export(tmp_path, dynamo):
         assert np.isfinite(got[name]).all(), name
         np.testing.assert_allclose(got[name], want[name].numpy(), rtol=1e-4, atol=1e-5)
 
+
 BATCH_STATISTICS = """
 name: "batch_statistics"
 layer { name: "data" type: "Input" top: "data"
@@ -452,6 +453,28 @@ def test_a_batch_norm_on_batch_statistics_exports(tmp_path, dynamo):
     for kept, now in zip(before, net.layers["bn"].param_blobs()):
         assert torch.equal(kept, now)
     _check(net, path, ["conv"], batch=3)
+
+
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
+def test_the_export_leaves_a_recurrent_layers_state_alone(tmp_path, golden_root, dynamo):
+    """The TorchScript exporter runs the net to trace it, and an LSTM carries its final
+    hidden state into the next forward (Caffe's RecurrentLayer): exporting changed what the
+    net computed next."""
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    case = golden_root / "layers" / "lstm_basic"
+    net = torchcaffe.load(str(case / "net.prototxt"), str(case / "weights.caffemodel"))
+    with np.load(case / "arrays.npz") as arrays:
+        shapes = {k[3:]: arrays[k].shape for k in arrays.files if k.startswith("in/")}
+    before = {name: t.clone() for name, t in net.named_buffers()}
+    export_onnx(
+        net, tmp_path / "lstm.onnx", dynamo=dynamo, dynamic_batch=False, input_shapes=shapes
+    )
+    after = dict(net.named_buffers())
+    assert before.keys() == after.keys()
+    for name, value in before.items():
+        assert torch.equal(after[name], value), name
+
 
 # random nets exported, per exporter (TORCHCAFFE_RANDOM_NETS=N: N each)
 RANDOM_NETS = int(os.environ.get("TORCHCAFFE_RANDOM_NETS", "0")) or None

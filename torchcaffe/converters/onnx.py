@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..errors import ExportError, MissingPackageError
-from ..net.export import batch_axis_names, batch_groups, first_line
+from ..net.export import batch_axis_names, batch_groups, first_line, state_kept
 from ..net.net import TorchNet
 from ..proto import caffe_pb2
 
@@ -116,7 +116,7 @@ def export_onnx(
                 kw["f"] = os.fspath(path)
             # dynamo: without autograd recording (an AVE pooling that overhangs would take its
             # explicit-sums form for compiled training, which this exporter divides again)
-            with torch.no_grad() if dynamo else contextlib.nullcontext():
+            with torch.no_grad() if dynamo else contextlib.nullcontext(), state_kept(net):
                 result = torch.onnx.export(wrapper, example, **kw)
         if dynamo:
             assert result is not None

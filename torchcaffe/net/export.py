@@ -10,8 +10,9 @@ fails). Passing the inputs positionally, in the net's input order, avoids that:
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
@@ -51,6 +52,29 @@ def batch_groups(net: TorchNet, shapes: Mapping[str, Sequence[int]]) -> dict[str
             ) from err
         groups.update(dict.fromkeys(members, size))
     return groups
+
+
+@contextlib.contextmanager
+def state_kept(net: TorchNet) -> Iterator[None]:
+    """Within: what an export's trace runs may change the net's state (a recurrent layer's
+    carried hidden state, a BatchNorm's statistics): every buffer and param is put back as
+    it was, the same tensor objects with the same values. Exporting does not run the net."""
+    buffers = [
+        (m, name, t, t.detach().clone())
+        for m in net.modules()
+        for name, t in m._buffers.items()
+        if t is not None
+    ]
+    params = [(p, p.detach().clone()) for p in net.parameters()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for module, name, tensor, value in buffers:
+                module._buffers[name] = tensor
+                tensor.copy_(value)
+            for param, value in params:
+                param.copy_(value)
 
 
 def batch_axis_names(groups: Mapping[str, int]) -> dict[str, str]:
@@ -93,7 +117,8 @@ def export_net(
         dims = {name: torch.export.Dim(name, min=1, max=max_batch) for name in names.values()}
         shapes = {"args": tuple({0: dims[names[n]]} if n in names else {} for n in net.input_names)}
     try:
-        return torch.export.export(net, args, dynamic_shapes=shapes)
+        with state_kept(net):
+            return torch.export.export(net, args, dynamic_shapes=shapes)
     except TorchCaffeError:
         raise
     except Exception as err:  # torch.export raises many kinds; one clear line, the cause kept
