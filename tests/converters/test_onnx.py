@@ -476,6 +476,39 @@ def test_the_export_leaves_a_recurrent_layers_state_alone(tmp_path, golden_root,
         assert torch.equal(after[name], value), name
 
 
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
+def test_an_input_that_flows_to_an_output_keeps_its_name(tmp_path, dynamo):
+    """A TEST-phase Dropout passes its bottom on: the dynamo exporter named the graph's
+    input ``y_orig`` (the output's name), and onnxruntime wanted that instead of ``x``."""
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    net = torchcaffe.load(torchcaffe.formats.prototxt.read_net(PASS_THROUGH))
+    path = tmp_path / "drop.onnx"
+    export_onnx(net, path, dynamo=dynamo)
+    _check(net, path, ["y"], batch=3)
+
+
+def test_a_net_without_outputs_is_refused(tmp_path):
+    net = torchcaffe.load(torchcaffe.formats.prototxt.read_net(SILENCED))
+    with pytest.raises(ExportError, match="no output blobs.*outputs="):
+        export_onnx(net, tmp_path / "silent.onnx", dynamo=False)
+    assert not (tmp_path / "silent.onnx").exists()
+    export_onnx(net, tmp_path / "x.onnx", dynamo=False, outputs=["y"])
+    _check(net, tmp_path / "x.onnx", ["y"], batch=3)
+
+
+PASS_THROUGH = """
+name: "pass_through"
+layer { name: "data" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 4 } } }
+layer { name: "drop" type: "Dropout" bottom: "x" top: "y" dropout_param { dropout_ratio: 0.3 } }
+"""
+SILENCED = """
+name: "silenced"
+layer { name: "data" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 4 } } }
+layer { name: "act" type: "TanH" bottom: "x" top: "y" }
+layer { name: "quiet" type: "Silence" bottom: "y" }
+"""
+
 # random nets exported, per exporter (TORCHCAFFE_RANDOM_NETS=N: N each)
 RANDOM_NETS = int(os.environ.get("TORCHCAFFE_RANDOM_NETS", "0")) or None
 

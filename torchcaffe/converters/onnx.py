@@ -87,6 +87,12 @@ def export_onnx(
             hint="export with dynamo=False, or leave them out of outputs",
         )
     wrapper = PositionalNet(net, outputs).eval()
+    if not wrapper.outputs:  # every top is read by a later layer (a Silence at the end)
+        raise ExportError(
+            "the net has no output blobs to export",
+            path=net.path,
+            hint="name the blobs to export with outputs=[...] (--outputs)",
+        )
     was_training = net.training
     net.eval()
     kw: dict = dict(
@@ -121,6 +127,7 @@ def export_onnx(
         if dynamo:
             assert result is not None
             _optimize_keeping_small_constants(result)
+            _name_inputs(result.model.graph, net.input_names)
             _free_blob_names(result.model.graph)
             if dynamic_batch:
                 _require_symbolic_batch(result.model.graph, net, groups)
@@ -181,6 +188,14 @@ def _require_symbolic_batch(graph, net: TorchNet, groups: Mapping[str, int]) -> 
             got=fixed,
             hint="export with dynamic_batch=False (--static-batch)",
         )
+
+
+def _name_inputs(graph, names: Sequence[str]) -> None:
+    """The graph's inputs take the input blobs' names. Where an input flows to an output
+    unchanged (a net that is one Dropout in TEST), the dynamo exporter gave the input the
+    output's name plus ``_orig`` (a graph needing ``y_orig`` where the net takes ``x``)."""
+    for value, name in zip(graph.inputs, names):
+        value.name = name
 
 
 def _free_blob_names(graph) -> None:
