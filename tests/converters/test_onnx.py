@@ -509,6 +509,33 @@ layer { name: "act" type: "TanH" bottom: "x" top: "y" }
 layer { name: "quiet" type: "Silence" bottom: "y" }
 """
 
+LOSS_NET = """
+name: "loss_net"
+layer { name: "data" type: "Input" top: "data" top: "label"
+  input_param { shape { dim: 2 dim: 5 } shape { dim: 2 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "data" bottom: "label" top: "loss"
+  loss_param { normalization: BATCH_SIZE } }
+"""
+
+
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
+def test_a_loss_normalized_by_the_batch_follows_the_batch(tmp_path, dynamo):
+    """The loss layers divided by float(max(1, batch)): the traced batch, in every run of
+    the exported graph (the TorchScript exporter's; torch.export's too, before 9d89f93)."""
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    net = torchcaffe.load(torchcaffe.formats.prototxt.read_net(LOSS_NET))
+    path = tmp_path / "loss.onnx"
+    export_onnx(net, path, dynamo=dynamo)
+    data = torch.randn(6, 5, generator=torch.Generator().manual_seed(0))
+    label = torch.tensor([0, 1, 2, 3, 4, 0], dtype=torch.float32)
+    with torch.no_grad():
+        want = net(data=data, label=label)["loss"].numpy()
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (got,) = sess.run(["loss"], {"data": data.numpy(), "label": label.numpy()})
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
 # random nets exported, per exporter (TORCHCAFFE_RANDOM_NETS=N: N each)
 RANDOM_NETS = int(os.environ.get("TORCHCAFFE_RANDOM_NETS", "0")) or None
 

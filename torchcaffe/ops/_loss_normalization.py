@@ -127,10 +127,14 @@ def normalizer(
 
 
 def _at_least_one(count: int | torch.SymInt) -> float:
-    """max(1, count) as a float; a symbolic count (a dynamic batch under torch.export) stays
-    symbolic, where float() would fix it at the traced size."""
+    """max(1, count) as a float; a symbolic count (a dynamic batch under torch.export, or
+    one jit's tracer follows) stays symbolic, where float() would fix it at the traced size."""
     if isinstance(count, torch.SymInt):
         return torch.sym_float(torch.sym_max(1, count))  # type: ignore[return-value]
+    if torch.jit.is_tracing():
+        # the tracer follows a size through arithmetic on it, not through max() or float():
+        # the TorchScript ONNX export divided by the traced batch at every batch
+        return count
     return float(max(1, count))
 
 
