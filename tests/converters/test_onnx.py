@@ -536,6 +536,26 @@ def test_a_loss_normalized_by_the_batch_follows_the_batch(tmp_path, dynamo):
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
+ARGMAX_AXIS = """
+name: "argmax_axis"
+layer { name: "data" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 6 } } }
+layer { name: "argmax" type: "ArgMax" bottom: "x" top: "y"
+  argmax_param { axis: 2 out_max_val: true } }
+"""
+
+
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
+def test_an_argmax_along_an_axis_exports(tmp_path, dynamo):
+    """movedim(axis, -1) became a Transpose with perm (0, 1, -1) in the TorchScript
+    exporter's graph, which onnxruntime refused to load."""
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    net = torchcaffe.load(torchcaffe.formats.prototxt.read_net(ARGMAX_AXIS))
+    path = tmp_path / "argmax.onnx"
+    export_onnx(net, path, dynamo=dynamo)
+    _check(net, path, ["y"], batch=3)
+
+
 # random nets exported, per exporter (TORCHCAFFE_RANDOM_NETS=N: N each)
 RANDOM_NETS = int(os.environ.get("TORCHCAFFE_RANDOM_NETS", "0")) or None
 

@@ -91,9 +91,12 @@ class ArgMaxLayer(CaffeLayer):
         x = x.detach()
         if self.has_axis:
             axis = canonical_axis(self, self.param.axis, x.dim())
-            values, idx = _topk_caffe(x.movedim(axis, -1), self.top_k)
+            # the last axis by its index: torch.onnx's TorchScript exporter writes movedim's
+            # -1 into a Transpose perm as is, which onnxruntime refuses to load
+            last = x.dim() - 1
+            values, idx = _topk_caffe(x.movedim(axis, last), self.top_k)
             out = values if self.out_max_val else self._indices(idx, x.dtype)
-            return out.movedim(-1, axis).contiguous()
+            return out.movedim(last, axis).contiguous()
         values, idx = _topk_caffe(x.reshape(x.shape[0], -1), self.top_k)
         parts = [self._indices(idx, x.dtype)] + ([values] if self.out_max_val else [])
         # output_shapes's (N, 1 or 2, top_k, 1, ...), with N as x has it: output_shapes
