@@ -1,0 +1,149 @@
+"""Every golden net fed by Input blobs through ``export_onnx`` (dynamic batch), run in
+onnxruntime against the eager net at the example's batch and at twice it.
+
+Each net of ``tests/golden`` (layers/, forks/, nets/) whose ``in/`` arrays are its inputs is
+loaded in TEST phase and exported by both exporters. The graph's outputs must equal the
+net's, or, for the nets listed in ``REFUSED``, the export must raise ``ExportError``. Every
+case goes through the TorchScript exporter; the dynamo exporter (about 0.6 s a net) takes
+every fifth case by default and all of them with ``TORCHCAFFE_SLOW=1``. A case that starts
+to export must leave its list; one that starts to be refused must join it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import torchcaffe
+from torchcaffe.converters.onnx import export_onnx
+from torchcaffe.errors import ExportError
+from torchcaffe.net.export import batch_groups
+
+from ..helpers.golden import discover
+
+ort = pytest.importorskip("onnxruntime")
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+
+RECURRENT = [
+    "layers/lstm_basic",
+    "layers/lstm_expose_hidden",
+    "layers/lstm_expose_hidden_cont1",
+    "layers/lstm_static_input",
+    "layers/lstm_unit",
+    "layers/rnn_basic",
+    "layers/rnn_expose_hidden",
+    "nets/lstm_net",
+]
+# refused by both: the batch cannot change there (see tests/net/test_golden_graphs.py), or a
+# top's size depends on the values
+BOTH = {
+    *RECURRENT,
+    "layers/scale_2bottoms_axis0_bias",
+    "layers/slice_axis0_equal",
+    "forks/detection_evaluate",
+    "forks/detection_output_corner_nonshared",
+    "forks/detection_output_ssd",
+    "forks/proposal_rpn",
+}
+REFUSED = {
+    # torch's exporters have no ONNX form for a top-k ArgMax's sort with an out parameter
+    # (TorchScript) or for its sort (dynamo); the TorchScript exporter cannot trace SPP's
+    # per-level pooling sizes; a Silence-only net has no output
+    "torchscript": BOTH
+    | {
+        "layers/argmax_axis1_topk",
+        "layers/argmax_topk_outmax",
+        "layers/spp_ave_h3",
+        "layers/spp_max_h2",
+        "layers/silence",
+    },
+    "dynamo": BOTH | {"layers/argmax_axis1_topk", "layers/argmax_topk_outmax", "layers/silence"},
+}
+
+
+@contextlib.contextmanager
+def _cwd(path: Path):
+    old = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+def _input_fed_cases():
+    for case in discover(GOLDEN):
+        if case.group not in ("layers", "forks", "nets"):
+            continue
+        with np.load(case.path / "arrays.npz") as arrays:
+            fed = sorted(k[3:] for k in arrays.files if k.startswith("in/"))
+        with _cwd(case.path):
+            inputs = torchcaffe.load(str(case.path / "net.prototxt"), phase="test").input_names
+        if fed and fed == sorted(inputs):
+            yield case
+
+
+CASES = list(_input_fed_cases())
+
+
+EVERY_CASE_BY_DYNAMO = os.environ.get("TORCHCAFFE_SLOW") == "1"
+
+
+def _params():
+    for i, case in enumerate(CASES):
+        yield pytest.param("torchscript", case, id=f"torchscript-{case.id}")
+        if EVERY_CASE_BY_DYNAMO or i % 5 == 0:
+            yield pytest.param("dynamo", case, id=f"dynamo-{case.id}")
+
+
+def test_the_cases_cover_the_catalogue():
+    assert len(CASES) >= 150
+    ids = {c.id for c in CASES}
+    assert ids >= REFUSED["torchscript"] and ids >= REFUSED["dynamo"]
+
+
+@pytest.mark.parametrize("exporter, case", list(_params()))
+def test_golden_net_exports_to_onnx(tmp_path, exporter, case):
+    dynamo = exporter == "dynamo"
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    inputs = {k[3:]: torch.from_numpy(v) for k, v in case.arrays().items() if k[:3] == "in/"}
+    path = tmp_path / "net.onnx"
+    with _cwd(case.path):
+        weights = case.path / "weights.caffemodel"
+        args = [str(case.path / "net.prototxt")] + ([str(weights)] if weights.exists() else [])
+        net = torchcaffe.load(*args, phase="test")
+        shapes = {k: tuple(v.shape) for k, v in inputs.items()}
+        if case.id in REFUSED[exporter]:
+            with pytest.raises(ExportError):
+                export_onnx(net, path, dynamo=dynamo, input_shapes=shapes)
+            return
+        export_onnx(net, path, dynamo=dynamo, input_shapes=shapes)
+        traced = shapes
+        if all(s and s[0] == 1 for s in shapes.values()):
+            traced = {k: (2, *s[1:]) for k, s in shapes.items()}  # as export_onnx traces
+        symbolic = batch_groups(net, traced)
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        # the TorchScript exporter leaves out an input read only for its shape (a Crop's
+        # reference, a PriorBox's image): its sizes are in the graph
+        fed = [i.name for i in sess.get_inputs()]
+        outputs = [o.name for o in sess.get_outputs()]
+        for factor in (1, 2):
+            x = {
+                k: torch.cat([v, v.flip(0) * 0.5 if v.is_floating_point() else v.flip(0)])
+                if factor == 2 and k in symbolic
+                else v
+                for k, v in inputs.items()
+            }
+            with torch.no_grad():
+                want = net(**x)
+            got = sess.run(outputs, {k: x[k].numpy() for k in fed})
+            for name, value in zip(outputs, got):
+                np.testing.assert_allclose(
+                    value, want[name].numpy(), rtol=1e-4, atol=1e-5, err_msg=f"{name} x{factor}"
+                )
