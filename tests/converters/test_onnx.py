@@ -71,6 +71,18 @@ def _check(net, path, blobs, batch=3):
         np.testing.assert_allclose(value, ref, rtol=1e-4, atol=1e-5 * scale, err_msg=name)
 
 
+def _exported(tmp_path, text: str, dynamo: bool, randomized: bool = True):
+    """(net, path): the net of prototxt ``text`` (weights randomized), exported there."""
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    net = torchcaffe.load(torchcaffe.formats.prototxt.read_net(text))
+    if randomized:
+        randomize(net)
+    path = tmp_path / "net.onnx"
+    export_onnx(net, path, dynamo=dynamo)
+    return net, path
+
+
 @pytest.mark.parametrize("name", ["lenet", "googlenet", "resnet50"])
 def test_torchscript_exporter_runs_in_onnxruntime(tmp_path, models_root, name):
     net, blobs = _load(models_root, name)
@@ -154,11 +166,7 @@ def test_overhanging_and_global_pooling_export_with_a_symbolic_batch(tmp_path, d
     divides by its full size (the dynamo exporter divided the explicit sums again when the
     bottom needed grad); global pooling read its kernel off a traced shape, which the
     TorchScript exporter refused with a symbolic batch."""
-    if dynamo:
-        pytest.importorskip("onnxscript")
-    net = torchcaffe.load(torchcaffe.formats.prototxt.read_net(OVERHANG_AND_GLOBAL))
-    path = tmp_path / "pools.onnx"
-    export_onnx(net, path, dynamo=dynamo)
+    net, path = _exported(tmp_path, OVERHANG_AND_GLOBAL, dynamo, randomized=False)
     _check(net, path, ["ave", "gave", "gmax"], batch=3)
 
 
@@ -195,11 +203,7 @@ def test_ave_pooling_torch_cannot_express_exports_its_sums(tmp_path, dynamo):
     """A pad over half the kernel, or a last window past an unpadded edge, is pooled as
     explicit window sums divided by Caffe's pool_size; both exporters dropped the sums'
     divisor_override, so onnxruntime divided by the kernel area as well (0.4 off)."""
-    if dynamo:
-        pytest.importorskip("onnxscript")
-    net = torchcaffe.load(torchcaffe.formats.prototxt.read_net(WIDE_PAD_AVE))
-    path = tmp_path / "wide_pad.onnx"
-    export_onnx(net, path, dynamo=dynamo)
+    net, path = _exported(tmp_path, WIDE_PAD_AVE, dynamo, randomized=False)
     _check(net, path, ["pad2", "pad3", "past_end"], batch=3)
 
 
@@ -237,11 +241,7 @@ def test_layers_reading_legacy_nchw_keep_the_batch_symbolic(tmp_path, dynamo):
     """MVN and Normalize read num/channels/height/width with int(), which fixed a symbolic
     batch at the traced size: the dynamo export refused any other batch in onnxruntime (and
     MVN's TorchScript graph reshaped to the traced batch)."""
-    if dynamo:
-        pytest.importorskip("onnxscript")
-    net = torchcaffe.load(torchcaffe.formats.prototxt.read_net(LEGACY_SHAPED))
-    path = tmp_path / "legacy.onnx"
-    export_onnx(net, path, dynamo=dynamo)
+    net, path = _exported(tmp_path, LEGACY_SHAPED, dynamo, randomized=False)
     _check(net, path, ["mvn", "norm"], batch=3)
 
 
@@ -357,12 +357,7 @@ layer { name: "bn" type: "BatchNorm" bottom: "conv" top: "bn" }
 def test_batchnorm_over_a_convolution_of_a_slice_top_exports(tmp_path, dynamo):
     """The TorchScript exporter lost the convolution's channel count over the Slice top and
     refused the batch_norm after it; traced, BatchNorm is Caffe's broadcast arithmetic."""
-    if dynamo:
-        pytest.importorskip("onnxscript")
-    net = torchcaffe.load(torchcaffe.formats.prototxt.read_net(SLICE_CONV_BATCHNORM))
-    randomize(net)
-    path = tmp_path / "bn.onnx"
-    export_onnx(net, path, dynamo=dynamo)
+    net, path = _exported(tmp_path, SLICE_CONV_BATCHNORM, dynamo)
     _check(net, path, ["bn"], batch=3)
 
 
@@ -383,12 +378,7 @@ def test_an_upsample_before_a_pooled_convolution_exports(tmp_path, dynamo):
     """brocolli's Upsample was repeat_interleave, whose static shape the TorchScript
     exporter inferred wrongly and folded into the 1x1 convolution's reshape: onnxruntime
     refused the graph at batch 3 (found by a random net with the wider catalogue)."""
-    if dynamo:
-        pytest.importorskip("onnxscript")
-    net = torchcaffe.load(torchcaffe.formats.prototxt.read_net(UPSAMPLE_POOL_CONV))
-    randomize(net)
-    path = tmp_path / "up.onnx"
-    export_onnx(net, path, dynamo=dynamo)
+    net, path = _exported(tmp_path, UPSAMPLE_POOL_CONV, dynamo)
     _check(net, path, ["conv"], batch=3)
 
 
@@ -407,11 +397,7 @@ def test_a_tiny_eps_survives_the_export(tmp_path, dynamo):
     """onnxscript's optimizer (dynamo exporter) took MVN's eps (1e-9) and Normalize's
     (1e-10) for 0 and dropped the add: a constant row or an all-zero pixel gave 0 / 0 = NaN
     in onnxruntime where Caffe gives 0 (found by a random net: MVN over a Reduction's top)."""
-    if dynamo:
-        pytest.importorskip("onnxscript")
-    net = torchcaffe.load(torchcaffe.formats.prototxt.read_net(TINY_EPS))
-    path = tmp_path / "eps.onnx"
-    export_onnx(net, path, dynamo=dynamo)
+    net, path = _exported(tmp_path, TINY_EPS, dynamo, randomized=False)
     x = torch.rand(3, 4, 3, 3)
     x[0] = 0.5  # constant rows for MVN
     x[1, :, 1, 1] = 0.0  # an all-zero pixel for Normalize
@@ -480,11 +466,7 @@ def test_the_export_leaves_a_recurrent_layers_state_alone(tmp_path, golden_root,
 def test_an_input_that_flows_to_an_output_keeps_its_name(tmp_path, dynamo):
     """A TEST-phase Dropout passes its bottom on: the dynamo exporter named the graph's
     input ``y_orig`` (the output's name), and onnxruntime wanted that instead of ``x``."""
-    if dynamo:
-        pytest.importorskip("onnxscript")
-    net = torchcaffe.load(torchcaffe.formats.prototxt.read_net(PASS_THROUGH))
-    path = tmp_path / "drop.onnx"
-    export_onnx(net, path, dynamo=dynamo)
+    net, path = _exported(tmp_path, PASS_THROUGH, dynamo, randomized=False)
     _check(net, path, ["y"], batch=3)
 
 
@@ -522,11 +504,7 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "data" bottom: "label" top:
 def test_a_loss_normalized_by_the_batch_follows_the_batch(tmp_path, dynamo):
     """The loss layers divided by float(max(1, batch)): the traced batch, in every run of
     the exported graph (the TorchScript exporter's; torch.export's too, before 9d89f93)."""
-    if dynamo:
-        pytest.importorskip("onnxscript")
-    net = torchcaffe.load(torchcaffe.formats.prototxt.read_net(LOSS_NET))
-    path = tmp_path / "loss.onnx"
-    export_onnx(net, path, dynamo=dynamo)
+    net, path = _exported(tmp_path, LOSS_NET, dynamo, randomized=False)
     data = torch.randn(6, 5, generator=torch.Generator().manual_seed(0))
     label = torch.tensor([0, 1, 2, 3, 4, 0], dtype=torch.float32)
     with torch.no_grad():
@@ -548,11 +526,7 @@ layer { name: "argmax" type: "ArgMax" bottom: "x" top: "y"
 def test_an_argmax_along_an_axis_exports(tmp_path, dynamo):
     """movedim(axis, -1) became a Transpose with perm (0, 1, -1) in the TorchScript
     exporter's graph, which onnxruntime refused to load."""
-    if dynamo:
-        pytest.importorskip("onnxscript")
-    net = torchcaffe.load(torchcaffe.formats.prototxt.read_net(ARGMAX_AXIS))
-    path = tmp_path / "argmax.onnx"
-    export_onnx(net, path, dynamo=dynamo)
+    net, path = _exported(tmp_path, ARGMAX_AXIS, dynamo, randomized=False)
     _check(net, path, ["y"], batch=3)
 
 

@@ -11,7 +11,6 @@ to export must leave its list; one that starts to be refused must join it.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from torchcaffe.converters.onnx import export_onnx
 from torchcaffe.errors import ExportError
 from torchcaffe.net.export import batch_groups
 
-from ..helpers.golden import discover
+from ..helpers.golden import InFolder, case_inputs, input_fed_cases, twice_the_batch
 
 ort = pytest.importorskip("onnxruntime")
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
@@ -66,29 +65,7 @@ REFUSED = {
 }
 
 
-@contextlib.contextmanager
-def _cwd(path: Path):
-    old = os.getcwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(old)
-
-
-def _input_fed_cases():
-    for case in discover(GOLDEN):
-        if case.group not in ("layers", "forks", "nets"):
-            continue
-        with np.load(case.path / "arrays.npz") as arrays:
-            fed = sorted(k[3:] for k in arrays.files if k.startswith("in/"))
-        with _cwd(case.path):
-            inputs = torchcaffe.load(str(case.path / "net.prototxt"), phase="test").input_names
-        if fed and fed == sorted(inputs):
-            yield case
-
-
-CASES = list(_input_fed_cases())
+CASES = input_fed_cases(GOLDEN)
 
 
 EVERY_CASE_BY_DYNAMO = os.environ.get("TORCHCAFFE_SLOW") == "1"
@@ -112,9 +89,9 @@ def test_golden_net_exports_to_onnx(tmp_path, exporter, case):
     dynamo = exporter == "dynamo"
     if dynamo:
         pytest.importorskip("onnxscript")
-    inputs = {k[3:]: torch.from_numpy(v) for k, v in case.arrays().items() if k[:3] == "in/"}
+    inputs = case_inputs(case)
     path = tmp_path / "net.onnx"
-    with _cwd(case.path):
+    with InFolder(case.path):
         weights = case.path / "weights.caffemodel"
         args = [str(case.path / "net.prototxt")] + ([str(weights)] if weights.exists() else [])
         net = torchcaffe.load(*args, phase="test")
@@ -134,12 +111,7 @@ def test_golden_net_exports_to_onnx(tmp_path, exporter, case):
         fed = [i.name for i in sess.get_inputs()]
         outputs = [o.name for o in sess.get_outputs()]
         for factor in (1, 2):
-            x = {
-                k: torch.cat([v, v.flip(0) * 0.5 if v.is_floating_point() else v.flip(0)])
-                if factor == 2 and k in symbolic
-                else v
-                for k, v in inputs.items()
-            }
+            x = twice_the_batch(inputs, symbolic) if factor == 2 else inputs
             with torch.no_grad():
                 want = net(**x)
             got = sess.run(outputs, {k: x[k].numpy() for k in fed})

@@ -18,10 +18,12 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 import torchcaffe as caffe
 
@@ -54,7 +56,7 @@ def discover(root: Path) -> list[Case]:
     return cases
 
 
-class _Cwd:
+class InFolder:
     def __init__(self, path: Path) -> None:
         self.path, self.old = path, None
 
@@ -64,6 +66,40 @@ class _Cwd:
 
     def __exit__(self, *exc):
         os.chdir(self.old)
+
+
+def input_fed_cases(root: Path) -> list[Case]:
+    """The layers/, forks/ and nets/ cases whose ``in/`` arrays are exactly their net's input
+    blobs (the others read data layers too)."""
+    cases = []
+    for case in discover(root):
+        if case.group not in ("layers", "forks", "nets"):
+            continue
+        with np.load(case.path / "arrays.npz") as arrays:
+            fed = sorted(k[3:] for k in arrays.files if k.startswith("in/"))
+        with InFolder(case.path):
+            inputs = caffe.load(str(case.path / "net.prototxt"), phase="test").input_names
+        if fed and fed == sorted(inputs):
+            cases.append(case)
+    return cases
+
+
+def case_inputs(case: Case) -> dict[str, torch.Tensor]:
+    """The case's ``in/`` arrays, by blob name."""
+    return {k[3:]: torch.from_numpy(v) for k, v in case.arrays().items() if k[:3] == "in/"}
+
+
+def twice_the_batch(
+    inputs: dict[str, torch.Tensor], symbolic: Collection[str]
+) -> dict[str, torch.Tensor]:
+    """``inputs`` with axis 0 of those named ``symbolic`` doubled (by a flipped, halved copy:
+    other values than the first half's), the rest as they are."""
+    return {
+        k: torch.cat([v, v.flip(0) * 0.5 if v.is_floating_point() else v.flip(0)])
+        if k in symbolic
+        else v
+        for k, v in inputs.items()
+    }
 
 
 def golden_mode() -> str:
@@ -89,7 +125,7 @@ def run_blob_case(case: Case) -> None:
     meta, arrays = case.meta, case.arrays()
     rtol, atol = meta["rtol"], meta["atol"]
     weights = case.path / "weights.caffemodel"
-    with _Cwd(case.path):
+    with InFolder(case.path):
         net = caffe.Net(
             str(case.path / "net.prototxt"),
             _phase(meta),
@@ -168,7 +204,7 @@ def run_data_case(case: Case) -> None:
     _enter_mode()
     meta, arrays = case.meta, case.arrays()
     rtol, atol = meta["rtol"], meta["atol"]
-    with _writable_copy(case) as tmp, _Cwd(Path(tmp) / case.name):
+    with _writable_copy(case) as tmp, InFolder(Path(tmp) / case.name):
         net = caffe.Net("net.prototxt", _phase(meta))
         if meta.get("feed") == "set_input_arrays":
             net.set_input_arrays(arrays["in/data"], arrays["in/label"])
@@ -188,7 +224,7 @@ def run_solver_case(case: Case) -> None:
 
     meta, arrays = case.meta, case.arrays()
     rtol, atol = meta["rtol"], meta["atol"]
-    with _writable_copy(case) as tmp, _Cwd(Path(tmp) / case.name):
+    with _writable_copy(case) as tmp, InFolder(Path(tmp) / case.name):
         solver = caffe.get_solver("solver.prototxt")
         assert solver.type == meta["solver_type"], (solver.type, meta["solver_type"])
         solver.net.copy_from("weights.caffemodel")

@@ -171,16 +171,21 @@ layer { name: "per_row" type: "ArgMax" bottom: "lift" top: "per_row" argmax_para
 """
 
 
-def test_export_keeps_the_batch_dynamic_through_flatten_and_argmax():
-    """Both computed their tops' shapes with int() of each size, which pinned the batch."""
+def _exported_runs_at_other_batches(text: str, item_shape: tuple[int, ...]) -> None:
+    """``text`` exported at batch 2 (``export_net``) equals the net at batches 1 and 7."""
     from google.protobuf import text_format
 
-    net = torchcaffe.load(text_format.Parse(FLATTEN_ARGMAX, caffe_pb2.NetParameter()))
-    program = export_net(net, {"data": torch.randn(2, 3, 5, 4)})
+    net = torchcaffe.load(text_format.Parse(text, caffe_pb2.NetParameter()))
+    program = export_net(net, {"data": torch.randn(2, *item_shape)})
     with torch.no_grad():
         for batch in (1, 7):
-            x = torch.randn(batch, 3, 5, 4)
+            x = torch.randn(batch, *item_shape)
             _close(program.module()(x), net(data=x))
+
+
+def test_export_keeps_the_batch_dynamic_through_flatten_and_argmax():
+    """Both computed their tops' shapes with int() of each size, which pinned the batch."""
+    _exported_runs_at_other_batches(FLATTEN_ARGMAX, (3, 5, 4))
 
 
 SE_GATE = """
@@ -197,14 +202,7 @@ layer { name: "axpy" type: "Axpy" bottom: "gate" bottom: "data" bottom: "data" t
 def test_an_axpy_gate_keeps_the_batch_dynamic():
     """Axpy checked its bottoms' shapes in forward with int() of each size, which pinned the
     batch (torch.export refused it); the net checks shapes once per input shape instead."""
-    from google.protobuf import text_format
-
-    net = torchcaffe.load(text_format.Parse(SE_GATE, caffe_pb2.NetParameter()))
-    program = export_net(net, {"data": torch.randn(2, 4, 5, 3)})
-    with torch.no_grad():
-        for batch in (1, 7):
-            x = torch.randn(batch, 4, 5, 3)
-            _close(program.module()(x), net(data=x))
+    _exported_runs_at_other_batches(SE_GATE, (4, 5, 3))
 
 
 def test_a_compiled_fold_adds_no_python_evaluated_guards():

@@ -12,11 +12,8 @@ starts to pass must leave its list; one that starts to fail must join it.
 
 from __future__ import annotations
 
-import contextlib
-import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -24,7 +21,7 @@ import torchcaffe
 from torchcaffe.errors import ExportError
 from torchcaffe.net.export import batch_groups, export_net
 
-from ..helpers.golden import discover
+from ..helpers.golden import InFolder, case_inputs, input_fed_cases, twice_the_batch
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
@@ -52,31 +49,7 @@ REFUSED = {
 }
 
 
-def _input_fed_cases():
-    """The cases whose ``in/`` arrays are exactly their net's input blobs (the others read
-    data layers too)."""
-    for case in discover(GOLDEN):
-        if case.group not in ("layers", "forks", "nets"):
-            continue
-        with np.load(case.path / "arrays.npz") as arrays:
-            fed = sorted(k[3:] for k in arrays.files if k.startswith("in/"))
-        with _cwd(case.path):
-            inputs = torchcaffe.load(str(case.path / "net.prototxt"), phase="test").input_names
-        if fed and fed == sorted(inputs):
-            yield pytest.param(case, id=case.id)
-
-
-@contextlib.contextmanager
-def _cwd(path: Path):
-    old = os.getcwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(old)
-
-
-CASES = list(_input_fed_cases())
+CASES = [pytest.param(c, id=c.id) for c in input_fed_cases(GOLDEN)]
 # nets whose tops' sizes depend on the values: dynamo cannot hold them in one graph
 DATA_DEPENDENT = {
     "forks/detection_evaluate",
@@ -99,9 +72,9 @@ def test_the_cases_cover_the_catalogue():
 
 @pytest.mark.parametrize("case", CASES)
 def test_golden_net_exports_with_a_dynamic_batch(case):
-    with _cwd(case.path):
+    with InFolder(case.path):
         net = _load(case)
-        inputs = {k[3:]: torch.from_numpy(v) for k, v in case.arrays().items() if k[:3] == "in/"}
+        inputs = case_inputs(case)
         if case.id in REFUSED:
             with pytest.raises(ExportError, match="dynamic batch|torch.export failed"):
                 export_net(net, inputs)
@@ -111,12 +84,7 @@ def test_golden_net_exports_with_a_dynamic_batch(case):
             inputs = {k: torch.cat([v, v]) for k, v in inputs.items()}  # as export_net traces
         symbolic = batch_groups(net, {k: tuple(v.shape) for k, v in inputs.items()})
         for factor in (1, 2):
-            x = {
-                k: torch.cat([v, v.flip(0) * 0.5 if v.is_floating_point() else v.flip(0)])
-                if factor == 2 and k in symbolic
-                else v
-                for k, v in inputs.items()
-            }
+            x = twice_the_batch(inputs, symbolic) if factor == 2 else inputs
             with torch.no_grad():
                 want = net(**x)
                 got = program.module()(*[x[n] for n in net.input_names])
@@ -141,9 +109,9 @@ COMPILE_CASES = [
 
 @pytest.mark.parametrize("case", COMPILE_CASES)
 def test_golden_net_compiles_as_one_graph(case):
-    with _cwd(case.path):
+    with InFolder(case.path):
         net = _load(case)
-        inputs = {k[3:]: torch.from_numpy(v) for k, v in case.arrays().items() if k[:3] == "in/"}
+        inputs = case_inputs(case)
         torch._dynamo.reset()
         compiled = torch.compile(net, backend="eager", fullgraph=True)
         with torch.no_grad():
