@@ -7,11 +7,15 @@ example's batch and at twice it (the symbolic inputs doubled, the fixed ones as 
 or, for the nets listed in ``REFUSED``, refuse with an ``ExportError`` that says why.
 Compiled whole (dynamo's graph, run by its ``eager`` backend: graph breaks are what this
 checks), it must equal the eager net, except the nets in ``DATA_DEPENDENT``. A case that
-starts to pass must leave its list; one that starts to fail must join it.
+starts to pass must leave its list; one that starts to fail must join it. The cases with a
+backward also train compiled (``TRAINED``): a forward and backward in their own phase give
+the eager outputs and gradients.
 """
 
 from __future__ import annotations
 
+import copy
+import os
 from pathlib import Path
 
 import pytest
@@ -119,3 +123,55 @@ def test_golden_net_compiles_as_one_graph(case):
     assert got.keys() == want.keys()
     for name, value in want.items():
         torch.testing.assert_close(got[name], value, rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+# forward + backward compiled: the nets/ cases and every fourth other case that has a
+# backward, all of them with TORCHCAFFE_SLOW=1 (dynamo's graphs, with autograd's traced by
+# aot_eager, about 0.4 s each)
+TRAINED = [
+    c
+    for c in input_fed_cases(GOLDEN)
+    if c.meta.get("backward") and c.meta.get("deterministic", True) is not False
+]
+TRAINED = [
+    pytest.param(c, id=c.id)
+    for i, c in enumerate(TRAINED)
+    if os.environ.get("TORCHCAFFE_SLOW") == "1" or c.group == "nets" or i % 4 == 0
+]
+
+
+def _step(net, run, inputs) -> tuple[dict, dict]:
+    """One forward and backward of a weighted sum of the float outputs: (outputs, grads of
+    the params and the inputs)."""
+    net.zero_grad()
+    x = {k: v.double().requires_grad_() if v.is_floating_point() else v for k, v in inputs.items()}
+    outputs = run(**x)
+    terms = [
+        (o * torch.linspace(-1, 1, o.numel(), dtype=o.dtype).reshape(o.shape)).sum()
+        for o in outputs.values()
+        if o.requires_grad
+    ]
+    if terms:
+        sum(terms).backward()
+    grads = {n: p.grad for n, p in net.named_parameters() if p.grad is not None}
+    grads.update({k: v.grad for k, v in x.items() if v.requires_grad and v.grad is not None})
+    return {k: v.detach() for k, v in outputs.items()}, grads
+
+
+@pytest.mark.parametrize("case", TRAINED)
+def test_golden_net_trains_compiled(case):
+    """In the case's own phase, float64: a compiled forward + backward gives the eager one's
+    outputs and gradients."""
+    with InFolder(case.path):
+        weights = case.path / "weights.caffemodel"
+        args = [str(case.path / "net.prototxt")] + ([str(weights)] if weights.exists() else [])
+        net = torchcaffe.load(*args, phase=case.meta["phase"].lower()).double()
+        twin = copy.deepcopy(net)
+        inputs = case_inputs(case)
+        torch._dynamo.reset()
+        got = _step(net, torch.compile(net, backend="aot_eager"), inputs)
+        want = _step(twin, twin, inputs)
+    for part in (0, 1):
+        assert got[part].keys() == want[part].keys()
+        for name, value in want[part].items():
+            torch.testing.assert_close(got[part][name], value, rtol=1e-6, atol=1e-8, equal_nan=True)
