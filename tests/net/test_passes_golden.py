@@ -19,7 +19,7 @@ import torch
 
 import torchcaffe
 from tests.helpers.compare import assert_blob_close
-from tests.helpers.golden import _Cwd, discover
+from tests.helpers.golden import InFolder, discover
 from tests.test_conformance import xfail_reason
 from torchcaffe.net.passes import layout
 from torchcaffe.ops import onednn_linear
@@ -62,7 +62,7 @@ def _without_parameter_tops(net, inputs):
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_golden_outputs_with_passes_on(case, monkeypatch):
-    with _Cwd(case.path):
+    with InFolder(case.path):
         net, arrays, inputs = _build(case)
         if set(inputs) != set(net.input_names):
             pytest.xfail("inputs are not the net's input blobs (data layers)")
@@ -90,7 +90,7 @@ def _runs(net, inputs, phase):
 def test_every_pass_fires_on_some_golden_net():
     fired: dict[str, int] = {}
     for case in CASES:
-        with _Cwd(case.path):
+        with InFolder(case.path):
             try:
                 net, _, _ = _build(case)
             except torchcaffe.TorchCaffeError:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.helpers.compare import assert_blob_close
-from tests.helpers.golden import _Cwd, discover
+from tests.helpers.golden import InFolder, discover
 from tests.net.test_passes_golden import ROOT, _build
 from tests.test_conformance import xfail_reason
 from torchcaffe.ops import onednn_linear
@@ -50,7 +50,7 @@ def test_golden_diffs_with_training_passes_on(case, monkeypatch):
 
 def _check(case):
     """Run ``case`` forward and backward on a fresh net, compare with Caffe; returns the net."""
-    with _Cwd(case.path):
+    with InFolder(case.path):
         net, arrays, inputs = _build(case)
         if set(inputs) != set(net.input_names):
             pytest.xfail("inputs are not the net's input blobs (data layers)")
