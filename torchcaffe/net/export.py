@@ -58,7 +58,8 @@ def batch_groups(net: TorchNet, shapes: Mapping[str, Sequence[int]]) -> dict[str
 def state_kept(net: TorchNet) -> Iterator[None]:
     """Within: what an export's trace runs may change the net's state (a recurrent layer's
     carried hidden state, a BatchNorm's statistics): every buffer and param is put back as
-    it was, the same tensor objects with the same values. Exporting does not run the net."""
+    it was, the same tensor objects with the same values, so the net's next forward computes
+    what it would have without the export. Holds a copy of them meanwhile."""
     buffers = [
         (m, name, t, t.detach().clone())
         for m in net.modules()

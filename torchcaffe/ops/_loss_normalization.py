@@ -133,7 +133,8 @@ def _at_least_one(count: int | torch.SymInt) -> float:
         return torch.sym_float(torch.sym_max(1, count))  # type: ignore[return-value]
     if torch.jit.is_tracing():
         # the tracer follows a size through arithmetic on it, not through max() or float():
-        # the TorchScript ONNX export divided by the traced batch at every batch
+        # the TorchScript ONNX export divided by the traced batch at every batch (without
+        # max(1, ...), a traced graph run on an empty batch divides by 0)
         return count
     return float(max(1, count))
 
