@@ -530,6 +530,50 @@ def test_an_argmax_along_an_axis_exports(tmp_path, dynamo):
     _check(net, path, ["y"], batch=3)
 
 
+def test_a_failed_export_leaves_the_file_there_and_no_litter(tmp_path, monkeypatch):
+    """The TorchScript exporter wrote the file itself, as it went: an export that failed
+    after it began writing left a partial file where the user's was."""
+    net = torchcaffe.load(torchcaffe.formats.prototxt.read_net(PASS_THROUGH))
+    path = tmp_path / "net.onnx"
+    path.write_bytes(b"the user's model")
+
+    def fails_midway(*args, f=None, **kwargs):
+        if isinstance(f, (str, os.PathLike)):
+            with open(f, "wb") as out:
+                out.write(b"half a model")
+        elif f is not None:
+            f.write(b"half a model")
+        raise RuntimeError("the exporter stopped")
+
+    monkeypatch.setattr(torch.onnx, "export", fails_midway)
+    with pytest.raises(ExportError, match="the exporter stopped"):
+        export_onnx(net, path, dynamo=False)
+    assert path.read_bytes() == b"the user's model"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["net.onnx"]
+
+
+CROP_TO_REFERENCE = """
+name: "crop_to_reference"
+layer { name: "data" type: "Input" top: "data" top: "ref"
+  input_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } shape { dim: 1 dim: 1 dim: 5 dim: 6 } } }
+layer { name: "crop" type: "Crop" bottom: "data" bottom: "ref" top: "crop"
+  crop_param { axis: 2 offset: 1 offset: 2 } }
+"""
+
+
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
+def test_an_input_read_only_for_its_shape_stays_a_graph_input(tmp_path, dynamo):
+    """The TorchScript exporter left out a Crop's reference blob of a fixed batch (only its
+    shape is read): onnxruntime refused a feed that named it, as the net's inputs do."""
+    net, path = _exported(tmp_path, CROP_TO_REFERENCE, dynamo, randomized=False)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [i.name for i in sess.get_inputs()] == ["data", "ref"]
+    data, ref = torch.rand(3, 3, 8, 8), torch.rand(1, 1, 5, 6)
+    (got,) = sess.run(["crop"], {"data": data.numpy(), "ref": ref.numpy()})
+    with torch.no_grad():
+        np.testing.assert_array_equal(got, net(data=data, ref=ref)["crop"].numpy())
+
+
 # random nets exported, per exporter (TORCHCAFFE_RANDOM_NETS=N: N each)
 RANDOM_NETS = int(os.environ.get("TORCHCAFFE_RANDOM_NETS", "0")) or None
 

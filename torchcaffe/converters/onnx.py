@@ -8,6 +8,7 @@ order) and the ONNX graph's input/output names are the Caffe blob names.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import warnings
 from collections.abc import Mapping, Sequence
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from ..errors import ExportError, MissingPackageError
+from ..formats.atomic import atomic_write
 from ..net.export import batch_axis_names, batch_groups, first_line, state_kept
 from ..net.net import TorchNet
 from ..proto import caffe_pb2
@@ -119,7 +121,7 @@ def export_onnx(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", (DeprecationWarning, torch.jit.TracerWarning))
             if not dynamo:
-                kw["f"] = os.fspath(path)
+                kw["f"] = buffer = io.BytesIO()  # the file is written below, whole or not at all
             # dynamo: without autograd recording (an AVE pooling that overhangs would take its
             # explicit-sums form for compiled training, which this exporter divides again)
             with torch.no_grad() if dynamo else contextlib.nullcontext(), state_kept(net):
@@ -131,7 +133,10 @@ def export_onnx(
             _free_blob_names(result.model.graph)
             if dynamic_batch:
                 _require_symbolic_batch(result.model.graph, net, groups)
-            result.save(os.fspath(path))
+            model = result.model_proto
+        else:
+            model = _with_every_input(buffer.getvalue(), net.input_names, shapes, groups)
+        data = model.SerializeToString()
     except ExportError:
         raise
     except Exception as err:  # torch.onnx raises many kinds; one clear line, the cause kept
@@ -143,6 +148,35 @@ def export_onnx(
         ) from err
     finally:
         net.train(was_training)
+    with atomic_write(path, "wb") as f:
+        f.write(data)
+
+
+def _with_every_input(
+    data: bytes,
+    inputs: Sequence[str],
+    shapes: Mapping[str, Sequence[int]],
+    groups: Mapping[str, int],
+):
+    """The TorchScript exporter's model with every input blob a graph input. It leaves out
+    an input that the net reads only for its shape (a Crop's reference, a PriorBox's image),
+    and onnxruntime refuses a feed that names it; it comes back unused, with its shape
+    (axis 0 symbolic where the others' is)."""
+    import onnx
+
+    model = onnx.load_from_string(data)
+    graph = model.graph
+    present = {v.name for v in [*graph.input, *graph.output, *graph.initializer]}
+    present.update(name for node in graph.node for name in node.output)
+    names = batch_axis_names(groups)
+    for i, name in enumerate(inputs):
+        if name not in present:
+            shape: list[int | str] = list(shapes[name])
+            if name in names and shape:
+                shape[0] = names[name]
+            value = onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, shape)
+            graph.input.insert(i, value)
+    return model
 
 
 def _optimize_keeping_small_constants(program: torch.onnx.ONNXProgram) -> None:
