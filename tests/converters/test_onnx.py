@@ -574,6 +574,29 @@ def test_an_input_read_only_for_its_shape_stays_a_graph_input(tmp_path, dynamo):
         np.testing.assert_array_equal(got, net(data=data, ref=ref)["crop"].numpy())
 
 
+UNREAD_INPUT = """
+name: "unread_input"
+layer { name: "data" type: "Input" top: "data" top: "data_dim"
+  input_param { shape { dim: 2 dim: 3 dim: 4 dim: 4 } shape { dim: 1 dim: 1 dim: 1 dim: 2 } } }
+layer { name: "act" type: "TanH" bottom: "data" top: "act" }
+"""
+
+
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
+def test_an_input_no_layer_reads_is_not_an_output(tmp_path, dynamo):
+    """PSPNet's deploy net declares a data_dim input that no layer reads, so Caffe counts it
+    among the net's outputs: exported as one, the TorchScript graph renamed the input to
+    data_dim.1 (a feed by the blob's name was refused) and the dynamo exporter refused."""
+    net, path = _exported(tmp_path, UNREAD_INPUT, dynamo, randomized=False)
+    assert set(net.output_names) == {"act", "data_dim"}
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [i.name for i in sess.get_inputs()] == ["data", "data_dim"]
+    assert [o.name for o in sess.get_outputs()] == ["act"]
+    x = torch.rand(3, 3, 4, 4)
+    (got,) = sess.run(["act"], {"data": x.numpy(), "data_dim": np.zeros((1, 1, 1, 2), np.float32)})
+    np.testing.assert_allclose(got, torch.tanh(x).numpy(), rtol=1e-6)
+
+
 # random nets exported, per exporter (TORCHCAFFE_RANDOM_NETS=N: N each)
 RANDOM_NETS = int(os.environ.get("TORCHCAFFE_RANDOM_NETS", "0")) or None
 

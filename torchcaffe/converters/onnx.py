@@ -53,7 +53,8 @@ def export_onnx(
     ``dynamo`` picks torch's torch.export-based exporter (needs onnxscript) over the legacy
     TorchScript one. ``dynamic_batch`` makes axis 0 of every input and output symbolic.
     ``input_shapes`` overrides the example shapes (default: the net's declared input shapes).
-    ``outputs`` names the blobs to export as graph outputs (default: the net's outputs).
+    ``outputs`` names the blobs to export as graph outputs (default: the net's outputs but
+    its input blobs, such as PSPNet's ``data_dim``, which no layer reads).
     """
     _require("onnx", "onnx")
     if dynamo:
@@ -88,6 +89,8 @@ def export_onnx(
             path=net.path,
             hint="export with dynamo=False, or leave them out of outputs",
         )
+    if not outputs:  # the computed outputs: an input blob no layer reads is not one
+        outputs = [n for n in net.output_names if n not in net.input_names]
     wrapper = PositionalNet(net, outputs).eval()
     if not wrapper.outputs:  # every top is read by a later layer (a Silence at the end)
         raise ExportError(
