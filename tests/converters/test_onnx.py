@@ -597,6 +597,37 @@ def test_an_input_no_layer_reads_is_not_an_output(tmp_path, dynamo):
     np.testing.assert_allclose(got, torch.tanh(x).numpy(), rtol=1e-6)
 
 
+HEADS_BEFORE_DETECTION = """
+name: "heads_before_detection"
+layer { name: "data" type: "Input" top: "loc" top: "conf" top: "prior"
+  input_param { shape { dim: 2 dim: 108 } shape { dim: 2 dim: 108 }
+    shape { dim: 1 dim: 2 dim: 108 } } }
+layer { name: "loc_act" type: "TanH" bottom: "loc" top: "loc_act" }
+layer { name: "conf_act" type: "Sigmoid" bottom: "conf" top: "conf_act" }
+layer { name: "det" type: "DetectionOutput" bottom: "loc_act" bottom: "conf_act" bottom: "prior"
+  top: "detection_out"
+  detection_output_param { num_classes: 4 share_location: true background_label_id: 0
+    nms_param { nms_threshold: 0.45 top_k: 20 } code_type: CENTER_SIZE keep_top_k: 8
+    confidence_threshold: 0.1 } }
+"""
+
+
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
+def test_the_heads_before_a_detection_output_export(tmp_path, dynamo):
+    """An SSD is exported up to its heads (outputs=[...]): the DetectionOutput after them,
+    which neither exporter can write, was traced all the same and failed the export."""
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    net = torchcaffe.load(torchcaffe.formats.prototxt.read_net(HEADS_BEFORE_DETECTION))
+    path = tmp_path / "heads.onnx"
+    export_onnx(net, path, dynamo=dynamo, outputs=["loc_act", "conf_act"])
+    feed = {"loc": torch.randn(3, 108), "conf": torch.randn(3, 108), "prior": torch.rand(1, 2, 108)}
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    loc, conf = sess.run(["loc_act", "conf_act"], {k: v.numpy() for k, v in feed.items()})
+    np.testing.assert_allclose(loc, torch.tanh(feed["loc"]).numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(conf, torch.sigmoid(feed["conf"]).numpy(), rtol=1e-5, atol=1e-6)
+
+
 # random nets exported, per exporter (TORCHCAFFE_RANDOM_NETS=N: N each)
 RANDOM_NETS = int(os.environ.get("TORCHCAFFE_RANDOM_NETS", "0")) or None
 

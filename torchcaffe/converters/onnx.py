@@ -26,15 +26,23 @@ PathLike = str | os.PathLike
 
 
 class PositionalNet(nn.Module):
-    """``net`` with positional inputs (``net.input_names`` order) and a tuple of outputs."""
+    """``net`` with positional inputs (``net.input_names`` order) and a tuple of outputs.
+    It runs the net's steps up to the last that writes one of the outputs: the layers after
+    it are not traced (an SSD exported up to its heads, before a DetectionOutput that
+    neither exporter can write)."""
 
     def __init__(self, net: TorchNet, outputs: Sequence[str] | None = None) -> None:
         super().__init__()
         self.net = net
         self.outputs = list(outputs or net.output_names)
+        # a look-alike without steps (compare's every-top net) runs whole
+        steps = getattr(net, "steps", None)
+        writers = [s.index for s in steps or () if set(s.tops) & set(self.outputs)]
+        self.end = None if steps is None else max(writers, default=0)
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        blobs = self.net.run(dict(zip(self.net.input_names, inputs)))
+        blobs = dict(zip(self.net.input_names, inputs))
+        blobs = self.net.run(blobs) if self.end is None else self.net.run(blobs, end=self.end)
         return tuple(blobs[name] for name in self.outputs)
 
 
