@@ -35,10 +35,10 @@ class PositionalNet(nn.Module):
         super().__init__()
         self.net = net
         self.outputs = list(outputs or net.output_names)
-        # a look-alike without steps (compare's every-top net) runs whole
-        steps = getattr(net, "steps", None)
-        writers = [s.index for s in steps or () if set(s.tops) & set(self.outputs)]
-        self.end = None if steps is None else max(writers, default=0)
+        self.end: int | None = None  # a look-alike (compare's every-top net) runs whole
+        if isinstance(net, TorchNet):
+            writers = [s.index for s in net.steps if set(s.tops) & set(self.outputs)]
+            self.end = max(writers, default=0)
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         blobs = dict(zip(self.net.input_names, inputs))
