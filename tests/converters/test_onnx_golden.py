@@ -18,12 +18,11 @@ import numpy as np
 import pytest
 import torch
 
-import torchcaffe
 from torchcaffe.converters.onnx import export_onnx
 from torchcaffe.errors import ExportError
 from torchcaffe.net.export import batch_groups
 
-from ..helpers.golden import InFolder, case_inputs, input_fed_cases, twice_the_batch
+from ..helpers.golden import InFolder, case_inputs, case_net, input_fed_cases, twice_the_batch
 
 ort = pytest.importorskip("onnxruntime")
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
@@ -92,9 +91,7 @@ def test_golden_net_exports_to_onnx(tmp_path, exporter, case):
     inputs = case_inputs(case)
     path = tmp_path / "net.onnx"
     with InFolder(case.path):
-        weights = case.path / "weights.caffemodel"
-        args = [str(case.path / "net.prototxt")] + ([str(weights)] if weights.exists() else [])
-        net = torchcaffe.load(*args, phase="test")
+        net = case_net(case)
         shapes = {k: tuple(v.shape) for k, v in inputs.items()}
         if case.id in REFUSED[exporter]:
             with pytest.raises(ExportError):

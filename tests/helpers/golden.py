@@ -84,6 +84,14 @@ def input_fed_cases(root: Path) -> list[Case]:
     return cases
 
 
+def case_net(case: Case, phase: str = "test") -> caffe.TorchNet:
+    """The case's net in ``phase`` (torch face), with its weights where it has them; call it
+    inside ``InFolder(case.path)`` (some nets name files relative to their folder)."""
+    weights = case.path / "weights.caffemodel"
+    args = [str(case.path / "net.prototxt")] + ([str(weights)] if weights.exists() else [])
+    return caffe.load(*args, phase=phase)
+
+
 def case_inputs(case: Case) -> dict[str, torch.Tensor]:
     """The case's ``in/`` arrays, by blob name."""
     return {k[3:]: torch.from_numpy(v) for k, v in case.arrays().items() if k[:3] == "in/"}

@@ -21,11 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import torchcaffe
 from torchcaffe.errors import ExportError
 from torchcaffe.net.export import batch_groups, export_net
 
-from ..helpers.golden import InFolder, case_inputs, input_fed_cases, twice_the_batch
+from ..helpers.golden import InFolder, case_inputs, case_net, input_fed_cases, twice_the_batch
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
@@ -63,12 +62,6 @@ DATA_DEPENDENT = {
 }
 
 
-def _load(case):
-    weights = case.path / "weights.caffemodel"
-    args = [str(case.path / "net.prototxt")] + ([str(weights)] if weights.exists() else [])
-    return torchcaffe.load(*args, phase="test").eval()
-
-
 def test_the_cases_cover_the_catalogue():
     assert len(CASES) >= 150
     assert {c.values[0].id for c in CASES} >= set(REFUSED)
@@ -77,7 +70,7 @@ def test_the_cases_cover_the_catalogue():
 @pytest.mark.parametrize("case", CASES)
 def test_golden_net_exports_with_a_dynamic_batch(case):
     with InFolder(case.path):
-        net = _load(case)
+        net = case_net(case).eval()
         inputs = case_inputs(case)
         if case.id in REFUSED:
             with pytest.raises(ExportError, match="dynamic batch|torch.export failed"):
@@ -114,7 +107,7 @@ COMPILE_CASES = [
 @pytest.mark.parametrize("case", COMPILE_CASES)
 def test_golden_net_compiles_as_one_graph(case):
     with InFolder(case.path):
-        net = _load(case)
+        net = case_net(case).eval()
         inputs = case_inputs(case)
         torch._dynamo.reset()
         compiled = torch.compile(net, backend="eager", fullgraph=True)
@@ -163,9 +156,7 @@ def test_golden_net_trains_compiled(case):
     """In the case's own phase, float64: a compiled forward + backward gives the eager one's
     outputs and gradients."""
     with InFolder(case.path):
-        weights = case.path / "weights.caffemodel"
-        args = [str(case.path / "net.prototxt")] + ([str(weights)] if weights.exists() else [])
-        net = torchcaffe.load(*args, phase=case.meta["phase"].lower()).double()
+        net = case_net(case, case.meta["phase"].lower()).double()
         twin = copy.deepcopy(net)
         inputs = case_inputs(case)
         torch._dynamo.reset()
