@@ -101,14 +101,11 @@ class SliceLayer(CaffeLayer):
         if self.num_tops == 1:
             return x.view_as(x)
         axis = self.axis if self.slice_dim is None else self.slice_dim
-        if self.slice_point:
-            starts = [0, *self.slice_point]
-            ends = [*self.slice_point, x.shape[axis]]
-        else:
-            part = x.shape[axis] // self.num_tops
-            starts = [i * part for i in range(self.num_tops)]
-            ends = [start + part for start in starts]
-        # one narrow per top, not tensor_split: torch.onnx's TorchScript exporter writes that
-        # as a loop over a sequence whose shapes it loses, and then folds the traced batch
-        # into later reshapes (onnxruntime refused such graphs at another batch)
-        return tuple(x.narrow(axis, start, end - start) for start, end in zip(starts, ends))
+        # split by sizes, not tensor_split at indices: torch.onnx's TorchScript exporter writes
+        # that as a loop over a sequence whose shapes it loses, and then folds the traced
+        # batch into later reshapes (onnxruntime refused such graphs at another batch)
+        points = self.slice_point
+        if points:
+            bounds = [0, *points, x.shape[axis]]
+            return torch.split(x, [b - a for a, b in zip(bounds, bounds[1:])], dim=axis)
+        return torch.split(x, x.shape[axis] // self.num_tops, dim=axis)
