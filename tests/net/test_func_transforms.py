@@ -1,0 +1,327 @@
+"""torch.func over compiled nets: vmap over samples, per-sample gradients (vmap of grad),
+jacrev, and model ensembles (functional_call over stacked params).
+
+Each golden net fed by inputs of one batch runs under vmap as a loop over its samples runs
+eagerly, and its per-sample gradients (input and params) are the loop's. Under a transform
+the net runs its layers as written, without the passes, whose caches must not keep the
+transform's wrapped params; the layers' CPU fast forms (memory-format queries, branches on
+values, ``out=`` ops, oneDNN's ops) give way to plain torch ops, and every custom
+autograd.Function batches. A layer that cannot run there is refused by name.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from google.protobuf import text_format
+from torch.func import functional_call, grad, jacrev, vmap
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import torchcaffe
+from torchcaffe.errors import UnsupportedError
+from torchcaffe.proto import caffe_pb2
+
+from ..helpers.golden import InFolder, case_inputs, case_net, input_fed_cases
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+CASES = input_fed_cases(GOLDEN)
+
+# Inputs of different batch sizes (labels, a second bottom broadcast over the batch), or a
+# net that cannot run one sample alone (recurrent time steps on axis 0, a Slice of axis 0,
+# a Scale whose second bottom spans the batch): vmap over samples does not apply.
+NOT_PER_SAMPLE = {
+    "forks/detection_output_corner_nonshared",
+    "forks/detection_output_ssd",
+    "layers/bias_2bottoms",
+    "layers/concat_axis0",
+    "layers/crop_default",
+    "layers/lstm_basic",
+    "layers/lstm_expose_hidden",
+    "layers/lstm_expose_hidden_cont1",
+    "layers/lstm_static_input",
+    "layers/rnn_basic",
+    "layers/rnn_expose_hidden",
+    "layers/scale_2bottoms_axis0_bias",
+    "layers/scale_2bottoms_axis2",
+    "layers/silence",
+    "layers/slice_axis0_equal",
+    "nets/lstm_net",
+}
+# refused under a transform, naming the layer: a top's size depends on the values, or a
+# BatchNorm on batch statistics would update its moving averages in place
+REFUSED = {
+    "forks/detection_evaluate": "detectionevaluate",
+    "forks/proposal_rpn": "proposal",
+    "nets/resnet_bottleneck_train": "bn_branch2a",
+}
+PER_SAMPLE = [c for c in CASES if c.id not in NOT_PER_SAMPLE and c.id not in REFUSED]
+CLOSE = {"rtol": 1e-4, "atol": 1e-5, "equal_nan": True}
+
+
+def _one_batch(case):
+    """(net, inputs) where every input's axis 0 is the batch, else None."""
+    inputs = case_inputs(case)
+    n = next(iter(inputs.values())).shape[0]
+    if not all(v.dim() and v.shape[0] == n for v in inputs.values()):
+        return None
+    net = case_net(case)
+    net.eval()
+    try:
+        with torch.no_grad():
+            net(**{k: v[:1] for k, v in inputs.items()})
+    except torchcaffe.TorchCaffeError:
+        return None
+    return net, inputs
+
+
+def _first(out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A batch-1 run's tops without their batch axis (a loss is a scalar already)."""
+    return {k: v[0] if v.dim() and v.shape[0] == 1 else v for k, v in out.items()}
+
+
+def _sample_run(net, names):
+    """One sample's run of ``net`` over inputs ``names``, as vmap sees it."""
+
+    def run(*xs):
+        return _first(net(**{k: x.unsqueeze(0) for k, x in zip(names, xs)}))
+
+    return run
+
+
+def _total(out: dict[str, torch.Tensor]) -> torch.Tensor:
+    return sum(v.float().sum() for v in out.values() if v.is_floating_point())
+
+
+def test_the_cases_split_as_listed():
+    """Which golden nets take samples alone is computed, not assumed: the lists above."""
+    ids = {c.id for c in CASES}
+    assert NOT_PER_SAMPLE <= ids and REFUSED.keys() <= ids
+    with_one_batch = set()
+    for case in CASES:
+        if case.id in REFUSED:
+            continue
+        with InFolder(case.path):
+            if _one_batch(case) is not None:
+                with_one_batch.add(case.id)
+    assert ids - with_one_batch - REFUSED.keys() == NOT_PER_SAMPLE
+
+
+@pytest.mark.parametrize("case", PER_SAMPLE, ids=lambda c: c.id)
+def test_vmap_runs_a_golden_net_as_a_loop_over_its_samples(case):
+    with InFolder(case.path):
+        net, inputs = _one_batch(case)
+        names = sorted(inputs)
+        n = min(2, inputs[names[0]].shape[0])
+        with torch.no_grad():
+            loop = [_first(net(**{k: v[i : i + 1] for k, v in inputs.items()})) for i in range(n)]
+            got = vmap(_sample_run(net, names))(*[inputs[k][:n] for k in names])
+    for name, value in got.items():
+        torch.testing.assert_close(value, torch.stack([r[name] for r in loop]), **CLOSE)
+
+
+@pytest.mark.parametrize("case", PER_SAMPLE, ids=lambda c: c.id)
+def test_per_sample_gradients_are_a_loops(case):
+    """vmap(grad) of the outputs' sum, to the first float input and to the params."""
+    with InFolder(case.path):
+        net, inputs = _one_batch(case)
+        names = sorted(inputs)
+        wrt = next(k for k in names if inputs[k].is_floating_point())
+        params = {k: p.detach() for k, p in net.named_parameters()}
+
+        def total(x, p, *xs):
+            feed = {k: v.unsqueeze(0) for k, v in zip(names, xs)}
+            feed[wrt] = x.unsqueeze(0)
+            return _total(functional_call(net, p, (), feed))
+
+        n = min(2, inputs[wrt].shape[0])
+        xs = [inputs[k][:n] for k in names]
+        got_x, got_p = vmap(grad(total, argnums=(0, 1)), in_dims=(0, None, *[0] * len(xs)))(
+            inputs[wrt][:n], params, *xs
+        )
+        for i in range(n):
+            feed = {k: v[i : i + 1].clone() for k, v in inputs.items()}
+            feed[wrt].requires_grad_()
+            net.zero_grad()
+            total_i = _total(net(**feed))
+            if not total_i.requires_grad:  # the net cuts the input off (Caffe's backward need)
+                assert not got_x[i].any() and all(not g[i].any() for g in got_p.values())
+                continue
+            total_i.backward()
+            x_grad = feed[wrt].grad  # None where the input is indices (Embed)
+            torch.testing.assert_close(
+                got_x[i], torch.zeros_like(got_x[i]) if x_grad is None else x_grad[0], **CLOSE
+            )
+            for k, p in net.named_parameters():
+                want = p.grad if p.grad is not None else torch.zeros_like(p)
+                torch.testing.assert_close(got_p[k][i], want, **CLOSE)
+
+
+@pytest.mark.parametrize("case_id", sorted(REFUSED))
+def test_a_layer_a_transform_cannot_run_is_refused_by_name(case_id):
+    case = next(c for c in CASES if c.id == case_id)
+    with InFolder(case.path):
+        net = case_net(case)
+        inputs = case_inputs(case)
+        names = sorted(inputs)
+        with pytest.raises(UnsupportedError, match=f"'{REFUSED[case_id]}'.*torch.func"):
+            vmap(_sample_run(net, names), in_dims=0)(*[inputs[k] for k in names])
+
+
+CONV_BN_NET = """
+name: "conv_bn"
+layer { name: "data" type: "Input" top: "data"
+        input_param { shape { dim: 2 dim: 3 dim: 10 dim: 10 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param { num_output: 6 kernel_size: 3 weight_filler { type: "xavier" }
+                            bias_filler { type: "constant" value: 0.1 } } }
+layer { name: "bn" type: "BatchNorm" bottom: "conv" top: "conv"
+        batch_norm_param { use_global_stats: true } }
+layer { name: "scale" type: "Scale" bottom: "conv" top: "conv"
+        scale_param { bias_term: true filler { type: "gaussian" std: 1 }
+                      bias_filler { type: "gaussian" std: 1 } } }
+layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }
+layer { name: "pool" type: "Pooling" bottom: "conv" top: "pool"
+        pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "norm" type: "LRN" bottom: "pool" top: "norm" lrn_param { local_size: 3 } }
+layer { name: "ip" type: "InnerProduct" bottom: "norm" top: "ip"
+        inner_product_param { num_output: 5 weight_filler { type: "xavier" } } }
+"""
+
+
+def _conv_bn_net(seed: int) -> torchcaffe.TorchNet:
+    torch.manual_seed(seed)
+    net = torchcaffe.load(text_format.Parse(CONV_BN_NET, caffe_pb2.NetParameter()))
+    with torch.no_grad():
+        for stat in net.buffers():
+            stat.copy_(torch.rand_like(stat) + 0.5)  # mean, variance, scale factor
+    return net.eval()
+
+
+def _literal(net: torchcaffe.TorchNet, x: torch.Tensor) -> torch.Tensor:
+    """The net's output from Caffe's layer-by-layer program (no passes), on a copy."""
+    plain = copy.deepcopy(net)
+    plain.optimize = False
+    with torch.no_grad():
+        return plain(data=x)["ip"]
+
+
+def _stacked(nets, named) -> dict[str, torch.Tensor]:
+    """The nets' params or buffers (``named``: the method's name) stacked on a new axis 0.
+    (torch.func.stack_module_state wants one class, and each net has a class of its own:
+    ``net/own_forward.py``.)"""
+    per_net = [dict(getattr(net, named)()) for net in nets]
+    return {k: torch.stack([state[k].detach() for state in per_net]) for k in per_net[0]}
+
+
+def test_an_ensemble_of_nets_runs_as_one_vmap_over_their_stacked_params():
+    """Three nets of one prototxt with their own weights, run by vmap over their stacked
+    params and buffers: each gets its own output, and a folded (passes-on) run of each net
+    afterwards is still its own (no pass cached a fold of the transform's params)."""
+    nets = [_conv_bn_net(seed) for seed in range(3)]
+    x = torch.randn(2, 3, 10, 10)
+    with torch.no_grad():
+        before = [net(data=x)["ip"] for net in nets]  # fills the folds' caches
+    params, buffers = _stacked(nets, "named_parameters"), _stacked(nets, "named_buffers")
+
+    def run(p, b):
+        return functional_call(nets[0], (p, b), (), {"data": x})["ip"]
+
+    with torch.no_grad():
+        got = vmap(run)(params, buffers)
+    for i, net in enumerate(nets):
+        torch.testing.assert_close(got[i], _literal(net, x), rtol=1e-5, atol=1e-6)
+        with torch.no_grad():
+            torch.testing.assert_close(net(data=x)["ip"], before[i], rtol=0, atol=0)
+
+
+def test_jacrev_of_a_net_is_autograds_jacobian():
+    net = _conv_bn_net(0)
+    x = torch.randn(1, 3, 10, 10)
+    got = jacrev(lambda t: net(data=t)["ip"])(x)
+    want = torch.autograd.functional.jacobian(lambda t: net(data=t)["ip"], x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_per_sample_gradients_of_a_folded_net_are_a_loops():
+    """Per-sample param gradients through Convolution + BatchNorm + Scale + ReLU + MAX
+    pooling + LRN + InnerProduct, whose inference program folds and fuses them."""
+    net = _conv_bn_net(1)
+    x = torch.randn(3, 3, 10, 10)
+    params = {k: p.detach() for k, p in net.named_parameters()}
+
+    def loss(p, sample):
+        return functional_call(net, p, (), {"data": sample.unsqueeze(0)})["ip"].pow(2).sum()
+
+    got = vmap(grad(loss), in_dims=(None, 0))(params, x)
+    for i in range(3):
+        net.zero_grad()
+        net(data=x[i : i + 1])["ip"].pow(2).sum().backward()
+        for k, p in net.named_parameters():
+            torch.testing.assert_close(got[k][i], p.grad, rtol=1e-5, atol=1e-6)
+
+
+BATCH_STATISTICS_NET = """
+name: "bn_train"
+layer { name: "data" type: "Input" top: "data"
+        input_param { shape { dim: 4 dim: 2 dim: 3 dim: 3 } } }
+layer { name: "bn" type: "BatchNorm" bottom: "data" top: "bn" }
+"""
+
+
+@pytest.mark.parametrize("transform", ["vmap", "grad"])
+def test_batch_statistics_under_a_transform_are_refused_by_name(transform):
+    """A TRAIN BatchNorm updates its moving averages in place: under vmap each sample would
+    write them, under grad a differentiated value would; torch refuses both naming no layer."""
+    net = torchcaffe.load(
+        text_format.Parse(BATCH_STATISTICS_NET, caffe_pb2.NetParameter()), phase="train"
+    )
+    x = torch.randn(4, 2, 3, 3)
+    before = [t.clone() for t in net.buffers()]
+    with pytest.raises(UnsupportedError, match="'bn'.*batch statistics.*torch.func"):
+        if transform == "vmap":
+            vmap(lambda s: net(data=s.unsqueeze(0))["bn"])(x)
+        else:
+            grad(lambda t: net(data=t)["bn"].sum())(x)
+    for kept, now in zip(before, net.buffers()):
+        assert torch.equal(kept, now)
+
+
+WIDE_NET = """
+name: "wide"
+layer { name: "data" type: "Input" top: "data"
+        input_param { shape { dim: 2 dim: 64 dim: 8 dim: 8 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param { num_output: 64 kernel_size: 1 weight_filler { type: "xavier" } } }
+layer { name: "ip" type: "InnerProduct" bottom: "conv" top: "ip"
+        inner_product_param { num_output: 128 weight_filler { type: "xavier" } } }
+"""
+
+
+class _OpNames(TorchDispatchMode):
+    """The names of the aten-level ops a run dispatches (under vmap: what runs per batch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_no_onednn_op_runs_under_a_transform():
+    """torch.func has no batching rule for oneDNN's ops (its fallback loops over samples and
+    warns on each call); under a transform the net takes torch's own. Eagerly it takes
+    oneDNN's, so this net can tell."""
+    net = torchcaffe.load(text_format.Parse(WIDE_NET, caffe_pb2.NetParameter()))
+    x = torch.randn(2, 64, 8, 8)
+    with torch.no_grad(), _OpNames() as eager:
+        want = net(data=x)["ip"]
+    with torch.no_grad(), _OpNames() as batched:
+        got = vmap(lambda s: net(data=s.unsqueeze(0))["ip"][0])(x)
+    assert any(name.startswith("mkldnn.") for name in eager.names)
+    assert not any(name.startswith("mkldnn.") for name in batched.names), batched.names
+    torch.testing.assert_close(got, want, **CLOSE)  # oneDNN's sums and MKL's differ in order
