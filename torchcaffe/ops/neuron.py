@@ -73,12 +73,16 @@ class SlopeAtOutput(torch.autograd.Function):
     """An in-place neuron layer: Caffe's Backward reads the overwritten blob, so the slope
     is ``layer.caffe_slope`` at the output."""
 
+    generate_vmap_rule = True  # torch.func batches it (ops/_transforms.py)
+
     @staticmethod
-    def forward(ctx, x, layer):
-        y = type(layer).forward(layer, x)
-        ctx.layer = layer
-        ctx.save_for_backward(y)
-        return y
+    def forward(x, layer):
+        return type(layer).forward(layer, x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.layer = inputs[1]
+        ctx.save_for_backward(output)
 
     @staticmethod
     @once_differentiable

@@ -16,11 +16,15 @@ class StoredStatsBatchGrad(torch.autograd.Function):
     """x of shape (N, C, S), mean and inv_std of shape (C, 1): x_hat = (x - mean) * inv_std;
     means in the backward run over axes 0 and 2; mean and inv_std get no gradient."""
 
+    generate_vmap_rule = True  # torch.func batches it (ops/_transforms.py)
+
     @staticmethod
-    def forward(ctx, x, mean, inv_std):
-        x_hat = (x - mean) * inv_std
-        ctx.save_for_backward(x_hat, inv_std)
-        return x_hat
+    def forward(x, mean, inv_std):
+        return (x - mean) * inv_std
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output, inputs[2])
 
     @staticmethod
     @once_differentiable

@@ -23,18 +23,23 @@ class LogSoftmaxClamped(torch.autograd.Function):
     confident miss would be -inf where Caffe's is log(threshold).
     """
 
+    generate_vmap_rule = True  # torch.func batches it (ops/_transforms.py)
+
     @staticmethod
-    def forward(ctx, x, axis: int, threshold: float):
+    def forward(x, axis: int, threshold: float):
         dtype = x.dtype
         if dtype == torch.float16:
             x = x.float()
         prob = torch.softmax(x, dim=axis)  # exp(x - max) / sum, as SoftmaxLayer
         log_prob = torch.log(torch.clamp(prob, min=threshold))
-        log_prob, prob = log_prob.to(dtype), prob.to(dtype)
-        ctx.axis = axis
+        return log_prob.to(dtype), prob.to(dtype)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        prob = output[1]
+        ctx.axis = inputs[1]
         ctx.save_for_backward(prob)
         ctx.mark_non_differentiable(prob)
-        return log_prob, prob
 
     @staticmethod
     @once_differentiable
@@ -47,17 +52,22 @@ class LogClamped(torch.autograd.Function):
     """log(max(p, threshold)) with gradient 1 / max(p, threshold) (Caffe keeps it below the
     threshold, where the mathematical gradient is 0)."""
 
+    generate_vmap_rule = True  # torch.func batches it (ops/_transforms.py)
+
     @staticmethod
-    def forward(ctx, p, threshold: float):
-        clamped = torch.clamp(p, min=threshold)
-        ctx.save_for_backward(clamped)
-        return torch.log(clamped)
+    def forward(p, threshold: float):
+        return torch.log(torch.clamp(p, min=threshold))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+        ctx.threshold = inputs[1]
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        (clamped,) = ctx.saved_tensors
-        return grad / clamped, None
+        (p,) = ctx.saved_tensors
+        return grad / torch.clamp(p, min=ctx.threshold), None
 
 
 def log_softmax_clamped(

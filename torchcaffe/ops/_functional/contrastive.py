@@ -16,11 +16,15 @@ DIST_EPS = 1e-4
 class CaffePairDistance(torch.autograd.Function):
     """sqrt(dist_sq) whose backward is grad / (2 (sqrt(dist_sq) + 1e-4))."""
 
+    generate_vmap_rule = True  # torch.func batches it (ops/_transforms.py)
+
     @staticmethod
-    def forward(ctx, dist_sq):
-        dist = torch.sqrt(dist_sq)
-        ctx.save_for_backward(dist)
-        return dist
+    def forward(dist_sq):
+        return torch.sqrt(dist_sq)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output)
 
     @staticmethod
     @once_differentiable

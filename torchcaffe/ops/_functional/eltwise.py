@@ -14,13 +14,18 @@ from torch.autograd.function import once_differentiable
 class CaffeUnstableProd(torch.autograd.Function):
     """b0 * b1 * ... (left to right) with EltwiseLayer's unstable PROD backward."""
 
+    generate_vmap_rule = True  # torch.func batches it (ops/_transforms.py)
+
     @staticmethod
-    def forward(ctx, *bottoms):
+    def forward(*bottoms):
         top = bottoms[0] * bottoms[1]
         for b in bottoms[2:]:
             top = top * b
-        ctx.save_for_backward(top, *bottoms)
         return top
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output, *inputs)
 
     @staticmethod
     @once_differentiable
@@ -56,32 +61,33 @@ class CaffeEltwiseInPlace(torch.autograd.Function):
     writing. Backward reads the top as bottom 0's data, and bottom 0's diff is the top diff,
     so bottoms 1.. see bottom 0's diff as their top diff once it is written; PROD writes its
     factor there before it multiplies by the top diff, so bottom 0's diff is that factor
-    squared.
+    squared. One output (torch.onnx's TorchScript exporter wires a Function's second output
+    in place of its first): MAX's winners are found again where a gradient is wanted.
     """
 
+    generate_vmap_rule = True  # torch.func batches it (ops/_transforms.py)
+
     @staticmethod
-    def forward(ctx, op: str, coeff: list[float], stable: bool, *bottoms):
-        mask = None
+    def forward(op: str, coeff: list[float], stable: bool, *bottoms):
         if op == "SUM":
             top = torch.zeros_like(bottoms[0])
             for b, c in zip(bottoms[1:], coeff[1:]):
                 top = top + c * b
-        elif op == "MAX":
-            first = torch.full_like(bottoms[0], -FLT_MAX)
-            win = first > bottoms[1]
-            top = torch.where(win, first, bottoms[1])
-            mask = torch.where(win, 0, 1)
-            for i, b in enumerate(bottoms[2:], start=2):
-                win = b > top
-                top = torch.where(win, b, top)
-                mask = torch.where(win, i, mask)
-        else:
-            top = bottoms[0] * bottoms[1]
-            for b in bottoms[2:]:
-                top = top * b
-        ctx.params = (op, coeff, stable)
-        ctx.save_for_backward(top, mask, *bottoms[1:])
+            return top
+        if op == "MAX":
+            return _in_place_max(bottoms)[0]
+        top = bottoms[0] * bottoms[1]
+        for b in bottoms[2:]:
+            top = top * b
         return top
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        op, coeff, stable, _, *rest = inputs
+        if any(ctx.needs_input_grad):
+            ctx.params = (op, coeff, stable)
+            mask = _in_place_max(inputs[3:])[1] if op == "MAX" else None
+            ctx.save_for_backward(output, mask, *rest)
 
     @staticmethod
     @once_differentiable
@@ -119,3 +125,16 @@ def caffe_eltwise_in_place(
     op: str, coeff: list[float], stable: bool, *bottoms: torch.Tensor
 ) -> torch.Tensor:
     return CaffeEltwiseInPlace.apply(op, coeff, stable, *bottoms)
+
+
+def _in_place_max(bottoms) -> tuple[torch.Tensor, torch.Tensor]:
+    """MAX with bottom 0 competing as -FLT_MAX -> (top, the winning bottom's index)."""
+    first = torch.full_like(bottoms[0], -FLT_MAX)
+    win = first > bottoms[1]
+    top = torch.where(win, first, bottoms[1])
+    mask = torch.where(win, 0, 1)
+    for i, b in enumerate(bottoms[2:], start=2):
+        win = b > top
+        top = torch.where(win, b, top)
+        mask = torch.where(win, i, mask)
+    return top, mask

@@ -12,23 +12,30 @@ from torch.autograd.function import once_differentiable
 
 
 class LSTMUnitStep(torch.autograd.Function):
-    """c_prev (..., H), x (..., 4H), cont (...) -> (c, h)."""
+    """c_prev (..., H), x (..., 4H), cont (...) -> (c, h, and the gates i, f, o, g and
+    tanh(c) that the backward reads, which take no gradient)."""
+
+    generate_vmap_rule = True  # torch.func batches it (ops/_transforms.py)
 
     @staticmethod
-    def forward(ctx, c_prev, x, cont):
-        x_i, x_f, x_o, x_g = x.chunk(4, dim=-1)
-        cont = cont.unsqueeze(-1)
-        i, o, g = torch.sigmoid(x_i), torch.sigmoid(x_o), torch.tanh(x_g)
-        f = (cont * torch.sigmoid(x_f)).masked_fill(cont == 0, 0.0)
-        c = f * c_prev + i * g
-        tanh_c = torch.tanh(c)
-        ctx.save_for_backward(c_prev, i, f, o, g, tanh_c)
-        return c, o * tanh_c
+    def forward(c_prev, x, cont):
+        i, f, o, g, c, tanh_c = _gates(c_prev, x, cont)
+        return c, o * tanh_c, i, f, o, g, tanh_c
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0], *output[2:])
+        ctx.mark_non_differentiable(*output[2:])
+        ctx.set_materialize_grads(False)
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, c_diff, h_diff):
+    def backward(ctx, c_diff, h_diff, *_):
         c_prev, i, f, o, g, tanh_c = ctx.saved_tensors
+        if c_diff is None:
+            c_diff = torch.zeros_like(c_prev)
+        if h_diff is None:
+            h_diff = torch.zeros_like(c_prev)
         c_term = c_diff + h_diff * o * (1 - tanh_c * tanh_c)
         x_diff = torch.cat(
             (
@@ -45,4 +52,21 @@ class LSTMUnitStep(torch.autograd.Function):
 def lstm_unit_step(
     c_prev: torch.Tensor, x: torch.Tensor, cont: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return LSTMUnitStep.apply(c_prev, x, cont.detach())
+    """-> (c, h). Traced by torch.jit, the gates' own ops: the TorchScript ONNX exporter wires
+    a Function's outputs wrongly when it has more than it returns (silently wrong numbers).
+    Their autograd gradient is this one's where ``cont`` is 0 or 1, as sequence markers are."""
+    if torch.jit.is_tracing():
+        _, _, o, _, c, tanh_c = _gates(c_prev, x, cont.detach())
+        return c, o * tanh_c
+    c, h = LSTMUnitStep.apply(c_prev, x, cont.detach())[:2]
+    return c, h
+
+
+def _gates(c_prev: torch.Tensor, x: torch.Tensor, cont: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """-> (i, f, o, g, c, tanh(c)): LSTMUnitLayer's gate activations and new cell."""
+    x_i, x_f, x_o, x_g = x.chunk(4, dim=-1)
+    cont = cont.unsqueeze(-1)
+    i, o, g = torch.sigmoid(x_i), torch.sigmoid(x_o), torch.tanh(x_g)
+    f = (cont * torch.sigmoid(x_f)).masked_fill(cont == 0, 0.0)
+    c = f * c_prev + i * g
+    return i, f, o, g, c, torch.tanh(c)

@@ -14,9 +14,15 @@ from torch.autograd.function import once_differentiable
 class DivideForwardOnly(torch.autograd.Function):
     """``x / divisor`` in the forward; the incoming gradient passes to ``x`` unchanged."""
 
+    generate_vmap_rule = True  # torch.func batches it (ops/_transforms.py)
+
     @staticmethod
-    def forward(ctx, x: torch.Tensor, divisor: torch.Tensor) -> torch.Tensor:
+    def forward(x: torch.Tensor, divisor: torch.Tensor) -> torch.Tensor:
         return x / divisor
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        pass
 
     @staticmethod
     @once_differentiable

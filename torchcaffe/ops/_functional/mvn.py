@@ -17,15 +17,22 @@ class CaffeMVN(torch.autograd.Function):
     """Rows of a (groups, dim) tensor: y = (x - mean) / (sqrt(mean((x - mean)^2)) + eps).
 
     Backward (MVNLayer::Backward_cpu): (g - mean(g) - y * mean(g * y)) / (sqrt(var) + eps).
+    One output: torch.onnx's TorchScript exporter wires a Function's second output in place
+    of its first. What the backward needs besides is computed again, by the same ops, where a
+    gradient is wanted (``setup_context`` runs after every forward).
     """
 
+    generate_vmap_rule = True  # torch.func batches it (ops/_transforms.py)
+
     @staticmethod
-    def forward(ctx, x, eps: float):
-        centered = x - x.mean(dim=1, keepdim=True)
-        denom = torch.sqrt((centered * centered).mean(dim=1, keepdim=True)) + eps
-        y = centered / denom
-        ctx.save_for_backward(y, denom)
-        return y
+    def forward(x, eps: float):
+        centered, denom = _centered_and_denominator(x, eps)
+        return centered / denom
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        if any(ctx.needs_input_grad):
+            ctx.save_for_backward(output, _centered_and_denominator(*inputs)[1])
 
     @staticmethod
     @once_differentiable
@@ -53,6 +60,12 @@ class CaffeMVNInPlace(CaffeMVN):
         d = y * (y * grad).sum(dim=1, keepdim=True)
         d = d + d.sum(dim=1, keepdim=True)
         return aliased_axpby(d, dim) / denom, None
+
+
+def _centered_and_denominator(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """x - mean and sqrt(mean((x - mean)^2)) + eps over each row."""
+    centered = x - x.mean(dim=1, keepdim=True)
+    return centered, torch.sqrt((centered * centered).mean(dim=1, keepdim=True)) + eps
 
 
 def aliased_axpby(d: torch.Tensor, dim: int) -> torch.Tensor:

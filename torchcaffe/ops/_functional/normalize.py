@@ -16,16 +16,24 @@ from .._narrow import is_narrow
 
 class CaffeNormalize(torch.autograd.Function):
     """x of shape (N, C, S): y = x / norm * scale, norm = sqrt(sum x^2 + eps) over ``dims``
-    ((1, 2) across_spatial, else (1,)); scale is a 0-D or (C,) tensor."""
+    ((1, 2) across_spatial, else (1,)); scale is a 0-D or (C,) tensor.
+    One output: torch.onnx's TorchScript exporter wires a Function's second output in place
+    of its first. What the backward needs besides is computed again, by the same ops, where a
+    gradient is wanted (``setup_context`` runs after every forward)."""
+
+    generate_vmap_rule = True  # torch.func batches it (ops/_transforms.py)
 
     @staticmethod
-    def forward(ctx, x, scale, dims: tuple[int, ...], eps: float):
-        norm = torch.sqrt((x * x).sum(dim=dims, keepdim=True) + eps)
+    def forward(x, scale, dims: tuple[int, ...], eps: float):
         s = scale.reshape(-1, 1) if scale.dim() else scale
-        top = x / norm * s
-        ctx.dims = dims
-        ctx.save_for_backward(x, norm, scale, top)
-        return top
+        return x / _norm(x, dims, eps) * s
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        if any(ctx.needs_input_grad):
+            x, scale, dims, eps = inputs
+            ctx.dims = dims
+            ctx.save_for_backward(x, _norm(x, dims, eps), scale, output)
 
     @staticmethod
     @once_differentiable
@@ -42,6 +50,10 @@ class CaffeNormalize(torch.autograd.Function):
             grad_x = (grad - x * (a / norm / norm)) / norm
             grad_x = grad_x * (scale.reshape(-1, 1) if scale.dim() else scale)
         return grad_x, grad_scale, None, None
+
+
+def _norm(x: torch.Tensor, dims: tuple[int, ...], eps: float) -> torch.Tensor:
+    return torch.sqrt((x * x).sum(dim=dims, keepdim=True) + eps)
 
 
 def caffe_normalize(

@@ -23,11 +23,11 @@ def _base(x: torch.Tensor, scale: float, shift: float) -> torch.Tensor:
 class CaffePower(torch.autograd.Function):
     """(shift + scale * x) ^ power with Caffe's PowerLayer::Backward_cpu."""
 
+    generate_vmap_rule = True  # torch.func batches it (ops/_transforms.py)
+
     @staticmethod
-    def forward(ctx, x, power: float, scale: float, shift: float):
-        diff_scale = power * scale
-        ctx.params = (power, scale, shift, diff_scale)
-        if diff_scale == 0:
+    def forward(x, power: float, scale: float, shift: float):
+        if power * scale == 0:
             # The input is ignored: the top is 1 (power 0) or shift ^ power (scale 0).
             y = torch.full_like(x, 1.0 if power == 0 else shift)
             if power != 0:
@@ -38,8 +38,13 @@ class CaffePower(torch.autograd.Function):
                 y = torch.pow(y, power)
             elif y is x:
                 y = x.clone()
-        ctx.save_for_backward(x, y)
         return y
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, power, scale, shift = inputs
+        ctx.params = (power, scale, shift, power * scale)
+        ctx.save_for_backward(x, output)
 
     @staticmethod
     @once_differentiable

@@ -14,11 +14,17 @@ from torch.autograd.function import once_differentiable
 class CaffeReLU6(torch.autograd.Function):
     """min(x > 0 ? x : negative_slope * x, threshold) with the fork's ReLU6 Backward_cpu."""
 
+    generate_vmap_rule = True  # torch.func batches it (ops/_transforms.py)
+
     @staticmethod
-    def forward(ctx, x, negative_slope: float, threshold: float):
+    def forward(x, negative_slope: float, threshold: float):
+        return torch.clamp(torch.where(x > 0, x, x * negative_slope), max=threshold)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, negative_slope, threshold = inputs
         ctx.params = (negative_slope, threshold)
         ctx.save_for_backward(x)
-        return torch.clamp(torch.where(x > 0, x, x * negative_slope), max=threshold)
 
     @staticmethod
     @once_differentiable

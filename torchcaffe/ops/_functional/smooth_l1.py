@@ -21,17 +21,23 @@ def smooth_l1(d: torch.Tensor, sigma2: float) -> torch.Tensor:
 class WeightedSmoothL1Fork(torch.autograd.Function):
     """smooth_l1(w * d) with backward grad * smooth_l1'(w * d) to d; w gets no gradient."""
 
+    generate_vmap_rule = True  # torch.func batches it (ops/_transforms.py)
+
     @staticmethod
-    def forward(ctx, d, w, sigma2: float):
-        wd = w * d
-        ctx.save_for_backward(wd)
+    def forward(d, w, sigma2: float):
+        return smooth_l1(w * d, sigma2)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        d, w, sigma2 = inputs
+        ctx.save_for_backward(d, w)
         ctx.sigma2 = sigma2
-        return smooth_l1(wd, sigma2)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        (wd,) = ctx.saved_tensors
+        d, w = ctx.saved_tensors
+        wd = w * d
         sigma2 = ctx.sigma2
         slope = torch.sign(wd)
         if sigma2 == 0:

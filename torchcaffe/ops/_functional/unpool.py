@@ -33,7 +33,9 @@ def unpool_forward(x: torch.Tensor, index: torch.Tensor, out_hw: tuple[int, int]
     size = out_hw[0] * out_hw[1]
     order = torch.arange(flat_x.shape[2], device=x.device).expand_as(flat_i)
     winner = torch.full((n, c, size), -1, dtype=torch.int64, device=x.device)
-    winner.scatter_reduce_(2, flat_i, order, reduce="amax")  # the last write wins
+    # the last write wins; out of place, which torch.func batches (an in-place scatter into
+    # an unbatched tensor it refuses)
+    winner = winner.scatter_reduce(2, flat_i, order, reduce="amax")
     top = flat_x.gather(2, winner.clamp(min=0))
     top = torch.where(winner >= 0, top, torch.zeros((), dtype=x.dtype, device=x.device))
     return top.reshape(n, c, *out_hw)
@@ -42,10 +44,15 @@ def unpool_forward(x: torch.Tensor, index: torch.Tensor, out_hw: tuple[int, int]
 class SegNetUnpool(torch.autograd.Function):
     """``unpool_forward`` with SegNet's Backward_cpu: bottom_diff[i] = top_diff[mask[i]]."""
 
+    generate_vmap_rule = True  # torch.func batches it (ops/_transforms.py)
+
     @staticmethod
-    def forward(ctx, x, index, out_hw):
-        ctx.save_for_backward(index)
+    def forward(x, index, out_hw):
         return unpool_forward(x, index, out_hw)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[1])
 
     @staticmethod
     @once_differentiable
