@@ -23,10 +23,12 @@ from ..errors import (
     LayerParamError,
     TorchCaffeError,
     UnknownLayerError,
+    UnsupportedError,
     UsageError,
 )
 from ..ops import fused_relu, fused_steps, hook_watch, mode_watch
 from ..ops._narrow import is_narrow
+from ..ops._transforms import under_func_transform
 from ..ops.base import CaffeLayer, Shape
 from ..precision import caffe_float32, caffe_float32_backward, on_cuda
 from ..proto import caffe_pb2
@@ -454,14 +456,37 @@ class TorchNet(nn.Module):
         self, observable: frozenset[str], device: torch.device | None
     ) -> OptimizedProgram | None:
         """The passes' program for this run, or None for Caffe's literal layer-by-layer one:
-        with ``optimize`` off, a layer hooked, or under torch.jit's tracer. A traced graph
+        with ``optimize`` off, a layer hooked, under torch.jit's tracer or a torch.func
+        transform (whose wrapped params must not reach the folds' caches). A traced graph
         must read every param by name, as a traced module's ``load_state_dict`` and its
         optimizer write them there, and be the same graph with or without autograd (the
         trace's check runs under ``no_grad``); the passes' folds, cached outside the trace,
         would be baked in as constants, and their programs differ by mode."""
+        if under_func_transform():
+            self._check_func_transformable()
+            return None
         if not self.optimize or torch.jit.is_tracing() or self.layers_hooked():
             return None
         return self._cached_program(observable, torch.is_grad_enabled(), device)
+
+    def _check_func_transformable(self) -> None:
+        """Raise UnsupportedError, naming the layer, for the first layer a torch.func transform
+        cannot run, before torch fails inside it with an error that names no layer."""
+        for step in self.steps:
+            if step.is_input:
+                continue
+            layer = self.module_of(step)
+            why = layer.host_forward or (
+                "the sizes of its tops depend on the values" if layer.shape_depends_on_data else ""
+            )
+            if why:
+                raise layer.error(
+                    f"cannot run under a torch.func transform (vmap, grad, jacrev, ...): {why}",
+                    cls=UnsupportedError,
+                    expected="a net whose layers are torch ops of fixed shape",
+                    got=f"a {layer.caffe_type} layer",
+                    hint="run the net outside the transform (a loop over samples for vmap)",
+                ).located(path=self.path)
 
     def layers_hooked(self) -> bool:
         """Do torch hooks watch any layer (``ops.hook_watch``)? Then ``forward`` runs every

@@ -19,6 +19,7 @@ from .. import runtime
 from ..errors import DataError, LayerParamError
 from ..proto import caffe_pb2
 from ._narrow import is_narrow
+from ._transforms import under_func_transform
 from .base import CaffeLayer, Exactly, Shape
 
 Norm = caffe_pb2.LossParameter
@@ -148,9 +149,15 @@ def index_checks_wanted(index: torch.Tensor) -> bool:
     """Whether to range-check an index tensor: on the CPU (no sync, one compare), and on a
     device only when label-range checks are on (reading the result syncs with it). Never
     in a trace (torch.compile, torch.export, jit): reading the result there is a graph
-    break, or a data-dependent guard that fails the export; torch's own gather and scatter
-    kernels still refuse an index out of range."""
-    if index.is_meta or torch.compiler.is_compiling() or torch.jit.is_tracing():
+    break, or a data-dependent guard that fails the export; nor under a torch.func
+    transform, which branches on no value. torch's own gather and scatter kernels still
+    refuse an index out of range."""
+    if (
+        index.is_meta
+        or torch.compiler.is_compiling()
+        or torch.jit.is_tracing()
+        or under_func_transform()
+    ):
         return False
     return index.is_cpu or runtime.label_range_checks()
 

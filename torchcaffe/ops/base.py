@@ -95,6 +95,9 @@ class CaffeLayer(nn.Module):
     restrictions: ClassVar[str] = ""  # what Caffe accepts that this layer does not (docs table)
     # a top's shape is known only from the values (``output_shapes`` gives Caffe's first guess)
     shape_depends_on_data: ClassVar[bool] = False
+    # why its forward works on host values (numpy, Python loops, a file), which a torch.func
+    # transform cannot batch or differentiate; "" where its forward is torch ops alone
+    host_forward: ClassVar[str] = ""
 
     layer_param: caffe_pb2.LayerParameter
     name: str

@@ -7,11 +7,13 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from ..errors import UnsupportedError
 from ..proto import caffe_pb2
 from ..registry import register_layer
 from ._derived import DerivedCache
 from ._launches import launch_bound
 from ._narrow import is_narrow
+from ._transforms import refuse_stats_update, under_func_transform
 from .base import CaffeLayer, Shape
 
 
@@ -59,8 +61,6 @@ class BatchNormLayer(CaffeLayer):
         self.moving_average_fraction = p.moving_average_fraction
         self.eps = p.eps
         if self.eps < 0:  # torch's batch-norm kernels refuse it, mid-forward
-            from ..errors import UnsupportedError
-
             raise self.error(
                 "a negative eps is not supported",
                 expected="eps >= 0",
@@ -91,8 +91,6 @@ class BatchNormLayer(CaffeLayer):
     def _check_param(self, p, layer_param) -> None:
         """BVLC's checks: no affine part, and the statistics masked from the solver."""
         if p.use_alpha_beta:
-            from ..errors import UnsupportedError
-
             raise self.error(
                 "use_alpha_beta (brocolli's affine BatchNorm) is not supported",
                 expected="use_alpha_beta: false",
@@ -159,6 +157,7 @@ class BatchNormLayer(CaffeLayer):
             # (ResNet blocks with use_global_stats: false, dynamo exporter: off by 3e8).
             # The graph is inference: the statistics the export's trace sees are not kept.
             return self._caffe_normalize(x, *self._batch_stats(x))
+        refuse_stats_update(self)
         m = x.numel() // x.shape[1]
         if m <= 1:  # torch's unbiased variance divides by m - 1; Caffe's factor is then 1
             return self._normalize_single(x)
@@ -192,7 +191,12 @@ class BatchNormLayer(CaffeLayer):
         if launch_bound(stored):
             sources = (self.mean, self.variance, stored)
             return self.stats_cache.get(sources, self._scaled_stats)
-        if stored.is_cpu and not torch.compiler.is_compiling() and stored.item() == 1.0:
+        if (
+            stored.is_cpu
+            and not torch.compiler.is_compiling()
+            and not under_func_transform()  # which reads no value
+            and stored.item() == 1.0
+        ):
             return self.mean, self.variance
         return self._scaled_stats()
 

@@ -10,6 +10,7 @@ from ..proto import caffe_pb2
 from ..registry import register_layer
 from ._functional.bn import stored_stats_batch_grad
 from ._legacy import legacy_nchw
+from ._transforms import refuse_stats_update
 from .base import Between, CaffeLayer, Shape
 
 BN = caffe_pb2.BNParameter
@@ -150,6 +151,7 @@ class BNLayer(CaffeLayer):
             inv_std = (self.variance.reshape(c, 1) + self.eps).rsqrt()
             x_hat = stored_stats_batch_grad(rows, self.mean.reshape(c, 1), inv_std)
             return x_hat * slope + bias
+        refuse_stats_update(self)
         mean = rows.mean(dim=(0, 2), keepdim=True)
         centered = rows - mean
         var = (centered * centered).mean(dim=(0, 2), keepdim=True)

@@ -34,6 +34,7 @@ class HDF5OutputLayer(CaffeLayer):
     tops = Exactly(0)
     param_field = "hdf5_output_param"
     has_backward = False
+    host_forward = "it writes its bottoms to an HDF5 file"
     restrictions = "appends every batch (Caffe writes one batch, then aborts on the next)"
 
     def __init__(self, layer_param, bottom_shapes):

@@ -10,6 +10,7 @@ from ..proto import caffe_pb2
 from ..registry import register_layer
 from ._launches import launch_bound
 from ._narrow import computed_in_float32
+from ._transforms import under_func_transform
 from .base import CaffeLayer
 
 LP = caffe_pb2.LRNParameter
@@ -74,6 +75,7 @@ class LRNLayer(CaffeLayer):
                 and x.requires_grad
                 and x.is_cpu
                 and not torch.jit.is_tracing()
+                and not under_func_transform()  # its forward writes out= and in place
             ):
                 return AcrossChannelsLRN.apply(x, n, self.alpha, self.beta, self.k)
             sq = x * x
@@ -83,6 +85,7 @@ class LRNLayer(CaffeLayer):
                 or torch.compiler.is_compiling()
                 # traced: its graph may run backward, and the ONNX exporter has no out= ops
                 or torch.jit.is_tracing()
+                or under_func_transform()  # no out= op is batched
             ):
                 return x * neg_power(scale, self.beta)
             # Nothing is saved for a backward: the power and the product reuse the square's

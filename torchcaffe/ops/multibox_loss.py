@@ -50,6 +50,7 @@ class MultiBoxLossLayer(CaffeLayer):
     # LossLayer denies force_backward to bottom 1 (conf); the fork aborts when asked to
     # backpropagate to the priors or the labels, which simply get no gradient here.
     no_force_backward = frozenset({1, 2, 3})
+    host_forward = "it matches priors to ground-truth boxes in Python on the host"
     restrictions = (
         "mining with nms_param (nms_threshold > 0) is unsupported; forcing "
         "backward into the prior and label bottoms gives them no gradient, where "

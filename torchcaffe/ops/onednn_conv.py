@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from . import fused_relu
+from ._transforms import under_func_transform
 
 
 def _onednn_ops() -> tuple[Any, Any] | None:
@@ -56,8 +57,11 @@ def pointwise_op() -> Any | None:
 
 def is_channels_last(x: torch.Tensor) -> bool:
     """Laid out channels_last and not also NCHW-contiguous (as a tensor with 1x1 spatial
-    size or one channel is both)."""
-    return not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+    size or one channel is both). Never under a torch.func transform, whose tensors answer no
+    memory-format query (the layout pass hands them none)."""
+    if x.is_contiguous() or under_func_transform():
+        return False
+    return x.is_contiguous(memory_format=torch.channels_last)
 
 
 def can_take(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from . import frozen_graph, fused_relu
+from ._transforms import under_func_transform
 
 # Weights (N * K) from which oneDNN's matmul is faster than MKL's at every batch measured.
 MIN_WEIGHTS = 1 << 18
@@ -168,11 +169,11 @@ def pixel_rows_product(
 
 def _onednn_can_take(tensors: tuple[torch.Tensor, ...]) -> bool:
     """CPU float32 tensors, oneDNN on, and not under torch.compile (inductor lowers the op
-    only for frozen, constant weights) nor torch.jit's tracer (the TorchScript ONNX exporter
-    cannot take the op)."""
+    only for frozen, constant weights), torch.jit's tracer (the TorchScript ONNX exporter
+    cannot take the op) or a torch.func transform (which has no batching rule for it)."""
     if not all(t.is_cpu and t.dtype == torch.float32 for t in tensors):
         return False
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or under_func_transform():
         return False
     if torch.is_autocast_enabled("cpu"):
         return False  # oneDNN's op is no autocast op: F.linear runs in the autocast dtype

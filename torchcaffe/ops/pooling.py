@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from ..proto import caffe_pb2
 from ..registry import register_layer
+from ._transforms import under_func_transform
 from .base import Between, CaffeLayer
 
 PP = caffe_pb2.PoolingParameter
@@ -60,8 +61,9 @@ def _floor_at_flt_max(x: torch.Tensor) -> torch.Tensor:
     compares with a strict >, so they never win. One nan_to_num pass where no gradient flows;
     under autograd a where (``_FlooredMaxPool2d`` replaces it where torch's own padding
     serves). Under torch.compile always the where: inductor fuses it into the pooling's loads
-    as a vector compare, where nan_to_num's isnan became a scalar loop per load."""
-    if _recorded(x) or torch.compiler.is_compiling():
+    as a vector compare, where nan_to_num's isnan became a scalar loop per load. Under a
+    torch.func transform the where, too, whose derivative every transform knows."""
+    if _recorded(x) or torch.compiler.is_compiling() or under_func_transform():
         return torch.where(x > -FLT_MAX, x, -FLT_MAX)
     return torch.nan_to_num(x, nan=-FLT_MAX, posinf=math.inf, neginf=-FLT_MAX)
 
@@ -126,8 +128,10 @@ def _max_pool(x, kernel, stride, pad, out, want_mask, finite=False):
     ``finite``: the caller knows the bottom holds no NaN or infinity (``finite_pooling``), so
     the top has the values Caffe's has (a window of -FLT_MAX alone gives -FLT_MAX on either
     side, and ``_mask`` -1) and the check is skipped: 1.03x on GoogLeNet at batch 1, in-net,
-    2 threads."""
-    if x.is_cpu and not torch.compiler.is_compiling():
+    2 threads. Under a torch.func transform the floor always runs (no branch on a value),
+    without ``_FlooredMaxPool2d`` (autograd records the where)."""
+    transformed = under_func_transform()
+    if x.is_cpu and not torch.compiler.is_compiling() and not transformed:
         y, mask = _max_pool_windows(x, kernel, stride, pad, out, want_mask)
         if finite or y.numel() == 0 or bool(y.amin() > -FLT_MAX):
             return y, mask
@@ -137,6 +141,7 @@ def _max_pool(x, kernel, stride, pad, out, want_mask, finite=False):
         and _recorded(x)
         and (COMPILED_FLOORED_POOL or not torch.compiler.is_compiling())
         and not torch.jit.is_tracing()  # a Python op: no TorchScript or ONNX form
+        and not transformed
     ):
         y, idx = _FlooredMaxPool2d.apply(x, kernel, stride, pad, ceil)
         return y, (_mask(y, idx) if want_mask else None)
@@ -246,9 +251,10 @@ def caffe_pool2d(
         return _stochastic_pool(x, kernel, stride, out, sample), None
     restore = (
         x.is_cpu
-        and not x.is_contiguous(memory_format=torch.channels_last)
         and not _recorded(x)
         and not torch.compiler.is_compiling()
+        and not under_func_transform()  # first: its tensors answer no memory-format query
+        and not x.is_contiguous(memory_format=torch.channels_last)
     )
     if restore:
         x = x.contiguous(memory_format=torch.channels_last)

@@ -207,6 +207,7 @@ class PythonLayer(CaffeLayer):
     bottoms: ClassVar[Arity] = ANY
     tops: ClassVar[Arity] = ANY
     param_field = "python_param"
+    host_forward = "it runs the user's Python over numpy arrays"
     restrictions = (
         "runs the model's module only with the allow_python_layers opt-in; "
         "py-faster-rcnn's rpn.proposal_layer runs as a native equivalent unless "
