@@ -531,6 +531,13 @@ layer { name: "ave" type: "Pooling" bottom: "norm" top: "ave"
 """
 
 
+def test_torch_jit_script_is_refused_plainly():
+    """TorchScript failed on the first protobuf annotation it met (``ValueError: Unknown type
+    annotation``); the refusal names the ways that work."""
+    with pytest.raises(UnsupportedError, match="jit.script.*jit.trace.*export_net.*export_onnx"):
+        torch.jit.script(build(POOL_LRN))
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
 def test_a_jit_trace_is_one_graph_with_or_without_autograd_and_runs_backward():

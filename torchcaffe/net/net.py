@@ -130,6 +130,19 @@ class TorchNet(nn.Module):
         self._observe_all = frozenset(self.blob_names)
         self.__class__ = with_own_forward(type(self))
 
+    def __prepare_scriptable__(self) -> TorchNet:
+        """``torch.jit.script`` asks this first: refuse it plainly (TorchScript cannot compile
+        the layers' Python, and failed on the first protobuf annotation it met)."""
+        raise UnsupportedError(
+            "torch.jit.script cannot compile a Caffe net (its layers are Python over Caffe's "
+            "params)",
+            path=self.path,
+            expected="a traced or exported form",
+            hint="torch.jit.trace(net, example_inputs, strict=False), "
+            "torchcaffe.net.export.export_net (torch.export) or "
+            "torchcaffe.converters.onnx.export_onnx",
+        )
+
     def __reduce__(self) -> tuple[object, ...]:
         """Pickles (and copies) as the net's own class; ``__setstate__`` gives the copy a
         ``forward`` of its own again (see ``own_forward``)."""
