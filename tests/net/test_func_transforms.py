@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from google.protobuf import text_format
-from torch.func import functional_call, grad, jacrev, vmap
+from torch.func import functional_call, grad, jacfwd, jacrev, jvp, vjp, vmap
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchcaffe
@@ -157,6 +157,74 @@ def test_per_sample_gradients_are_a_loops(case):
             for k, p in net.named_parameters():
                 want = p.grad if p.grad is not None else torch.zeros_like(p)
                 torch.testing.assert_close(got_p[k][i], want, **CLOSE)
+
+
+# every golden net but those refused, and Silence's (no output to differentiate)
+DIFFERENTIABLE = [
+    c
+    for c in CASES
+    if c.id not in REFUSED and c.id not in ("layers/silence",) and "detection_output" not in c.id
+]
+
+
+@pytest.mark.parametrize("case", DIFFERENTIABLE, ids=lambda c: c.id)
+def test_forward_mode_is_the_transpose_of_the_backward(case):
+    """<jvp(t), g> == <t, vjp(g)> through the whole net, for its float inputs and its params
+    together: the layers with Caffe's own backward (custom autograd.Functions) give
+    forward-mode derivatives that are its transpose (where it is linear in the top diff)."""
+    with InFolder(case.path):
+        net = case_net(case).eval()
+        inputs = case_inputs(case)
+    xs = {k: v for k, v in inputs.items() if v.is_floating_point()}
+    ps = {k: p.detach() for k, p in net.named_parameters()}
+
+    def floats(xs, ps):
+        out = functional_call(net, ps, (), {**inputs, **xs})
+        return {k: v for k, v in out.items() if v.is_floating_point()}
+
+    gen = torch.Generator().manual_seed(0)
+
+    def like(tensors):
+        return {k: torch.randn(v.shape, generator=gen) for k, v in tensors.items()}
+
+    tangents = (like(xs), like(ps))
+    _, out_t = jvp(floats, (xs, ps), tangents)
+    out, back = vjp(floats, xs, ps)
+    g = like(out)
+    bars = back(g)
+    forward = sum((out_t[k].double() * g[k].double()).sum() for k in g)
+    backward = sum(
+        (t[k].double() * bar[k].double()).sum()
+        for t, bar in zip(tangents, bars)
+        for k in t
+        if bar[k] is not None
+    )
+    torch.testing.assert_close(forward, backward, rtol=1e-3, atol=1e-4, equal_nan=True)
+
+
+def test_jacfwd_of_a_net_is_jacrev():
+    """Power, MVN, Normalize and the fork's ReLU6 (custom Functions each) after a
+    Convolution, through forward and reverse mode."""
+    net = torchcaffe.load(text_format.Parse(FUNCTIONS_NET, caffe_pb2.NetParameter()))
+    x = torch.randn(1, 3, 6, 6)
+    got = jacfwd(lambda t: net(data=t)["top"])(x)
+    want = jacrev(lambda t: net(data=t)["top"])(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+FUNCTIONS_NET = """
+name: "functions"
+layer { name: "data" type: "Input" top: "data"
+        input_param { shape { dim: 1 dim: 3 dim: 6 dim: 6 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "xavier" } } }
+layer { name: "power" type: "Power" bottom: "conv" top: "power"
+        power_param { power: 2 scale: 0.5 shift: 1 } }
+layer { name: "mvn" type: "MVN" bottom: "power" top: "mvn" }
+layer { name: "norm" type: "Normalize" bottom: "mvn" top: "norm"
+        norm_param { scale_filler { type: "constant" value: 2 } } }
+layer { name: "relu6" type: "ReLU6" bottom: "norm" top: "top" }
+"""
 
 
 @pytest.mark.parametrize("case_id", sorted(REFUSED))

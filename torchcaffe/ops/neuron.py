@@ -83,12 +83,20 @@ class SlopeAtOutput(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         ctx.layer = inputs[1]
         ctx.save_for_backward(output)
+        ctx.save_for_forward(output)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
         (y,) = ctx.saved_tensors
         return ctx.layer.in_place_backward(y, grad), None
+
+    @staticmethod
+    def jvp(ctx, x_t, _):
+        """The tangent times Caffe's slope at the output (where its in-place backward ignores
+        the top diff, writing the slope squared, there is no linear map to transpose)."""
+        (y,) = ctx.saved_tensors
+        return x_t * ctx.layer.caffe_slope(y)
 
 
 def _log_base(layer: CaffeLayer, base: float) -> float:

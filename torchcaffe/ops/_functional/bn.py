@@ -25,14 +25,23 @@ class StoredStatsBatchGrad(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(output, inputs[2])
+        ctx.save_for_forward(output, inputs[2])
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        x_hat, inv_std = ctx.saved_tensors
-        mean_g = grad.mean(dim=(0, 2), keepdim=True)
-        mean_gx = (grad * x_hat).mean(dim=(0, 2), keepdim=True)
-        return (grad - mean_g - x_hat * mean_gx) * inv_std, None, None
+        return _projected(grad, *ctx.saved_tensors), None, None
+
+    @staticmethod
+    def jvp(ctx, x_t, *_):  # the backward is symmetric: its transpose is itself
+        return _projected(x_t, *ctx.saved_tensors)
+
+
+def _projected(g: torch.Tensor, x_hat: torch.Tensor, inv_std: torch.Tensor) -> torch.Tensor:
+    """(g - mean(g) - x_hat * mean(g * x_hat)) * inv_std, the means over axes 0 and 2."""
+    mean_g = g.mean(dim=(0, 2), keepdim=True)
+    mean_gx = (g * x_hat).mean(dim=(0, 2), keepdim=True)
+    return (g - mean_g - x_hat * mean_gx) * inv_std
 
 
 def stored_stats_batch_grad(

@@ -39,6 +39,7 @@ class LogSoftmaxClamped(torch.autograd.Function):
         prob = output[1]
         ctx.axis = inputs[1]
         ctx.save_for_backward(prob)
+        ctx.save_for_forward(prob)
         ctx.mark_non_differentiable(prob)
 
     @staticmethod
@@ -46,6 +47,12 @@ class LogSoftmaxClamped(torch.autograd.Function):
     def backward(ctx, grad, _grad_prob):
         (prob,) = ctx.saved_tensors
         return grad - prob * grad.sum(dim=ctx.axis, keepdim=True), None, None
+
+    @staticmethod
+    def jvp(ctx, x_t, *_):
+        """The backward's transpose, t - sum(p * t); the probabilities take none."""
+        (prob,) = ctx.saved_tensors
+        return x_t - (prob * x_t).sum(dim=ctx.axis, keepdim=True), None
 
 
 class LogClamped(torch.autograd.Function):
@@ -61,6 +68,7 @@ class LogClamped(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(inputs[0])
+        ctx.save_for_forward(inputs[0])
         ctx.threshold = inputs[1]
 
     @staticmethod
@@ -68,6 +76,11 @@ class LogClamped(torch.autograd.Function):
     def backward(ctx, grad):
         (p,) = ctx.saved_tensors
         return grad / torch.clamp(p, min=ctx.threshold), None
+
+    @staticmethod
+    def jvp(ctx, p_t, _):
+        (p,) = ctx.saved_tensors
+        return p_t / torch.clamp(p, min=ctx.threshold)
 
 
 def log_softmax_clamped(

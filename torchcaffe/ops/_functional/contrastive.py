@@ -25,12 +25,18 @@ class CaffePairDistance(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(output)
+        ctx.save_for_forward(output)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
         (dist,) = ctx.saved_tensors
         return grad / (2 * (dist + DIST_EPS))
+
+    @staticmethod
+    def jvp(ctx, dist_sq_t):  # the backward's transpose: the same factor per element
+        (dist,) = ctx.saved_tensors
+        return dist_sq_t / (2 * (dist + DIST_EPS))
 
 
 def caffe_pair_distance(dist_sq: torch.Tensor) -> torch.Tensor:

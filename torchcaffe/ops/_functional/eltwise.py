@@ -26,6 +26,7 @@ class CaffeUnstableProd(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(output, *inputs)
+        ctx.save_for_forward(output, *inputs)
 
     @staticmethod
     @once_differentiable
@@ -34,6 +35,12 @@ class CaffeUnstableProd(torch.autograd.Function):
         return tuple(
             (top / b) * grad if need else None for b, need in zip(bottoms, ctx.needs_input_grad)
         )
+
+    @staticmethod
+    def jvp(ctx, *tangents):  # the backward's transpose: each bottom's factor top / b
+        top, *bottoms = ctx.saved_tensors
+        terms = [(top / b) * t for b, t in zip(bottoms, tangents) if t is not None]
+        return sum(terms[1:], terms[0])
 
 
 def caffe_unstable_prod(*bottoms: torch.Tensor) -> torch.Tensor:
@@ -84,8 +91,9 @@ class CaffeEltwiseInPlace(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         op, coeff, stable, _, *rest = inputs
+        ctx.params = (op, coeff, stable)
+        ctx.save_for_forward(*inputs[3:])
         if any(ctx.needs_input_grad):
-            ctx.params = (op, coeff, stable)
             mask = _in_place_max(inputs[3:])[1] if op == "MAX" else None
             ctx.save_for_backward(output, mask, *rest)
 
@@ -119,6 +127,32 @@ class CaffeEltwiseInPlace(torch.autograd.Function):
             if i == 0:  # bottom 0's diff is the top diff the later bottoms read
                 grad = g
         return (None, None, None, *grads)
+
+    @staticmethod
+    def jvp(ctx, _op, _coeff, _stable, *tangents):
+        """The forward's own derivative (Caffe's in-place backward is no linear map to
+        transpose: bottom 0's diff is PROD's factor squared): SUM's bottoms 1.. by their
+        coefficients, MAX's winner (bottom 0 competes as the constant -FLT_MAX), PROD's
+        product rule."""
+        op, coeff, _ = ctx.params
+        bottoms = ctx.saved_tensors
+        ts = [torch.zeros_like(b) if t is None else t for b, t in zip(bottoms, tangents)]
+        if op == "SUM":
+            return sum((c * t for c, t in zip(coeff[1:], ts[1:])), torch.zeros_like(ts[0]))
+        if op == "MAX":
+            mask = _in_place_max(bottoms)[1]
+            out = torch.zeros_like(ts[0])
+            for i, t in enumerate(ts[1:], start=1):
+                out = torch.where(mask == i, t, out)
+            return out
+        out = torch.zeros_like(ts[0])
+        for i, t in enumerate(ts):
+            term = t
+            for j, b in enumerate(bottoms):
+                if j != i:
+                    term = term * b
+            out = out + term
+        return out
 
 
 def caffe_eltwise_in_place(

@@ -25,6 +25,7 @@ class LSTMUnitStep(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(inputs[0], *output[2:])
+        ctx.save_for_forward(inputs[0], *output[2:])
         ctx.mark_non_differentiable(*output[2:])
         ctx.set_materialize_grads(False)
 
@@ -47,6 +48,20 @@ class LSTMUnitStep(torch.autograd.Function):
             dim=-1,
         )
         return c_term * f, x_diff, None
+
+    @staticmethod
+    def jvp(ctx, c_prev_t, x_t, _):
+        """The forward's derivative, the backward's transpose (f's slope f (1 - f), as the
+        backward has it): the tangents of c and h; the gates take none."""
+        c_prev, i, f, o, g, tanh_c = ctx.saved_tensors
+        c_t = torch.zeros_like(c_prev) if c_prev_t is None else f * c_prev_t
+        h_t = torch.zeros_like(c_prev)
+        if x_t is not None:
+            t_i, t_f, t_o, t_g = x_t.chunk(4, dim=-1)
+            c_t = c_t + c_prev * f * (1 - f) * t_f + g * i * (1 - i) * t_i + i * (1 - g * g) * t_g
+            h_t = tanh_c * o * (1 - o) * t_o
+        h_t = h_t + o * (1 - tanh_c * tanh_c) * c_t
+        return c_t, h_t, None, None, None, None, None
 
 
 def lstm_unit_step(

@@ -25,6 +25,10 @@ class DivideForwardOnly(torch.autograd.Function):
         pass
 
     @staticmethod
+    def jvp(ctx, x_t, _):
+        return x_t
+
+    @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
         return grad, None

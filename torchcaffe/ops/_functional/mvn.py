@@ -19,7 +19,8 @@ class CaffeMVN(torch.autograd.Function):
     Backward (MVNLayer::Backward_cpu): (g - mean(g) - y * mean(g * y)) / (sqrt(var) + eps).
     One output: torch.onnx's TorchScript exporter wires a Function's second output in place
     of its first. What the backward needs besides is computed again, by the same ops, where a
-    gradient is wanted (``setup_context`` runs after every forward).
+    gradient is wanted (``setup_context`` runs after every forward). Forward mode (``jvp``)
+    is the backward's transpose: the backward is symmetric in g.
     """
 
     generate_vmap_rule = True  # torch.func batches it (ops/_transforms.py)
@@ -31,6 +32,8 @@ class CaffeMVN(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
+        ctx.eps = inputs[1]
+        ctx.save_for_forward(inputs[0], output)  # references; jvp computes its denominator
         if any(ctx.needs_input_grad):
             ctx.save_for_backward(output, _centered_and_denominator(*inputs)[1])
 
@@ -38,9 +41,18 @@ class CaffeMVN(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad):
         y, denom = ctx.saved_tensors
-        dim = y.shape[1]
-        sums = y * (y * grad).sum(dim=1, keepdim=True) + grad.sum(dim=1, keepdim=True)
-        return (grad - sums / dim) / denom, None
+        return _projected(grad, y, denom), None
+
+    @staticmethod
+    def jvp(ctx, x_t, _):
+        x, y = ctx.saved_tensors
+        return _projected(x_t, y, _centered_and_denominator(x, ctx.eps)[1])
+
+
+def _projected(g: torch.Tensor, y: torch.Tensor, denom: torch.Tensor) -> torch.Tensor:
+    """(g - mean(g) - y * mean(g * y)) / denom over each row."""
+    sums = y * (y * g).sum(dim=1, keepdim=True) + g.sum(dim=1, keepdim=True)
+    return (g - sums / y.shape[1]) / denom
 
 
 class CaffeMVNInPlace(CaffeMVN):
@@ -60,6 +72,16 @@ class CaffeMVNInPlace(CaffeMVN):
         d = y * (y * grad).sum(dim=1, keepdim=True)
         d = d + d.sum(dim=1, keepdim=True)
         return aliased_axpby(d, dim) / denom, None
+
+    @staticmethod
+    def jvp(ctx, x_t, _):
+        """The backward's transpose: it is -2 / (dim * denom) (I + 11^T) y y^T g, so this is
+        -2 / (dim * denom) y (y . t + sum(t) sum(y))."""
+        x, y = ctx.saved_tensors
+        denom = _centered_and_denominator(x, ctx.eps)[1]
+        inner = (y * x_t).sum(dim=1, keepdim=True)
+        inner = inner + x_t.sum(dim=1, keepdim=True) * y.sum(dim=1, keepdim=True)
+        return y * inner * (-2.0 / y.shape[1]) / denom
 
 
 def _centered_and_denominator(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,7 +19,8 @@ class CaffeNormalize(torch.autograd.Function):
     ((1, 2) across_spatial, else (1,)); scale is a 0-D or (C,) tensor.
     One output: torch.onnx's TorchScript exporter wires a Function's second output in place
     of its first. What the backward needs besides is computed again, by the same ops, where a
-    gradient is wanted (``setup_context`` runs after every forward)."""
+    gradient is wanted (``setup_context`` runs after every forward). Forward mode (``jvp``)
+    is the backward's transpose."""
 
     generate_vmap_rule = True  # torch.func batches it (ops/_transforms.py)
 
@@ -30,9 +31,10 @@ class CaffeNormalize(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
+        x, scale, dims, eps = inputs
+        ctx.dims, ctx.eps = dims, eps
+        ctx.save_for_forward(x, scale)  # references; jvp computes its norm
         if any(ctx.needs_input_grad):
-            x, scale, dims, eps = inputs
-            ctx.dims = dims
             ctx.save_for_backward(x, _norm(x, dims, eps), scale, output)
 
     @staticmethod
@@ -50,6 +52,22 @@ class CaffeNormalize(torch.autograd.Function):
             grad_x = (grad - x * (a / norm / norm)) / norm
             grad_x = grad_x * (scale.reshape(-1, 1) if scale.dim() else scale)
         return grad_x, grad_scale, None, None
+
+    @staticmethod
+    def jvp(ctx, x_t, scale_t, *_):
+        """(s t - x (x . s t) / norm^2) / norm for x's tangent t (the backward multiplies by
+        the per-channel scale s after projecting, so its transpose before), plus x / norm
+        times the scale's tangent (the backward's top / scale)."""
+        x, scale = ctx.saved_tensors
+        norm = _norm(x, ctx.dims, ctx.eps)
+        out = torch.zeros_like(x)
+        if x_t is not None:
+            u = x_t * (scale.reshape(-1, 1) if scale.dim() else scale)
+            a = (x * u).sum(dim=ctx.dims, keepdim=True)
+            out = out + (u - x * (a / norm / norm)) / norm
+        if scale_t is not None:
+            out = out + x / norm * (scale_t.reshape(-1, 1) if scale_t.dim() else scale_t)
+        return out
 
 
 def _norm(x: torch.Tensor, dims: tuple[int, ...], eps: float) -> torch.Tensor:

@@ -21,7 +21,8 @@ def _base(x: torch.Tensor, scale: float, shift: float) -> torch.Tensor:
 
 
 class CaffePower(torch.autograd.Function):
-    """(shift + scale * x) ^ power with Caffe's PowerLayer::Backward_cpu."""
+    """(shift + scale * x) ^ power with Caffe's PowerLayer::Backward_cpu, and the forward-mode
+    derivative that is its transpose (``jvp``: the same slope per element)."""
 
     generate_vmap_rule = True  # torch.func batches it (ops/_transforms.py)
 
@@ -43,29 +44,40 @@ class CaffePower(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, power, scale, shift = inputs
-        ctx.params = (power, scale, shift, power * scale)
+        ctx.params = (power, scale, shift)
         ctx.save_for_backward(x, output)
+        ctx.save_for_forward(x, output)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
         x, y = ctx.saved_tensors
-        power, scale, shift, diff_scale = ctx.params
-        if diff_scale == 0:
+        power, scale, _ = ctx.params
+        if power * scale == 0:
             return torch.zeros_like(x), None, None, None
-        if power == 1:
-            dydx = torch.full_like(x, diff_scale)
-        elif power == 2:
-            dydx = x * (diff_scale * scale)
-            if shift != 0:
-                dydx = dydx + diff_scale * shift
-        elif shift == 0:
-            dydx = (y / x) * power
-        else:
-            dydx = y / _base(x, scale, shift)
-            if diff_scale != 1:
-                dydx = dydx * diff_scale
-        return grad * dydx, None, None, None
+        return grad * _slope(x, y, *ctx.params), None, None, None
+
+    @staticmethod
+    def jvp(ctx, x_t, *_):
+        x, y = ctx.saved_tensors
+        power, scale, _ = ctx.params
+        if power * scale == 0:
+            return torch.zeros_like(x)
+        return x_t * _slope(x, y, *ctx.params)
+
+
+def _slope(x: torch.Tensor, y: torch.Tensor, power: float, scale: float, shift: float):
+    """Caffe's dy/dx per element (power * scale != 0)."""
+    diff_scale = power * scale
+    if power == 1:
+        return torch.full_like(x, diff_scale)
+    if power == 2:
+        dydx = x * (diff_scale * scale)
+        return dydx + diff_scale * shift if shift != 0 else dydx
+    if shift == 0:
+        return (y / x) * power
+    dydx = y / _base(x, scale, shift)
+    return dydx * diff_scale if diff_scale != 1 else dydx
 
 
 def caffe_power(x: torch.Tensor, power: float, scale: float, shift: float) -> torch.Tensor:

@@ -25,14 +25,22 @@ class CaffeReLU6(torch.autograd.Function):
         x, negative_slope, threshold = inputs
         ctx.params = (negative_slope, threshold)
         ctx.save_for_backward(x)
+        ctx.save_for_forward(x)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        negative_slope, threshold = ctx.params
-        grad = torch.where(x > 0, grad, grad * negative_slope)
-        return torch.where(x < threshold, grad, torch.zeros_like(grad)), None, None
+        return _times_slope(grad, *ctx.saved_tensors, *ctx.params), None, None
+
+    @staticmethod
+    def jvp(ctx, x_t, *_):  # the backward's transpose: the same slope per element
+        return _times_slope(x_t, *ctx.saved_tensors, *ctx.params)
+
+
+def _times_slope(t: torch.Tensor, x: torch.Tensor, negative_slope: float, threshold: float):
+    """``t`` times the fork's slope at ``x``: negative_slope below 0, 0 from threshold up."""
+    t = torch.where(x > 0, t, t * negative_slope)
+    return torch.where(x < threshold, t, torch.zeros_like(t))
 
 
 def caffe_relu6(x: torch.Tensor, negative_slope: float, threshold: float) -> torch.Tensor:

@@ -31,20 +31,27 @@ class WeightedSmoothL1Fork(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         d, w, sigma2 = inputs
         ctx.save_for_backward(d, w)
+        ctx.save_for_forward(d, w)
         ctx.sigma2 = sigma2
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
         d, w = ctx.saved_tensors
-        wd = w * d
-        sigma2 = ctx.sigma2
-        slope = torch.sign(wd)
-        if sigma2 == 0:
-            slope = torch.zeros_like(wd)
-        else:
-            slope = torch.where(torch.abs(wd) < 1.0 / sigma2, sigma2 * wd, slope)
-        return grad * slope, None, None
+        return grad * _slope(d, w, ctx.sigma2), None, None
+
+    @staticmethod
+    def jvp(ctx, d_t, *_):  # the backward's transpose: the same slope per element
+        d, w = ctx.saved_tensors
+        return d_t * _slope(d, w, ctx.sigma2)
+
+
+def _slope(d: torch.Tensor, w: torch.Tensor, sigma2: float) -> torch.Tensor:
+    """smooth_l1'(w * d), which the fork applies to d's gradient without w's factor."""
+    wd = w * d
+    if sigma2 == 0:
+        return torch.zeros_like(wd)
+    return torch.where(torch.abs(wd) < 1.0 / sigma2, sigma2 * wd, torch.sign(wd))
 
 
 def weighted_smooth_l1_fork(d: torch.Tensor, w: torch.Tensor, sigma2: float) -> torch.Tensor:

@@ -53,6 +53,8 @@ class SegNetUnpool(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(inputs[1])
+        ctx.save_for_forward(inputs[1])
+        ctx.out_hw = inputs[2]
 
     @staticmethod
     @once_differentiable
@@ -61,6 +63,16 @@ class SegNetUnpool(torch.autograd.Function):
         n, c = index.shape[:2]
         grad_x = grad.reshape(n, c, -1).gather(2, index.reshape(n, c, -1))
         return grad_x.reshape(index.shape), None, None
+
+    @staticmethod
+    def jvp(ctx, x_t, *_):
+        """The backward's transpose: each bottom tangent added at its index."""
+        (index,) = ctx.saved_tensors
+        n, c = index.shape[:2]
+        size = ctx.out_hw[0] * ctx.out_hw[1]
+        top = x_t.new_zeros((n, c, size))
+        top = top.scatter_add(2, index.reshape(n, c, -1), x_t.reshape(n, c, -1))
+        return top.reshape(n, c, *ctx.out_hw)
 
 
 def segnet_unpool(x: torch.Tensor, index: torch.Tensor, out_hw: tuple[int, int]) -> torch.Tensor:
