@@ -5,17 +5,20 @@ Each is called directly, so the test reaches the ones a net uses only while auto
 in eval mode never meets. Where Caffe's backward is linear in the top diff, forward mode is its
 transpose: <jvp(t), g> == <t, vjp(g)>. In-place Eltwise's backward is not (bottom 0's diff is
 PROD's factor squared), so its forward mode is its forward's own derivative, checked against a
-central difference.
+central difference. The Functions autograd records on the CPU outside torch.func (LRN, MAX
+pooling, oneDNN's linear) are reached by torch.autograd.forward_ad.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 from google.protobuf import text_format
 from torch.func import jvp, vjp
 
 import torchcaffe
+from torchcaffe.ops import onednn_linear
 from torchcaffe.ops._functional.bn import stored_stats_batch_grad
 from torchcaffe.ops._functional.clamped_log import log_clamped, log_softmax_clamped
 from torchcaffe.ops._functional.contrastive import caffe_pair_distance
@@ -28,7 +31,9 @@ from torchcaffe.ops._functional.power import caffe_power
 from torchcaffe.ops._functional.relu6 import caffe_relu6
 from torchcaffe.ops._functional.smooth_l1 import weighted_smooth_l1_fork
 from torchcaffe.ops._functional.unpool import segnet_unpool
+from torchcaffe.ops.lrn import AcrossChannelsLRN
 from torchcaffe.ops.neuron import SlopeAtOutput
+from torchcaffe.ops.pooling import _FlooredMaxPool2d
 from torchcaffe.proto import caffe_pb2
 
 IN_PLACE_ELU = """
@@ -129,3 +134,78 @@ def test_an_in_place_eltwises_forward_mode_is_its_forwards_derivative(op):
     ahead = eltwise(*[b + eps * t for b, t in zip(bottoms, tangents)])
     behind = eltwise(*[b - eps * t for b, t in zip(bottoms, tangents)])
     torch.testing.assert_close(got, (ahead - behind) / (2 * eps), rtol=1e-6, atol=1e-6)
+
+
+def _lrn(x):
+    return AcrossChannelsLRN.apply(x, 5, 0.1, 0.75, 1.0)
+
+
+def _floored_max_pool(x):
+    return _FlooredMaxPool2d.apply(x, (2, 2), (2, 2), (0, 0), False)[0]
+
+
+def _onednn_linear(x, w, b):
+    if onednn_linear._LINEAR is None:
+        pytest.skip("this torch build has no oneDNN linear op")
+    return onednn_linear._OneDnnLinear.apply(x, w, b)
+
+
+def _with_floored_window() -> torch.Tensor:
+    x = _rand(1, 2, 4, 4)
+    x[0, 1, :2, :2] = float("-inf")  # a window whose best is floored at -FLT_MAX
+    return x
+
+
+# The Functions autograd records on the CPU, in Caffe's style (ctx in forward): torch.func
+# takes torch's own ops instead, torch.autograd.forward_ad their jvp.
+RECORDED = {
+    "across_channels_lrn": (_lrn, [_rand(2, 7, 3, 3)]),
+    "floored_max_pool": (_floored_max_pool, [_with_floored_window()]),
+    "onednn_linear": (
+        _onednn_linear,
+        [torch.randn(3, 64), torch.randn(32, 64), torch.randn(32)],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RECORDED))
+def test_forward_ad_of_a_recorded_function_is_its_backwards_transpose(name):
+    fn, primals = RECORDED[name]
+    gen = torch.Generator().manual_seed(3)
+    tangents = [torch.randn(p.shape, generator=gen, dtype=p.dtype) for p in primals]
+    with fwAD.dual_level():
+        duals = [fwAD.make_dual(p.clone().requires_grad_(), t) for p, t in zip(primals, tangents)]
+        out_t = fwAD.unpack_dual(fn(*duals)).tangent
+    leaves = [p.clone().requires_grad_() for p in primals]
+    out = fn(*leaves)
+    g = torch.randn(out.shape, generator=gen, dtype=out.dtype)
+    bars = torch.autograd.grad(out, leaves, g)
+    forward = (out_t.double() * g.double()).sum()
+    backward = sum((t.double() * b.double()).sum() for t, b in zip(tangents, bars))
+    tol = 1e-9 if primals[0].dtype == torch.float64 else 1e-4
+    torch.testing.assert_close(forward, backward, rtol=tol, atol=tol)
+
+
+GRAD_MODE_NET = """
+layer { name: "data" type: "Input" top: "data"
+        input_param { shape { dim: 1 dim: 3 dim: 17 dim: 17 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param { num_output: 16 kernel_size: 3 weight_filler { type: "xavier" } } }
+layer { name: "norm" type: "LRN" bottom: "conv" top: "norm" lrn_param { local_size: 5 } }
+layer { name: "pool" type: "Pooling" bottom: "norm" top: "pool"
+        pooling_param { pool: MAX kernel_size: 3 stride: 2 } }
+layer { name: "ip" type: "InnerProduct" bottom: "pool" top: "ip"
+        inner_product_param { num_output: 1024 weight_filler { type: "xavier" } } }
+"""
+
+
+def test_forward_ad_through_a_net_whose_params_want_gradients():
+    """With grad mode on, the net's params make autograd record LRN, MAX pooling and the
+    InnerProduct through their Functions; torch.autograd.forward_ad's tangent is
+    torch.func.jvp's (which takes torch's own ops)."""
+    net = torchcaffe.load(text_format.Parse(GRAD_MODE_NET, caffe_pb2.NetParameter()))
+    x, t = torch.randn(1, 3, 17, 17), torch.randn(1, 3, 17, 17)
+    with fwAD.dual_level():
+        got = fwAD.unpack_dual(net(data=fwAD.make_dual(x, t))["ip"]).tangent
+    _, want = jvp(lambda z: net(data=z)["ip"], (x,), (t,))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

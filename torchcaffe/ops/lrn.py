@@ -114,8 +114,20 @@ class AcrossChannelsLRN(torch.autograd.Function):
         sq = x * x
         scale = across_scale(sq, n, alpha, k)
         ctx.save_for_backward(x)
+        ctx.save_for_forward(x)
         ctx.lrn = (n, alpha, beta, k)
         return neg_power(scale, beta, out=sq).mul_(x)
+
+    @staticmethod
+    def jvp(ctx, x_t, *_):  # type: ignore[override]
+        """The forward's derivative (torch.autograd.forward_ad), the backward's transpose:
+        t * scale^-beta - 2 alpha beta / n * top / scale * (the window sum of x * t)."""
+        (x,) = ctx.saved_tensors
+        n, alpha, beta, k = ctx.lrn
+        scale = across_scale(x * x, n, alpha, k)
+        power = neg_power(scale, beta)
+        accum = channel_window_sum(x * x_t, n)
+        return x_t * power - (2.0 * alpha * beta / n) * (x * power / scale) * accum
 
     @staticmethod
     @torch.autograd.function.once_differentiable

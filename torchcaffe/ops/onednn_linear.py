@@ -188,7 +188,19 @@ class _OneDnnLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias):  # type: ignore[override]
         ctx.save_for_backward(x, weight)
+        ctx.save_for_forward(x, weight)
         return _LINEAR(x, weight, bias, "none", [], "")  # type: ignore[misc]
+
+    @staticmethod
+    def jvp(ctx, x_t, weight_t, bias_t):  # type: ignore[override]
+        """(torch.autograd.forward_ad) The product rule, in torch's own ops."""
+        x, weight = ctx.saved_tensors
+        out = torch.zeros(*x.shape[:-1], weight.shape[0], dtype=x.dtype, device=x.device)
+        if x_t is not None:
+            out = out + x_t @ weight.t()
+        if weight_t is not None:
+            out = out + x @ weight_t.t()
+        return out if bias_t is None else out + bias_t
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]

@@ -81,6 +81,7 @@ class _FlooredMaxPool2d(torch.autograd.Function):
         floored = _floor_at_flt_max(x)  # autograd records nothing here: one nan_to_num
         y, idx = torch.ops.aten.max_pool2d_with_indices(floored, kernel, stride, pad, 1, ceil)
         ctx.save_for_backward(y, idx)
+        ctx.save_for_forward(y, idx)
         # the bottom's layout, not the bottom: its values are not needed, and saving it would
         # refuse a backward after a later in-place write, which the where's autograd allowed
         ctx.bottom = (x.shape, x.stride(), x.dtype, x.device)
@@ -106,6 +107,15 @@ class _FlooredMaxPool2d(torch.autograd.Function):
             grad_y, like, kernel, stride, pad, 1, ceil, idx
         )
         return grad_x, None, None, None, None
+
+    @staticmethod
+    def jvp(ctx, x_t, *_):  # type: ignore[override]
+        """(torch.autograd.forward_ad) Each window's winner's tangent, 0 where the window's
+        best was floored: the backward's transpose."""
+        y, idx = ctx.saved_tensors
+        n, c = y.shape[:2]
+        y_t = x_t.reshape(n, c, -1).gather(2, idx.reshape(n, c, -1)).reshape(y.shape)
+        return y_t.masked_fill(y <= -FLT_MAX, 0.0), None
 
 
 def _recorded(x: torch.Tensor) -> bool:
