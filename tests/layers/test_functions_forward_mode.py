@@ -14,10 +14,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
-from google.protobuf import text_format
 from torch.func import jvp, vjp
 
 import torchcaffe
+from torchcaffe.formats.prototxt import read_net
 from torchcaffe.ops import onednn_linear
 from torchcaffe.ops._functional.bn import stored_stats_batch_grad
 from torchcaffe.ops._functional.clamped_log import log_clamped, log_softmax_clamped
@@ -34,7 +34,6 @@ from torchcaffe.ops._functional.unpool import segnet_unpool
 from torchcaffe.ops.lrn import AcrossChannelsLRN
 from torchcaffe.ops.neuron import SlopeAtOutput
 from torchcaffe.ops.pooling import _FlooredMaxPool2d
-from torchcaffe.proto import caffe_pb2
 
 IN_PLACE_ELU = """
 layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 5 } } }
@@ -43,7 +42,7 @@ layer { name: "elu" type: "ELU" bottom: "data" top: "data" elu_param { alpha: 0.
 
 
 def _elu_at_output(x: torch.Tensor) -> torch.Tensor:
-    net = torchcaffe.load(text_format.Parse(IN_PLACE_ELU, caffe_pb2.NetParameter()))
+    net = torchcaffe.load(read_net(IN_PLACE_ELU))
     layer = net.layer("elu")
     assert layer.in_place_slope and not layer.slope_overwrites_top_diff
     return SlopeAtOutput.apply(x, layer)
@@ -203,7 +202,7 @@ def test_forward_ad_through_a_net_whose_params_want_gradients():
     """With grad mode on, the net's params make autograd record LRN, MAX pooling and the
     InnerProduct through their Functions; torch.autograd.forward_ad's tangent is
     torch.func.jvp's (which takes torch's own ops)."""
-    net = torchcaffe.load(text_format.Parse(GRAD_MODE_NET, caffe_pb2.NetParameter()))
+    net = torchcaffe.load(read_net(GRAD_MODE_NET))
     x, t = torch.randn(1, 3, 17, 17), torch.randn(1, 3, 17, 17)
     with fwAD.dual_level():
         got = fwAD.unpack_dual(net(data=fwAD.make_dual(x, t))["ip"]).tangent

@@ -16,13 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from google.protobuf import text_format
 from torch.func import functional_call, grad, jacfwd, jacrev, jvp, vjp, vmap
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchcaffe
 from torchcaffe.errors import UnsupportedError
-from torchcaffe.proto import caffe_pb2
+from torchcaffe.formats.prototxt import read_net
 
 from ..helpers.golden import InFolder, case_inputs, case_net, input_fed_cases
 
@@ -205,7 +204,7 @@ def test_forward_mode_is_the_transpose_of_the_backward(case):
 def test_jacfwd_of_a_net_is_jacrev():
     """Power, MVN, Normalize and the fork's ReLU6 (custom Functions each) after a
     Convolution, through forward and reverse mode."""
-    net = torchcaffe.load(text_format.Parse(FUNCTIONS_NET, caffe_pb2.NetParameter()))
+    net = torchcaffe.load(read_net(FUNCTIONS_NET))
     x = torch.randn(1, 3, 6, 6)
     got = jacfwd(lambda t: net(data=t)["top"])(x)
     want = jacrev(lambda t: net(data=t)["top"])(x)
@@ -261,7 +260,7 @@ layer { name: "ip" type: "InnerProduct" bottom: "norm" top: "ip"
 
 def _conv_bn_net(seed: int) -> torchcaffe.TorchNet:
     torch.manual_seed(seed)
-    net = torchcaffe.load(text_format.Parse(CONV_BN_NET, caffe_pb2.NetParameter()))
+    net = torchcaffe.load(read_net(CONV_BN_NET))
     with torch.no_grad():
         for stat in net.buffers():
             stat.copy_(torch.rand_like(stat) + 0.5)  # mean, variance, scale factor
@@ -343,9 +342,7 @@ layer { name: "bn" type: "BatchNorm" bottom: "data" top: "bn" }
 def test_batch_statistics_under_a_transform_are_refused_by_name(transform):
     """A TRAIN BatchNorm updates its moving averages in place: under vmap each sample would
     write them, under grad a differentiated value would; torch refuses both naming no layer."""
-    net = torchcaffe.load(
-        text_format.Parse(BATCH_STATISTICS_NET, caffe_pb2.NetParameter()), phase="train"
-    )
+    net = torchcaffe.load(read_net(BATCH_STATISTICS_NET), phase="train")
     x = torch.randn(4, 2, 3, 3)
     before = [t.clone() for t in net.buffers()]
     with pytest.raises(UnsupportedError, match="'bn'.*batch statistics.*torch.func"):
@@ -384,7 +381,7 @@ def test_no_onednn_op_runs_under_a_transform():
     """torch.func has no batching rule for oneDNN's ops (its fallback loops over samples and
     warns on each call); under a transform the net takes torch's own. Eagerly it takes
     oneDNN's, so this net can tell."""
-    net = torchcaffe.load(text_format.Parse(WIDE_NET, caffe_pb2.NetParameter()))
+    net = torchcaffe.load(read_net(WIDE_NET))
     x = torch.randn(2, 64, 8, 8)
     with torch.no_grad(), _OpNames() as eager:
         want = net(data=x)["ip"]
