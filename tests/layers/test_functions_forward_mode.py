@@ -31,6 +31,7 @@ from torchcaffe.ops._functional.power import caffe_power
 from torchcaffe.ops._functional.relu6 import caffe_relu6
 from torchcaffe.ops._functional.smooth_l1 import weighted_smooth_l1_fork
 from torchcaffe.ops._functional.unpool import segnet_unpool
+from torchcaffe.ops._transforms import with_jvp
 from torchcaffe.ops.lrn import AcrossChannelsLRN
 from torchcaffe.ops.neuron import SlopeAtOutput
 from torchcaffe.ops.pooling import _FlooredMaxPool2d
@@ -45,7 +46,7 @@ def _elu_at_output(x: torch.Tensor) -> torch.Tensor:
     net = torchcaffe.load(read_net(IN_PLACE_ELU))
     layer = net.layer("elu")
     assert layer.in_place_slope and not layer.slope_overwrites_top_diff
-    return SlopeAtOutput.apply(x, layer)
+    return with_jvp(SlopeAtOutput).apply(x, layer)
 
 
 def _rand(*shape: int) -> torch.Tensor:
@@ -53,7 +54,7 @@ def _rand(*shape: int) -> torch.Tensor:
 
 
 # (the function of the differentiated tensors, those tensors)
-CASES = {
+FUNCTIONS = {
     "power": (lambda x: caffe_power(x, 3.0, 0.5, 1.0), [_rand(4, 5)]),
     "power_no_shift": (lambda x: caffe_power(x, 2.5, 1.0, 0.0), [_rand(4, 5).abs() + 0.5]),
     "relu6": (lambda x: caffe_relu6(x * 4, 0.1, 6.0), [_rand(4, 5)]),
@@ -75,8 +76,12 @@ CASES = {
     "log_softmax_clamped": (lambda x: log_softmax_clamped(x, 1, 1e-20)[0], [_rand(3, 5, 2)]),
     # most below the threshold, where Caffe's slope is 1 / threshold
     "log_clamped": (lambda p: log_clamped(p.abs() * 0.05 + 0.001, 0.05), [_rand(3, 5)]),
-    # the Function itself: caffe_unstable_prod takes it only where autograd records
-    "unstable_prod": (CaffeUnstableProd.apply, [_rand(3, 4), _rand(3, 4), _rand(3, 4)]),
+    # the Function itself (where forward mode runs, with its jvp): caffe_unstable_prod takes it
+    # only where autograd records
+    "unstable_prod": (
+        lambda *bs: with_jvp(CaffeUnstableProd).apply(*bs),
+        [_rand(3, 4), _rand(3, 4), _rand(3, 4)],
+    ),
     "stored_stats_batch_grad": (
         lambda x: stored_stats_batch_grad(x, _MEAN, _INV_STD),
         [_rand(2, 3, 5)],
@@ -105,9 +110,9 @@ _CONT = torch.tensor([[1.0, 0.0, 1.0]], dtype=torch.float64)
 _DIVISOR = torch.tensor(4.0, dtype=torch.float64)
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
 def test_forward_mode_is_the_backwards_transpose(name):
-    fn, primals = CASES[name]
+    fn, primals = FUNCTIONS[name]
     gen = torch.Generator().manual_seed(1)
     tangents = [torch.randn(p.shape, generator=gen, dtype=p.dtype) for p in primals]
     _, out_t = jvp(fn, tuple(primals), tuple(tangents))
@@ -136,17 +141,17 @@ def test_an_in_place_eltwises_forward_mode_is_its_forwards_derivative(op):
 
 
 def _lrn(x):
-    return AcrossChannelsLRN.apply(x, 5, 0.1, 0.75, 1.0)
+    return with_jvp(AcrossChannelsLRN).apply(x, 5, 0.1, 0.75, 1.0)
 
 
 def _floored_max_pool(x):
-    return _FlooredMaxPool2d.apply(x, (2, 2), (2, 2), (0, 0), False)[0]
+    return with_jvp(_FlooredMaxPool2d).apply(x, (2, 2), (2, 2), (0, 0), False)[0]
 
 
 def _onednn_linear(x, w, b):
     if onednn_linear._LINEAR is None:
         pytest.skip("this torch build has no oneDNN linear op")
-    return onednn_linear._OneDnnLinear.apply(x, w, b)
+    return with_jvp(onednn_linear._OneDnnLinear).apply(x, w, b)
 
 
 def _with_floored_window() -> torch.Tensor:

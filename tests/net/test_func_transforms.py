@@ -390,3 +390,14 @@ def test_no_onednn_op_runs_under_a_transform():
     assert any(name.startswith("mkldnn.") for name in eager.names)
     assert not any(name.startswith("mkldnn.") for name in batched.names), batched.names
     torch.testing.assert_close(got, want, **CLOSE)  # oneDNN's sums and MKL's differ in order
+
+
+def test_dynamo_traces_the_caffe_gradient_functions_of_a_training_forward():
+    """Each Function keeps its forward-mode rule as ``tangent`` and gets a ``jvp`` only where
+    forward mode may run (``with_jvp``): dynamo breaks the graph at a Function that defines
+    one, in every compiled training forward."""
+    net = torchcaffe.load(read_net(FUNCTIONS_NET))
+    x = torch.randn(1, 3, 6, 6)
+    torch._dynamo.reset()
+    report = torch._dynamo.explain(lambda: net(data=x)["top"].sum())()
+    assert report.graph_break_count == 0, [str(b.reason)[:200] for b in report.break_reasons]

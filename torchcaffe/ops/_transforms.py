@@ -10,14 +10,17 @@ which every transform batches and differentiates.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
+from torch.autograd import forward_ad
 
 from ..errors import UnsupportedError
 
 if TYPE_CHECKING:
     from .base import CaffeLayer
+
+F = TypeVar("F", bound=type[torch.autograd.Function])
 
 
 # Is a torch.func transform active? torch's own C function, called as it is: 23 ns a call,
@@ -37,3 +40,26 @@ def refuse_stats_update(layer: CaffeLayer) -> None:
             expected="the statistics it stores (use_global_stats: true, or the TEST phase)",
             got="batch statistics",
         )
+
+
+def forward_mode_possible() -> bool:
+    """Can forward-mode AD reach this call: a torch.func transform (``jvp``, ``jacfwd``) or
+    a ``torch.autograd.forward_ad`` dual level?"""
+    return under_func_transform() or forward_ad._current_level >= 0
+
+
+_WITH_JVP: dict[type, type] = {}
+
+
+def with_jvp(cls: F) -> F:
+    """The autograd.Function ``cls``, or, where forward mode may run, its subclass whose
+    ``jvp`` is ``cls.tangent``. Dynamo cannot trace a Function that defines ``jvp`` (torch
+    2.13: a graph break at each, in every compiled training forward), so the classes keep
+    their forward-mode rule under another name and get a ``jvp`` only where it is wanted."""
+    if not forward_mode_possible():
+        return cls
+    made = _WITH_JVP.get(cls)
+    if made is None:
+        namespace = {"jvp": staticmethod(cls.tangent), "__module__": cls.__module__}  # type: ignore[attr-defined]
+        made = _WITH_JVP[cls] = type(f"{cls.__name__}WithJvp", (cls,), namespace)
+    return made  # type: ignore[return-value]

@@ -10,7 +10,7 @@ from ..proto import caffe_pb2
 from ..registry import register_layer
 from ._launches import launch_bound
 from ._narrow import computed_in_float32
-from ._transforms import under_func_transform
+from ._transforms import under_func_transform, with_jvp
 from .base import CaffeLayer
 
 LP = caffe_pb2.LRNParameter
@@ -77,7 +77,7 @@ class LRNLayer(CaffeLayer):
                 and not torch.jit.is_tracing()
                 and not under_func_transform()  # its forward writes out= and in place
             ):
-                return AcrossChannelsLRN.apply(x, n, self.alpha, self.beta, self.k)
+                return with_jvp(AcrossChannelsLRN).apply(x, n, self.alpha, self.beta, self.k)
             sq = x * x
             scale = across_scale(sq, n, self.alpha, self.k)
             if (
@@ -119,7 +119,7 @@ class AcrossChannelsLRN(torch.autograd.Function):
         return neg_power(scale, beta, out=sq).mul_(x)
 
     @staticmethod
-    def jvp(ctx, x_t, *_):  # type: ignore[override]
+    def tangent(ctx, x_t, *_):
         """The forward's derivative (torch.autograd.forward_ad), the backward's transpose:
         t * scale^-beta - 2 alpha beta / n * top / scale * (the window sum of x * t)."""
         (x,) = ctx.saved_tensors

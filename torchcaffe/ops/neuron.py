@@ -26,6 +26,7 @@ from torch.autograd.function import once_differentiable
 
 from ..registry import register_layer
 from ._functional.power import caffe_power
+from ._transforms import with_jvp
 from .base import CaffeLayer, Shape
 
 # Caffe's BNLL backward clamps its exp argument here (exp(50) / (exp(50) + 1) == 1 in float).
@@ -63,7 +64,7 @@ class NeuronLayer(CaffeLayer):
         return slope * slope if self.slope_overwrites_top_diff else dy * slope
 
     def _forward_slope_at_output(self, x: torch.Tensor) -> torch.Tensor:
-        return SlopeAtOutput.apply(x, self)
+        return with_jvp(SlopeAtOutput).apply(x, self)
 
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
         return [tuple(int(d) for d in bottom_shapes[0])]
@@ -92,7 +93,7 @@ class SlopeAtOutput(torch.autograd.Function):
         return ctx.layer.in_place_backward(y, grad), None
 
     @staticmethod
-    def jvp(ctx, x_t, _):
+    def tangent(ctx, x_t, _):
         """The tangent times Caffe's slope at the output (where its in-place backward ignores
         the top diff, writing the slope squared, there is no linear map to transpose)."""
         (y,) = ctx.saved_tensors

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from . import frozen_graph, fused_relu
-from ._transforms import under_func_transform
+from ._transforms import under_func_transform, with_jvp
 
 # Weights (N * K) from which oneDNN's matmul is faster than MKL's at every batch measured.
 MIN_WEIGHTS = 1 << 18
@@ -71,7 +71,7 @@ def linear(
     recorded = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
     if _onednn_can_take(tensors):
         if recorded:
-            return fused_relu.apply_(_OneDnnLinear.apply(x, weight, bias), relu)
+            return fused_relu.apply_(with_jvp(_OneDnnLinear).apply(x, weight, bias), relu)
         return fused_relu.onednn_call(_LINEAR, relu, x, weight, bias)
     if _GRAPH_LINEAR is not None and graph_can_take(tensors):
         return fused_relu.apply_(_GRAPH_LINEAR(x, weight, bias), relu)
@@ -192,7 +192,7 @@ class _OneDnnLinear(torch.autograd.Function):
         return _LINEAR(x, weight, bias, "none", [], "")  # type: ignore[misc]
 
     @staticmethod
-    def jvp(ctx, x_t, weight_t, bias_t):  # type: ignore[override]
+    def tangent(ctx, x_t, weight_t, bias_t):
         """(torch.autograd.forward_ad) The product rule, in torch's own ops."""
         x, weight = ctx.saved_tensors
         out = torch.zeros(*x.shape[:-1], weight.shape[0], dtype=x.dtype, device=x.device)

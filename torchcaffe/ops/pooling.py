@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ..proto import caffe_pb2
 from ..registry import register_layer
-from ._transforms import under_func_transform
+from ._transforms import under_func_transform, with_jvp
 from .base import Between, CaffeLayer
 
 PP = caffe_pb2.PoolingParameter
@@ -109,7 +109,7 @@ class _FlooredMaxPool2d(torch.autograd.Function):
         return grad_x, None, None, None, None
 
     @staticmethod
-    def jvp(ctx, x_t, *_):  # type: ignore[override]
+    def tangent(ctx, x_t, *_):
         """(torch.autograd.forward_ad) Each window's winner's tangent, 0 where the window's
         best was floored: the backward's transpose."""
         y, idx = ctx.saved_tensors
@@ -153,7 +153,7 @@ def _max_pool(x, kernel, stride, pad, out, want_mask, finite=False):
         and not torch.jit.is_tracing()  # a Python op: no TorchScript or ONNX form
         and not transformed
     ):
-        y, idx = _FlooredMaxPool2d.apply(x, kernel, stride, pad, ceil)
+        y, idx = with_jvp(_FlooredMaxPool2d).apply(x, kernel, stride, pad, ceil)
         return y, (_mask(y, idx) if want_mask else None)
     return _max_pool_windows(_floor_at_flt_max(x), kernel, stride, pad, out, want_mask)
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from .._transforms import with_jvp
+
 
 class StoredStatsBatchGrad(torch.autograd.Function):
     """x of shape (N, C, S), mean and inv_std of shape (C, 1): x_hat = (x - mean) * inv_std;
@@ -33,7 +35,7 @@ class StoredStatsBatchGrad(torch.autograd.Function):
         return _projected(grad, *ctx.saved_tensors), None, None
 
     @staticmethod
-    def jvp(ctx, x_t, *_):  # the backward is symmetric: its transpose is itself
+    def tangent(ctx, x_t, *_):  # the backward is symmetric: its transpose is itself
         return _projected(x_t, *ctx.saved_tensors)
 
 
@@ -47,4 +49,4 @@ def _projected(g: torch.Tensor, x_hat: torch.Tensor, inv_std: torch.Tensor) -> t
 def stored_stats_batch_grad(
     x: torch.Tensor, mean: torch.Tensor, inv_std: torch.Tensor
 ) -> torch.Tensor:
-    return StoredStatsBatchGrad.apply(x, mean, inv_std)
+    return with_jvp(StoredStatsBatchGrad).apply(x, mean, inv_std)

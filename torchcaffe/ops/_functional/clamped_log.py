@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from .._transforms import with_jvp
+
 
 class LogSoftmaxClamped(torch.autograd.Function):
     """(log(max(softmax(x), threshold)), softmax(x)) along ``axis``; backward as log_softmax.
@@ -49,7 +51,7 @@ class LogSoftmaxClamped(torch.autograd.Function):
         return grad - prob * grad.sum(dim=ctx.axis, keepdim=True), None, None
 
     @staticmethod
-    def jvp(ctx, x_t, *_):
+    def tangent(ctx, x_t, *_):
         """The backward's transpose, t - sum(p * t); the probabilities take none."""
         (prob,) = ctx.saved_tensors
         return x_t - (prob * x_t).sum(dim=ctx.axis, keepdim=True), None
@@ -78,7 +80,7 @@ class LogClamped(torch.autograd.Function):
         return grad / torch.clamp(p, min=ctx.threshold), None
 
     @staticmethod
-    def jvp(ctx, p_t, _):
+    def tangent(ctx, p_t, _):
         (p,) = ctx.saved_tensors
         return p_t / torch.clamp(p, min=ctx.threshold)
 
@@ -86,8 +88,8 @@ class LogClamped(torch.autograd.Function):
 def log_softmax_clamped(
     x: torch.Tensor, axis: int, threshold: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return LogSoftmaxClamped.apply(x, axis, threshold)
+    return with_jvp(LogSoftmaxClamped).apply(x, axis, threshold)
 
 
 def log_clamped(p: torch.Tensor, threshold: float) -> torch.Tensor:
-    return LogClamped.apply(p, threshold)
+    return with_jvp(LogClamped).apply(p, threshold)

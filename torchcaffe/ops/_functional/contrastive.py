@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from .._transforms import with_jvp
+
 # ContrastiveLossLayer::Backward_cpu adds this to the distance it divides by.
 DIST_EPS = 1e-4
 
@@ -34,10 +36,10 @@ class CaffePairDistance(torch.autograd.Function):
         return grad / (2 * (dist + DIST_EPS))
 
     @staticmethod
-    def jvp(ctx, dist_sq_t):  # the backward's transpose: the same factor per element
+    def tangent(ctx, dist_sq_t):  # the backward's transpose: the same factor per element
         (dist,) = ctx.saved_tensors
         return dist_sq_t / (2 * (dist + DIST_EPS))
 
 
 def caffe_pair_distance(dist_sq: torch.Tensor) -> torch.Tensor:
-    return CaffePairDistance.apply(dist_sq)
+    return with_jvp(CaffePairDistance).apply(dist_sq)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from .._transforms import with_jvp
+
 
 class CaffeUnstableProd(torch.autograd.Function):
     """b0 * b1 * ... (left to right) with EltwiseLayer's unstable PROD backward."""
@@ -37,7 +39,7 @@ class CaffeUnstableProd(torch.autograd.Function):
         )
 
     @staticmethod
-    def jvp(ctx, *tangents):  # the backward's transpose: each bottom's factor top / b
+    def tangent(ctx, *tangents):  # the backward's transpose: each bottom's factor top / b
         top, *bottoms = ctx.saved_tensors
         terms = [(top / b) * t for b, t in zip(bottoms, tangents) if t is not None]
         return sum(terms[1:], terms[0])
@@ -49,7 +51,7 @@ def caffe_unstable_prod(*bottoms: torch.Tensor) -> torch.Tensor:
     varargs forward under no_grad with the arguments lost (IndexError), a graph break, or
     an error with ``fullgraph=True``."""
     if torch.is_grad_enabled() and any(b.requires_grad for b in bottoms):
-        return CaffeUnstableProd.apply(*bottoms)
+        return with_jvp(CaffeUnstableProd).apply(*bottoms)
     top = bottoms[0] * bottoms[1]
     for b in bottoms[2:]:
         top = top * b
@@ -129,7 +131,7 @@ class CaffeEltwiseInPlace(torch.autograd.Function):
         return (None, None, None, *grads)
 
     @staticmethod
-    def jvp(ctx, _op, _coeff, _stable, *tangents):
+    def tangent(ctx, _op, _coeff, _stable, *tangents):
         """The forward's own derivative (Caffe's in-place backward is no linear map to
         transpose: bottom 0's diff is PROD's factor squared): SUM's bottoms 1.. by their
         coefficients, MAX's winner (bottom 0 competes as the constant -FLT_MAX), PROD's
@@ -158,7 +160,7 @@ class CaffeEltwiseInPlace(torch.autograd.Function):
 def caffe_eltwise_in_place(
     op: str, coeff: list[float], stable: bool, *bottoms: torch.Tensor
 ) -> torch.Tensor:
-    return CaffeEltwiseInPlace.apply(op, coeff, stable, *bottoms)
+    return with_jvp(CaffeEltwiseInPlace).apply(op, coeff, stable, *bottoms)
 
 
 def _in_place_max(bottoms) -> tuple[torch.Tensor, torch.Tensor]:

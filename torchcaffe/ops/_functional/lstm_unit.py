@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from .._transforms import with_jvp
+
 
 class LSTMUnitStep(torch.autograd.Function):
     """c_prev (..., H), x (..., 4H), cont (...) -> (c, h, and the gates i, f, o, g and
@@ -50,7 +52,7 @@ class LSTMUnitStep(torch.autograd.Function):
         return c_term * f, x_diff, None
 
     @staticmethod
-    def jvp(ctx, c_prev_t, x_t, _):
+    def tangent(ctx, c_prev_t, x_t, _):
         """The forward's derivative, the backward's transpose (f's slope f (1 - f), as the
         backward has it): the tangents of c and h; the gates take none."""
         c_prev, i, f, o, g, tanh_c = ctx.saved_tensors
@@ -73,7 +75,7 @@ def lstm_unit_step(
     if torch.jit.is_tracing():
         _, _, o, _, c, tanh_c = _gates(c_prev, x, cont.detach())
         return c, o * tanh_c
-    c, h = LSTMUnitStep.apply(c_prev, x, cont.detach())[:2]
+    c, h = with_jvp(LSTMUnitStep).apply(c_prev, x, cont.detach())[:2]
     return c, h
 
 

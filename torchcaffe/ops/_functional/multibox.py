@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from .._transforms import with_jvp
+
 
 class DivideForwardOnly(torch.autograd.Function):
     """``x / divisor`` in the forward; the incoming gradient passes to ``x`` unchanged."""
@@ -25,7 +27,7 @@ class DivideForwardOnly(torch.autograd.Function):
         pass
 
     @staticmethod
-    def jvp(ctx, x_t, _):
+    def tangent(ctx, x_t, _):
         return x_t
 
     @staticmethod
@@ -35,4 +37,4 @@ class DivideForwardOnly(torch.autograd.Function):
 
 
 def divide_forward_only(x: torch.Tensor, divisor: torch.Tensor) -> torch.Tensor:
-    return DivideForwardOnly.apply(x, divisor)
+    return with_jvp(DivideForwardOnly).apply(x, divisor)

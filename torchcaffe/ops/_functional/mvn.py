@@ -11,6 +11,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .._narrow import is_narrow
+from .._transforms import with_jvp
 
 
 class CaffeMVN(torch.autograd.Function):
@@ -44,7 +45,7 @@ class CaffeMVN(torch.autograd.Function):
         return _projected(grad, y, denom), None
 
     @staticmethod
-    def jvp(ctx, x_t, _):
+    def tangent(ctx, x_t, _):
         x, y = ctx.saved_tensors
         return _projected(x_t, y, _centered_and_denominator(x, ctx.eps)[1])
 
@@ -74,7 +75,7 @@ class CaffeMVNInPlace(CaffeMVN):
         return aliased_axpby(d, dim) / denom, None
 
     @staticmethod
-    def jvp(ctx, x_t, _):
+    def tangent(ctx, x_t, _):
         """The backward's transpose: it is -2 / (dim * denom) (I + 11^T) y y^T g, so this is
         -2 / (dim * denom) y (y . t + sum(t) sum(y))."""
         x, y = ctx.saved_tensors
@@ -103,4 +104,4 @@ def caffe_mvn(x: torch.Tensor, eps: float, in_place: bool = False) -> torch.Tens
     square of a deviation past 256 is inf."""
     if is_narrow(x.dtype):
         return caffe_mvn(x.float(), eps, in_place).to(x.dtype)
-    return (CaffeMVNInPlace if in_place else CaffeMVN).apply(x, eps)
+    return with_jvp(CaffeMVNInPlace if in_place else CaffeMVN).apply(x, eps)

@@ -12,6 +12,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .._narrow import is_narrow
+from .._transforms import with_jvp
 
 
 class CaffeNormalize(torch.autograd.Function):
@@ -54,7 +55,7 @@ class CaffeNormalize(torch.autograd.Function):
         return grad_x, grad_scale, None, None
 
     @staticmethod
-    def jvp(ctx, x_t, scale_t, *_):
+    def tangent(ctx, x_t, scale_t, *_):
         """(s t - x (x . s t) / norm^2) / norm for x's tangent t (the backward multiplies by
         the per-channel scale s after projecting, so its transpose before), plus x / norm
         times the scale's tangent (the backward's top / scale)."""
@@ -82,5 +83,5 @@ def caffe_normalize(
     a zero row would be 0 / 0 where Caffe's float gives 0."""
     dims = (1, 2) if across_spatial else (1,)
     if is_narrow(x.dtype):
-        return CaffeNormalize.apply(x.float(), scale.float(), dims, eps).to(x.dtype)
-    return CaffeNormalize.apply(x, scale, dims, eps)
+        return with_jvp(CaffeNormalize).apply(x.float(), scale.float(), dims, eps).to(x.dtype)
+    return with_jvp(CaffeNormalize).apply(x, scale, dims, eps)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from .._transforms import with_jvp
+
 
 def _base(x: torch.Tensor, scale: float, shift: float) -> torch.Tensor:
     """shift + scale * x, skipping the identity steps as Caffe does."""
@@ -58,7 +60,7 @@ class CaffePower(torch.autograd.Function):
         return grad * _slope(x, y, *ctx.params), None, None, None
 
     @staticmethod
-    def jvp(ctx, x_t, *_):
+    def tangent(ctx, x_t, *_):
         x, y = ctx.saved_tensors
         power, scale, _ = ctx.params
         if power * scale == 0:
@@ -81,4 +83,4 @@ def _slope(x: torch.Tensor, y: torch.Tensor, power: float, scale: float, shift: 
 
 
 def caffe_power(x: torch.Tensor, power: float, scale: float, shift: float) -> torch.Tensor:
-    return CaffePower.apply(x, power, scale, shift)
+    return with_jvp(CaffePower).apply(x, power, scale, shift)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from .._transforms import with_jvp
+
 
 class CaffeReLU6(torch.autograd.Function):
     """min(x > 0 ? x : negative_slope * x, threshold) with the fork's ReLU6 Backward_cpu."""
@@ -33,7 +35,7 @@ class CaffeReLU6(torch.autograd.Function):
         return _times_slope(grad, *ctx.saved_tensors, *ctx.params), None, None
 
     @staticmethod
-    def jvp(ctx, x_t, *_):  # the backward's transpose: the same slope per element
+    def tangent(ctx, x_t, *_):  # the backward's transpose: the same slope per element
         return _times_slope(x_t, *ctx.saved_tensors, *ctx.params)
 
 
@@ -44,4 +46,4 @@ def _times_slope(t: torch.Tensor, x: torch.Tensor, negative_slope: float, thresh
 
 
 def caffe_relu6(x: torch.Tensor, negative_slope: float, threshold: float) -> torch.Tensor:
-    return CaffeReLU6.apply(x, negative_slope, threshold)
+    return with_jvp(CaffeReLU6).apply(x, negative_slope, threshold)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from .._transforms import with_jvp
+
 
 def smooth_l1(d: torch.Tensor, sigma2: float) -> torch.Tensor:
     """0.5 sigma^2 d^2 where |d| < 1 / sigma^2, else |d| - 0.5 / sigma^2."""
@@ -41,7 +43,7 @@ class WeightedSmoothL1Fork(torch.autograd.Function):
         return grad * _slope(d, w, ctx.sigma2), None, None
 
     @staticmethod
-    def jvp(ctx, d_t, *_):  # the backward's transpose: the same slope per element
+    def tangent(ctx, d_t, *_):  # the backward's transpose: the same slope per element
         d, w = ctx.saved_tensors
         return d_t * _slope(d, w, ctx.sigma2)
 
@@ -55,4 +57,4 @@ def _slope(d: torch.Tensor, w: torch.Tensor, sigma2: float) -> torch.Tensor:
 
 
 def weighted_smooth_l1_fork(d: torch.Tensor, w: torch.Tensor, sigma2: float) -> torch.Tensor:
-    return WeightedSmoothL1Fork.apply(d, w, sigma2)
+    return with_jvp(WeightedSmoothL1Fork).apply(d, w, sigma2)

@@ -12,6 +12,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .._loss_normalization import index_checks_wanted
+from .._transforms import with_jvp
 
 
 def check_mask_range(mask: torch.Tensor, size: int, error) -> torch.Tensor:
@@ -65,7 +66,7 @@ class SegNetUnpool(torch.autograd.Function):
         return grad_x.reshape(index.shape), None, None
 
     @staticmethod
-    def jvp(ctx, x_t, *_):
+    def tangent(ctx, x_t, *_):
         """The backward's transpose: each bottom tangent added at its index."""
         (index,) = ctx.saved_tensors
         n, c = index.shape[:2]
@@ -76,4 +77,4 @@ class SegNetUnpool(torch.autograd.Function):
 
 
 def segnet_unpool(x: torch.Tensor, index: torch.Tensor, out_hw: tuple[int, int]) -> torch.Tensor:
-    return SegNetUnpool.apply(x, index, out_hw)
+    return with_jvp(SegNetUnpool).apply(x, index, out_hw)
