@@ -20,8 +20,8 @@ class CaffeMVN(torch.autograd.Function):
     Backward (MVNLayer::Backward_cpu): (g - mean(g) - y * mean(g * y)) / (sqrt(var) + eps).
     One output: torch.onnx's TorchScript exporter wires a Function's second output in place
     of its first. What the backward needs besides is computed again, by the same ops, where a
-    gradient is wanted (``setup_context`` runs after every forward). Forward mode (``jvp``)
-    is the backward's transpose: the backward is symmetric in g.
+    gradient is wanted (``setup_context`` runs after every forward). Forward mode (``tangent``,
+    which ``with_jvp`` gives as jvp) is the backward's transpose: the backward is symmetric in g.
     """
 
     generate_vmap_rule = True  # torch.func batches it (ops/_transforms.py)

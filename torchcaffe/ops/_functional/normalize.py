@@ -20,8 +20,8 @@ class CaffeNormalize(torch.autograd.Function):
     ((1, 2) across_spatial, else (1,)); scale is a 0-D or (C,) tensor.
     One output: torch.onnx's TorchScript exporter wires a Function's second output in place
     of its first. What the backward needs besides is computed again, by the same ops, where a
-    gradient is wanted (``setup_context`` runs after every forward). Forward mode (``jvp``)
-    is the backward's transpose."""
+    gradient is wanted (``setup_context`` runs after every forward). Forward mode (``tangent``,
+    which ``with_jvp`` gives as jvp) is the backward's transpose."""
 
     generate_vmap_rule = True  # torch.func batches it (ops/_transforms.py)
 
