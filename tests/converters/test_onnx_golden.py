@@ -22,21 +22,19 @@ from torchcaffe.converters.onnx import export_onnx
 from torchcaffe.errors import ExportError
 from torchcaffe.net.export import batch_groups
 
-from ..helpers.golden import InFolder, case_inputs, case_net, input_fed_cases, twice_the_batch
+from ..helpers.golden import (
+    RECURRENT_NETS,
+    InFolder,
+    case_inputs,
+    case_net,
+    input_fed_cases,
+    twice_the_batch,
+)
 
 ort = pytest.importorskip("onnxruntime")
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
-RECURRENT = [
-    "layers/lstm_basic",
-    "layers/lstm_expose_hidden",
-    "layers/lstm_expose_hidden_cont1",
-    "layers/lstm_static_input",
-    "layers/lstm_unit",
-    "layers/rnn_basic",
-    "layers/rnn_expose_hidden",
-    "nets/lstm_net",
-]
+RECURRENT = [*RECURRENT_NETS, "layers/lstm_unit"]
 # the batch cannot change there (see tests/net/test_golden_graphs.py): refused with a symbolic
 # batch, exported with a fixed one
 FIXED_BATCH = {*RECURRENT, "layers/scale_2bottoms_axis0_bias", "layers/slice_axis0_equal"}

@@ -68,6 +68,18 @@ class InFolder:
         os.chdir(self.old)
 
 
+# input-fed cases whose axis 0 is the recurrent layers' timesteps, fixed when the net unrolls
+RECURRENT_NETS = (
+    "layers/lstm_basic",
+    "layers/lstm_expose_hidden",
+    "layers/lstm_expose_hidden_cont1",
+    "layers/lstm_static_input",
+    "layers/rnn_basic",
+    "layers/rnn_expose_hidden",
+    "nets/lstm_net",
+)
+
+
 def input_fed_cases(root: Path) -> list[Case]:
     """The layers/, forks/ and nets/ cases whose ``in/`` arrays are exactly their net's input
     blobs (the others read data layers too)."""

@@ -23,7 +23,7 @@ import torchcaffe
 from torchcaffe.errors import UnsupportedError
 from torchcaffe.formats.prototxt import read_net
 
-from ..helpers.golden import InFolder, case_inputs, case_net, input_fed_cases
+from ..helpers.golden import RECURRENT_NETS, InFolder, case_inputs, case_net, input_fed_cases
 from .random_nets import random_net
 from .test_passes_random import _load
 
@@ -34,22 +34,16 @@ CASES = input_fed_cases(GOLDEN)
 # net that cannot run one sample alone (recurrent time steps on axis 0, a Slice of axis 0,
 # a Scale whose second bottom spans the batch): vmap over samples does not apply.
 NOT_PER_SAMPLE = {
+    *RECURRENT_NETS,
     "forks/detection_output_corner_nonshared",
     "forks/detection_output_ssd",
     "layers/bias_2bottoms",
     "layers/concat_axis0",
     "layers/crop_default",
-    "layers/lstm_basic",
-    "layers/lstm_expose_hidden",
-    "layers/lstm_expose_hidden_cont1",
-    "layers/lstm_static_input",
-    "layers/rnn_basic",
-    "layers/rnn_expose_hidden",
     "layers/scale_2bottoms_axis0_bias",
     "layers/scale_2bottoms_axis2",
     "layers/silence",
     "layers/slice_axis0_equal",
-    "nets/lstm_net",
 }
 # refused under a transform, naming the layer: a top's size depends on the values, or a
 # BatchNorm on batch statistics would update its moving averages in place

@@ -24,23 +24,21 @@ import torch
 from torchcaffe.errors import ExportError
 from torchcaffe.net.export import batch_groups, export_net
 
-from ..helpers.golden import InFolder, case_inputs, case_net, input_fed_cases, twice_the_batch
+from ..helpers.golden import (
+    RECURRENT_NETS,
+    InFolder,
+    case_inputs,
+    case_net,
+    input_fed_cases,
+    twice_the_batch,
+)
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
 # case -> why no dynamic batch exists (each raises ExportError, naming the layer where it can)
 REFUSED = {
     **dict.fromkeys(
-        [
-            "layers/lstm_basic",
-            "layers/lstm_expose_hidden",
-            "layers/lstm_expose_hidden_cont1",
-            "layers/lstm_static_input",
-            "layers/rnn_basic",
-            "layers/rnn_expose_hidden",
-            "nets/lstm_net",
-        ],
-        "axis 0 is the timesteps, which the unrolled net fixes at set-up",
+        RECURRENT_NETS, "axis 0 is the timesteps, which the unrolled net fixes at set-up"
     ),
     "layers/lstm_unit": "c_prev's axis 0 must be 1",
     "layers/scale_2bottoms_axis0_bias": "the learned bias blob has the batch's size",
