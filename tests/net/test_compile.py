@@ -406,6 +406,28 @@ def test_each_net_compiles_against_a_recompile_budget_of_its_own():
         assert len(_debug_get_cache_entry_list(type(net).forward.__code__)) == 1
 
 
+def test_nets_of_one_architecture_share_a_class_and_a_compiled_graph():
+    """Two loads of one net text in one phase are instances of one class, as two instances of
+    a hand-written model are: the graph compiled for the first serves the second, with the
+    second's own weights. Another phase, or another text, is another class."""
+    first, second = _small_net(), _small_net()
+    with torch.no_grad():
+        for p in second.parameters():
+            p.add_(torch.randn_like(p))
+    assert type(first) is type(second)
+    from google.protobuf import text_format
+
+    train = torchcaffe.load(text_format.Parse(SMALL, caffe_pb2.NetParameter()), phase="train")
+    assert type(train) is not type(first) and type(_layout_net()) is not type(first)
+    x = torch.randn(2, 3, 13, 11)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with torch._dynamo.config.patch(recompile_limit=1), torch.inference_mode():
+        for net in (first, second):
+            _close(torch.compile(net)(data=x), net(data=x))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
 # conv and ip have the weights (>= 2**18) for which a compiled graph calls our opaque ops;
 # cls, a classifier over pooled features, is a GEMM on the CPU
 FROZEN_NET = """

@@ -35,7 +35,7 @@ from ..proto import caffe_pb2
 from .builder import build_net, set_requires_grad
 from .feeds import SOURCE_LAYER_TYPES
 from .finite import FiniteParams
-from .own_forward import base_class, new_instance, with_own_forward
+from .own_forward import architecture, base_class, new_instance, with_own_forward
 from .passes import (
     OptimizedProgram,
     optimize_for_inference,
@@ -128,7 +128,7 @@ class TorchNet(nn.Module):
         fused_steps.install()  # a fused optimizer's step bumps the versions the folds read
         self._observe_outputs = frozenset(self.output_names)
         self._observe_all = frozenset(self.blob_names)
-        self.__class__ = with_own_forward(type(self))
+        self.__class__ = with_own_forward(type(self), architecture(self.net_param, self.state))
 
     def __prepare_scriptable__(self) -> TorchNet:
         """``torch.jit.script`` asks this first: refuse it plainly (TorchScript cannot compile
@@ -144,8 +144,8 @@ class TorchNet(nn.Module):
         )
 
     def __reduce__(self) -> tuple[object, ...]:
-        """Pickles (and copies) as the net's own class; ``__setstate__`` gives the copy a
-        ``forward`` of its own again (see ``own_forward``)."""
+        """Pickles (and copies) as the net's own class; ``__setstate__`` gives the copy the
+        class of its architecture again (see ``own_forward``)."""
         return new_instance, (base_class(type(self)),), self.__getstate__()
 
     def __getstate__(self) -> dict[str, object]:
@@ -166,7 +166,7 @@ class TorchNet(nn.Module):
         self.__dict__.setdefault("conversions", 0)  # and from before the conversion count
         if "_known_inputs" not in self.__dict__:  # a pickle from before the dtype check
             self._known_inputs = {}
-        self.__class__ = with_own_forward(type(self))
+        self.__class__ = with_own_forward(type(self), architecture(self.net_param, self.state))
 
     # -- identity --------------------------------------------------------------------------
     @property

@@ -1,25 +1,53 @@
-"""One ``forward`` code object per net, so that each net has dynamo's recompile budget to itself.
+"""One ``forward`` code object per net architecture, so that distinct nets do not share dynamo's
+recompile budget, and nets of one architecture share a class.
 
 Dynamo keeps the graphs it compiles for a frame on the frame's code object and allows a code
 object ``torch._dynamo.config.recompile_limit`` (8) of them. Every net built from the one
 ``TorchNet`` class would run the one ``TorchNet.forward`` code, so eight distinct nets (or
 input shapes) compiled in a process used up that budget, and the ninth net ran eagerly with
 only dynamo's warning. A hand-written model does not meet this: each class has its own
-``forward``. Here each net gets a class of its own, a subclass of its class whose ``forward`` is
-a copy with a fresh code object; the subclass keeps the name, and pickles as its base.
+``forward``. Here each architecture (``architecture`` below: the net's text and state) gets a
+class of its own, a subclass of its class whose ``forward`` is a copy with a fresh code object;
+the subclass keeps the name, and pickles as its base. Nets of one architecture (loaded twice, a
+copy, an ensemble) share it as instances of one hand-written class do: a graph compiled for
+one serves the others, and ``torch.func.stack_module_state``, which wants one class, stacks
+them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import types
+import weakref
+from collections.abc import Hashable
 from typing import Any, TypeVar, cast
 
 from torch import nn
+
+from ..proto import caffe_pb2
 
 M = TypeVar("M", bound=nn.Module)
 
 # Marks a per-net class and names the class it was made from.
 _BASE = "_own_forward_base"
+# (base class, architecture) -> the class made for it, while some net still is one
+_MADE: weakref.WeakValueDictionary[tuple[type, Hashable], type] = weakref.WeakValueDictionary()
+
+
+def architecture(net_param: caffe_pb2.NetParameter, state: caffe_pb2.NetState) -> bytes:
+    """A digest of what a net is built from, less any weights its layers carry (a binary net
+    definition's): the net text and the state (phase, level, stages) that picks its layers."""
+    if any(len(layer.blobs) for layer in net_param.layer) or any(
+        len(layer.blobs) for layer in net_param.layers
+    ):
+        stripped = caffe_pb2.NetParameter()
+        stripped.CopyFrom(net_param)
+        for layer in (*stripped.layer, *stripped.layers):
+            layer.ClearField("blobs")
+        net_param = stripped
+    digest = hashlib.blake2b(net_param.SerializeToString(deterministic=True), digest_size=16)
+    digest.update(state.SerializeToString(deterministic=True))
+    return digest.digest()
 
 
 def base_class(cls: type[M]) -> type[M]:
@@ -33,9 +61,13 @@ def new_instance(cls: type[M]) -> M:
     return cls.__new__(cls)
 
 
-def with_own_forward(cls: type[M]) -> type[M]:
-    """A subclass of ``base_class(cls)`` whose ``forward`` runs a code object of its own."""
+def with_own_forward(cls: type[M], arch: Hashable) -> type[M]:
+    """A subclass of ``base_class(cls)`` whose ``forward`` runs a code object of its own, the
+    one made for architecture ``arch`` while a net of it lives."""
     base = base_class(cls)
+    made = _MADE.get((base, arch))
+    if made is not None:
+        return cast("type[M]", made)
     shared = base.forward
     code = shared.__code__.replace()  # an equal copy: dynamo's cache lives on the object
     own = types.FunctionType(
@@ -54,4 +86,5 @@ def with_own_forward(cls: type[M]) -> type[M]:
         "__doc__": base.__doc__,
     }
     made = types.new_class(base.__name__, (base,), {}, lambda ns: ns.update(namespace))
+    _MADE[(base, arch)] = made
     return cast("type[M]", made)
