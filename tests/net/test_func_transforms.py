@@ -3,8 +3,8 @@ jacrev, and model ensembles (functional_call over stacked params).
 
 Each golden net fed by inputs of one batch runs under vmap as a loop over its samples runs
 eagerly, and its per-sample gradients (input and params) are the loop's. Under a transform
-the net runs its layers as written, without the passes, whose caches must not keep the
-transform's wrapped params; the layers' CPU fast forms (memory-format queries, branches on
+the net runs its training program, whose folds are ops of the run (no cache keeps the
+transform's wrapped params); the layers' CPU fast forms (memory-format queries, branches on
 values, ``out=`` ops, oneDNN's ops) give way to plain torch ops, and every custom
 autograd.Function batches. A layer that cannot run there is refused by name.
 """
@@ -12,11 +12,12 @@ autograd.Function batches. A layer that cannot run there is refused by name.
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 
 import pytest
 import torch
-from torch.func import functional_call, grad, jacfwd, jacrev, jvp, vjp, vmap
+from torch.func import functional_call, grad, jacfwd, jacrev, jvp, stack_module_state, vjp, vmap
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchcaffe
@@ -272,22 +273,21 @@ def _literal(net: torchcaffe.TorchNet, x: torch.Tensor) -> torch.Tensor:
 
 
 def _stacked(nets, named) -> dict[str, torch.Tensor]:
-    """The nets' params or buffers (``named``: the method's name) stacked on a new axis 0.
-    (torch.func.stack_module_state wants one class, and each net has a class of its own:
-    ``net/own_forward.py``.)"""
+    """The nets' params or buffers (``named``: the method's name) stacked on a new axis 0."""
     per_net = [dict(getattr(net, named)()) for net in nets]
     return {k: torch.stack([state[k].detach() for state in per_net]) for k in per_net[0]}
 
 
 def test_an_ensemble_of_nets_runs_as_one_vmap_over_their_stacked_params():
-    """Three nets of one prototxt with their own weights, run by vmap over their stacked
-    params and buffers: each gets its own output, and a folded (passes-on) run of each net
-    afterwards is still its own (no pass cached a fold of the transform's params)."""
+    """Three nets of one prototxt with their own weights, stacked by torch.func's
+    ``stack_module_state`` (nets of one architecture are one class), run by vmap over their
+    stacked params and buffers: each gets its own output, and a folded (passes-on) run of
+    each net afterwards is still its own (no pass cached a fold of the transform's params)."""
     nets = [_conv_bn_net(seed) for seed in range(3)]
     x = torch.randn(2, 3, 10, 10)
     with torch.no_grad():
         before = [net(data=x)["ip"] for net in nets]  # fills the folds' caches
-    params, buffers = _stacked(nets, "named_parameters"), _stacked(nets, "named_buffers")
+    params, buffers = stack_module_state(nets)
 
     def run(p, b):
         return functional_call(nets[0], (p, b), (), {"data": x})["ip"]
@@ -334,11 +334,21 @@ layer { name: "bn" type: "BatchNorm" bottom: "data" top: "bn" }
 """
 
 
+# the training program runs this BatchNorm and its Scale as one F.batch_norm
+BATCH_STATISTICS_SCALE_NET = BATCH_STATISTICS_NET + (
+    'layer { name: "scale" type: "Scale" bottom: "bn" top: "out"\n'
+    "        scale_param { bias_term: true } }\n"
+)
+
+
+@pytest.mark.parametrize(
+    "text", [BATCH_STATISTICS_NET, BATCH_STATISTICS_SCALE_NET], ids=["alone", "with_scale"]
+)
 @pytest.mark.parametrize("transform", ["vmap", "grad"])
-def test_batch_statistics_under_a_transform_are_refused_by_name(transform):
+def test_batch_statistics_under_a_transform_are_refused_by_name(transform, text):
     """A TRAIN BatchNorm updates its moving averages in place: under vmap each sample would
     write them, under grad a differentiated value would; torch refuses both naming no layer."""
-    net = torchcaffe.load(read_net(BATCH_STATISTICS_NET), phase="train")
+    net = torchcaffe.load(read_net(text), phase="train")
     x = torch.randn(4, 2, 3, 3)
     before = [t.clone() for t in net.buffers()]
     with pytest.raises(UnsupportedError, match="'bn'.*batch statistics.*torch.func"):
@@ -348,6 +358,67 @@ def test_batch_statistics_under_a_transform_are_refused_by_name(transform):
             grad(lambda t: net(data=t)["bn"].sum())(x)
     for kept, now in zip(before, net.buffers()):
         assert torch.equal(kept, now)
+
+
+def test_a_transform_runs_the_training_programs_fold():
+    """Per-sample gradients run the training program: the frozen BatchNorm and its Scale are
+    folded into the convolution's weights (no BatchNorm or Scale pass over the activations),
+    as in the loop they are checked against."""
+    net = _conv_bn_net(2)
+    x = torch.randn(3, 3, 10, 10)
+    params = {k: p.detach() for k, p in net.named_parameters()}
+
+    def loss(p, sample):
+        return functional_call(net, p, (), {"data": sample.unsqueeze(0)})["ip"].sum()
+
+    with _OpNames() as ops:
+        got = vmap(grad(loss), in_dims=(None, 0))(params, x)
+    assert not {"aten.native_batch_norm.default", "aten.addcmul.default"} & ops.names
+    assert "aten.convolution.default" in ops.names
+    for i in range(3):
+        net.zero_grad()
+        net(data=x[i : i + 1])["ip"].sum().backward()
+        for k, p in net.named_parameters():
+            torch.testing.assert_close(got[k][i], p.grad, rtol=1e-5, atol=1e-6)
+
+
+CHAIN_NET = """
+name: "chain"
+layer { name: "data" type: "Input" top: "data"
+        input_param { shape { dim: 2 dim: 3 dim: 6 dim: 6 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "xavier" } } }
+layer { name: "bn" type: "BatchNorm" bottom: "conv" top: "conv"
+        batch_norm_param { use_global_stats: true } }
+layer { name: "scale" type: "Scale" bottom: "conv" top: "out" scale_param { bias_term: true } }
+"""
+
+
+def test_an_ensemble_member_with_an_infinite_scale_gets_caffes_values():
+    """Over stacked params the fold cannot ask whether its weights are finite, so the chain
+    runs layer by layer for every member: one whose Scale is infinite gets Caffe's +-inf
+    where the folded filters' sums over mixed signs would give NaN."""
+    nets = []
+    for seed in range(2):
+        torch.manual_seed(seed)
+        nets.append(torchcaffe.load(read_net(CHAIN_NET)).eval())
+    with torch.no_grad():
+        nets[1].layers["scale"].weight[0] = math.inf
+    x = torch.randn(2, 3, 6, 6)
+    params, buffers = _stacked(nets, "named_parameters"), _stacked(nets, "named_buffers")
+
+    def run(p, b):
+        return functional_call(nets[0], (p, b), (), {"data": x})["out"]
+
+    with torch.no_grad():
+        got = vmap(run)(params, buffers)
+    assert torch.isinf(got[1]).any()
+    for i, net in enumerate(nets):
+        plain = copy.deepcopy(net)
+        plain.optimize = False
+        with torch.no_grad():
+            want = plain(data=x)["out"]
+        torch.testing.assert_close(got[i], want, rtol=1e-5, atol=1e-6)
 
 
 WIDE_NET = """

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from ...ops._launches import launch_bound
+from ...ops._transforms import refuse_stats_update, under_func_transform
 from ...ops.base import CaffeLayer
 from ...ops.eltwise import EltwiseLayer, EltwiseOp
 from ..program import LayerStep
@@ -113,7 +114,14 @@ class FrozenBatchNormFold(FoldedAffine):
         if torch.compiler.is_compiling() or not a.is_cpu:
             return False
         with torch.no_grad():
-            return not bool(torch.isfinite(a).all() and torch.isfinite(c).all())
+            try:
+                return not bool(torch.isfinite(a).all() and torch.isfinite(c).all())
+            except RuntimeError:
+                if not under_func_transform():
+                    raise
+                # vmap over the params (an ensemble): no value to branch on, so the chain
+                # runs layer by layer, exact for every member
+                return True
 
     def literal_top(self, x: torch.Tensor) -> torch.Tensor:
         """The producer, then each link in program order (``chain``), as Caffe runs them."""
@@ -188,6 +196,7 @@ class TrainingBatchNormScale:
             if mean.dtype != dtype:
                 mean, var = mean.to(dtype), var.to(dtype)
             return F.batch_norm(x, mean, var, scale.weight, bias, eps=bn.eps)
+        refuse_stats_update(bn)  # as the layer itself does, naming it
         if x.numel() // x.shape[1] <= 1:
             return scale(bn(x))  # one value per channel: the layer's own arithmetic
         batch_mean = torch.zeros(x.shape[1], dtype=dtype, device=x.device)
