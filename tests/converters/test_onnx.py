@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -392,6 +393,44 @@ def test_a_tiny_eps_survives_the_export(tmp_path, dynamo):
     x[0] = 0.5  # constant rows for MVN
     x[1, :, 1, 1] = 0.0  # an all-zero pixel for Normalize
     _check(net, path, ["mvn", "norm"], x=x)  # NaN against a finite value fails
+
+
+class _HeldOptimize:
+    """An ONNXProgram stand-in whose ``optimize`` says it started, then waits to be let go."""
+
+    def __init__(self) -> None:
+        self.started, self.go = threading.Event(), threading.Event()
+
+    def optimize(self) -> None:
+        self.started.set()
+        self.go.wait()
+
+
+def test_parallel_exports_leave_onnxscripts_rule_list_as_it_was():
+    """Each export swaps onnxscript's default rule list (a module global) for one without its
+    no-op rules. Two exports in parallel threads must not interleave their swaps: one that
+    saved the other's swapped list as the original restored it last, and every later
+    optimize in the process ran without the no-op rules. The second waits for the first."""
+    from torchcaffe.converters.onnx import _optimize_keeping_small_constants
+
+    rewriter = pytest.importorskip("onnxscript.rewriter")
+
+    original = rewriter._DEFAULT_REWRITE_RULES
+    first, second = _HeldOptimize(), _HeldOptimize()
+    threads = [
+        threading.Thread(target=_optimize_keeping_small_constants, args=(p,))
+        for p in (first, second)
+    ]
+    threads[0].start()
+    assert first.started.wait(30)
+    threads[1].start()
+    overlapped = second.started.wait(0.5)  # not while the first holds the swap
+    first.go.set()
+    second.go.set()
+    for t in threads:
+        t.join(30)
+    assert not overlapped
+    assert rewriter._DEFAULT_REWRITE_RULES is original
 
 
 BATCH_STATISTICS = """

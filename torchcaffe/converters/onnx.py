@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import threading
 import warnings
 from collections.abc import Mapping, Sequence
 
@@ -190,6 +191,12 @@ def _with_every_input(
     return model
 
 
+# onnxscript reads its default rule list from a module global, swapped for each optimize
+# below: two exports in parallel threads would otherwise restore each other's swap, and the
+# process would keep the list without its no-op rules
+_RULES_SWAP = threading.Lock()
+
+
 def _optimize_keeping_small_constants(program: torch.onnx.ONNXProgram) -> None:
     """``program.optimize()`` (onnxscript's constant folding and rewrites) without its no-op
     rules, which take a scalar within 1e-8 of 0 (or 1e-5 of 1) for exactly 0 (1) and drop
@@ -198,20 +205,23 @@ def _optimize_keeping_small_constants(program: torch.onnx.ONNXProgram) -> None:
     are left to onnxruntime, which removes them when it loads the graph. An onnxscript
     whose rule list this does not find is not run: the graph is correct, only larger
     (ResNet-50: 2,279 nodes against 231, 1.36x the time in onnxruntime on 2 threads).
-    The rule list is swapped for the call, so two exports must not run in parallel threads."""
+    The rule list is swapped for the call, one export at a time (``_RULES_SWAP``)."""
     try:
         from onnxscript import rewriter
         from onnxscript.rewriter.rules.common import _no_op
 
-        rules = rewriter._DEFAULT_REWRITE_RULES
         no_ops = {id(rule) for rule in _no_op.rules}
     except (ImportError, AttributeError, TypeError):
         return
-    rewriter._DEFAULT_REWRITE_RULES = tuple(r for r in rules if id(r) not in no_ops)
-    try:
-        program.optimize()
-    finally:
-        rewriter._DEFAULT_REWRITE_RULES = rules
+    if not hasattr(rewriter, "_DEFAULT_REWRITE_RULES"):
+        return
+    with _RULES_SWAP:
+        rules = rewriter._DEFAULT_REWRITE_RULES
+        rewriter._DEFAULT_REWRITE_RULES = tuple(r for r in rules if id(r) not in no_ops)
+        try:
+            program.optimize()
+        finally:
+            rewriter._DEFAULT_REWRITE_RULES = rules
 
 
 def _require_symbolic_batch(graph, net: TorchNet, groups: Mapping[str, int]) -> None:
