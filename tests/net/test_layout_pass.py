@@ -403,8 +403,12 @@ def test_a_convolution_replays_only_the_same_call(packs, checked):
         x, w = x2, w2
         conv2d(x, w, b2, (2, 2), (1, 1), (1, 1), 1, cache)  # another geometry
         assert checked[0] == n + 1
-        with torch.enable_grad():  # autograd may record: the checks decide
+        with torch.enable_grad():  # nothing requires grad: autograd records nothing
             conv2d(x, w, b2, (2, 2), (1, 1), (1, 1), 1, cache)
+        assert checked[0] == n + 1
+        with torch.enable_grad():  # autograd records (the bias): the checks decide
+            conv2d(x, w, b2.requires_grad_(), (2, 2), (1, 1), (1, 1), 1, cache)
+        b2.requires_grad_(False)
         assert checked[0] == n + 2
         with torch.backends.mkldnn.flags(enabled=False):
             got = conv2d(x, w, b2, (2, 2), (1, 1), (1, 1), 1, cache)

@@ -132,6 +132,32 @@ def test_inference_and_training_programs_are_chosen_by_autograd():
     assert kinds == {False, True}
 
 
+def test_a_frozen_net_with_grad_enabled_runs_the_inference_program():
+    """Grad enabled but nothing requiring it (``requires_grad_(False)``, an input that does
+    not): autograd records nothing, so the inference program runs, as under no_grad. A flag
+    set again is seen on the next call: that param gets its gradient, the literal one."""
+    net = _frozen().eval()
+    net.requires_grad_(False)
+    x = torch.randn(4, 3, 6, 5)
+    with torch.no_grad():
+        want = net(data=x)["out"]
+    got = net(data=x)["out"]
+    assert {key[2] for key in net._programs} == {False} and not got.requires_grad
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    weight = net.layers["sc"].weight
+    weight.requires_grad_(True)
+    net(data=x)["out"].sum().backward()
+    assert {key[2] for key in net._programs} == {False, True}
+    literal = copy.deepcopy(net)
+    literal.optimize = False
+    literal.layers["sc"].weight.grad = None
+    literal(data=x)["out"].sum().backward()
+    torch.testing.assert_close(weight.grad, literal.layers["sc"].weight.grad, rtol=RTOL, atol=ATOL)
+    weight.grad = None
+    net(data=x.requires_grad_())["out"].sum().backward()  # an input needing grad records
+    assert x.grad is not None and weight.grad is not None
+
+
 SCALE = NET[NET.index('layer { name: "sc"') : NET.index('layer { name: "relu"')]
 BIAS = """layer { name: "sc" type: "Bias" bottom: "c" top: "c"
   bias_param { filler { type: "uniform" min: -0.5 max: 0.5 } } }

@@ -29,7 +29,7 @@ from ..errors import (
 from ..ops import fused_relu, fused_steps, hook_watch, mode_watch
 from ..ops._narrow import is_narrow
 from ..ops._transforms import under_func_transform
-from ..ops.base import CaffeLayer, Shape
+from ..ops.base import CaffeLayer, Shape, any_requires_grad, blob_slots
 from ..precision import caffe_float32, caffe_float32_backward, on_cuda
 from ..proto import caffe_pb2
 from .builder import build_net, set_requires_grad
@@ -123,6 +123,8 @@ class TorchNet(nn.Module):
         self.optimize = True
         self._programs: dict[ProgramKey, OptimizedProgram] = {}
         self._finite_params = FiniteParams()
+        # every layer's blobs, read as they are on each call (``_records_autograd``)
+        self._blob_slots = blob_slots(cast("Iterable[CaffeLayer]", self.layers.values()))
         self._hooks_seen = (-1, False)  # (hook_watch.EPOCH when scanned, any layer hooked)
         mode_watch.watch(self)  # keeps ``_off_mode_layers`` (set by ``train`` above) current
         fused_steps.install()  # a fused optimizer's step bumps the versions the folds read
@@ -153,6 +155,7 @@ class TorchNet(nn.Module):
         rebuilds (their runners are slotted and pickle only at protocol 2 and up)."""
         state: dict[str, object] = super().__getstate__()
         state["_programs"] = {}
+        state.pop("_blob_slots", None)  # the layers' dicts: the copy's own, made again
         return state
 
     def __setstate__(self, state: dict[str, object]) -> None:
@@ -166,6 +169,7 @@ class TorchNet(nn.Module):
         self.__dict__.setdefault("conversions", 0)  # and from before the conversion count
         if "_known_inputs" not in self.__dict__:  # a pickle from before the dtype check
             self._known_inputs = {}
+        self._blob_slots = blob_slots(cast("Iterable[CaffeLayer]", self.layers.values()))
         self.__class__ = with_own_forward(type(self), architecture(self.net_param, self.state))
 
     # -- identity --------------------------------------------------------------------------
@@ -465,8 +469,21 @@ class TorchNet(nn.Module):
         self.layer_modes_changed()
         return self
 
+    def _records_autograd(self, inputs: Mapping[str, torch.Tensor]) -> bool:
+        """Will autograd record a run over ``inputs``: grad enabled, and an input or a blob of
+        the net requires grad? A frozen net (``requires_grad_(False)``) run without
+        ``no_grad`` records nothing and runs the inference program, as under ``no_grad``
+        (ResNet-50 at batch 1, 2 threads: 34 -> 21 ms; it had run the training program, whose
+        folds are ops of the run). Read on every call: a flag set since is seen. Under
+        torch.compile grad mode alone decides (reading each blob there would guard it)."""
+        if not torch.is_grad_enabled():
+            return False
+        if torch.compiler.is_compiling():
+            return True
+        return any(t.requires_grad for t in inputs.values()) or any_requires_grad(self._blob_slots)
+
     def _program_for(
-        self, observable: frozenset[str], device: torch.device | None
+        self, observable: frozenset[str], inputs: Mapping[str, torch.Tensor]
     ) -> OptimizedProgram | None:
         """The passes' program for this run, or None for Caffe's literal layer-by-layer one:
         with ``optimize`` off, a layer hooked, or under torch.jit's tracer. A traced graph
@@ -480,6 +497,7 @@ class TorchNet(nn.Module):
         call, so no cache keeps the transform's wrapped params as the inference program's
         would. Per-sample gradients of MobileNetV2 at batch 4, 2 threads: 220 -> 159 ms
         (the literal program's BatchNorm and Scale passes over the activations are gone)."""
+        device = self._device_of(inputs)
         if under_func_transform():
             self._check_func_transformable()
             if not self.optimize or self.layers_hooked():
@@ -487,7 +505,7 @@ class TorchNet(nn.Module):
             return self._cached_program(observable, True, device)
         if not self.optimize or torch.jit.is_tracing() or self.layers_hooked():
             return None
-        return self._cached_program(observable, torch.is_grad_enabled(), device)
+        return self._cached_program(observable, self._records_autograd(inputs), device)
 
     def _check_func_transformable(self) -> None:
         """Raise UnsupportedError, naming the layer, for the first layer a torch.func transform
@@ -547,7 +565,7 @@ class TorchNet(nn.Module):
         except TorchCaffeError as err:  # a layer's own run-time check (a data layer's new
             raise err.located(path=self.path) from None  # top shape) knows no file: add it
 
-    def _device_of(self, blobs: dict[str, torch.Tensor]) -> torch.device | None:
+    def _device_of(self, blobs: Mapping[str, torch.Tensor]) -> torch.device | None:
         """Where a run over ``blobs`` computes: its first input's device, else (a net fed by
         data layers) its first parameter's."""
         for t in blobs.values():
@@ -642,7 +660,7 @@ class TorchNet(nn.Module):
     def forward(self, *args: torch.Tensor, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         """``net(data=x)`` -> {output blob name: tensor} (Caffe's net outputs, sorted by name)."""
         blobs = self.bind_inputs(args, inputs)
-        program = self._program_for(self._observe_outputs, self._device_of(blobs))
+        program = self._program_for(self._observe_outputs, blobs)
         blobs = self.run(blobs, program=program)
         return self._backward_in_ieee({name: to_nchw(blobs[name]) for name in self.output_names})
 
@@ -651,7 +669,7 @@ class TorchNet(nn.Module):
     ) -> dict[str, torch.Tensor]:
         """Like ``forward`` but returns every blob (in-place blobs hold their last value)."""
         blobs = self.bind_inputs(args, inputs)
-        program = self._program_for(self._observe_all, self._device_of(blobs))
+        program = self._program_for(self._observe_all, blobs)
         blobs = self.run(blobs, program=program)
         return self._backward_in_ieee({name: to_nchw(t) for name, t in blobs.items()})
 

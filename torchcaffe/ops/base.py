@@ -410,6 +410,15 @@ def blob_slots(layers: Iterable[CaffeLayer]) -> tuple[BlobSlot, ...]:
     )
 
 
+def any_requires_grad(slots: Iterable[BlobSlot]) -> bool:
+    """Does a blob at ``slots`` (as it is now, as ``read_slots`` reads it) require grad? Stops
+    at the first that does."""
+    return any(
+        (ps[n] if n in ps else bs[n] if n in bs else getattr(layer, n)).requires_grad
+        for ps, bs, n, layer in slots
+    )
+
+
 def read_slots(slots: Iterable[BlobSlot]) -> list[torch.Tensor]:
     """The tensors ``blob_slots`` located, as they are now (a parametrized blob, in neither
     dict, as its layer computes it)."""

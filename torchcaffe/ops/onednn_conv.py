@@ -213,8 +213,12 @@ class _PackedCall:
         geometry: Geometry,
     ) -> bool:
         """Would ``can_take`` pass, and this packing serve, a call like the last one?"""
-        if not self.call or torch.is_grad_enabled() or not torch._C._get_mkldnn_enabled():
+        if not self.call or not torch._C._get_mkldnn_enabled():
             return False
+        if torch.is_grad_enabled() and (
+            x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+        ):
+            return False  # autograd records the call (a frozen net with grad on does not)
         if torch._C._is_tracing():  # torch.jit's (the caller is not run by dynamo)
             return False
         if torch.is_autocast_enabled("cpu"):  # as can_take
