@@ -15,10 +15,11 @@ import torch.nn.functional as F
 from google.protobuf import text_format
 
 import torchcaffe
-from torchcaffe.net.passes import TRAINING_PASSES, OptimizedProgram
-from torchcaffe.net.passes.training import bypass_splits_for_training
+from torchcaffe.net.passes import TRAINING_PASSES, OptimizedProgram, training
+from torchcaffe.net.passes.training import FrozenBatchNormFold, bypass_splits_for_training
 from torchcaffe.proto import caffe_pb2
 
+from ..helpers.counting import count_calls
 from ..helpers.graphs import traced_calls
 
 FUSE, RELU = "fuse_batchnorm_scale_for_training", "inplace_relu_for_training"
@@ -397,6 +398,21 @@ def test_compiled_frozen_fold_keeps_the_bias_in_the_convolution_under_autocast()
     with torch.autocast("cpu", torch.bfloat16):
         biases = _conv_biases_in_training_graph(_frozen(), torch.randn(2, 3, 6, 5))
     assert len(biases) == 1 and biases[0] is not None
+
+
+@pytest.mark.parametrize("batch, switched", [(4, False), (1, True)])
+def test_frozen_fold_over_a_small_top_runs_the_convolution_then_one_batch_norm(
+    monkeypatch, batch, switched
+):
+    """Where the convolution's weight holds WEIGHT_PER_TOP times its top's values or more
+    (batch 1 over a small plane: ResNet-50's last stage), scaling the weight costs more than
+    BatchNorm over the top: the convolution runs, then BatchNorm and Scale as one
+    F.batch_norm, with the same step (outputs, every gradient)."""
+    net = _frozen(NET.replace("kernel_size: 3 pad: 1", "kernel_size: 5 pad: 2"))  # 300 weights
+    monkeypatch.setattr(training, "WEIGHT_PER_TOP", 2)  # 300 / 120 at batch 1, 300 / 480 at 4
+    calls = count_calls(monkeypatch, FrozenBatchNormFold, "producer_then_batch_norm")
+    _assert_step_equal(net, torch.randn(batch, 3, 6, 5))  # a top of batch * 120 values
+    assert calls[0] == switched
 
 
 def test_frozen_fold_off_the_cpu_runs_the_convolution_then_one_batch_norm(monkeypatch):
