@@ -23,7 +23,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import torchcaffe
 from torchcaffe.errors import UnsupportedError
 from torchcaffe.formats.prototxt import read_net
+from torchcaffe.net.passes.training import FrozenBatchNormFold
+from torchcaffe.ops import batch_norm
 
+from ..helpers.counting import count_calls
 from ..helpers.golden import RECURRENT_NETS, InFolder, case_inputs, case_net, input_fed_cases
 from .random_nets import random_net
 from .test_passes_random import _load
@@ -278,7 +281,22 @@ def _stacked(nets, named) -> dict[str, torch.Tensor]:
     return {k: torch.stack([state[k].detach() for state in per_net]) for k in per_net[0]}
 
 
-def test_an_ensemble_of_nets_runs_as_one_vmap_over_their_stacked_params():
+@pytest.fixture(params=["cpu", "gpu"])
+def forms(request, monkeypatch):
+    """The layers' forms for the CPU, or (on the CPU) those a GPU run takes, where launches
+    cost more than arithmetic: the frozen fold as the convolution then one batch norm, the
+    BatchNorm's scaled statistics from a cache (which a transform's wrapped blobs skip)."""
+    if request.param == "cpu":
+        yield request.param
+        return
+    monkeypatch.setattr(FrozenBatchNormFold, "launch_bound", lambda self, x: True)
+    monkeypatch.setattr(batch_norm, "launch_bound", lambda t: True)
+    taken = count_calls(monkeypatch, FrozenBatchNormFold, "producer_then_batch_norm")
+    yield request.param
+    assert taken[0] > 0  # the GPU's form ran
+
+
+def test_an_ensemble_of_nets_runs_as_one_vmap_over_their_stacked_params(forms):
     """Three nets of one prototxt with their own weights, stacked by torch.func's
     ``stack_module_state`` (nets of one architecture are one class), run by vmap over their
     stacked params and buffers: each gets its own output, and a folded (passes-on) run of
@@ -308,7 +326,7 @@ def test_jacrev_of_a_net_is_autograds_jacobian():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_per_sample_gradients_of_a_folded_net_are_a_loops():
+def test_per_sample_gradients_of_a_folded_net_are_a_loops(forms):
     """Per-sample param gradients through Convolution + BatchNorm + Scale + ReLU + MAX
     pooling + LRN + InnerProduct, whose inference program folds and fuses them."""
     net = _conv_bn_net(1)
