@@ -301,26 +301,32 @@ class FoldedAffine:
             assert bias is not None
             ref = bias
         dtype = torch.float64 if wide else ref.dtype
-        a: torch.Tensor | float = 1.0
-        c: torch.Tensor | float = 0.0
-        if stats is not None:
-            m, v = stats
-            a = torch.rsqrt(blob(v).to(dtype) + eps)
-            c = -blob(m).to(dtype) * a
-        if scale is not None:
-            gamma, beta = scale
-            gamma = blob(gamma).to(dtype)
-            a, c = gamma * a, gamma * c
-            if beta is not None:
-                c = blob(beta).to(dtype) + c
-        if bias is not None:
-            c = blob(bias).to(dtype) + c
         # the links' dtype: a 16-bit net's BatchNorm keeps float32 statistics, so the
         # producer's, the Scale's or the Bias's where the chain has one
         others = (own_weight, scale, bias)
         out = next((t[0] if isinstance(t, tuple) else t for t in others if t is not None), ref)
-        ones = torch.ones(ref.shape[0], dtype=out.dtype, device=ref.device)
-        return (ones * a).to(out.dtype), (ones * c).to(out.dtype)
+        # as few ops as the chain needs (a training forward records each, per layer): with
+        # BatchNorm and a Scale with its bias, a = gamma * rsqrt(var + eps) and
+        # c = beta - mean * a are four
+        a: torch.Tensor | None = None
+        if stats is not None:
+            a = torch.rsqrt(blob(stats[1]).to(dtype) + eps)
+        beta = None
+        if scale is not None:
+            gamma = blob(scale[0]).to(dtype)
+            a = gamma if a is None else gamma * a
+            beta = None if scale[1] is None else blob(scale[1]).to(dtype)
+        if a is None:  # a Bias alone
+            a = torch.ones(ref.shape[0], dtype=dtype, device=ref.device)
+        c: torch.Tensor | None = beta
+        if stats is not None:
+            mean = blob(stats[0]).to(dtype)
+            c = (mean * a).neg() if c is None else torch.addcmul(c, mean, a, value=-1)
+        if bias is not None:
+            c = blob(bias).to(dtype) if c is None else c + blob(bias).to(dtype)
+        if c is None:  # a Scale without bias alone
+            c = torch.zeros_like(a)
+        return a.to(out.dtype), c.to(out.dtype)
 
     def weights_in_graph(self, detach: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """A Convolution's (weight, bias) with the chain folded in, in the links' dtype, as ops
