@@ -57,10 +57,11 @@ SPLIT_PASS = "bypass_splits_for_training"
 RELU_PASS = "inplace_relu_for_training"
 # A frozen fold whose convolution has this many weights per value of its top, or more, runs
 # the convolution, then one batch norm (``FrozenBatchNormFold.weights_outweigh_top``). 2
-# threads, medians of alternated runs, against the fold everywhere: a forward that autograd
-# records, batch 1, ResNet-50 1.35x (1: 1.37x, 4: 1.42x); forward+backward at batch 8, where
-# no layer of the four benchmark nets reaches 16, 0.99x (1: 0.97x, 4: 0.97x; MobileNetV2 at
-# batch 1: 0.95x and 0.97x, for layers whose weights are 1-7x their top).
+# threads, medians of per-round ratios against the fold everywhere, alternated in one
+# process: a forward that autograd records, ResNet-50 batch 1, 1.35-1.37x (factor 1: 1.37x,
+# 4: 1.37-1.42x); forward+backward at batch 8, where no layer of the four benchmark nets
+# reaches 16, 0.99-1.02x (factors 1 and 4: 0.97-1.01x); MobileNetV2's recorded batch-1
+# forward, whose weights are 1-7x their tops, read 0.95x at factor 1 and 0.97x at 4.
 WEIGHT_PER_TOP = 16
 # Producers whose backward reads their inputs (or nothing), never their output.
 OUTPUT_FREE_BACKWARD = frozenset(
