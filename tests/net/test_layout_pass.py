@@ -74,6 +74,30 @@ def test_convolutions_and_pools_get_channels_last_and_others_nchw():
     assert splits["q"].endswith("+shared") and splits["p"].endswith("+shared")
 
 
+@pytest.mark.parametrize("dtype, channels_last", [(torch.float32, True), (torch.float64, False)])
+def test_float64_runs_in_nchw(dtype, channels_last, monkeypatch):
+    """oneDNN has no float64 kernels, and torch runs a channels_last float64 depthwise
+    convolution as a loop over its groups: float64 bottoms keep their NCHW layout."""
+    from torchcaffe.ops.convolution import ConvolutionLayer
+
+    net = _net().to(dtype)
+    layouts: list[bool] = []
+
+    def compute(self, x, *args, **kwargs):
+        layouts.append(x.is_contiguous(memory_format=CL) and not x.is_contiguous())
+        return real(self, x, *args, **kwargs)
+
+    real = ConvolutionLayer.compute
+    monkeypatch.setattr(ConvolutionLayer, "compute", compute)
+    x = torch.randn(2, 3, 32, 32, dtype=dtype)
+    want = _reference(net, x)
+    layouts.clear()
+    with torch.inference_mode():
+        got = net(data=x)
+    assert layouts and all(seen == channels_last for seen in layouts), layouts
+    torch.testing.assert_close(got["sm"], want["sm"], rtol=1e-5, atol=1e-6)
+
+
 def test_outputs_match_the_unoptimized_net_and_are_contiguous(monkeypatch):
     monkeypatch.setattr(layout, "MIN_PIXELS", 0)  # every convolution in channels_last
     net = _net()
