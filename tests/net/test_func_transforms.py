@@ -328,7 +328,9 @@ def test_jacrev_of_a_net_is_autograds_jacobian():
 
 def test_per_sample_gradients_of_a_folded_net_are_a_loops(forms):
     """Per-sample param gradients through Convolution + BatchNorm + Scale + ReLU + MAX
-    pooling + LRN + InnerProduct, whose inference program folds and fuses them."""
+    pooling + LRN + InnerProduct. They run the training program: on the CPU the frozen
+    BatchNorm and its Scale are folded into the convolution's weights (no BatchNorm or Scale
+    pass over the activations), as in the loop they are checked against."""
     net = _conv_bn_net(1)
     x = torch.randn(3, 3, 10, 10)
     params = {k: p.detach() for k, p in net.named_parameters()}
@@ -336,7 +338,11 @@ def test_per_sample_gradients_of_a_folded_net_are_a_loops(forms):
     def loss(p, sample):
         return functional_call(net, p, (), {"data": sample.unsqueeze(0)})["ip"].pow(2).sum()
 
-    got = vmap(grad(loss), in_dims=(None, 0))(params, x)
+    with _OpNames(over_planes=True) as ops:
+        got = vmap(grad(loss), in_dims=(None, 0))(params, x)
+    assert "aten.convolution.default" in ops.names
+    if forms == "cpu":
+        assert not {"aten.native_batch_norm.default", "aten.addcmul.default"} & ops.names
     for i in range(3):
         net.zero_grad()
         net(data=x[i : i + 1])["ip"].pow(2).sum().backward()
@@ -376,28 +382,6 @@ def test_batch_statistics_under_a_transform_are_refused_by_name(transform, text)
             grad(lambda t: net(data=t)["bn"].sum())(x)
     for kept, now in zip(before, net.buffers()):
         assert torch.equal(kept, now)
-
-
-def test_a_transform_runs_the_training_programs_fold():
-    """Per-sample gradients run the training program: the frozen BatchNorm and its Scale are
-    folded into the convolution's weights (no BatchNorm or Scale pass over the activations),
-    as in the loop they are checked against."""
-    net = _conv_bn_net(2)
-    x = torch.randn(3, 3, 10, 10)
-    params = {k: p.detach() for k, p in net.named_parameters()}
-
-    def loss(p, sample):
-        return functional_call(net, p, (), {"data": sample.unsqueeze(0)})["ip"].sum()
-
-    with _OpNames(over_planes=True) as ops:
-        got = vmap(grad(loss), in_dims=(None, 0))(params, x)
-    assert not {"aten.native_batch_norm.default", "aten.addcmul.default"} & ops.names
-    assert "aten.convolution.default" in ops.names
-    for i in range(3):
-        net.zero_grad()
-        net(data=x[i : i + 1])["ip"].sum().backward()
-        for k, p in net.named_parameters():
-            torch.testing.assert_close(got[k][i], p.grad, rtol=1e-5, atol=1e-6)
 
 
 CHAIN_NET = """
