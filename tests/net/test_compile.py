@@ -428,6 +428,35 @@ def test_nets_of_one_architecture_share_a_class_and_a_compiled_graph():
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
 
 
+def test_an_architecture_is_the_net_text_without_its_weights(tmp_path):
+    """A binary net definition carries each layer's blobs: two with other weights are one
+    architecture, that of the same definition without blobs, and the definitions given are
+    left as they were."""
+    from torchcaffe.net.own_forward import architecture
+
+    first, second = _small_net(), _small_net()
+    with torch.no_grad():
+        for p in second.parameters():
+            p.add_(1.0)
+    definitions = []
+    for i, net in enumerate((first, second)):
+        path = tmp_path / f"{i}.caffemodel"
+        torchcaffe.save_weights(net, path)
+        definitions.append(caffe_pb2.NetParameter.FromString(path.read_bytes()))
+    bare = caffe_pb2.NetParameter()
+    bare.CopyFrom(definitions[0])
+    for layer in bare.layer:
+        layer.ClearField("blobs")
+    state = first.state
+    assert architecture(definitions[0], state) == architecture(definitions[1], state)
+    assert architecture(definitions[0], state) == architecture(bare, state)
+    assert all(len(layer.blobs) for layer in definitions[0].layer if layer.type == "Convolution")
+    other = caffe_pb2.NetState()
+    other.CopyFrom(state)
+    other.stage.append("other")
+    assert architecture(bare, other) != architecture(bare, state)
+
+
 # conv and ip have the weights (>= 2**18) for which a compiled graph calls our opaque ops;
 # cls, a classifier over pooled features, is a GEMM on the CPU
 FROZEN_NET = """
