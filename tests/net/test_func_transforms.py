@@ -371,7 +371,8 @@ BATCH_STATISTICS_SCALE_NET = BATCH_STATISTICS_NET + (
 @pytest.mark.parametrize("transform", ["vmap", "grad"])
 def test_batch_statistics_under_a_transform_are_refused_by_name(transform, text):
     """A TRAIN BatchNorm updates its moving averages in place: under vmap each sample would
-    write them, under grad a differentiated value would; torch refuses both naming no layer."""
+    write them; under grad, buffers the transform captured (not given to it) would be
+    written; torch refuses both naming no layer. Nothing is written."""
     net = torchcaffe.load(read_net(text), phase="train")
     x = torch.randn(4, 2, 3, 3)
     before = [t.clone() for t in net.buffers()]
@@ -421,6 +422,35 @@ def test_an_ensemble_member_with_an_infinite_scale_gets_caffes_values():
         with torch.no_grad():
             want = plain(data=x)["out"]
         torch.testing.assert_close(got[i], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "text", [BATCH_STATISTICS_NET, BATCH_STATISTICS_SCALE_NET], ids=["alone", "with_scale"]
+)
+def test_batch_statistics_under_grad_update_the_buffers_it_is_given(text):
+    """Under grad alone, with the buffers given to ``functional_call`` as arguments of the
+    transformed function (torch's own BatchNorm works so), a TRAIN BatchNorm normalizes by
+    the batch's statistics and updates those buffers: the gradient and the updated statistics
+    are an eager step's, and the net's own buffers are left alone."""
+    net = torchcaffe.load(read_net(text), phase="train")
+    twin = copy.deepcopy(net)
+    x = torch.randn(4, 2, 3, 3)
+    top = "out" if "scale" in net.layers else "bn"
+    params = {k: p.detach() for k, p in net.named_parameters()}
+    buffers = {k: b.clone() for k, b in net.named_buffers()}
+    kept = {k: b.clone() for k, b in net.named_buffers()}
+
+    def loss(x, p, b):
+        return functional_call(net, (p, b), (), {"data": x})[top].pow(3).sum()
+
+    got = grad(loss)(x, params, buffers)
+    sample = x.clone().requires_grad_()
+    twin(data=sample)[top].pow(3).sum().backward()
+    torch.testing.assert_close(got, sample.grad, rtol=1e-5, atol=1e-6)
+    for k, b in twin.named_buffers():
+        torch.testing.assert_close(buffers[k], b, rtol=0, atol=0)
+        assert torch.equal(dict(net.named_buffers())[k], kept[k])
+    assert not torch.equal(buffers["layers.bn.mean"], kept["layers.bn.mean"])
 
 
 WIDE_NET = """

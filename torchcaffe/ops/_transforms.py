@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, TypeVar
 import torch
 from torch.autograd import forward_ad
 
-from ..errors import UnsupportedError
+from ..errors import TorchCaffeError, UnsupportedError
 
 if TYPE_CHECKING:
     from .base import CaffeLayer
@@ -28,18 +28,46 @@ F = TypeVar("F", bound=type[torch.autograd.Function])
 under_func_transform: Callable[[], bool] = torch._C._are_functorch_transforms_active
 
 
+def under_vmap() -> bool:
+    """Is a vmap among the active torch.func transforms? A torch without the interpreter
+    stack this reads counts as one (the caller then refuses what vmap cannot run)."""
+    try:
+        from torch._C._functorch import TransformType
+        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+    except ImportError:
+        return True
+    return any(i.key() == TransformType.Vmap for i in retrieve_all_functorch_interpreters())
+
+
 def refuse_stats_update(layer: CaffeLayer) -> None:
     """Raise for a layer about to update its moving averages in place (a BatchNorm on batch
-    statistics) under a transform: the update would write values the transform batches or
-    differentiates into buffers the net keeps once, which torch refuses naming no layer."""
-    if under_func_transform():
+    statistics) under vmap, which torch refuses naming no layer: each sample would be
+    normalized by its own statistics and write them. Under grad or jvp alone the update goes
+    to the buffers the transform was given, as torch's BatchNorm's does
+    (``stats_update_refused`` names the layer where the transform captured them)."""
+    if under_func_transform() and under_vmap():
         raise layer.error(
-            "cannot run on batch statistics under a torch.func transform: it updates its "
+            "cannot run on batch statistics under torch.func's vmap: it updates its "
             "moving averages in place",
             cls=UnsupportedError,
             expected="the statistics it stores (use_global_stats: true, or the TEST phase)",
             got="batch statistics",
         )
+
+
+def stats_update_refused(layer: CaffeLayer) -> TorchCaffeError:
+    """The error for torch's refusal to update ``layer``'s moving averages under grad or
+    jvp (raise it from torch's): the transform captured the buffers instead of being given
+    them."""
+    return layer.error(
+        "cannot update its moving averages from batch statistics under a torch.func "
+        "transform that captured them",
+        cls=UnsupportedError,
+        expected="the net's buffers given to the transformed function",
+        got="buffers the transform captured",
+        hint="functional_call(net, (params, dict(net.named_buffers())), ...) inside the "
+        "transformed function, with the buffers as its argument",
+    )
 
 
 def forward_mode_possible() -> bool:

@@ -13,7 +13,7 @@ from ..registry import register_layer
 from ._derived import DerivedCache
 from ._launches import launch_bound
 from ._narrow import is_narrow
-from ._transforms import refuse_stats_update, under_func_transform
+from ._transforms import refuse_stats_update, stats_update_refused, under_func_transform
 from .base import CaffeLayer, Shape
 
 
@@ -220,7 +220,12 @@ class BatchNormLayer(CaffeLayer):
     @torch.no_grad()
     def _update_stats(self, mean: torch.Tensor, unbiased_var: torch.Tensor) -> None:
         maf = self.moving_average_fraction
-        self.scale_factor.mul_(maf).add_(1)
+        try:
+            self.scale_factor.mul_(maf).add_(1)
+        except RuntimeError as err:  # before any write: a transform captured the buffers
+            if not under_func_transform():
+                raise
+            raise stats_update_refused(self) from err
         self.mean.mul_(maf).add_(mean.to(self.mean.dtype))
         self.variance.mul_(maf).add_(unbiased_var.to(self.variance.dtype))
 
