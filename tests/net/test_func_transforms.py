@@ -428,10 +428,11 @@ def test_an_ensemble_member_with_an_infinite_scale_gets_caffes_values():
     "text", [BATCH_STATISTICS_NET, BATCH_STATISTICS_SCALE_NET], ids=["alone", "with_scale"]
 )
 def test_batch_statistics_under_grad_update_the_buffers_it_is_given(text):
-    """Under grad alone, with the buffers given to ``functional_call`` as arguments of the
-    transformed function (torch's own BatchNorm works so), a TRAIN BatchNorm normalizes by
-    the batch's statistics and updates those buffers: the gradient and the updated statistics
-    are an eager step's, and the net's own buffers are left alone."""
+    """Under grad (and jvp) alone, with the buffers given to ``functional_call`` as arguments
+    of the transformed function (torch's own BatchNorm works so), a TRAIN BatchNorm
+    normalizes by the batch's statistics and updates those buffers: the gradient, the
+    directional derivative and the updated statistics are two eager steps', and the net's own
+    buffers are left alone."""
     net = torchcaffe.load(read_net(text), phase="train")
     twin = copy.deepcopy(net)
     x = torch.randn(4, 2, 3, 3)
@@ -447,6 +448,13 @@ def test_batch_statistics_under_grad_update_the_buffers_it_is_given(text):
     sample = x.clone().requires_grad_()
     twin(data=sample)[top].pow(3).sum().backward()
     torch.testing.assert_close(got, sample.grad, rtol=1e-5, atol=1e-6)
+    # forward mode too: jvp along x (zero tangents for the params and buffers)
+    t = torch.randn_like(x)
+    zeros = [{k: torch.zeros_like(v) for k, v in d.items()} for d in (params, buffers)]
+    _, got_t = jvp(loss, (x, params, buffers), (t, *zeros))
+    twin(data=x)  # the eager twin's second step, as jvp's forward was the second here
+    want_t = (sample.grad * t).sum()
+    torch.testing.assert_close(got_t, want_t, rtol=1e-4, atol=1e-5)
     for k, b in twin.named_buffers():
         torch.testing.assert_close(buffers[k], b, rtol=0, atol=0)
         assert torch.equal(dict(net.named_buffers())[k], kept[k])
