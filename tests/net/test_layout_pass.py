@@ -493,6 +493,33 @@ def test_inference_steps_replay_their_packed_calls(packs, checked, monkeypatch):
     assert packs[0] == 4  # the fold's new weight; c2's bias is read on each call
 
 
+def test_a_net_moved_off_the_cpu_asks_no_packed_call_to_replay(monkeypatch):
+    """The packed calls a CPU run left are for the CPU: a run elsewhere (a GPU's, bound by
+    the host's work per layer; the meta device here) goes to its convolution without asking
+    them, in the layer, the fold and ``conv2d`` alike."""
+    param = text_format.Parse(REPLAYED, caffe_pb2.NetParameter())
+    net = torchcaffe.load(param, phase="test")
+    x = torch.randn(1, 4, 9, 9)
+    with torch.inference_mode():
+        net(data=x)  # packs and keeps each convolution's call
+    asked: list[str] = []
+    replay = PackedConvWeight.replay
+
+    def counted(self, x, *args, **kwargs):
+        asked.append(x.device.type)
+        return replay(self, x, *args, **kwargs)
+
+    monkeypatch.setattr(PackedConvWeight, "replay", counted)
+    with torch.inference_mode():
+        net(data=x)
+    assert asked and set(asked) == {"cpu"}
+    asked.clear()
+    net.to("meta")
+    with torch.inference_mode():
+        got = net(data=x.to("meta"))["c"]
+    assert got.shape == (1, 4, 1, 1) and not asked
+
+
 def test_a_recorded_convolution_runs_torchs_own(packs):
     """Autograd records F.conv2d (the gradient must reach the weight); float64 too."""
     x = torch.randn(1, 16, 9, 9).contiguous(memory_format=CL)

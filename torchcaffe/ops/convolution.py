@@ -163,7 +163,7 @@ def conv2d(
     packs its weight for oneDNN, where it sends a GEMM to MKL, whose batch-1 product runs
     on one thread (MobileNetV2's classifier: 0.40 ms a call).
     """
-    if weight_cache is not None and not torch.compiler.is_compiling():
+    if weight_cache is not None and x.is_cpu and not torch.compiler.is_compiling():
         # the call this cache made last, made again (not read in a trace: a guard on it)
         y = weight_cache.replay(x, weight, bias, (stride, pad, dilation, groups), relu)
         if y is not None:
@@ -236,7 +236,7 @@ class ConvolutionLayer(ConvolutionBase):
         axis, n = self.geom.layout()
         if axis != 1 or x.dim() != 2 + n:
             return fused_relu.apply_(self._one(x), slope)
-        if n == 2 and not torch.compiler.is_compiling():
+        if n == 2 and x.is_cpu and not torch.compiler.is_compiling():
             # the packed call made last, before ``compute``'s own checks (a bottom of the
             # shape that call had needs no extra pad)
             bias = self.bias if self.bias_term else None

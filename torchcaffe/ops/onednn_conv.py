@@ -212,8 +212,9 @@ class _PackedCall:
         bias: torch.Tensor | None,
         geometry: Geometry,
     ) -> bool:
-        """Would ``can_take`` pass, and this packing serve, a call like the last one?"""
-        if not self.call or not torch._C._get_mkldnn_enabled():
+        """Would ``can_take`` pass, and this packing serve, a call like the last one? (A GPU's
+        call, bound by host work, is answered first.)"""
+        if not x.is_cpu or not self.call or not torch._C._get_mkldnn_enabled():
             return False
         if torch.is_grad_enabled() and (
             x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)

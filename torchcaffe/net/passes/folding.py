@@ -451,7 +451,7 @@ class FoldedAffine:
         slope = fused_relu.after_derived_weights(slope, self._finite)
         if self.folds_non_finite(w):
             return fused_relu.apply_(self.literal_top(x), slope)
-        if self.producer_type == "Convolution" and self.weight_cache is not None:
+        if self.producer_type == "Convolution" and self.weight_cache is not None and x.is_cpu:
             # the packed call made last, before ``run_folded``'s own checks: a bottom of the
             # shape that call had needs no extra pad (it had none, or was the padded one)
             geometry = (*self.producer.geom.torch_args(), self.producer.group)
