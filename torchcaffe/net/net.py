@@ -646,7 +646,10 @@ class TorchNet(nn.Module):
             blobs.pop(name, None)
         for runner, names, keeps, tops, dead in program.eager_walk:
             if keeps is None:
-                out = runner(*[blobs[b] for b in names])
+                if len(names) == 1:  # most steps: no list to build
+                    out = runner(blobs[names[0]])
+                else:
+                    out = runner(*[blobs[b] for b in names])
             else:
                 out = runner(*[blobs[b] if k else blobs[b].detach() for b, k in zip(names, keeps)])
             if isinstance(out, tuple):

@@ -58,7 +58,7 @@ class OptimizedProgram:
         object.__setattr__(self, "walk", walk)
         eager = tuple(
             (
-                self.runners[key],
+                _eager_callable(self.runners[key]),
                 bottoms,
                 None if all(keeps) else keeps,
                 tops,
@@ -121,6 +121,20 @@ class OptimizedProgram:
             if blob not in observable:
                 releases[i].append(blob)
         return replace(self, releases=tuple(tuple(r) for r in releases))
+
+
+def _eager_callable(runner: Runner) -> Runner:
+    """What an eager run calls for ``runner``: a layer's own ``forward`` where calling the
+    module would only reach it through ``nn.Module.__call__`` (two Python frames and its
+    hook checks a layer, host time a GPU's eager run is bound by). A run reaches the program
+    only while no hook watches a layer (``TorchNet.layers_hooked``; else each layer is
+    called as a module). A layer whose instance has a ``forward`` of its own when the
+    program is made is called as a module."""
+    if not isinstance(runner, nn.Module) or type(runner).__call__ is not nn.Module.__call__:
+        return runner
+    if "forward" in vars(runner):
+        return runner
+    return runner.forward
 
 
 def _unwrapped(runner: Runner) -> list[Runner]:
