@@ -1,10 +1,16 @@
-"""The layer-by-layer program's blobs, the reference the passes are compared with."""
+"""The layer-by-layer program's blobs, the reference the passes are compared with; and a GPU's
+programs run on the CPU, so that the passes' forms for another device are checked against
+Caffe's values on a machine that has none."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
 import torchcaffe
+from torchcaffe.net import net as net_module
+from torchcaffe.net import passes
 
 
 def literal_blobs(net: torchcaffe.TorchNet, x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -66,3 +72,19 @@ def literal_blobs_in_caffe_memory(
     finally:
         net.optimize = True
     return {name: read(name).clone() for name in shapes}
+
+
+def off_cpu_programs(monkeypatch: Any, *nets: torchcaffe.TorchNet) -> None:
+    """From here on the nets' programs are those for a run off the CPU (``on_cpu=False``),
+    whatever the device; the programs ``nets`` had made are dropped."""
+
+    def inference(steps, modules, observable, on_cpu=True):
+        return passes.optimize_for_inference(steps, modules, observable, on_cpu=False)
+
+    def training(steps, modules, observable, on_cpu=True):
+        return passes.optimize_for_training(steps, modules, observable, on_cpu=False)
+
+    monkeypatch.setattr(net_module, "optimize_for_inference", inference)
+    monkeypatch.setattr(net_module, "optimize_for_training", training)
+    for net in nets:
+        net._programs.clear()

@@ -7,7 +7,8 @@ The outputs are compared with the reference Caffe's at the case's own tolerance 
 cases too: there BatchNorm uses batch statistics, so only the in-place passes apply).
 Each case runs twice more with the layout pass's thresholds at zero, so that every
 convolution, and every layer after one, runs on channels_last tensors, and with
-onednn_linear.MIN_WEIGHTS at zero, so that every InnerProduct runs on oneDNN.
+onednn_linear.MIN_WEIGHTS at zero, so that every InnerProduct runs on oneDNN, and once
+with the program a run off the CPU takes (``direct_calls``), on CPU tensors.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 import torchcaffe
 from tests.helpers.compare import assert_blob_close
 from tests.helpers.golden import InFolder, discover
+from tests.helpers.programs import off_cpu_programs
 from tests.test_conformance import xfail_reason
 from torchcaffe.net.passes import layout
 from torchcaffe.ops import onednn_linear
@@ -71,6 +73,8 @@ def test_golden_outputs_with_passes_on(case, monkeypatch):
         monkeypatch.setattr(onednn_linear, "MIN_WEIGHTS", 0)
         net._programs.clear()  # rebuilt under the patched thresholds
         runs += _runs(net, inputs, case.meta["phase"])
+        off_cpu_programs(monkeypatch, net)  # a GPU's program (direct calls), on the CPU
+        runs += _runs(net, inputs, case.meta["phase"])
     rtol, atol = case.meta["rtol"], case.meta["atol"]
     for got in runs:
         for name, value in got.items():
@@ -102,3 +106,15 @@ def test_every_pass_fires_on_some_golden_net():
     # fold_batchnorm_into_scale is exercised by tests/net/test_passes.py only.
     assert fired["fold_batchnorm_scale_into_producer"] and fired["inplace_relu"], fired
     assert fired["channels_last_layout"], fired
+    off_cpu: dict[str, int] = {}
+    for case in CASES:
+        with InFolder(case.path):
+            try:
+                net, _, _ = _build(case)
+            except torchcaffe.TorchCaffeError:
+                continue
+        meta = torch.device("meta")
+        for program in (net.optimized_program(device=meta), net.training_program(device=meta)):
+            for name, count in program.report.items():
+                off_cpu[name] = off_cpu.get(name, 0) + count
+    assert off_cpu["direct_calls"] and off_cpu["direct_products_for_training"], off_cpu

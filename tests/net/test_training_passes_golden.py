@@ -16,6 +16,7 @@ import torch
 
 from tests.helpers.compare import assert_blob_close
 from tests.helpers.golden import InFolder, discover
+from tests.helpers.programs import off_cpu_programs
 from tests.net.test_passes_golden import ROOT, _build
 from tests.test_conformance import xfail_reason
 from torchcaffe.ops import onednn_linear
@@ -45,6 +46,10 @@ def test_golden_diffs_with_training_passes_on(case, monkeypatch):
     if any(s.type == "InnerProduct" for s in net.steps):
         # again with every InnerProduct on oneDNN, not only those of 2^18 weights
         monkeypatch.setattr(onednn_linear, "MIN_WEIGHTS", 0)
+        _check(case)
+    if any(s.type in ("Convolution", "InnerProduct") for s in net.steps):
+        # again with the program a run off the CPU takes (direct products), on CPU tensors
+        off_cpu_programs(monkeypatch)
         _check(case)
 
 

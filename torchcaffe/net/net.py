@@ -439,7 +439,7 @@ class TorchNet(nn.Module):
         program = self._programs.get(key)
         if program is None:
             if autograd:
-                program = optimize_for_training(self.steps, self.layers, seen)
+                program = optimize_for_training(self.steps, self.layers, seen, on_cpu)
             else:
                 program = optimize_for_inference(self.steps, self.layers, seen, on_cpu)
             program = program.with_releases(seen)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 import sys
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from ..errors import TorchCaffeError
 from ..proto import caffe_pb2
 from ..registry import register_layer
 from ._transforms import under_func_transform, with_jvp
@@ -428,6 +430,22 @@ class PoolingLayer(CaffeLayer):
             want_mask=self.num_tops > 1,
         )
         return (y, mask) if self.num_tops > 1 else y
+
+    def torch_pool_args(self, shape: tuple[int, ...]) -> tuple[Any, ...] | None:
+        """(kernel, stride, pad, ceil_mode) with which torch's own ``max_pool2d`` (over the
+        bottom floored at -FLT_MAX) or ``avg_pool2d`` (``count_include_pad``) gives this
+        one-top MAX or AVE layer's top for a bottom of ``shape``, as ``forward`` calls them
+        where no autograd records and no trace runs; None where torch's flags cannot give
+        Caffe's windows (``forward`` pads explicitly) or the bottom is not one this layer
+        takes (``forward`` says why)."""
+        if self.num_tops != 1 or self.pool not in (PP.MAX, PP.AVE) or len(shape) != 4:
+            return None
+        try:
+            kernel, out = self.geometry(shape)
+        except TorchCaffeError:
+            return None
+        ceil = _torch_ceil_mode((shape[2], shape[3]), kernel, self.stride, self.pad, out)
+        return None if ceil is None else (kernel, self.stride, self.pad, ceil)
 
     def forward_finite(self, x: torch.Tensor) -> torch.Tensor:
         """``forward`` of a one-top MAX pooling over a bottom known to hold no NaN or

@@ -10,11 +10,13 @@ them. Inference passes run when no autograd is recorded, training passes when it
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 from torch import nn
 
 from ..program import LayerStep
+from .direct_calls import direct_calls, direct_products_for_training
 from .finite_pooling import finite_pooling
 from .folding import (
     FoldedAffine,
@@ -58,6 +60,8 @@ INFERENCE_PASSES = (
 # that costs time for nothing (the finite run is a CPU run, too); the sibling convolutions
 # were measured on the CPU alone.
 CPU_ONLY_PASSES = frozenset({merge_sibling_convolutions, finite_pooling, channels_last_layout})
+# Passes for other devices alone, last: the steps a GPU runs eagerly, as direct torch calls.
+OFF_CPU_PASSES = (direct_calls,)
 
 
 # For runs autograd records: frozen BatchNorm (+ Scale/Bias) into the Convolution before it,
@@ -69,6 +73,8 @@ TRAINING_PASSES = (
     bypass_splits_for_training,
     inplace_relu_for_training,
 )
+# Passes for forwards autograd records off the CPU alone, after those: direct torch calls.
+OFF_CPU_TRAINING_PASSES = (direct_products_for_training,)
 
 
 def optimize_for_inference(
@@ -83,18 +89,28 @@ def optimize_for_inference(
     for apply_pass in INFERENCE_PASSES:
         if on_cpu or apply_pass not in CPU_ONLY_PASSES:
             program = apply_pass(program, observable)
-    return program
+    if on_cpu:
+        return program
+    for apply_pass in OFF_CPU_PASSES:
+        program = apply_pass(program, observable)
+    # the finite forms are oneDNN's (the CPU's): a run elsewhere checks for none
+    return dataclasses.replace(program, finite_steps=0)
 
 
 def optimize_for_training(
     steps: list[LayerStep],
     modules: Mapping[str, nn.Module] | nn.ModuleDict,
     observable: frozenset[str],
+    on_cpu: bool = True,
 ) -> OptimizedProgram:
-    """Run every training pass over ``steps`` (for forwards that autograd records)."""
+    """Run every training pass over ``steps`` (for forwards that autograd records), and off
+    the CPU those of OFF_CPU_TRAINING_PASSES."""
     program = OptimizedProgram.unoptimized(steps, modules)
     for apply_pass in TRAINING_PASSES:
         program = apply_pass(program, observable)
+    if not on_cpu:
+        for apply_pass in OFF_CPU_TRAINING_PASSES:
+            program = apply_pass(program, observable)
     return program
 
 
@@ -102,6 +118,8 @@ __all__ = [
     "FoldedAffine",
     "CPU_ONLY_PASSES",
     "INFERENCE_PASSES",
+    "OFF_CPU_PASSES",
+    "OFF_CPU_TRAINING_PASSES",
     "TRAINING_PASSES",
     "OptimizedProgram",
     "optimize_for_inference",

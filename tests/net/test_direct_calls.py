@@ -1,0 +1,175 @@
+"""direct_calls (torchcaffe/net/passes/direct_calls.py): off the CPU, Convolution and
+InnerProduct steps (with their fused ReLU) and MAX/AVE poolings run as direct torch calls,
+with Caffe's values; the geometries torch cannot express go to the layer. The programs are
+a GPU's, run here on CPU tensors (``off_cpu_programs``) and on the meta device."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from google.protobuf import text_format
+
+import torchcaffe
+from torchcaffe.net.passes.direct_calls import DirectConv2d, DirectPool2d
+from torchcaffe.ops.convolution import ConvolutionLayer
+from torchcaffe.ops.pooling import FLT_MAX, PoolingLayer
+from torchcaffe.proto import caffe_pb2
+
+from ..helpers.counting import count_calls
+from ..helpers.params import fill_params
+from ..helpers.programs import literal_blobs, off_cpu_programs
+
+NET = """
+input: "data" input_shape { dim: 2 dim: 3 dim: 12 dim: 12 }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "c"
+  convolution_param { num_output: 6 kernel_size: 3 pad: 1 } }
+layer { name: "relu" type: "ReLU" bottom: "c" top: "c" }
+layer { name: "pool" type: "Pooling" bottom: "c" top: "p"
+  pooling_param { pool: MAX kernel_size: 3 stride: 2 } }
+layer { name: "conv2" type: "Convolution" bottom: "p" top: "c2"
+  convolution_param { num_output: 4 kernel_size: 1 bias_term: false } }
+layer { name: "leaky" type: "ReLU" bottom: "c2" top: "c2" relu_param { negative_slope: 0.1 } }
+layer { name: "ave" type: "Pooling" bottom: "c2" top: "a"
+  pooling_param { pool: AVE kernel_size: 2 stride: 2 pad: 1 } }
+layer { name: "conv3" type: "Convolution" bottom: "a" top: "c3"
+  convolution_param { num_output: 5 kernel_size: 2 } }
+layer { name: "ip" type: "InnerProduct" bottom: "c3" top: "f"
+  inner_product_param { num_output: 7 } }
+layer { name: "relu3" type: "ReLU" bottom: "f" top: "f" }
+layer { name: "ipt" type: "InnerProduct" bottom: "f" top: "g"
+  inner_product_param { num_output: 3 transpose: true } }
+layer { name: "prob" type: "Softmax" bottom: "g" top: "prob" }
+"""
+DIRECT = {"conv", "pool", "conv2", "ave", "conv3", "ip", "ipt"}
+
+
+def _net(text: str = NET) -> torchcaffe.TorchNet:
+    net = torchcaffe.load(text_format.Parse(text, caffe_pb2.NetParameter()), phase="test")
+    fill_params(net, lambda t, gen: torch.rand(t.shape, generator=gen) - 0.4, seed=3)
+    return net.eval()
+
+
+def _direct_steps(program) -> set[str]:
+    return {s.name for s in program.steps if s.key.endswith("+direct")}
+
+
+def test_the_pass_runs_off_the_cpu_only_and_takes_each_product_and_pooling():
+    net = _net()
+    assert "direct_calls" not in net.optimized_program().report
+    meta = net.optimized_program(device=torch.device("meta"))
+    assert meta.report["direct_calls"] == len(DIRECT) and _direct_steps(meta) == DIRECT
+    assert meta.finite_steps == 0  # no finite forms off the CPU: the run checks nothing
+    training = net.training_program(device=torch.device("meta"))
+    assert _direct_steps(training) == {"conv", "conv2", "conv3", "ip", "ipt"}  # no poolings
+    for program in (meta, training):  # a trace by torch.compile calls the layers
+        for step in program.steps:
+            runner = program.runners[step.key]
+            if step.name in _direct_steps(program):
+                inner = getattr(runner, "fallback", getattr(runner, "layer", None))
+                assert program.traced_runners[step.key] is inner
+
+
+def test_a_run_on_the_meta_device_goes_through_the_direct_calls(monkeypatch):
+    net = _net().to("meta")
+    convs = count_calls(monkeypatch, DirectConv2d, "__call__")
+    pools = count_calls(monkeypatch, DirectPool2d, "__call__")
+    layer_pools = count_calls(monkeypatch, PoolingLayer, "forward")
+    with torch.inference_mode():
+        out = net(data=torch.empty(2, 3, 12, 12, device="meta"))
+    assert out["prob"].shape == (2, 3) and out["prob"].device.type == "meta"
+    assert (convs[0], pools[0], layer_pools[0]) == (3, 2, 0)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 12, 12), (1, 3, 13, 11)])
+def test_values_are_the_layers_nan_and_infinity_included(monkeypatch, shape):
+    """Inputs with NaN and +-inf: MAX never picks NaN (a window of NaN alone gives -FLT_MAX)."""
+    text = NET.replace("dim: 2 dim: 3 dim: 12 dim: 12", " ".join(f"dim: {d}" for d in shape))
+    net = _net(text)
+    x = torch.randn(shape)
+    x[0, :, :5, :5] = float("nan")
+    x[-1, 1, 3, :] = float("inf")
+    x[-1, 2, :, 4] = -float("inf")
+    want = literal_blobs(net, x)
+    off_cpu_programs(monkeypatch, net)
+    with torch.inference_mode():
+        got = net.forward_all_blobs(data=x)
+        out = net(data=x)
+    assert _direct_steps(net.optimized_program()) == DIRECT
+    assert (want["p"] == -FLT_MAX).any()  # a window of NaN alone
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, equal_nan=True)
+    np.testing.assert_allclose(out["prob"], want["prob"], rtol=1e-5, atol=1e-6)
+
+
+def test_geometries_torch_cannot_express_go_to_the_layer(monkeypatch):
+    """A pad past half the kernel (explicit padding), a bottom smaller than the convolution's
+    kernel (C's division gives one output over zeros past the end), a global pooling over
+    bottoms of two sizes (one plan each)."""
+    text = """
+    input: "data" input_shape { dim: 1 dim: 2 dim: 4 dim: 4 }
+    layer { name: "wide" type: "Convolution" bottom: "data" top: "w"
+      convolution_param { num_output: 3 kernel_size: 5 stride: 2 } }
+    layer { name: "pad" type: "Pooling" bottom: "data" top: "p"
+      pooling_param { pool: MAX kernel_size: 3 pad: 2 stride: 2 } }
+    layer { name: "glob" type: "Pooling" bottom: "p" top: "g"
+      pooling_param { pool: AVE global_pooling: true } }
+    """
+    net = _net(text)
+    off_cpu_programs(monkeypatch, net)
+    layer_pools = count_calls(monkeypatch, PoolingLayer, "forward")
+    layer_convs = count_calls(monkeypatch, ConvolutionLayer, "forward")
+    for hw, wide_by_layer in ((4, 1), (7, 0)):
+        x = torch.randn(1, 2, hw, hw)
+        want = literal_blobs(net, x)
+        pools, convs = layer_pools[0], layer_convs[0]
+        with torch.inference_mode():
+            got = net.forward_all_blobs(data=x)
+        assert layer_pools[0] - pools == 1  # "pad" only; "glob" is torch's own
+        assert layer_convs[0] - convs == wide_by_layer  # 4x4 needs Caffe's extra pad
+        for name, value in want.items():
+            assert got[name].shape == value.shape, name
+            np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6)
+    runners = net.optimized_program(net.blob_names).runners
+    assert len(runners["glob+direct"].plans) == 2
+    assert None not in runners["glob+direct"].plans.values()
+    assert set(runners["pad+direct"].plans.values()) == {None}
+
+
+def test_gradients_through_the_direct_products_are_the_layers(monkeypatch):
+    net = _net()
+    x = torch.randn(2, 3, 12, 12)
+    w = torch.randn(2, 3)
+
+    def grads() -> list[torch.Tensor]:
+        net.zero_grad(set_to_none=True)
+        xg = x.clone().requires_grad_(True)
+        (net(data=xg)["prob"] * w).sum().backward()
+        return [xg.grad] + [p.grad for p in net.parameters()]
+
+    net.optimize = False
+    want = grads()
+    net.optimize = True
+    off_cpu_programs(monkeypatch, net)
+    got = grads()
+    assert _direct_steps(net.training_program()) == {"conv", "conv2", "conv3", "ip", "ipt"}
+    for g, v in zip(got, want):
+        np.testing.assert_allclose(g, v, rtol=1e-5, atol=1e-6)
+
+
+def test_an_eager_run_calls_a_layers_forward_unless_its_instance_has_its_own():
+    net = _net()
+    program = net.optimized_program()
+    runners = {
+        step.name: entry[0]
+        for step, entry in zip([s for s in program.steps if not s.is_input], program.eager_walk)
+    }
+    softmax = net.layer("prob")
+    assert runners["prob"] == softmax.forward
+    calls = []
+    own = softmax.forward
+    softmax.forward = lambda x: calls.append(1) or own(x)
+    net._programs.clear()
+    with torch.inference_mode():
+        net(data=torch.randn(2, 3, 12, 12))
+    assert calls == [1]
