@@ -11,7 +11,7 @@ import torch
 from google.protobuf import text_format
 
 import torchcaffe
-from torchcaffe.net.passes.direct_calls import DirectConv2d, DirectPool2d
+from torchcaffe.net.passes.direct_calls import DirectConv2d, DirectFrozenFold, DirectPool2d
 from torchcaffe.ops.convolution import ConvolutionLayer
 from torchcaffe.ops.pooling import FLT_MAX, PoolingLayer
 from torchcaffe.proto import caffe_pb2
@@ -173,3 +173,84 @@ def test_an_eager_run_calls_a_layers_forward_unless_its_instance_has_its_own():
     with torch.inference_mode():
         net(data=torch.randn(2, 3, 12, 12))
     assert calls == [1]
+
+
+FOLDED = """
+input: "data" input_shape { dim: 2 dim: 3 dim: 8 dim: 8 }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "c"
+  convolution_param { num_output: 4 kernel_size: 3 pad: 1 bias_term: false } }
+layer { name: "bn" type: "BatchNorm" bottom: "c" top: "c" }
+layer { name: "scale" type: "Scale" bottom: "c" top: "c" scale_param { bias_term: true } }
+layer { name: "relu" type: "ReLU" bottom: "c" top: "c" }
+layer { name: "conv2" type: "Convolution" bottom: "c" top: "d"
+  convolution_param { num_output: 3 kernel_size: 1 } }
+layer { name: "bn2" type: "BatchNorm" bottom: "d" top: "d" }
+layer { name: "scale2" type: "Scale" bottom: "d" top: "d" scale_param { bias_term: true } }
+"""
+
+
+def _folded_net() -> torchcaffe.TorchNet:
+    net = _net(FOLDED)
+    with torch.no_grad():
+        for name in ("bn", "bn2"):
+            mean, var, factor = net.layer(name).param_blobs()
+            var.abs_().add_(0.5)
+            factor.fill_(2.0)
+    return net
+
+
+def test_folds_into_convolutions_run_as_direct_calls(monkeypatch):
+    net = _folded_net()
+    meta = torch.device("meta")
+    inference = net.optimized_program(device=meta).runners
+    training = net.training_program(device=meta).runners
+    assert {type(r).__name__ for k, r in inference.items() if k.endswith("+direct")} == {
+        "DirectFoldedConv2d"
+    }
+    assert {type(r).__name__ for k, r in training.items() if k.endswith("+direct")} == {
+        "DirectFrozenFold"
+    }
+    x = torch.randn(2, 3, 8, 8)
+    want = literal_blobs(net, x)["d"]
+    off_cpu_programs(monkeypatch, net)
+    with torch.inference_mode():
+        np.testing.assert_allclose(net(data=x)["d"], want, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # an infinite Scale: Caffe's +-inf, where folded filters give NaN
+        net.layer("scale").param_blobs()[0][1] = float("inf")
+    want = literal_blobs(net, x)["d"]
+    assert torch.isinf(want).any() or torch.isnan(want).any()
+    with torch.inference_mode():
+        np.testing.assert_allclose(net(data=x)["d"], want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_frozen_fold_differentiates_as_the_layers_and_batch_statistics_fold_nothing(
+    monkeypatch,
+):
+    net = _folded_net()
+    x = torch.randn(2, 3, 8, 8)
+
+    def grads() -> list[torch.Tensor]:
+        net.zero_grad(set_to_none=True)
+        xg = x.clone().requires_grad_(True)
+        out = net(data=xg)["d"]
+        (out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
+        return [out.detach(), xg.grad] + [p.grad for p in net.parameters() if p.requires_grad]
+
+    net.optimize = False
+    want = grads()
+    net.optimize = True
+    off_cpu_programs(monkeypatch, net)
+    direct = count_calls(monkeypatch, torch.nn.functional, "batch_norm")
+    got = grads()
+    assert direct[0] == 2  # one batch norm after each convolution
+    for g, v in zip(got, want):
+        np.testing.assert_allclose(g, v, rtol=1e-4, atol=1e-5)
+    net.train()  # TRAIN BatchNorm: batch statistics, the layers one by one
+    net.optimize = False
+    want = grads()
+    net.optimize = True
+    got = grads()
+    runners = net.training_program().runners.values()
+    assert not any(isinstance(r, DirectFrozenFold) for r in runners)  # nothing frozen now
+    for g, v in zip(got, want):  # the biases before a BatchNorm get ~0: absolute 1e-4
+        np.testing.assert_allclose(g, v, rtol=1e-4, atol=1e-4)

@@ -29,13 +29,15 @@ from ...ops.convolution import ConvolutionLayer
 from ...ops.inner_product import InnerProductLayer
 from ...ops.pooling import FLT_MAX, PoolingLayer
 from ...proto import caffe_pb2
+from .folding import FoldedAffine
 from .program import OptimizedProgram
 from .relu_fusion import ProducerWithReLU
+from .training import FrozenBatchNormFold
 
 PASS_NAME = "direct_calls"
 TRAINING_PASS_NAME = "direct_products_for_training"
 PP = caffe_pb2.PoolingParameter
-PRODUCTS = frozenset({"Convolution", "Convolution+ReLU", "InnerProduct", "InnerProduct+ReLU"})
+PRODUCTS = ("Convolution", "InnerProduct")  # alone, with a ReLU, or with a chain folded in
 MAX_SHAPES = 16  # pooling plans kept per layer: a net reshaped to many sizes starts over
 
 
@@ -61,17 +63,60 @@ class DirectConv2d:
         """What torch.compile runs: the step's own runner (inductor picks its kernels)."""
         return self.fallback
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def takes(self, x: torch.Tensor) -> bool:
+        """Is ``x`` 4-D and large enough to need no extra pad?"""
         shape = x.shape
-        if len(shape) != 4 or shape[2] < self.min_hw[0] or shape[3] < self.min_hw[1]:
+        return len(shape) == 4 and shape[2] >= self.min_hw[0] and shape[3] >= self.min_hw[1]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.takes(x):
             return self.fallback(x)
         layer = self.layer
-        bias = layer.bias if layer.bias_term else None
-        y = F.conv2d(x, layer.weight, bias, *self.conv_args)
-        slope = self.slope
-        if slope is None:
-            return y
-        return F.leaky_relu_(y, slope) if slope else torch.relu_(y)
+        y = F.conv2d(x, layer.weight, layer.bias if layer.bias_term else None, *self.conv_args)
+        return fused_relu.apply_(y, self.slope)
+
+
+class DirectFoldedConv2d(DirectConv2d):
+    """A Convolution with BatchNorm / Scale / Bias folded in (``FoldedAffine``, inference):
+    its folded weights, cached on their sources, in one ``F.conv2d``; the fold's own run
+    where those weights are not finite (on the CPU, ``folds_non_finite``)."""
+
+    __slots__ = ("fold",)
+
+    def __init__(self, fold: FoldedAffine, slope: fused_relu.Slope, fallback: Any) -> None:
+        super().__init__(fold.producer, slope, fallback)
+        self.fold = fold
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.takes(x):
+            return self.fallback(x)
+        fold = self.fold
+        w, b = fold.folded_weights()
+        if fold.folds_non_finite(w):
+            return self.fallback(x)
+        return fused_relu.apply_(F.conv2d(x, w, b, *self.conv_args), self.slope)
+
+
+class DirectFrozenFold(DirectConv2d):
+    """A Convolution with its frozen BatchNorm (+ Scale / Bias) in a forward autograd records
+    (``FrozenBatchNormFold``), as the fold runs off the CPU: ``F.conv2d`` on the layer's
+    weights, then one batch norm on the frozen statistics (``batch_norm_after``). The fold
+    itself once the BatchNorm uses batch statistics."""
+
+    __slots__ = ("fold", "bn")
+
+    def __init__(self, fold: FrozenBatchNormFold) -> None:
+        super().__init__(fold.producer, None, fold)
+        self.fold = fold
+        self.bn: Any = fold.bn
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        fold = self.fold
+        if not self.takes(x) or not self.bn.uses_global_stats:
+            return fold(x)
+        layer = self.layer
+        y = F.conv2d(x, layer.weight, layer.bias if layer.bias_term else None, *self.conv_args)
+        return fold.batch_norm_after(y)
 
 
 class DirectLinear:
@@ -100,10 +145,7 @@ class DirectLinear:
         layer = self.layer
         weight = layer.weight.t() if layer.transpose else layer.weight
         y = F.linear(flat, weight, layer.bias if layer.param.bias_term else None)
-        slope = self.slope
-        if slope is None:
-            return y
-        return F.leaky_relu_(y, slope) if slope else torch.relu_(y)
+        return fused_relu.apply_(y, self.slope)
 
 
 class DirectPool2d:
@@ -144,18 +186,29 @@ class DirectPool2d:
 
 
 def _direct_product(runner: Any) -> DirectConv2d | DirectLinear | None:
-    """The direct form of a step that runs a ConvolutionLayer or an InnerProductLayer, with
-    or without a fused ReLU (a fold keeps its own runner)."""
-    layer, slope = runner, None
+    """The direct form of a step that runs a ConvolutionLayer, an InnerProductLayer or an
+    inference fold into a Convolution, with or without a fused ReLU; None for others (a
+    subclass may compute otherwise), other layouts and axes."""
+    inner, slope = runner, None
     if isinstance(runner, ProducerWithReLU):
-        layer, slope = runner.runner, runner.negative_slope
-    if len(getattr(layer, "bottom_shapes", ())) != 1:
+        inner, slope = runner.runner, runner.negative_slope
+    if type(inner) is FoldedAffine:
+        conv = inner.producer
+        if inner.producer_type == "Convolution" and _plain_conv(conv):
+            return DirectFoldedConv2d(inner, slope, runner)
         return None
-    if type(layer) is ConvolutionLayer and layer.geom.layout() == (1, 2):
-        return DirectConv2d(layer, slope, runner)
-    if type(layer) is InnerProductLayer and layer.axis == 1:
-        return DirectLinear(layer, slope, runner)
-    return None  # another class (a subclass may compute otherwise), layout or axis
+    if len(getattr(inner, "bottom_shapes", ())) != 1:
+        return None
+    if _plain_conv(inner):
+        return DirectConv2d(inner, slope, runner)
+    if type(inner) is InnerProductLayer and inner.axis == 1:
+        return DirectLinear(inner, slope, runner)
+    return None
+
+
+def _plain_conv(layer: Any) -> bool:
+    """A ConvolutionLayer itself over 2 spatial axes at axis 1."""
+    return type(layer) is ConvolutionLayer and layer.geom.layout() == (1, 2)
 
 
 def direct_calls(program: OptimizedProgram, observable: frozenset[str]) -> OptimizedProgram:
@@ -164,7 +217,7 @@ def direct_calls(program: OptimizedProgram, observable: frozenset[str]) -> Optim
     for i, step in enumerate(program.steps):
         runner = program.runners[step.key]
         direct: Any = None
-        if step.type in PRODUCTS:
+        if step.type.startswith(PRODUCTS):
             direct = _direct_product(runner)
         elif step.type == "Pooling" and type(runner) is PoolingLayer:
             if runner.num_tops == 1 and runner.pool in (PP.MAX, PP.AVE):
@@ -181,14 +234,21 @@ def direct_calls(program: OptimizedProgram, observable: frozenset[str]) -> Optim
 def direct_products_for_training(
     program: OptimizedProgram, observable: frozenset[str]
 ) -> OptimizedProgram:
-    """For forwards that autograd records, off the CPU: Convolution and InnerProduct steps as
-    direct calls, which autograd differentiates as it does the layer's ``F.conv2d`` or
-    ``F.linear`` there. Poolings keep their layer: MAX's backward is Caffe's mask
-    (``_FlooredMaxPool2d``), not the floor's derivative."""
+    """For forwards that autograd records, off the CPU: Convolution and InnerProduct steps, and
+    Convolutions with their frozen BatchNorm, as direct calls, which autograd differentiates
+    as it does the layer's ``F.conv2d``, ``F.linear`` or ``F.batch_norm`` there. Poolings
+    keep their layer: MAX's backward is Caffe's mask (``_FlooredMaxPool2d``), not the
+    floor's derivative."""
     new_steps = list(program.steps)
     runners: dict[str, Any] = {}
     for i, step in enumerate(program.steps):
-        direct = _direct_product(program.runners[step.key]) if step.type in PRODUCTS else None
+        runner = program.runners[step.key]
+        direct: Any = None
+        if type(runner) is FrozenBatchNormFold:
+            if _plain_conv(runner.producer) and runner.bn is not None and runner.one_batch_norm:
+                direct = DirectFrozenFold(runner)
+        elif step.type in ("Convolution", "InnerProduct"):
+            direct = _direct_product(runner)
         if direct is None:
             continue
         key = f"{step.key}+direct"

@@ -171,8 +171,12 @@ class FrozenBatchNormFold(FoldedAffine):
     def producer_then_batch_norm(self, x: torch.Tensor) -> torch.Tensor:
         """The convolution, then BatchNorm and its Scale as one ``F.batch_norm`` on the
         frozen statistics (as ``nn.BatchNorm2d`` in eval: one kernel each way), then Bias."""
+        return self.batch_norm_after(self.producer(x))
+
+    def batch_norm_after(self, y: torch.Tensor) -> torch.Tensor:
+        """BatchNorm, its Scale and Bias over the convolution's top ``y``, as
+        ``producer_then_batch_norm`` runs them."""
         assert self.bn is not None
-        y = self.producer(x)
         mean, var = self.bn.global_stats()
         scale, weight, bias = self.scale, None, None
         if scale is not None:
