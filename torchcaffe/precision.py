@@ -37,10 +37,11 @@ _saved: list[object] = []  # the settings the first of them found
 
 
 def _enter() -> None:
+    """(The switches are looked up only by the first caller: a net's every forward enters.)"""
     global _depth, _saved
-    settings = _settings()
     with _lock:
         if _depth == 0:
+            settings = _settings()
             _saved = [getattr(owner, name) for owner, name, _ in settings]
             for owner, name, ieee in settings:
                 setattr(owner, name, ieee)
