@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ from ...ops.convolution import ConvolutionLayer
 from ...ops.inner_product import InnerProductLayer
 from ...ops.pooling import FLT_MAX, PoolingLayer
 from ...proto import caffe_pb2
+from ..program import LayerStep
 from .folding import FoldedAffine
 from .program import OptimizedProgram
 from .relu_fusion import ProducerWithReLU
@@ -212,23 +214,15 @@ def _plain_conv(layer: Any) -> bool:
 
 
 def direct_calls(program: OptimizedProgram, observable: frozenset[str]) -> OptimizedProgram:
-    new_steps = list(program.steps)
-    runners: dict[str, Any] = {}
-    for i, step in enumerate(program.steps):
-        runner = program.runners[step.key]
-        direct: Any = None
+    def direct(step: LayerStep, runner: Any) -> Any:
         if step.type.startswith(PRODUCTS):
-            direct = _direct_product(runner)
-        elif step.type == "Pooling" and type(runner) is PoolingLayer:
+            return _direct_product(runner)
+        if step.type == "Pooling" and type(runner) is PoolingLayer:
             if runner.num_tops == 1 and runner.pool in (PP.MAX, PP.AVE):
-                direct = DirectPool2d(runner)
-        if direct is None:
-            continue
-        key = f"{step.key}+direct"
-        runners[key] = direct
-        new_steps[i] = dataclasses.replace(step, key=key)
-    result = program.rewritten(PASS_NAME, new_steps, runners, len(runners))
-    return result
+                return DirectPool2d(runner)
+        return None
+
+    return _with_direct_runners(program, PASS_NAME, direct)
 
 
 def direct_products_for_training(
@@ -239,19 +233,30 @@ def direct_products_for_training(
     as it does the layer's ``F.conv2d``, ``F.linear`` or ``F.batch_norm`` there. Poolings
     keep their layer: MAX's backward is Caffe's mask (``_FlooredMaxPool2d``), not the
     floor's derivative."""
+
+    def direct(step: LayerStep, runner: Any) -> Any:
+        if type(runner) is FrozenBatchNormFold:
+            if _plain_conv(runner.producer) and runner.bn is not None and runner.one_batch_norm:
+                return DirectFrozenFold(runner)
+            return None
+        if step.type in ("Convolution", "InnerProduct"):
+            return _direct_product(runner)
+        return None
+
+    return _with_direct_runners(program, TRAINING_PASS_NAME, direct)
+
+
+def _with_direct_runners(
+    program: OptimizedProgram, name: str, direct: Callable[[LayerStep, Any], Any]
+) -> OptimizedProgram:
+    """``program`` with each step's runner replaced by ``direct(step, runner)`` where that
+    is not None; the report counts them under ``name``."""
     new_steps = list(program.steps)
     runners: dict[str, Any] = {}
     for i, step in enumerate(program.steps):
-        runner = program.runners[step.key]
-        direct: Any = None
-        if type(runner) is FrozenBatchNormFold:
-            if _plain_conv(runner.producer) and runner.bn is not None and runner.one_batch_norm:
-                direct = DirectFrozenFold(runner)
-        elif step.type in ("Convolution", "InnerProduct"):
-            direct = _direct_product(runner)
-        if direct is None:
-            continue
-        key = f"{step.key}+direct"
-        runners[key] = direct
-        new_steps[i] = dataclasses.replace(step, key=key)
-    return program.rewritten(TRAINING_PASS_NAME, new_steps, runners, len(runners))
+        runner = direct(step, program.runners[step.key])
+        if runner is not None:
+            key = f"{step.key}+direct"
+            runners[key] = runner
+            new_steps[i] = dataclasses.replace(step, key=key)
+    return program.rewritten(name, new_steps, runners, len(runners))
