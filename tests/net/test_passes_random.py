@@ -9,7 +9,9 @@ For each seeded net, within the golden tolerance (rtol 1e-4, atol 1e-5):
 - an optimized training step (outputs, every gradient, BatchNorm's statistics) equals a
   layer-by-layer one;
 - ``torch.export`` with a dynamic batch runs at other batch sizes and equals it there.
-The layout pass is tried at its own threshold and with every convolution in channels_last.
+The layout pass is tried at its own threshold and with every convolution in channels_last;
+the torch face and the training step also run the programs for a GPU (``direct_calls``) on
+CPU tensors.
 Each check runs on the core generator's nets and on nets with the wider catalogue
 (``random_net(wide=True)``: forks' layers, Crop, Tile, MVN...). Two nets also go through
 torch.compile (inductor), inference and a training step.
@@ -35,7 +37,7 @@ from torchcaffe.net.passes import INFERENCE_PASSES, TRAINING_PASSES, layout
 from torchcaffe.proto import caffe_pb2
 
 from ..helpers.params import fill_params
-from ..helpers.programs import literal_blobs, literal_blobs_in_caffe_memory
+from ..helpers.programs import literal_blobs, literal_blobs_in_caffe_memory, off_cpu_programs
 from .random_nets import random_net
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -68,9 +70,19 @@ def layout_threshold(request, monkeypatch):
         monkeypatch.setattr(layout, "MIN_PIXELS", 0)
 
 
+@pytest.fixture(params=["own threshold", "every conv channels_last", "a GPU's program"])
+def program_form(request, monkeypatch):
+    """The CPU's programs (the layout pass at its own threshold, or on every convolution), or
+    the programs for a run off the CPU (``direct_calls``), run on CPU tensors."""
+    if request.param == "every conv channels_last":
+        monkeypatch.setattr(layout, "MIN_PIXELS", 0)
+    elif request.param == "a GPU's program":
+        off_cpu_programs(monkeypatch)
+
+
 @CATALOGUES
 @pytest.mark.parametrize("seed", SEEDS)
-def test_torch_face_matches_the_layer_by_layer_program(seed, wide, layout_threshold):
+def test_torch_face_matches_the_layer_by_layer_program(seed, wide, program_form):
     spec = random_net(seed, wide=wide)
     net = _load(spec.text, "test", seed)
     x = torch.randn(*spec.input_shape, generator=torch.Generator().manual_seed(seed))
@@ -178,7 +190,7 @@ def _training_step(net: torchcaffe.TorchNet, x: torch.Tensor, optimize: bool, ru
 
 @CATALOGUES
 @pytest.mark.parametrize("seed", SEEDS)
-def test_training_step_matches_the_layer_by_layer_program(seed, wide, layout_threshold):
+def test_training_step_matches_the_layer_by_layer_program(seed, wide, program_form):
     spec = random_net(seed, batch=4, dropout=False, wide=wide)  # Dropout's masks would differ
     # in float64: a gradient through batch statistics is a small difference of large terms
     # (a bias before a BatchNorm gets exactly zero), so float32 rounding alone can exceed
@@ -201,13 +213,20 @@ def test_every_pass_fires_on_some_random_net():
     """The checks above are only as good as the passes they reach."""
     inference: Counter[str] = Counter()
     training: Counter[str] = Counter()
+    off_cpu: Counter[str] = Counter()  # the programs for a GPU
+    meta = torch.device("meta")
     for seed in SEEDS:
-        inference.update(_load(random_net(seed).text, "test", seed).optimized_program().report)
+        net = _load(random_net(seed).text, "test", seed)
+        inference.update(net.optimized_program().report)
+        off_cpu.update(net.optimized_program(device=meta).report)
         spec = random_net(seed, batch=4, dropout=False)
-        training.update(_load(spec.text, "train", seed).training_program().report)
+        net = _load(spec.text, "train", seed)
+        training.update(net.training_program().report)
+        off_cpu.update(net.training_program(device=meta).report)
     assert set(inference) == {p.__name__ for p in INFERENCE_PASSES}
     assert set(training) == {p.__name__ for p in TRAINING_PASSES}
     assert all(inference.values()) and all(training.values()), (inference, training)
+    assert off_cpu["direct_calls"] and off_cpu["direct_products_for_training"], off_cpu
 
 
 # Random nets whose compile fails inside torch, not here: 24 chains two AVE poolings (2x2
