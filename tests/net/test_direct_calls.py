@@ -61,7 +61,7 @@ def test_the_pass_runs_off_the_cpu_only_and_takes_each_product_and_pooling():
     assert meta.report["direct_calls"] == len(DIRECT) and _direct_steps(meta) == DIRECT
     assert meta.finite_steps == 0  # no finite forms off the CPU: the run checks nothing
     training = net.training_program(device=torch.device("meta"))
-    assert _direct_steps(training) == {"conv", "conv2", "conv3", "ip", "ipt"}  # no poolings
+    assert _direct_steps(training) == DIRECT
     for program in (meta, training):  # a trace by torch.compile calls the layers
         for step in program.steps:
             runner = program.runners[step.key]
@@ -152,7 +152,7 @@ def test_gradients_through_the_direct_products_are_the_layers(monkeypatch):
     net.optimize = True
     off_cpu_programs(monkeypatch, net)
     got = grads()
-    assert _direct_steps(net.training_program()) == {"conv", "conv2", "conv3", "ip", "ipt"}
+    assert _direct_steps(net.training_program()) == DIRECT
     for g, v in zip(got, want):
         np.testing.assert_allclose(g, v, rtol=1e-5, atol=1e-6)
 
@@ -254,3 +254,58 @@ def test_a_frozen_fold_differentiates_as_the_layers_and_batch_statistics_fold_no
     assert not any(isinstance(r, DirectFrozenFold) for r in runners)  # nothing frozen now
     for g, v in zip(got, want):  # the biases before a BatchNorm get ~0: absolute 1e-4
         np.testing.assert_allclose(g, v, rtol=1e-4, atol=1e-4)
+
+
+def test_a_max_pooling_autograd_records_sends_no_gradient_to_nan_as_caffes_mask(monkeypatch):
+    text = """
+    input: "data" input_shape { dim: 1 dim: 2 dim: 6 dim: 6 }
+    layer { name: "pool" type: "Pooling" bottom: "data" top: "p"
+      pooling_param { pool: MAX kernel_size: 3 stride: 2 } }
+    """
+    net = _net(text)
+    x = torch.randn(1, 2, 6, 6)
+    x[0, 0, :3, :3] = float("nan")  # a window of NaN alone: -FLT_MAX, no gradient
+    x[0, 1, 1, 1] = float("nan")  # beside values: the best of those gets it
+    x[0, 1, 4, :] = -float("inf")
+    x[0, 0, 5, 5] = float("inf")  # wins its windows, and their gradient
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        xg = x.clone().requires_grad_(True)
+        out = net(data=xg)["p"]
+        out.backward(torch.ones_like(out))
+        return out.detach(), xg.grad
+
+    net.optimize = False
+    want = run()
+    net.optimize = True
+    off_cpu_programs(monkeypatch, net)
+    got = run()
+    assert _direct_steps(net.training_program()) == {"pool"}
+    assert (want[0] == -FLT_MAX).any() and not torch.isnan(want[1]).any()
+    assert want[1][0, 0, 5, 5] > 0
+    for g, v in zip(got, want):
+        assert torch.equal(g, v)
+
+
+@pytest.mark.parametrize("which", ["plain", "folded"])
+def test_per_sample_gradients_under_vmap_take_the_direct_calls(monkeypatch, which):
+    """torch.func runs the training program: the direct runners under vmap(grad(...))."""
+    from torch.func import functional_call, grad, vmap
+
+    net, out, shape = (
+        (_net(), "prob", (3, 12, 12)) if which == "plain" else (_folded_net(), "d", (3, 8, 8))
+    )
+    params = {k: v.detach() for k, v in net.named_parameters()}
+    xs = torch.randn(4, *shape)
+
+    def loss(p, x):
+        return functional_call(net, p, (), {"data": x[None]})[out].sum()
+
+    net.optimize = False
+    want = vmap(grad(loss), in_dims=(None, 0))(params, xs)
+    net.optimize = True
+    off_cpu_programs(monkeypatch, net)
+    got = vmap(grad(loss), in_dims=(None, 0))(params, xs)
+    assert any(k.endswith("+direct") for k in net.training_program().runners)
+    for name, value in want.items():
+        torch.testing.assert_close(got[name], value, rtol=1e-4, atol=1e-5)

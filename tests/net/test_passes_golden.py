@@ -111,4 +111,4 @@ def test_every_pass_fires_on_some_golden_net():
     # fold_batchnorm_into_scale is exercised by tests/net/test_passes.py only.
     assert fired["fold_batchnorm_scale_into_producer"] and fired["inplace_relu"], fired
     assert fired["channels_last_layout"], fired
-    assert off_cpu["direct_calls"] and off_cpu["direct_products_for_training"], off_cpu
+    assert off_cpu["direct_calls"] and off_cpu["direct_calls_for_training"], off_cpu

@@ -226,7 +226,7 @@ def test_every_pass_fires_on_some_random_net():
     assert set(inference) == {p.__name__ for p in INFERENCE_PASSES}
     assert set(training) == {p.__name__ for p in TRAINING_PASSES}
     assert all(inference.values()) and all(training.values()), (inference, training)
-    assert off_cpu["direct_calls"] and off_cpu["direct_products_for_training"], off_cpu
+    assert off_cpu["direct_calls"] and off_cpu["direct_calls_for_training"], off_cpu
 
 
 # Random nets whose compile fails inside torch, not here: 24 chains two AVE poolings (2x2

@@ -160,6 +160,16 @@ def _max_pool(x, kernel, stride, pad, out, want_mask, finite=False):
     return _max_pool_windows(_floor_at_flt_max(x), kernel, stride, pad, out, want_mask)
 
 
+def torch_max_pool(x: torch.Tensor, kernel: Pair, stride: Pair, pad: Pair, ceil: bool):
+    """Caffe's one-top MAX pooling where torch's own flags give its windows
+    (``PoolingLayer.torch_pool_args``), as ``_max_pool`` computes it off the CPU outside a
+    trace: ``_FlooredMaxPool2d`` where autograd records, else torch's pooling of the floored
+    bottom."""
+    if _recorded(x) and not under_func_transform():
+        return with_jvp(_FlooredMaxPool2d).apply(x, kernel, stride, pad, ceil)[0]
+    return torch.max_pool2d(_floor_at_flt_max(x), kernel, stride, pad, 1, ceil)
+
+
 def _max_pool_windows(x, kernel, stride, pad, out, want_mask):
     hw = (x.shape[2], x.shape[3])
     ceil = _torch_ceil_mode(hw, kernel, stride, pad, out)

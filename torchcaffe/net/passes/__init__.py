@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from torch import nn
 
 from ..program import LayerStep
-from .direct_calls import direct_calls, direct_products_for_training
+from .direct_calls import direct_calls, direct_calls_for_training
 from .finite_pooling import finite_pooling
 from .folding import (
     FoldedAffine,
@@ -74,7 +74,7 @@ TRAINING_PASSES = (
     inplace_relu_for_training,
 )
 # Passes for forwards autograd records off the CPU alone, after those: direct torch calls.
-OFF_CPU_TRAINING_PASSES = (direct_products_for_training,)
+OFF_CPU_TRAINING_PASSES = (direct_calls_for_training,)
 
 
 def optimize_for_inference(

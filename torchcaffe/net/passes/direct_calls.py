@@ -1,7 +1,7 @@
 """direct_calls: off the CPU, a 2-D Convolution or an InnerProduct (folded or not, with the
 ReLU fused after it) and a MAX or AVE Pooling run as one call into torch, their geometry
-worked out once; in forwards autograd records (``direct_products_for_training``), the
-Convolutions and InnerProducts, and the Convolutions with their frozen BatchNorm.
+worked out once; in forwards autograd records (``direct_calls_for_training``) too, and the
+Convolutions with their frozen BatchNorm.
 
 A GPU's eager run is bound by the host's work per layer, not by its kernels: on an H100,
 GoogLeNet at batch 1 took 6.2 ms where the hand-written model took 5.1 ms, with the same
@@ -19,7 +19,6 @@ convolution's ReLU in place, MAX's floor at -FLT_MAX (``nan_to_num``) before the
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +28,7 @@ import torch.nn.functional as F
 from ...ops import fused_relu
 from ...ops.convolution import ConvolutionLayer
 from ...ops.inner_product import InnerProductLayer
-from ...ops.pooling import FLT_MAX, PoolingLayer
+from ...ops.pooling import PoolingLayer, torch_max_pool
 from ...proto import caffe_pb2
 from ..program import LayerStep
 from .folding import FoldedAffine
@@ -38,7 +37,7 @@ from .relu_fusion import ProducerWithReLU
 from .training import FrozenBatchNormFold
 
 PASS_NAME = "direct_calls"
-TRAINING_PASS_NAME = "direct_products_for_training"
+TRAINING_PASS_NAME = "direct_calls_for_training"
 PP = caffe_pb2.PoolingParameter
 PRODUCTS = ("Convolution", "InnerProduct")  # alone, with a ReLU, or with a chain folded in
 MAX_SHAPES = 16  # pooling plans kept per layer: a net reshaped to many sizes starts over
@@ -176,8 +175,7 @@ class DirectPool2d:
             return self.layer(x)
         kernel, stride, pad, ceil = plan
         if self.is_max:  # Caffe's MAX never picks NaN, nor a value at or below -FLT_MAX
-            floored = torch.nan_to_num(x, nan=-FLT_MAX, posinf=math.inf, neginf=-FLT_MAX)
-            return torch.max_pool2d(floored, kernel, stride, pad, 1, ceil)
+            return torch_max_pool(x, kernel, stride, pad, ceil)
         return F.avg_pool2d(x, kernel, stride, pad, ceil, True)  # count_include_pad
 
     def _plan(self, x: torch.Tensor) -> tuple[Any, ...] | None:
@@ -206,6 +204,14 @@ def _direct_product(runner: Any) -> DirectConv2d | DirectLinear | None:
     return None
 
 
+def _direct_pool(step: LayerStep, runner: Any) -> DirectPool2d | None:
+    """The direct form of a one-top MAX or AVE PoolingLayer's step."""
+    if step.type == "Pooling" and type(runner) is PoolingLayer:
+        if runner.num_tops == 1 and runner.pool in (PP.MAX, PP.AVE):
+            return DirectPool2d(runner)
+    return None
+
+
 def _plain_conv(layer: Any) -> bool:
     """A ConvolutionLayer itself, of one bottom, over 2 spatial axes at axis 1."""
     return (
@@ -219,22 +225,18 @@ def direct_calls(program: OptimizedProgram, observable: frozenset[str]) -> Optim
     def direct(step: LayerStep, runner: Any) -> Any:
         if step.type.startswith(PRODUCTS):
             return _direct_product(runner)
-        if step.type == "Pooling" and type(runner) is PoolingLayer:
-            if runner.num_tops == 1 and runner.pool in (PP.MAX, PP.AVE):
-                return DirectPool2d(runner)
-        return None
+        return _direct_pool(step, runner)
 
     return _with_direct_runners(program, PASS_NAME, direct)
 
 
-def direct_products_for_training(
+def direct_calls_for_training(
     program: OptimizedProgram, observable: frozenset[str]
 ) -> OptimizedProgram:
-    """For forwards that autograd records, off the CPU: Convolution and InnerProduct steps, and
-    Convolutions with their frozen BatchNorm, as direct calls, which autograd differentiates
-    as it does the layer's ``F.conv2d``, ``F.linear`` or ``F.batch_norm`` there. Poolings
-    keep their layer: MAX's backward is Caffe's mask (``_FlooredMaxPool2d``), not the
-    floor's derivative."""
+    """For forwards that autograd records, off the CPU: Convolution, InnerProduct and Pooling
+    steps, and Convolutions with their frozen BatchNorm, as direct calls, which autograd
+    differentiates as it does the layers' ops there (a MAX pooling's backward is Caffe's mask,
+    ``torch_max_pool``)."""
 
     def direct(step: LayerStep, runner: Any) -> Any:
         if type(runner) is FrozenBatchNormFold:
@@ -243,7 +245,7 @@ def direct_products_for_training(
             return None
         if step.type in ("Convolution", "InnerProduct"):
             return _direct_product(runner)
-        return None
+        return _direct_pool(step, runner)
 
     return _with_direct_runners(program, TRAINING_PASS_NAME, direct)
 
