@@ -19,6 +19,7 @@ convolution's ReLU in place, MAX's floor at -FLT_MAX (``nan_to_num``) before the
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 from ...ops import fused_relu
 from ...ops.convolution import ConvolutionLayer
 from ...ops.inner_product import InnerProductLayer
-from ...ops.pooling import PoolingLayer, torch_max_pool
+from ...ops.pooling import FLT_MAX, PoolingLayer, torch_max_pool
 from ...proto import caffe_pb2
 from ..program import LayerStep
 from .folding import FoldedAffine
@@ -153,13 +154,14 @@ class DirectLinear:
 class DirectPool2d:
     """A one-top MAX or AVE PoolingLayer as torch's pooling with the arguments the layer
     would pass it for this bottom shape, kept per shape; the layer where torch cannot express
-    Caffe's windows."""
+    Caffe's windows. ``recorded``: the program is for forwards autograd records."""
 
-    __slots__ = ("layer", "is_max", "plans")
+    __slots__ = ("layer", "is_max", "recorded", "plans")
 
-    def __init__(self, layer: PoolingLayer) -> None:
+    def __init__(self, layer: PoolingLayer, recorded: bool) -> None:
         self.layer = layer
         self.is_max = layer.pool == PP.MAX
+        self.recorded = recorded  # in a program for forwards autograd records
         self.plans: dict[torch.Size, tuple[Any, ...] | None] = {}
 
     @property
@@ -174,9 +176,13 @@ class DirectPool2d:
         if plan is None:
             return self.layer(x)
         kernel, stride, pad, ceil = plan
-        if self.is_max:  # Caffe's MAX never picks NaN, nor a value at or below -FLT_MAX
+        if not self.is_max:
+            return F.avg_pool2d(x, kernel, stride, pad, ceil, True)  # count_include_pad
+        if self.recorded:  # autograd, or a torch.func transform: Caffe's mask
             return torch_max_pool(x, kernel, stride, pad, ceil)
-        return F.avg_pool2d(x, kernel, stride, pad, ceil, True)  # count_include_pad
+        # Caffe's MAX never picks NaN, nor a value at or below -FLT_MAX
+        floored = torch.nan_to_num(x, nan=-FLT_MAX, posinf=math.inf, neginf=-FLT_MAX)
+        return torch.max_pool2d(floored, kernel, stride, pad, 1, ceil)
 
     def _plan(self, x: torch.Tensor) -> tuple[Any, ...] | None:
         if len(self.plans) >= MAX_SHAPES:
@@ -204,11 +210,11 @@ def _direct_product(runner: Any) -> DirectConv2d | DirectLinear | None:
     return None
 
 
-def _direct_pool(step: LayerStep, runner: Any) -> DirectPool2d | None:
+def _direct_pool(step: LayerStep, runner: Any, recorded: bool) -> DirectPool2d | None:
     """The direct form of a one-top MAX or AVE PoolingLayer's step."""
     if step.type == "Pooling" and type(runner) is PoolingLayer:
         if runner.num_tops == 1 and runner.pool in (PP.MAX, PP.AVE):
-            return DirectPool2d(runner)
+            return DirectPool2d(runner, recorded)
     return None
 
 
@@ -225,7 +231,7 @@ def direct_calls(program: OptimizedProgram, observable: frozenset[str]) -> Optim
     def direct(step: LayerStep, runner: Any) -> Any:
         if step.type.startswith(PRODUCTS):
             return _direct_product(runner)
-        return _direct_pool(step, runner)
+        return _direct_pool(step, runner, recorded=False)
 
     return _with_direct_runners(program, PASS_NAME, direct)
 
@@ -245,7 +251,7 @@ def direct_calls_for_training(
             return None
         if step.type in ("Convolution", "InnerProduct"):
             return _direct_product(runner)
-        return _direct_pool(step, runner)
+        return _direct_pool(step, runner, recorded=True)
 
     return _with_direct_runners(program, TRAINING_PASS_NAME, direct)
 
