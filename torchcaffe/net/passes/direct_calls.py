@@ -180,7 +180,8 @@ class DirectPool2d:
             return F.avg_pool2d(x, kernel, stride, pad, ceil, True)  # count_include_pad
         if self.recorded:  # autograd, or a torch.func transform: Caffe's mask
             return torch_max_pool(x, kernel, stride, pad, ceil)
-        # Caffe's MAX never picks NaN, nor a value at or below -FLT_MAX
+        # Caffe's MAX never picks NaN, nor a value at or below -FLT_MAX: the op
+        # ``pooling._floor_at_flt_max`` picks outside autograd, without its checks
         floored = torch.nan_to_num(x, nan=-FLT_MAX, posinf=math.inf, neginf=-FLT_MAX)
         return torch.max_pool2d(floored, kernel, stride, pad, 1, ceil)
 
