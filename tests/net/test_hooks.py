@@ -3,6 +3,8 @@ runs them as modules instead of the passes' merged steps (torchcaffe/ops/hook_wa
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
 from google.protobuf import text_format
@@ -113,3 +115,81 @@ def test_the_caffe_face_runs_hooked_layers_too(tmp_path):
     handle.remove()
     net.forward()
     assert calls == [(2, 4, 6, 6)]
+
+
+def test_a_forward_given_to_a_folded_layer_runs_on_every_forward():
+    """``layer.forward = wrapped`` after the program was made: the net runs its layers as
+    modules while the instance has it (a fold would skip the BatchNorm), and the passes again
+    once it is deleted."""
+    net = _net()
+    x = torch.rand(2, 3, 8, 8)
+    with torch.inference_mode():
+        net(data=x)
+    want = _literal(net, x)
+    bn = net.layer("bn")
+    built = bn.forward
+    calls: list[tuple[int, ...]] = []
+
+    def probe(t: torch.Tensor) -> torch.Tensor:
+        calls.append(tuple(t.shape))
+        return built(t)
+
+    bn.forward = probe
+    assert net.layers_hooked()
+    with torch.inference_mode():
+        got = net(data=x)["f"]
+        net(data=x)
+    assert calls == [(2, 4, 6, 6)] * 2
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    del bn.forward
+    assert not net.layers_hooked()
+    with torch.inference_mode():
+        net(data=x)
+    assert len(calls) == 2
+
+
+def test_a_forward_given_to_an_unmerged_layer_reaches_the_eager_walk():
+    """The eager walk calls a layer's bound ``forward`` (passes/program.py): one given to
+    the instance later is the one that runs, the program made before it notwithstanding."""
+    net = torchcaffe.load(
+        text_format.Parse(
+            NET + 'layer { name: "prob" type: "Softmax" bottom: "f" top: "p" }',
+            caffe_pb2.NetParameter(),
+        ),
+        phase="test",
+    )
+    x = torch.rand(2, 3, 8, 8)
+    with torch.inference_mode():
+        want = net(data=x)["p"]
+    net.layer("prob").forward = lambda t: torch.zeros_like(t)
+    with torch.inference_mode():
+        assert not net(data=x)["p"].any()
+    del net.layer("prob").forward
+    with torch.inference_mode():
+        torch.testing.assert_close(net(data=x)["p"], want)
+
+
+def test_a_forward_a_layer_chose_when_built_is_no_hook():
+    """An in-place ELU sets its instance's forward itself (its backward reads the top): its net
+    runs the passes, and so does a deep copy of it."""
+    text = NET + 'layer { name: "elu" type: "ELU" bottom: "f" top: "f" }'
+    net = torchcaffe.load(text_format.Parse(text, caffe_pb2.NetParameter()), phase="test")
+    assert "forward" in vars(net.layer("elu"))
+    assert not net.layers_hooked()
+    assert not copy.deepcopy(net).layers_hooked()
+
+
+def test_the_caffe_face_runs_a_layer_given_a_forward(tmp_path):
+    proto = tmp_path / "net.prototxt"
+    proto.write_text(NET)
+    net = torchcaffe.Net(str(proto), torchcaffe.TEST)
+    net.blobs["data"].data[...] = np.random.default_rng(0).random((2, 3, 8, 8))
+    net.forward()
+    scale = net.module.layer("sc")
+    built = scale.forward
+    calls: list[int] = []
+    scale.forward = lambda t: calls.append(1) or built(t)
+    net.forward()
+    del scale.forward
+    net.forward()
+    assert calls == [1]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from typing import Any
 
 import numpy as np
 import torch
@@ -54,26 +55,35 @@ def test_each_unobserved_blob_is_released_after_its_last_reader():
 
 
 def test_an_intermediate_is_freed_before_the_forward_returns():
-    """Probed by wrapping the layers' ``forward``: a net with torch hooks on its layers runs
-    without the passes (``ops/hook_watch.py``), releases included."""
+    """Probed by wrapping the program's calls of conv and ip2 (its ``eager_walk``): a
+    ``forward`` given to a layer would make the net run its layers as modules, without the
+    program (``ops/hook_watch.py``)."""
     net = _net()
-    seen: dict[str, weakref.ref] = {}
-    conv, ip2 = net.layers["conv"], net.layers["ip2"]
-    conv_forward, ip2_forward = conv.forward, ip2.forward
+    x = torch.randn(2, 3, 5, 4)
+    program = net.optimized_program()
+    with torch.no_grad():
+        net(data=x)
+    assert net.optimized_program() is program  # the one a forward without autograd runs
+    seen: dict[str, Any] = {}
+    walk = list(program.eager_walk)
+    at = {entry[3]: i for i, entry in enumerate(walk)}  # tops -> index
+    conv_call, ip2_call = walk[at[("c",)]][0], walk[at[("o2",)]][0]
 
     def keep_conv_top(*bottoms):
-        output = conv_forward(*bottoms)
+        output = conv_call(*bottoms)
         seen["c"] = weakref.ref(output)
         return output
 
     def check_at_ip2(*bottoms):
         gc.collect()
         seen["alive_at_ip2"] = seen["c"]() is not None
-        return ip2_forward(*bottoms)
+        return ip2_call(*bottoms)
 
-    conv.forward, ip2.forward = keep_conv_top, check_at_ip2
+    walk[at[("c",)]] = (keep_conv_top, *walk[at[("c",)]][1:])
+    walk[at[("o2",)]] = (check_at_ip2, *walk[at[("o2",)]][1:])
+    object.__setattr__(program, "eager_walk", tuple(walk))
     with torch.no_grad():
-        net(data=torch.randn(2, 3, 5, 4))
+        net(data=x)
     assert seen["alive_at_ip2"] is False
 
 

@@ -9,7 +9,7 @@ unless a layer's gradient in Caffe differs from the mathematical one.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
@@ -98,6 +98,9 @@ class CaffeLayer(nn.Module):
     # why its forward works on host values (numpy, Python loops, a file), which a torch.func
     # transform cannot batch or differentiate; "" where its forward is torch ops alone
     host_forward: ClassVar[str] = ""
+    # the forward a layer set on its own instance when built (``NeuronLayer``), which a net
+    # tells from one a user puts there later (``hook_watch.replaced_forward``)
+    built_forward: Callable[..., Any] | None = None
 
     layer_param: caffe_pb2.LayerParameter
     name: str
@@ -165,8 +168,11 @@ class CaffeLayer(nn.Module):
         does with it, after testing it against Parameter and Buffer, whose isinstance hooks
         run in Python (~1 us a call, ~10 calls a layer: ~8% of a ResNet-152 build). An
         instance made without ``__init__`` (dynamo's proxy of a module under inductor's
-        ``freezing`` sets its ``__dict__``) has none of the three dicts yet."""
+        ``freezing`` sets its ``__dict__``) has none of the three dicts yet. A ``forward`` set
+        on the instance tells the nets to look again (``hook_watch``)."""
         d = self.__dict__
+        if name == "forward":
+            hook_watch.hooks_changed()  # a net runs it, not its passes' steps (hook_watch)
         if (
             not isinstance(value, (torch.Tensor, nn.Module))
             and name not in d.get("_parameters", ())

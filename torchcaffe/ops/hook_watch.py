@@ -4,13 +4,17 @@ The passes merge layers into steps that do not call them as modules (a fold comp
 Convolution, its BatchNorm, Scale and ReLU in one call), so a hook on a merged layer would
 never run. A user who registers a forward hook on ``net.layers['conv1']`` to read features
 expects it to run on every forward, as in any torch model: a net whose layers carry hooks
-(or under global module hooks) runs its layers as they are instead (``TorchNet``).
+(or under global module hooks) runs its layers as they are instead (``TorchNet``). So does a
+net where a layer's instance was given a ``forward`` of its own (``layer.forward = wrapped``,
+a common way to probe a torch model): a fold would skip it, and an eager walk would call the
+one the layer had when the program was made.
 
 Scanning every layer's hook dicts on each call costs ~30 us for ResNet-50's 245 layers, so a
 net scans again only when a layer's ``register_*_hook`` ran since (``EPOCH``) or its last
-scan found hooks (a removed handle shows then). Hooks written into a module's private dicts
-directly, or registered on a module that is not a CaffeLayer (one a user put in
-``net.layers``), are seen only at the next scan.
+scan found hooks (a removed handle shows then); CaffeLayer's ``__setattr__`` bumps it for a
+``forward`` too. Hooks written into a module's private dicts directly, registered on a module
+that is not a CaffeLayer (one a user put in ``net.layers``), or a ``forward`` replaced on a
+layer's class, are seen only at the next scan, or not at all.
 """
 
 from __future__ import annotations
@@ -73,5 +77,16 @@ def global_hooks() -> bool:
 
 
 def any_hooked(modules: Iterable[nn.Module]) -> bool:
-    """Does any of ``modules`` carry a forward or backward hook of its own?"""
-    return any(getattr(m, name) for m in modules for name in _MODULE_HOOKS)
+    """Does any of ``modules`` carry a forward or backward hook of its own, or a ``forward``
+    of its own that it was not built with (``replaced_forward``)?"""
+    return any(
+        replaced_forward(m) or any(getattr(m, name) for name in _MODULE_HOOKS) for m in modules
+    )
+
+
+def replaced_forward(module: nn.Module) -> bool:
+    """Has ``module``'s instance been given a ``forward`` other than the one it was built
+    with (``built_forward``: a layer that picks its forward per instance when built)? A bound
+    method compares equal to its copy bound to the same instance (a deep-copied net's)."""
+    own = vars(module).get("forward")
+    return own is not None and own != getattr(module, "built_forward", None)

@@ -41,7 +41,8 @@ class NeuronLayer(CaffeLayer):
         in_place = list(layer_param.top[:1]) == list(layer_param.bottom[:1])
         self.in_place_slope = in_place and self.slope_reads_output()
         if self.in_place_slope:  # decided here: other instances run the class's forward
-            self.forward = self._forward_slope_at_output
+            # ``built_forward``: the net tells it from a forward a user puts there (hook_watch)
+            self.forward = self.built_forward = self._forward_slope_at_output
 
     def slope_reads_output(self) -> bool:
         """Does Caffe's Backward, in place, take a slope at the output that differs from the

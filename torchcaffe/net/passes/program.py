@@ -127,12 +127,10 @@ def _eager_callable(runner: Runner) -> Runner:
     """What an eager run calls for ``runner``: a layer's own ``forward`` where calling the
     module would only reach it through ``nn.Module.__call__`` (two Python frames and its
     hook checks a layer, host time a GPU's eager run is bound by). A run reaches the program
-    only while no hook watches a layer (``TorchNet.layers_hooked``; else each layer is
-    called as a module). A layer whose instance has a ``forward`` of its own when the
-    program is made is called as a module."""
+    only while no hook watches a layer and no layer was given a ``forward`` after it was built
+    (``TorchNet.layers_hooked``; else each layer is called as a module), so the ``forward``
+    bound here stays the one a module call would reach."""
     if not isinstance(runner, nn.Module) or type(runner).__call__ is not nn.Module.__call__:
-        return runner
-    if "forward" in vars(runner):
         return runner
     return runner.forward
 
