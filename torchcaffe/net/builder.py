@@ -28,6 +28,7 @@ from ..ops.python_layer import from_user_code, note_user_error
 from ..proto import caffe_pb2
 from ..registry import layer_class
 from .feeds import feed_data_layers, feed_hint
+from .layer_dict import LayerDict
 from .program import LayerStep, ParamInfo
 from .splits import insert_splits
 from .state import filter_net
@@ -76,9 +77,10 @@ class _LayerRow:
         )
 
 
-# What a ModuleDict already has (``training``, ``keys``, ``update``, ``_modules``, ...): torch's
-# ``add_module`` refuses such a key with a bare KeyError, so a layer of that name is renamed.
-_MODULE_DICT_NAMES = frozenset(dir(torch.nn.ModuleDict()))
+# What the net's ModuleDict already has (``training``, ``keys``, ``update``, ``_modules``,
+# ...): torch's ``add_module`` refuses such a key with a bare KeyError, so a layer of that name
+# is renamed.
+_MODULE_DICT_NAMES = frozenset(dir(LayerDict()))
 
 
 def module_key(name: str, taken: set[str]) -> str:

@@ -29,12 +29,13 @@ from ..errors import (
 from ..ops import fused_relu, fused_steps, hook_watch, mode_watch
 from ..ops._narrow import is_narrow
 from ..ops._transforms import under_func_transform
-from ..ops.base import CaffeLayer, Shape, any_requires_grad, blob_slots
+from ..ops.base import CaffeLayer, Shape, any_requires_grad, module_slots
 from ..precision import caffe_float32, caffe_float32_backward, on_cuda
 from ..proto import caffe_pb2
 from .builder import build_net, set_requires_grad
 from .feeds import SOURCE_LAYER_TYPES
 from .finite import FiniteParams
+from .layer_dict import LayerDict
 from .own_forward import architecture, base_class, new_instance, with_own_forward
 from .passes import (
     OptimizedProgram,
@@ -96,7 +97,7 @@ class TorchNet(nn.Module):
         with _collector_paused():
             built = build_net(net_param, state, path=self.path, input_shapes=input_shapes)
         self.name = built.name
-        self.layers = nn.ModuleDict(built.modules)
+        self.layers = LayerDict(built.modules)
         self.steps: list[LayerStep] = built.steps
         self.blob_shapes: dict[str, Shape] = built.blob_shapes
         self.blob_names: list[str] = built.blob_order
@@ -124,8 +125,10 @@ class TorchNet(nn.Module):
         self._programs: dict[ProgramKey, OptimizedProgram] = {}
         self._finite_params = FiniteParams()
         # every layer's blobs, read as they are on each call (``_records_autograd``)
-        self._blob_slots = blob_slots(cast("Iterable[CaffeLayer]", self.layers.values()))
+        self._blob_slots = module_slots(self.layers.values())
         self._hooks_seen = (-1, False)  # (hook_watch.EPOCH when scanned, any layer hooked)
+        # ``layers._changes`` when the caches above were made (``_follow_layer_changes``)
+        self._layers_seen = self.layers._changes
         mode_watch.watch(self)  # keeps ``_off_mode_layers`` (set by ``train`` above) current
         fused_steps.install()  # a fused optimizer's step bumps the versions the folds read
         self._observe_outputs = frozenset(self.output_names)
@@ -169,7 +172,12 @@ class TorchNet(nn.Module):
         self.__dict__.setdefault("conversions", 0)  # and from before the conversion count
         if "_known_inputs" not in self.__dict__:  # a pickle from before the dtype check
             self._known_inputs = {}
-        self._blob_slots = blob_slots(cast("Iterable[CaffeLayer]", self.layers.values()))
+        layers = self._modules["layers"]
+        if not isinstance(layers, LayerDict):  # a pickle from before LayerDict
+            assert layers is not None
+            layers.__class__ = LayerDict
+        self._layers_seen = self._layer_dict()._changes
+        self._blob_slots = module_slots(self.layers.values())
         self.__class__ = with_own_forward(type(self), architecture(self.net_param, self.state))
 
     # -- identity --------------------------------------------------------------------------
@@ -182,12 +190,28 @@ class TorchNet(nn.Module):
         return [s.name for s in self.steps]
 
     def layer(self, name: str) -> CaffeLayer:
-        """The module of Caffe layer ``name``."""
-        return self.module_of(self.step(name))
+        """The module of Caffe layer ``name``: its CaffeLayer, or a module a user put in its
+        place in ``layers`` (typed as the layer, as most are)."""
+        return cast(CaffeLayer, self.layers[self.step(name).key])
 
     def module_of(self, step: LayerStep) -> CaffeLayer:
-        """The module that runs ``step`` (``self.layers`` is a ModuleDict, typed as Module)."""
-        return cast(CaffeLayer, self.layers[step.key])
+        """The CaffeLayer that runs ``step``, for what reads a Caffe layer's contract (its
+        param blobs, shapes, LayerParameter). A module a user put in its place in ``layers``
+        runs in a forward and trains, but has none of that: an UnsupportedError here."""
+        module = self.layers[step.key]
+        if not isinstance(module, CaffeLayer):
+            raise UnsupportedError(
+                f"layer {step.name!r} is a {type(module).__name__} put in net.layers, which "
+                "has no Caffe layer's param blobs, shapes or LayerParameter",
+                path=self.path,
+                layer=step.name,
+                layer_type=step.type,
+                expected="a torchcaffe layer (CaffeLayer)",
+                got=type(module).__name__,
+                hint="run the net's forward and torch optimizers on it; put a Caffe layer back "
+                "for shape inference, Caffe's solver, the Caffe face or a caffemodel",
+            )
+        return module
 
     def step(self, name: str) -> LayerStep:
         try:
@@ -431,6 +455,8 @@ class TorchNet(nn.Module):
     def _cached_program(
         self, observable: Iterable[str] | None, autograd: bool, device: torch.device | None
     ) -> OptimizedProgram:
+        if self._layer_dict()._changes != self._layers_seen:
+            self._follow_layer_changes()
         seen = self._observe_outputs if observable is None else frozenset(observable)
         if device is None:
             device = next((p.device for p in self.parameters()), None)
@@ -445,6 +471,20 @@ class TorchNet(nn.Module):
             program = program.with_releases(seen)
             self._programs[key] = program
         return program
+
+    def _follow_layer_changes(self) -> None:
+        """A module was put in ``layers`` or taken out (``LayerDict``): the programs, which
+        call the modules they were made from, are made again, and the caches of where the
+        params live, which layers are hooked and which are in another mode are read again."""
+        self._programs.clear()
+        self._blob_slots = module_slots(self.layers.values())
+        self._hooks_seen = (-1, False)
+        self.layer_modes_changed()
+        self._layers_seen = self._layer_dict()._changes
+
+    def _layer_dict(self) -> LayerDict:
+        """``layers``, read without ``nn.Module.__getattr__``'s search (once a forward)."""
+        return cast(LayerDict, self._modules["layers"])
 
     def layers_off_mode(self) -> tuple[str, ...]:
         """The layers whose train/eval mode is not the net's (``train()`` on one layer, or a

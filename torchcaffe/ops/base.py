@@ -402,7 +402,7 @@ def canonical_axis(layer: CaffeLayer, axis: int, num_axes: int, field: str = "ax
 
 
 # Where a param blob lives: its layer's parameters dict, buffers dict, its name, the layer.
-BlobSlot = tuple[dict[str, Any], dict[str, Any], str, "CaffeLayer"]
+BlobSlot = tuple[dict[str, Any], dict[str, Any], str, nn.Module]
 
 
 def blob_slots(layers: Iterable[CaffeLayer]) -> tuple[BlobSlot, ...]:
@@ -414,6 +414,19 @@ def blob_slots(layers: Iterable[CaffeLayer]) -> tuple[BlobSlot, ...]:
         for layer in layers
         for name in layer.blob_names
     )
+
+
+def module_slots(modules: Iterable[nn.Module]) -> tuple[BlobSlot, ...]:
+    """``blob_slots`` of the CaffeLayers among ``modules``; of any other module (one a user
+    put in ``net.layers``), the params of it and of its submodules."""
+    slots: list[BlobSlot] = []
+    for module in modules:
+        if isinstance(module, CaffeLayer):
+            slots += blob_slots([module])
+            continue
+        for sub in module.modules():
+            slots += [(sub._parameters, sub._buffers, name, sub) for name in sub._parameters]
+    return tuple(slots)
 
 
 def any_requires_grad(slots: Iterable[BlobSlot]) -> bool:

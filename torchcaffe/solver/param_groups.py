@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from ..ops.base import CaffeLayer
+
 if TYPE_CHECKING:
     from ..net.net import TorchNet
 
@@ -39,13 +41,24 @@ class Learnable:
 
 def learnable_params(net: TorchNet) -> list[Learnable]:
     """Caffe's learnable params of a compiled net, in Caffe's order. The owner is found by its
-    place, not its name: Caffe lets two layers share a name, and trains each one's params."""
+    place, not its name: Caffe lets two layers share a name, and trains each one's params.
+    A module a user put in ``net.layers`` in a layer's place (a new head to fine-tune) has no
+    ParamSpec: its params come after, in layer order, at multipliers 1 (the base rate and
+    decay), as a torch optimizer would take them."""
     out = []
     for info in net.param_infos:
-        tensor = net.module_of(net.steps[info.step]).param_blobs()[info.index]
-        out.append(
-            Learnable(info.layer, info.index, tensor, float(info.lr_mult), float(info.decay_mult))
-        )
+        module = net.layers[net.steps[info.step].key]
+        if isinstance(module, CaffeLayer):
+            tensor = module.param_blobs()[info.index]
+            out.append(
+                Learnable(
+                    info.layer, info.index, tensor, float(info.lr_mult), float(info.decay_mult)
+                )
+            )
+    for step in net.steps:
+        module = net.layers[step.key]
+        if not isinstance(module, CaffeLayer):
+            out += [Learnable(step.name, i, p, 1.0, 1.0) for i, p in enumerate(module.parameters())]
     return out
 
 

@@ -1,0 +1,162 @@
+"""A module put in ``net.layers`` after a forward is the one the next forward runs
+(torchcaffe/net/layer_dict.py): the passes' programs, made from the old modules, are made
+again, in eager mode and under torch.compile."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+from google.protobuf import text_format
+
+import torchcaffe
+from torchcaffe.errors import UnsupportedError
+from torchcaffe.proto import caffe_pb2
+
+from ..helpers.params import centered_weights, fill_params
+
+# the passes fold bn+sc into conv and fuse both ReLUs into their producers
+NET = """
+input: "data" input_shape { dim: 2 dim: 3 dim: 8 dim: 8 }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "c"
+  convolution_param { num_output: 4 kernel_size: 3 } }
+layer { name: "bn" type: "BatchNorm" bottom: "c" top: "c" }
+layer { name: "sc" type: "Scale" bottom: "c" top: "c" scale_param { bias_term: true } }
+layer { name: "relu" type: "ReLU" bottom: "c" top: "c" }
+layer { name: "ip" type: "InnerProduct" bottom: "c" top: "f" inner_product_param { num_output: 5 } }
+layer { name: "relu2" type: "ReLU" bottom: "f" top: "f" }
+"""
+
+
+def _net(phase: str = "test") -> torchcaffe.TorchNet:
+    net = torchcaffe.load(text_format.Parse(NET, caffe_pb2.NetParameter()), phase=phase)
+    fill_params(net, centered_weights(1.0), seed=3)
+    with torch.no_grad():
+        net.layer("bn").variance.abs_().add_(0.5)
+        net.layer("bn").scale_factor.fill_(1.0)
+    return net
+
+
+def _head(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(144, 5))
+
+
+def _features(net: torchcaffe.TorchNet, x: torch.Tensor) -> torch.Tensor:
+    """relu(sc(bn(conv(x)))), the head's bottom, from the layers called one by one."""
+    layer = net.layer
+    return torch.relu(layer("sc")(layer("bn")(layer("conv")(x))))
+
+
+def _assert_runs(net: torchcaffe.TorchNet, head: torch.nn.Module, x: torch.Tensor) -> None:
+    with torch.no_grad():
+        want = torch.relu(head(_features(net, x)))
+    with torch.inference_mode():
+        got = net(data=x)["f"]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_head_put_in_after_a_forward_is_the_one_that_runs():
+    net = _net()
+    x = torch.rand(2, 3, 8, 8)
+    with torch.inference_mode():
+        net(data=x)  # the program is made from the InnerProduct
+    head = _head()
+    net.layers["ip"] = head
+    _assert_runs(net, head, x)
+    other = _head(seed=1)
+    net.layers.ip = other  # attribute assignment skips add_module
+    _assert_runs(net, other, x)
+    net.layers.update({"ip": head})
+    _assert_runs(net, head, x)
+
+
+def test_a_replaced_head_trains_and_its_gradient_is_its_own():
+    """A recorded forward after the swap: the new head's params get the gradient an
+    independent computation gives; the old InnerProduct gets none."""
+    net = _net(phase="train")
+    x = torch.rand(2, 3, 8, 8)
+    old = net.layer("ip")
+    net(data=x)["f"].sum().backward()
+    old.zero_grad(set_to_none=True)
+    head = _head()
+    net.layers["ip"] = head
+    weights = torch.rand(2, 5)
+    (net(data=x)["f"] * weights).sum().backward()
+    got = head[1].weight.grad.clone()
+    assert float(got.abs().sum()) > 0
+    head.zero_grad(set_to_none=True)
+    (torch.relu(head(_features(net, x).detach())) * weights).sum().backward()
+    torch.testing.assert_close(got, head[1].weight.grad, rtol=1e-5, atol=1e-6)
+    assert all(p.grad is None for p in old.parameters())
+
+
+def test_the_nets_param_slots_follow_the_swap():
+    """With the Caffe layers frozen, the head's params alone make a forward one autograd
+    records (the training program)."""
+    net = _net()
+    net.requires_grad_(False)
+    x = torch.rand(2, 3, 8, 8)
+    net(data=x)
+    assert not net._records_autograd({"data": x})
+    net.layers["ip"] = _head()
+    net(data=x)
+    assert net._records_autograd({"data": x})
+
+
+def test_copies_and_pickles_run_the_swapped_head():
+    net = _net()
+    x = torch.rand(2, 3, 8, 8)
+    with torch.inference_mode():
+        net(data=x)
+    net.layers["ip"] = _head()
+    for clone in (copy.deepcopy(net), pickle.loads(pickle.dumps(net))):
+        _assert_runs(clone, clone.layers["ip"], x)
+        clone.layers["ip"] = _head(seed=2)
+        _assert_runs(clone, clone.layers["ip"], x)
+    _assert_runs(net, net.layers["ip"], x)  # the copies' swaps left the original alone
+
+
+def test_a_compiled_net_traces_the_swapped_head():
+    net = _net()
+    x = torch.rand(2, 3, 8, 8)
+    compiled = torch.compile(net)
+    with torch.inference_mode():
+        compiled(data=x)
+    head = _head()
+    net.layers["ip"] = head
+    with torch.no_grad():
+        want = torch.relu(head(_features(net, x)))
+    with torch.inference_mode():
+        got = compiled(data=x)["f"]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_param_groups_train_the_swapped_head_at_the_base_rate():
+    net = _net(phase="train")
+    head = _head()
+    net.layers["ip"] = head
+    groups = torchcaffe.param_groups(net, lr=0.1)
+    grouped = {id(p): g for g in groups for p in g["params"]}
+    for p in head.parameters():
+        assert grouped[id(p)]["multipliers"] == (1.0, 1.0)
+        assert grouped[id(p)]["lr"] == 0.1
+    before = head[1].weight.detach().clone()
+    opt = torch.optim.SGD(groups, lr=0.1)
+    net(data=torch.rand(2, 3, 8, 8))["f"].sum().backward()
+    opt.step()
+    assert not torch.equal(head[1].weight, before)
+
+
+def test_what_needs_a_caffe_layer_names_the_swapped_one(tmp_path):
+    net = _net()
+    net.layers["ip"] = _head()
+    assert net.layer("ip") is net.layers["ip"]
+    with pytest.raises(UnsupportedError, match="'ip' is a Sequential put in net.layers"):
+        net.infer_shapes({"data": (4, 3, 8, 8)})
+    target = tmp_path / "net.caffemodel"
+    with pytest.raises(UnsupportedError, match="'ip'"):
+        torchcaffe.save_weights(net, str(target))
+    assert not target.exists() and not list(tmp_path.iterdir())  # nothing half-written
