@@ -97,7 +97,7 @@ class ArgMaxLayer(CaffeLayer):
             values, idx = _topk_caffe(x.movedim(axis, last), self.top_k)
             out = values if self.out_max_val else self._indices(idx, x.dtype)
             return out.movedim(last, axis).contiguous()
-        values, idx = _topk_caffe(x.reshape(x.shape[0], -1), self.top_k)
+        values, idx = _topk_caffe(x.reshape(x.shape[0], math.prod(x.shape[1:])), self.top_k)
         parts = [self._indices(idx, x.dtype)] + ([values] if self.out_max_val else [])
         # output_shapes's (N, 1 or 2, top_k, 1, ...), with N as x has it: output_shapes
         # takes int() of each size, which would pin a symbolic batch under torch.export

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..registry import register_layer
@@ -61,7 +63,7 @@ class ContrastiveLossLayer(LossLayer):
     @computed_in_float32
     def forward(self, a: torch.Tensor, b: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         num = a.shape[0]
-        diff = (a - b.reshape(a.shape)).reshape(num, -1)
+        diff = (a - b.reshape(a.shape)).reshape(num, math.prod(a.shape[1:]))  # num may be 0
         dist_sq = (diff * diff).sum(dim=1)
         similar = y.detach().reshape(-1)[:num].long() != 0
         if self.legacy_version:

@@ -174,7 +174,7 @@ def conv2d(
         weight.shape[2:] == (1, 1) and groups == 1 and all(v == 1 for v in stride) and not any(pad)
     )
     if pointwise and x.shape[2] == x.shape[3] == 1:  # a classifier over pooled features
-        flat = x.reshape(x.shape[0], -1)
+        flat = x.reshape(x.shape[0], x.shape[1])  # (no -1: a batch of 0 infers no size)
         y = onednn_linear.pixel_rows_product(flat, weight.flatten(1), bias, relu)
         return y.reshape(*y.shape, 1, 1)
     can_pack = weight_cache is not None and onednn_conv.can_take(x, weight, bias)

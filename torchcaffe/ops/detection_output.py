@@ -135,7 +135,7 @@ class DetectionOutputLayer(CaffeLayer):
         pbox, pvar, _ = split_priors(prior, num_priors)
         check_prior_boxes(self, pbox, self.code_type)
         classes = [k for k in range(self.num_classes) if k != self.background]
-        if not classes:
+        if not classes or num == 0:  # (a batch of 0: the fork's top is then 1x1x0x7)
             return self._no_detection(num, loc)
         labels = torch.tensor(classes, device=loc.device)
         boxes, scores = self._per_class(loc.detach(), conf.detach(), pbox, pvar, labels, num_priors)

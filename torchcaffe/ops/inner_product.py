@@ -79,4 +79,4 @@ class InnerProductLayer(CaffeLayer):
                 expected=f"{self.k} values from axis {self.axis} on",
                 got=flat.shape[-1],
             ) from None
-        return y if len(lead) == 1 else y.view(*lead, -1)
+        return y if len(lead) == 1 else y.view(*lead, y.shape[-1])  # (no -1: a batch of 0)

@@ -43,7 +43,7 @@ class ReductionLayer(CaffeLayer):
     @computed_in_float32
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         axis = canonical_axis(self, self.param.axis, x.dim())
-        flat = x.reshape(*x.shape[:axis], -1)
+        flat = x.reshape(*x.shape[:axis], math.prod(x.shape[axis:]))  # a batch of 0 too
         coeff = self.coeff
         if self.operation == ReductionOp.ASUM:
             flat = flat.abs()

@@ -108,4 +108,5 @@ class SliceLayer(CaffeLayer):
         if points:
             bounds = [0, *points, x.shape[axis]]
             return torch.split(x, [b - a for a, b in zip(bounds, bounds[1:])], dim=axis)
-        return torch.split(x, x.shape[axis] // self.num_tops, dim=axis)
+        # one size per top: an axis of 0 splits into num_tops empty tops, as Caffe's does
+        return torch.split(x, [x.shape[axis] // self.num_tops] * self.num_tops, dim=axis)

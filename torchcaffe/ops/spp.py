@@ -83,4 +83,4 @@ class SPPLayer(CaffeLayer):
         tops = [caffe_pool2d(x, self.pool, k, s, p, o, sample=True)[0] for k, s, p, o in plans]
         if self.pyramid_height == 1:
             return tops[0]
-        return torch.cat([t.reshape(x.shape[0], -1) for t in tops], dim=1)
+        return torch.cat([t.flatten(1) for t in tops], dim=1)  # 4-D: a batch of 0 too

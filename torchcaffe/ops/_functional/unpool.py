@@ -30,7 +30,7 @@ def check_mask_range(mask: torch.Tensor, size: int, error) -> torch.Tensor:
 def unpool_forward(x: torch.Tensor, index: torch.Tensor, out_hw: tuple[int, int]) -> torch.Tensor:
     """(N, C, H, W) values + int64 flat indices -> (N, C, *out_hw), zeros where nothing lands."""
     n, c = x.shape[:2]
-    flat_x, flat_i = x.reshape(n, c, -1), index.reshape(n, c, -1)
+    flat_x, flat_i = x.flatten(2), index.flatten(2)  # (no -1: a batch of 0 infers no size)
     size = out_hw[0] * out_hw[1]
     order = torch.arange(flat_x.shape[2], device=x.device).expand_as(flat_i)
     winner = torch.full((n, c, size), -1, dtype=torch.int64, device=x.device)
