@@ -19,6 +19,7 @@ from torchcaffe.proto import caffe_pb2
 from torchcaffe.pycaffe.lazy_forward import data_shaped_blobs
 
 from ..helpers.golden import InFolder, case_inputs, case_net, input_fed_cases
+from ..helpers.programs import off_cpu_programs
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 CASES = [pytest.param(c, id=c.id) for c in input_fed_cases(GOLDEN)]
@@ -57,10 +58,14 @@ def _run(net: torchcaffe.TorchNet, inputs: dict[str, torch.Tensor], record: bool
 
 
 @pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("program", ["CPU", "GPU"], ids=["cpu-program", "gpu-program"])
 @pytest.mark.parametrize("record", [False, True], ids=["inference", "fwd+bwd"])
-def test_a_batch_of_zero_gives_empty_tops_or_a_located_error(case, record):
+def test_a_batch_of_zero_gives_empty_tops_or_a_located_error(case, program, record, monkeypatch):
+    """Also through the passes' forms for a GPU (``off_cpu_programs``)."""
     with InFolder(case.path):
         net = case_net(case)
+        if program == "GPU":
+            off_cpu_programs(monkeypatch, net)
         inputs = _empty_batch(net, case_inputs(case))
         if not any(v.shape[0] == 0 for v in inputs.values() if v.dim()):
             pytest.skip("no input has a batch axis")  # none does in this catalogue
@@ -84,7 +89,8 @@ layer { name: "c1" type: "Convolution" bottom: "data" top: "a"
   convolution_param { num_output: 8 kernel_size: 3 pad: 1 weight_filler { type: "xavier" } } }
 layer { name: "c2" type: "Convolution" bottom: "a" top: "b"
   convolution_param { num_output: 8 kernel_size: 1 weight_filler { type: "xavier" } } }
-layer { name: "pool" type: "Pooling" bottom: "b" top: "p" pooling_param { pool: AVE global_pooling: true } }
+layer { name: "pool" type: "Pooling" bottom: "b" top: "p"
+  pooling_param { pool: AVE global_pooling: true } }
 layer { name: "fc" type: "Convolution" bottom: "p" top: "f"
   convolution_param { num_output: 5 kernel_size: 1 weight_filler { type: "xavier" } } }
 """
