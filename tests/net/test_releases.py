@@ -158,3 +158,34 @@ def test_eager_walk_is_the_walk_with_its_runners_and_drops_the_same_blobs():
     blobs = {"unread": torch.zeros(1), "data": torch.randn(1, 2, 3, 3)}
     with torch.no_grad():
         assert set(net.run(blobs, program=only_e)) == {"e"}
+
+
+def test_a_hooked_net_frees_an_intermediate_after_its_last_reader():
+    """A hooked net runs Caffe's literal program, each layer a module, with releases too
+    (``TorchNet._literal_program``); so does one with the passes off. Every blob asked for
+    (``forward_all_blobs``) is kept."""
+    net = _net()
+    seen: dict[str, Any] = {}
+
+    def keep(module, inputs, output):
+        seen["c"] = weakref.ref(output)
+
+    def check(module, inputs):
+        gc.collect()
+        seen["alive_at_ip2"] = seen["c"]() is not None
+
+    handles = [
+        net.layer("conv").register_forward_hook(keep),
+        net.layer("ip2").register_forward_pre_hook(check),
+    ]
+    x = torch.randn(2, 3, 5, 4)
+    for optimize in (True, False):
+        net.optimize = optimize
+        with torch.no_grad():
+            net(data=x)
+        assert seen["alive_at_ip2"] is False, optimize
+        with torch.no_grad():
+            blobs = net.forward_all_blobs(data=x)
+        assert seen["alive_at_ip2"] is True and blobs["c"] is seen["c"](), optimize
+    for handle in handles:
+        handle.remove()

@@ -123,6 +123,7 @@ class TorchNet(nn.Module):
         # layers whose own mode differs from the net's.
         self.optimize = True
         self._programs: dict[ProgramKey, OptimizedProgram] = {}
+        self._literal_programs: dict[frozenset[str], OptimizedProgram] = {}
         self._finite_params = FiniteParams()
         # every layer's blobs, read as they are on each call (``_records_autograd``)
         self._blob_slots = module_slots(self.layers.values())
@@ -158,6 +159,7 @@ class TorchNet(nn.Module):
         rebuilds (their runners are slotted and pickle only at protocol 2 and up)."""
         state: dict[str, object] = super().__getstate__()
         state["_programs"] = {}
+        state["_literal_programs"] = {}
         state.pop("_blob_slots", None)  # the layers' dicts: the copy's own, made again
         return state
 
@@ -165,6 +167,7 @@ class TorchNet(nn.Module):
         super().__setstate__(state)
         self.__dict__.setdefault("_hooks_seen", (-1, False))  # a pickle from before 363eaaf
         self.__dict__.setdefault("_finite_params", FiniteParams())  # and from before this
+        self.__dict__.setdefault("_literal_programs", {})  # and from before literal ones
         self.__dict__.pop("_modes_seen", None)  # a pickle from before mode_watch
         self.layer_modes_changed()
         mode_watch.watch(self)
@@ -477,6 +480,7 @@ class TorchNet(nn.Module):
         call the modules they were made from, are made again, and the caches of where the
         params live, which layers are hooked and which are in another mode are read again."""
         self._programs.clear()
+        self._literal_programs.clear()
         self._blob_slots = module_slots(self.layers.values())
         self._hooks_seen = (-1, False)
         self.layer_modes_changed()
@@ -525,8 +529,10 @@ class TorchNet(nn.Module):
     def _program_for(
         self, observable: frozenset[str], inputs: Mapping[str, torch.Tensor]
     ) -> OptimizedProgram | None:
-        """The passes' program for this run, or None for Caffe's literal layer-by-layer one:
-        with ``optimize`` off, a layer hooked, or under torch.jit's tracer. A traced graph
+        """The passes' program for this run; with ``optimize`` off or a layer hooked, Caffe's
+        literal layer-by-layer one as a program that frees what no later layer reads
+        (``_literal_program``); None (the literal walk over ``steps``) under torch.jit's
+        tracer and, with the passes off, torch.compile. A traced graph
         must read every param by name, as a traced module's ``load_state_dict`` and its
         optimizer write them there, and be the same graph with or without autograd (the
         trace's check runs under ``no_grad``); the passes' folds, cached outside the trace,
@@ -543,9 +549,24 @@ class TorchNet(nn.Module):
             if not self.optimize or self.layers_hooked():
                 return None
             return self._cached_program(observable, True, device)
-        if not self.optimize or torch.jit.is_tracing() or self.layers_hooked():
+        if torch.jit.is_tracing():
             return None
+        if not self.optimize or self.layers_hooked():
+            return None if torch.compiler.is_compiling() else self._literal_program(observable)
         return self._cached_program(observable, self._records_autograd(inputs), device)
+
+    def _literal_program(self, observable: frozenset[str]) -> OptimizedProgram:
+        """Caffe's layer-by-layer program, each layer called as a module, with releases: a
+        hooked net (ResNet-50 with one forward hook, say) keeps no more blobs alive than a
+        torch model's locals, where the walk over ``steps`` held every one until it
+        returned."""
+        if self._layer_dict()._changes != self._layers_seen:
+            self._follow_layer_changes()
+        program = self._literal_programs.get(observable)
+        if program is None:
+            program = OptimizedProgram.literal(list(self.steps), self.layers)
+            program = self._literal_programs[observable] = program.with_releases(observable)
+        return program
 
     def _check_func_transformable(self) -> None:
         """Raise UnsupportedError, naming the layer, for the first layer a torch.func transform

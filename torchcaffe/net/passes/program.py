@@ -44,6 +44,9 @@ class OptimizedProgram:
     # epilogue, MAX poolings without their NaN check; ``passes/finite.py``): ``TorchNet``
     # checks the run's inputs and params only where there are some
     finite_steps: int = 0
+    # the eager walk calls each runner as a module (``literal``: its hooks run), not its
+    # ``forward``
+    module_calls: bool = False
     walk: tuple[WalkEntry, ...] = field(init=False, repr=False, compare=False)
     eager_walk: tuple[EagerStep, ...] = field(init=False, repr=False, compare=False)
     traced_runners: Mapping[str, Runner] = field(init=False, repr=False, compare=False)
@@ -58,7 +61,7 @@ class OptimizedProgram:
         object.__setattr__(self, "walk", walk)
         eager = tuple(
             (
-                _eager_callable(self.runners[key]),
+                self.runners[key] if self.module_calls else _eager_callable(self.runners[key]),
                 bottoms,
                 None if all(keeps) else keeps,
                 tops,
@@ -98,6 +101,15 @@ class OptimizedProgram:
         cls, steps: list[LayerStep], modules: Mapping[str, nn.Module] | nn.ModuleDict
     ) -> OptimizedProgram:
         return cls(tuple(steps), {s.key: modules[s.key] for s in steps}, {})
+
+    @classmethod
+    def literal(
+        cls, steps: list[LayerStep], modules: Mapping[str, nn.Module] | nn.ModuleDict
+    ) -> OptimizedProgram:
+        """Caffe's layer-by-layer program, each layer called as a module (its hooks run), to
+        run with releases (``with_releases``): a net whose layers are hooked, or with the
+        passes off, frees an intermediate after its last reader too."""
+        return replace(cls.unoptimized(steps, modules), module_calls=True)
 
     def rewritten(
         self, name: str, steps: list[LayerStep], new_runners: Mapping[str, Runner], count: int
