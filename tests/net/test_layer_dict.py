@@ -160,3 +160,17 @@ def test_what_needs_a_caffe_layer_names_the_swapped_one(tmp_path):
     with pytest.raises(UnsupportedError, match="'ip'"):
         torchcaffe.save_weights(net, str(target))
     assert not target.exists() and not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_a_hooked_module_put_in_runs_its_hooks_on_the_first_forward():
+    net = _net()
+    x = torch.rand(2, 3, 8, 8)
+    with torch.inference_mode():
+        net(data=x)
+    relu = torch.nn.LeakyReLU(0.5)
+    calls: list[tuple[int, ...]] = []
+    relu.register_forward_hook(lambda m, i, o: calls.append(tuple(o.shape)))
+    net.layers["relu2"] = relu
+    with torch.inference_mode():
+        net(data=x)
+    assert calls == [(2, 5)]

@@ -16,6 +16,8 @@ from typing import Any
 
 from torch import nn
 
+from ..ops import hook_watch
+
 
 class LayerDict(nn.ModuleDict):
     """A ModuleDict whose ``_changes`` counts the entries put in or taken out since built."""
@@ -24,6 +26,7 @@ class LayerDict(nn.ModuleDict):
 
     def _changed(self) -> None:
         object.__setattr__(self, "_changes", self._changes + 1)
+        hook_watch.hooks_changed()  # the module put in may carry hooks: nets look again
 
     def add_module(self, name: str, module: nn.Module | None) -> None:
         """``layers[key] = m``, ``update``, ``register_module`` come here."""
