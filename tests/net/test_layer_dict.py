@@ -16,6 +16,7 @@ from torchcaffe.errors import UnsupportedError
 from torchcaffe.proto import caffe_pb2
 
 from ..helpers.params import centered_weights, fill_params
+from ..helpers.programs import off_cpu_programs
 
 # the passes fold bn+sc into conv and fuse both ReLUs into their producers
 NET = """
@@ -174,3 +175,62 @@ def test_a_hooked_module_put_in_runs_its_hooks_on_the_first_forward():
     with torch.inference_mode():
         net(data=x)
     assert calls == [(2, 5)]
+
+
+def test_a_hook_registered_later_on_a_module_put_in_runs():
+    """A module not of torchcaffe's own is called as a module by the eager walk: its hook
+    registrations bump no count a net watches (``hook_watch``), yet its hooks run."""
+    net = _net()
+    x = torch.rand(2, 3, 8, 8)
+    relu = torch.nn.LeakyReLU(0.5)
+    net.layers["relu2"] = relu
+    with torch.inference_mode():
+        net(data=x)
+    calls: list[tuple[int, ...]] = []
+    relu.register_forward_hook(lambda m, i, o: calls.append(tuple(o.shape)))
+    with torch.inference_mode():
+        net(data=x)
+    assert calls == [(2, 5)]
+
+
+class _Affine(torch.nn.Module):
+    """A user's per-channel affine, in a Scale's place (no CaffeLayer: nothing to fold)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.linspace(0.5, 2.0, 4).view(1, 4, 1, 1))
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        return t * self.w - 0.25
+
+
+def _swapped(slot: str) -> torch.nn.Module:
+    torch.manual_seed(5)
+    return {
+        "conv": lambda: torch.nn.Conv2d(3, 4, 3),
+        "sc": _Affine,
+        "relu": lambda: torch.nn.LeakyReLU(0.5),
+    }[slot]()
+
+
+@pytest.mark.parametrize("slot", ["conv", "sc", "relu"])
+@pytest.mark.parametrize("program", ["CPU", "GPU"])
+@pytest.mark.parametrize("record", [False, True], ids=["inference", "fwd+bwd"])
+def test_the_passes_leave_a_module_put_in_as_it_is(slot, program, record, monkeypatch):
+    """Put in before the first forward, in the place of a layer the passes would fold into
+    (conv), fold (sc) or fuse (relu): it runs as it is, in each program."""
+    net = _net(phase="train" if record else "test")
+    if program == "GPU":
+        off_cpu_programs(monkeypatch, net)
+    net.layers[slot] = _swapped(slot)
+    x = torch.rand(2, 3, 8, 8)
+    layer = net.layers
+    with torch.no_grad():  # the layers one by one (a train-phase BatchNorm: batch stats)
+        bn = layer["bn"](layer["conv"](x))
+        want = torch.relu(layer["ip"](layer["relu"](layer["sc"](bn))))
+    if record:
+        got = net(data=x.requires_grad_())["f"].detach()
+    else:
+        with torch.inference_mode():
+            got = net(data=x)["f"]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 from torch import nn
 
+from ...ops.base import CaffeLayer
 from ..program import LayerStep
 from .direct_calls import direct_calls, direct_calls_for_training
 from .finite_pooling import finite_pooling
@@ -77,6 +78,25 @@ TRAINING_PASSES = (
 OFF_CPU_TRAINING_PASSES = (direct_calls_for_training,)
 
 
+# The type a step takes for the passes when its module is a user's (``opaque_to_passes``).
+USER_MODULE = "user:"
+
+
+def opaque_to_passes(
+    steps: list[LayerStep], modules: Mapping[str, nn.Module] | nn.ModuleDict
+) -> list[LayerStep]:
+    """``steps``, those whose module a user put in ``net.layers`` (not a CaffeLayer) retyped
+    ``user:<Caffe type>``: the passes choose steps by their Caffe type and then read the
+    layer's params and methods, which such a module does not have. Under a type no pass
+    knows, it runs as it is, in the layout it was written for, and makes nothing finite."""
+    return [
+        step
+        if step.is_input or isinstance(modules[step.key], CaffeLayer)
+        else dataclasses.replace(step, type=USER_MODULE + step.type)
+        for step in steps
+    ]
+
+
 def optimize_for_inference(
     steps: list[LayerStep],
     modules: Mapping[str, nn.Module] | nn.ModuleDict,
@@ -85,7 +105,7 @@ def optimize_for_inference(
 ) -> OptimizedProgram:
     """Run every inference pass over ``steps`` (off the CPU, those not in CPU_ONLY_PASSES);
     the report counts what each pass did."""
-    program = OptimizedProgram.unoptimized(steps, modules)
+    program = OptimizedProgram.unoptimized(opaque_to_passes(steps, modules), modules)
     for apply_pass in INFERENCE_PASSES:
         if on_cpu or apply_pass not in CPU_ONLY_PASSES:
             program = apply_pass(program, observable)
@@ -105,7 +125,7 @@ def optimize_for_training(
 ) -> OptimizedProgram:
     """Run every training pass over ``steps`` (for forwards that autograd records), and off
     the CPU those of OFF_CPU_TRAINING_PASSES."""
-    program = OptimizedProgram.unoptimized(steps, modules)
+    program = OptimizedProgram.unoptimized(opaque_to_passes(steps, modules), modules)
     for apply_pass in TRAINING_PASSES:
         program = apply_pass(program, observable)
     if not on_cpu:

@@ -141,8 +141,12 @@ def _eager_callable(runner: Runner) -> Runner:
     hook checks a layer, host time a GPU's eager run is bound by). A run reaches the program
     only while no hook watches a layer and no layer was given a ``forward`` after it was built
     (``TorchNet.layers_hooked``; else each layer is called as a module), so the ``forward``
-    bound here stays the one a module call would reach."""
+    bound here stays the one a module call would reach. A module not of torchcaffe's own (one
+    a user put in ``net.layers``) is called as a module: a hook registered on it later
+    bumps no count that a net watches."""
     if not isinstance(runner, nn.Module) or type(runner).__call__ is not nn.Module.__call__:
+        return runner
+    if not type(runner).__module__.startswith("torchcaffe."):
         return runner
     return runner.forward
 
