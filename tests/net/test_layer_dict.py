@@ -12,7 +12,7 @@ import torch
 from google.protobuf import text_format
 
 import torchcaffe
-from torchcaffe.errors import UnsupportedError
+from torchcaffe.errors import UnsupportedError, UsageError
 from torchcaffe.proto import caffe_pb2
 
 from ..helpers.params import centered_weights, fill_params
@@ -234,3 +234,15 @@ def test_the_passes_leave_a_module_put_in_as_it_is(slot, program, record, monkey
         with torch.inference_mode():
             got = net(data=x)["f"]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_caffe_face_refuses_a_net_whose_layers_were_swapped(tmp_path):
+    """The Caffe face's blobs and params views follow the layers it was built from: a forward
+    after a swap in ``net.module.layers`` is a UsageError, not params showing the old layer."""
+    proto = tmp_path / "net.prototxt"
+    proto.write_text(NET)
+    net = torchcaffe.Net(str(proto), torchcaffe.TEST)
+    net.forward()
+    net.module.layers["ip"] = _head()
+    with pytest.raises(UsageError, match="after this Caffe-face Net was built"):
+        net.forward()

@@ -486,6 +486,11 @@ class TorchNet(nn.Module):
         self.layer_modes_changed()
         self._layers_seen = self._layer_dict()._changes
 
+    @property
+    def layer_changes(self) -> int:
+        """How many times a module was put in ``layers`` or taken out (``LayerDict``)."""
+        return self._layer_dict()._changes
+
     def _layer_dict(self) -> LayerDict:
         """``layers``, read without ``nn.Module.__getattr__``'s search (once a forward)."""
         return cast(LayerDict, self._modules["layers"])

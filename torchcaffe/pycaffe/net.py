@@ -198,6 +198,8 @@ class Net:
         self._debug_info = bool(self._net.net_param.debug_info)
         self._overwritten = self._memory.overwritten_bottoms()
         self._top_rewritten = self._memory.rewritten_tops()
+        # the blobs and param views follow these layers (``_ensure_device`` checks they stay)
+        self._layer_changes = self._net.layer_changes
         self._relu_masks_moved = self._memory.relu_masks_moved(self._net.module_of)
         self._stale_alias_reads = self._memory.stale_alias_reads()
         self._layer_tops = layer_tops(self._net)  # what a forward writes (inputs: in place)
@@ -518,6 +520,14 @@ class Net:
         self._conversions = self._net.conversions
 
     def _ensure_device(self) -> torch.device:
+        if self._net.layer_changes != self._layer_changes:
+            raise UsageError(
+                "a module was put in the torch net's layers (net.module.layers) after this "
+                "Caffe-face Net was built; its blobs and params follow the layers it was "
+                "built from",
+                path=self._net.path,
+                hint="build a new caffe.Net, or run the torch face (net.module) alone",
+            )
         self._follow_conversion()
         if self._shares_stale:
             self._share_blobs()
