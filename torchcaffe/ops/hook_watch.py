@@ -12,9 +12,10 @@ one the layer had when the program was made.
 Scanning every layer's hook dicts on each call costs ~30 us for ResNet-50's 245 layers, so a
 net scans again only when a layer's ``register_*_hook`` ran since (``EPOCH``) or its last
 scan found hooks (a removed handle shows then); CaffeLayer's ``__setattr__`` bumps it for a
-``forward`` too. Hooks written into a module's private dicts directly, registered on a module
-that is not a CaffeLayer (one a user put in ``net.layers``), or a ``forward`` replaced on a
-layer's class, are seen only at the next scan, or not at all.
+``forward`` too, and ``net.layers`` for a module put in. Hooks written into a layer's private
+dicts directly, or a ``forward`` replaced on a layer's class, are seen only at the next scan,
+or not at all. A module that is not a CaffeLayer (one a user put in ``net.layers``) needs no
+scan for hooks registered on it later: no pass merges it, and a run calls it as a module.
 """
 
 from __future__ import annotations
