@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+from typing import Any
 
 import pytest
 import torch
@@ -17,18 +18,7 @@ from torchcaffe.proto import caffe_pb2
 
 from ..helpers.params import centered_weights, fill_params
 from ..helpers.programs import off_cpu_programs
-
-# the passes fold bn+sc into conv and fuse both ReLUs into their producers
-NET = """
-input: "data" input_shape { dim: 2 dim: 3 dim: 8 dim: 8 }
-layer { name: "conv" type: "Convolution" bottom: "data" top: "c"
-  convolution_param { num_output: 4 kernel_size: 3 } }
-layer { name: "bn" type: "BatchNorm" bottom: "c" top: "c" }
-layer { name: "sc" type: "Scale" bottom: "c" top: "c" scale_param { bias_term: true } }
-layer { name: "relu" type: "ReLU" bottom: "c" top: "c" }
-layer { name: "ip" type: "InnerProduct" bottom: "c" top: "f" inner_product_param { num_output: 5 } }
-layer { name: "relu2" type: "ReLU" bottom: "f" top: "f" }
-"""
+from .test_hooks import NET  # conv+bn+sc folded, both ReLUs fused
 
 
 def _net(phase: str = "test") -> torchcaffe.TorchNet:
@@ -51,11 +41,14 @@ def _features(net: torchcaffe.TorchNet, x: torch.Tensor) -> torch.Tensor:
     return torch.relu(layer("sc")(layer("bn")(layer("conv")(x))))
 
 
-def _assert_runs(net: torchcaffe.TorchNet, head: torch.nn.Module, x: torch.Tensor) -> None:
+def _assert_runs(
+    net: torchcaffe.TorchNet, head: torch.nn.Module, x: torch.Tensor, run: Any = None
+) -> None:
+    """``run`` (default: ``net``) computes relu(head(features)), as the layers give it."""
     with torch.no_grad():
         want = torch.relu(head(_features(net, x)))
     with torch.inference_mode():
-        got = net(data=x)["f"]
+        got = (net if run is None else run)(data=x)["f"]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -128,11 +121,7 @@ def test_a_compiled_net_traces_the_swapped_head():
         compiled(data=x)
     head = _head()
     net.layers["ip"] = head
-    with torch.no_grad():
-        want = torch.relu(head(_features(net, x)))
-    with torch.inference_mode():
-        got = compiled(data=x)["f"]
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    _assert_runs(net, head, x, run=compiled)
 
 
 def test_param_groups_train_the_swapped_head_at_the_base_rate():
