@@ -141,3 +141,30 @@ def test_a_detection_output_over_no_image_is_the_forks_placeholder():
     with torch.inference_mode():
         (top,) = net(**empty).values()
     assert top.shape == (1, 1, 0, 7)
+
+
+@pytest.mark.parametrize(
+    "kind, param, top",
+    [
+        ("ROIPooling", "roi_pooling_param { pooled_h: 3 pooled_w: 3 spatial_scale: 0.5 }", 8),
+        (
+            "PSROIPooling",
+            "psroi_pooling_param { spatial_scale: 0.5 output_dim: 2 group_size: 2 }",
+            2,
+        ),
+    ],
+)
+def test_a_roi_pooling_over_no_roi_backpropagates_zeros(kind, param, top):
+    """A detector's batch can keep no proposal: the top is empty, and a loss over it still
+    reaches the features (Caffe's Backward over no ROI leaves their diff zero)."""
+    text = f"""
+    input: "data" input_shape {{ dim: 1 dim: 8 dim: 10 dim: 10 }}
+    input: "rois" input_shape {{ dim: 3 dim: 5 }}
+    layer {{ name: "p" type: "{kind}" bottom: "data" bottom: "rois" top: "out" {param} }}
+    """
+    net = torchcaffe.load(text_format.Parse(text, caffe_pb2.NetParameter()), phase="test")
+    x = torch.rand(1, 8, 10, 10, requires_grad=True)
+    out = net(data=x, rois=torch.zeros(0, 5))["out"]
+    assert out.shape[0] == 0 and out.shape[1] == top
+    out.sum().backward()
+    assert x.grad is not None and not x.grad.any()

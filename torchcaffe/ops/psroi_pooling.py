@@ -106,6 +106,8 @@ class PSROIPoolingLayer(CaffeLayer):
                 valid = hval[sl, None, :, None, :, None] & wval[sl, None, None, :, None, :]
             vals = torch.where(valid, flat_x[index], 0.0)
             sums.append(vals.sum(dim=(-2, -1)))
-        total = torch.cat(sums) if sums else x.new_zeros((0, d, g, g))
+        # no ROI: an empty top that autograd still links to x (a loss over it backpropagates
+        # zeros, as Caffe's Backward over no ROI leaves the bottom diff zero)
+        total = torch.cat(sums) if sums else x.reshape(-1)[:0].reshape(0, d, g, g)
         empty = area[:, None] <= 0
         return torch.where(empty, 0.0, total / area[:, None].clamp_min(1))
