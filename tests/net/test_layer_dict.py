@@ -13,7 +13,7 @@ import torch
 from google.protobuf import text_format
 
 import torchcaffe
-from torchcaffe.errors import UnsupportedError, UsageError
+from torchcaffe.errors import LayerParamError, UnsupportedError, UsageError
 from torchcaffe.proto import caffe_pb2
 
 from ..helpers.params import centered_weights, fill_params
@@ -65,6 +65,9 @@ def test_a_head_put_in_after_a_forward_is_the_one_that_runs():
     _assert_runs(net, other, x)
     net.layers.update({"ip": head})
     _assert_runs(net, head, x)
+    _assert_runs(net, head, torch.rand(5, 3, 8, 8))  # a new input shape: checked up to ip
+    with pytest.raises(LayerParamError, match="conv"):  # a layer before it still checks
+        net(data=torch.rand(5, 4, 8, 8))
 
 
 def test_a_replaced_head_trains_and_its_gradient_is_its_own():
@@ -235,3 +238,28 @@ def test_the_caffe_face_refuses_a_net_whose_layers_were_swapped(tmp_path):
     net.module.layers["ip"] = _head()
     with pytest.raises(UsageError, match="after this Caffe-face Net was built"):
         net.forward()
+
+
+def test_torch_func_runs_a_net_with_a_swapped_head():
+    """Per-sample gradients (vmap over grad) of the new head's weight, as torch.func gives
+    them for the same computation written out; each sample is a new input shape (batch 1),
+    so the shape check runs up to the head and leaves it to run."""
+    net = _net()  # (TEST: a train-phase BatchNorm's running averages refuse vmap)
+    head = _head()
+    net.layers["ip"] = head
+    x = torch.rand(3, 3, 8, 8)
+    params = dict(head.named_parameters())
+
+    def loss(p, sample):
+        out = torch.func.functional_call(
+            net, {f"layers.ip.{k}": v for k, v in p.items()}, (), {"data": sample[None]}
+        )
+        return out["f"].sum()
+
+    def reference(p, sample):
+        feats = _features(net, sample[None]).detach()
+        return torch.relu(torch.func.functional_call(head, p, (feats,))).sum()
+
+    got = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, x)
+    want = torch.func.vmap(torch.func.grad(reference), in_dims=(None, 0))(params, x)
+    torch.testing.assert_close(got["1.weight"], want["1.weight"], rtol=1e-5, atol=1e-6)

@@ -365,7 +365,8 @@ class TorchNet(nn.Module):
             self._check_dtypes(blobs)
             shapes = {n: shape for n, (shape, _) in kinds.items()}
             if shapes != {n: shape for n, (shape, _) in known.items()}:
-                self.infer_shapes(shapes)  # once per shape: a Python layer's reshape runs
+                # once per shape: a Python layer's reshape runs; a user's module runs as it is
+                self.infer_shapes(shapes, until_user_module=True)
             self._known_inputs = kinds
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> TorchNet:
@@ -389,15 +390,21 @@ class TorchNet(nn.Module):
                     hint=f"pass x.to({param.dtype}), or convert the net (net.to({dtype}))",
                 )
 
-    def infer_shapes(self, input_shapes: Mapping[str, Sequence[int]]) -> dict[str, Shape]:
+    def infer_shapes(
+        self, input_shapes: Mapping[str, Sequence[int]], until_user_module: bool = False
+    ) -> dict[str, Shape]:
         """Every blob's shape for these input shapes (Caffe's Net::Reshape), without compute.
 
-        Raises a located error when a layer cannot take the new shapes.
+        Raises a located error when a layer cannot take the new shapes. With
+        ``until_user_module``, the shapes up to the first module a user put in ``layers``
+        (whose tops only a run can size) instead of ``module_of``'s UnsupportedError there.
         """
         shapes: dict[str, Shape] = {n: tuple(int(d) for d in s) for n, s in input_shapes.items()}
         for step in self.steps:
             if step.is_input:
                 continue
+            if until_user_module and not isinstance(self.layers[step.key], CaffeLayer):
+                break
             bottoms = [shapes[b] for b in step.bottoms]
             try:
                 tops = self.module_of(step).output_shapes(bottoms)
@@ -577,9 +584,9 @@ class TorchNet(nn.Module):
         """Raise UnsupportedError, naming the layer, for the first layer a torch.func transform
         cannot run, before torch fails inside it with an error that names no layer."""
         for step in self.steps:
-            if step.is_input:
-                continue
-            layer = self.module_of(step)
+            layer = self.layers[step.key]
+            if step.is_input or not isinstance(layer, CaffeLayer):
+                continue  # (a user's module in a layer's place: torch.func runs it as it is)
             why = layer.host_forward or (
                 "the sizes of its tops depend on the values" if layer.shape_depends_on_data else ""
             )
