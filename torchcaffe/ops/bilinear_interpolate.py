@@ -36,12 +36,7 @@ class BilinearInterpolateLayer(CaffeLayer):
         super().__init__(layer_param, bottom_shapes)
         p = self.param
         shape = self.bottom_shapes[0]
-        if len(shape) != 4:
-            raise self.error(
-                "the input must have 4 axes (num, channels, height, width)",
-                expected="4 axes",
-                got=shape,
-            )
+        self._check_axes(shape)
         has_dst = p.HasField("dst_h") or p.HasField("dst_w")
         if has_dst == p.HasField("scale_factor"):
             raise self.error(
@@ -70,7 +65,16 @@ class BilinearInterpolateLayer(CaffeLayer):
         self.dst = (int(dst[0]), int(dst[1]))
         self.align_corners = p.align_corners
 
+    def _check_axes(self, shape: Shape) -> None:
+        if len(shape) != 4:
+            raise self.error(
+                "the input must have 4 axes (num, channels, height, width)",
+                expected="4 axes",
+                got=shape,
+            )
+
     def output_shapes(self, bottom_shapes: Sequence[Shape]) -> list[Shape]:
+        self._check_axes(bottom_shapes[0])  # a new shape too (set-up checked the first)
         return [tuple(int(d) for d in bottom_shapes[0][:2]) + self.dst]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
