@@ -13,6 +13,7 @@ import torch
 from google.protobuf import text_format
 
 import torchcaffe
+from torchcaffe.converters import load_readable_state_dict, readable_state_dict
 from torchcaffe.errors import LayerParamError, UnsupportedError, UsageError
 from torchcaffe.proto import caffe_pb2
 
@@ -263,3 +264,32 @@ def test_torch_func_runs_a_net_with_a_swapped_head():
     got = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, x)
     want = torch.func.vmap(torch.func.grad(reference), in_dims=(None, 0))(params, x)
     torch.testing.assert_close(got["1.weight"], want["1.weight"], rtol=1e-5, atol=1e-6)
+
+
+def test_readable_state_dict_keeps_the_swapped_heads_params():
+    """``readable_state_dict`` (and safetensors, which writes it) lists a user's module by
+    its own state_dict names under the layer's; it had silently left them out."""
+    net = _net()
+    head = _head()
+    net.layers["ip"] = head
+    state = readable_state_dict(net)
+    torch.testing.assert_close(state["ip.1.weight"], head[1].weight.detach())
+    torch.testing.assert_close(state["ip.1.bias"], head[1].bias.detach())
+    assert "conv.weight" in state and "bn.running_mean" in state
+    other = _net()
+    other.layers["ip"] = _head(seed=7)
+    load_readable_state_dict(other, state)
+    torch.testing.assert_close(other.layers["ip"][1].weight, head[1].weight)
+    x = torch.rand(2, 3, 8, 8)
+    with torch.inference_mode():
+        torch.testing.assert_close(other(data=x)["f"], net(data=x)["f"])
+
+
+def test_a_swapped_scale_is_not_read_as_its_batchnorms_affine():
+    """A Caffe Scale after a BatchNorm becomes that BatchNorm's weight and bias in the
+    readable keys; a user's module in the Scale's place keeps its own names."""
+    net = _net()
+    net.layers["sc"] = _Affine()
+    state = readable_state_dict(net)
+    assert "sc.w" in state and "bn.running_mean" in state
+    assert not any(key.startswith("bn.w") for key in state)

@@ -18,6 +18,7 @@ import torch
 
 from ..errors import WeightsError
 from ..net.net import TorchNet
+from ..ops.base import CaffeLayer
 
 BN_TYPES = ("BatchNorm",)
 
@@ -27,12 +28,16 @@ def _folded_scales(net: TorchNet) -> dict[str, str]:
     writer: dict[str, tuple[str, str]] = {}  # blob -> (layer name, type) that last wrote it
     folded: dict[str, str] = {}
     for step in net.steps:
-        if step.type == "Scale" and len(step.bottoms) == 1:
+        if not isinstance(net.layers[step.key], CaffeLayer):
+            step_type = "a user's module"  # its own names: nothing folds into or out of it
+        else:
+            step_type = step.type
+        if step_type == "Scale" and len(step.bottoms) == 1:
             last = writer.get(step.bottoms[0])
             if last is not None and last[1] in BN_TYPES:
                 folded[step.name] = last[0]
         for top in step.tops:
-            writer[top] = (step.name, step.type)
+            writer[top] = (step.name, step_type)
     folded_bns = list(folded.values())
     return {s: b for s, b in folded.items() if folded_bns.count(b) == 1}
 
@@ -43,11 +48,16 @@ def _linear_layout(module: torch.nn.Module, name: str, blob: torch.Tensor) -> to
 
 
 def _unshared(module: torch.nn.Module, seen: set[int]) -> tuple[list[str], list[torch.Tensor]]:
-    """The layer's blob names and blobs, leaving out those an earlier layer already owns."""
+    """The layer's blob names and blobs, leaving out those an earlier layer already owns. A
+    module a user put in ``net.layers`` in a layer's place: its own ``state_dict`` entries,
+    under their torch names (``fc8.1.weight``)."""
     names: list[str] = []
     blobs: list[torch.Tensor] = []
-    for name in getattr(module, "_blob_names", []):
-        blob = getattr(module, name)
+    if isinstance(module, CaffeLayer):
+        entries = [(name, getattr(module, name)) for name in module.blob_names]
+    else:
+        entries = list(module.state_dict(keep_vars=True).items())
+    for name, blob in entries:
         if id(blob) not in seen:
             seen.add(id(blob))
             names.append(name)
