@@ -14,7 +14,12 @@ from google.protobuf import text_format
 
 import torchcaffe
 from torchcaffe.converters import load_readable_state_dict, readable_state_dict
-from torchcaffe.errors import LayerParamError, UnsupportedError, UsageError
+from torchcaffe.errors import (
+    LayerParamError,
+    PartialWeightsWarning,
+    UnsupportedError,
+    UsageError,
+)
 from torchcaffe.proto import caffe_pb2
 
 from ..helpers.params import centered_weights, fill_params
@@ -293,3 +298,21 @@ def test_a_swapped_scale_is_not_read_as_its_batchnorms_affine():
     state = readable_state_dict(net)
     assert "sc.w" in state and "bn.running_mean" in state
     assert not any(key.startswith("bn.w") for key in state)
+
+
+def test_caffe_weights_load_around_the_swapped_head(tmp_path):
+    """``load_weights`` copies every other layer and names the layer whose place holds a
+    user's module (Caffe skips a file's layer the net no longer has; fine-tuning renames the
+    head in the prototxt for that). The head keeps its own values."""
+    source = _net()
+    path = tmp_path / "trained.caffemodel"
+    torchcaffe.save_weights(source, str(path))
+    net = torchcaffe.load(text_format.Parse(NET, caffe_pb2.NetParameter()), phase="test")
+    head = _head()
+    before = head[1].weight.detach().clone()
+    net.layers["ip"] = head
+    with pytest.warns(PartialWeightsWarning, match="'ip' were not copied"):
+        filled = torchcaffe.load_weights(net, str(path), strict=True)
+    assert "ip" not in filled and "conv" in filled
+    torch.testing.assert_close(net.layer("conv").weight, source.layer("conv").weight)
+    torch.testing.assert_close(head[1].weight, before)

@@ -455,19 +455,33 @@ def copy_trained_layers(
     plan: list[tuple[torch.Tensor, np.ndarray, np.ndarray | None]] = []
     first_user: dict[int, tuple[str, int]] = {}
     for step in net.steps:
+        if net.holds_user_module(step):
+            continue
         for j, blob in enumerate(net.module_of(step).param_blobs()):
             first_user.setdefault(id(blob), (step.name, j))
     by_name: dict[str, LayerStep] | None = None
+    swapped: list[str] = []  # the file's layers whose place holds a user's module
     for record in records:
         if by_name is None:
             by_name = _target_layers(net, record.partial)
         found = by_name.get(record.name)
         if found is None:
             continue
+        if net.holds_user_module(found):
+            swapped.append(record.name)
+            continue
         plan += _check_record(net, found, record, first_user, path)
         filled.append(record.name)
     written = {id(target) for target, _, _ in plan}
     _report_unfilled(net, written, path, strict)
+    if swapped:
+        prefix = f"{path}: " if path else ""
+        warnings.warn(
+            f"{prefix}the file's blobs for {', '.join(repr(n) for n in swapped)} were not "
+            "copied: those layers' places in net.layers hold modules put there by the user",
+            PartialWeightsWarning,
+            stacklevel=4,  # the caller of load_weights, as for the unfilled layers
+        )
     _assign_all([(target, values) for target, values, _ in plan])
     if set_diff is not None:
         for target, _, diff in plan:
@@ -532,6 +546,8 @@ def _report_unfilled(net: TorchNet, written: set[int], path: str | None, strict:
     unfilled: list[str] = []
     total = 0
     for step in net.steps:
+        if net.holds_user_module(step):
+            continue  # a user's module: its own values, no Caffe layer left unfilled
         blobs = net.module_of(step).param_blobs()
         if not blobs:
             continue

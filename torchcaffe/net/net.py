@@ -197,6 +197,10 @@ class TorchNet(nn.Module):
         place in ``layers`` (typed as the layer, as most are)."""
         return cast(CaffeLayer, self.layers[self.step(name).key])
 
+    def holds_user_module(self, step: LayerStep) -> bool:
+        """Does a module a user put in ``layers`` (not a CaffeLayer) run ``step``?"""
+        return not isinstance(self.layers[step.key], CaffeLayer)
+
     def module_of(self, step: LayerStep) -> CaffeLayer:
         """The CaffeLayer that runs ``step``, for what reads a Caffe layer's contract (its
         param blobs, shapes, LayerParameter). A module a user put in its place in ``layers``
@@ -403,7 +407,7 @@ class TorchNet(nn.Module):
         for step in self.steps:
             if step.is_input:
                 continue
-            if until_user_module and not isinstance(self.layers[step.key], CaffeLayer):
+            if until_user_module and self.holds_user_module(step):
                 break
             bottoms = [shapes[b] for b in step.bottoms]
             try:
@@ -584,9 +588,9 @@ class TorchNet(nn.Module):
         """Raise UnsupportedError, naming the layer, for the first layer a torch.func transform
         cannot run, before torch fails inside it with an error that names no layer."""
         for step in self.steps:
-            layer = self.layers[step.key]
-            if step.is_input or not isinstance(layer, CaffeLayer):
+            if step.is_input or self.holds_user_module(step):
                 continue  # (a user's module in a layer's place: torch.func runs it as it is)
+            layer = self.module_of(step)
             why = layer.host_forward or (
                 "the sizes of its tops depend on the values" if layer.shape_depends_on_data else ""
             )
