@@ -103,12 +103,18 @@ def test_a_backward_hook_runs_in_a_recorded_forward():
     assert len(grads) == 1 and grads[0].shape == (2, 4, 6, 6)
 
 
-def test_the_caffe_face_runs_hooked_layers_too(tmp_path):
+def caffe_face_after_a_forward(tmp_path) -> torchcaffe.Net:
+    """NET's Caffe face (written under ``tmp_path``), fed and run once: its programs made."""
     proto = tmp_path / "net.prototxt"
     proto.write_text(NET)
     net = torchcaffe.Net(str(proto), torchcaffe.TEST)
     net.blobs["data"].data[...] = np.random.default_rng(0).random((2, 3, 8, 8))
     net.forward()
+    return net
+
+
+def test_the_caffe_face_runs_hooked_layers_too(tmp_path):
+    net = caffe_face_after_a_forward(tmp_path)
     calls: list[tuple[int, ...]] = []
     handle = net.module.layer("bn").register_forward_hook(lambda m, i, o: calls.append(o.shape))
     net.forward()
@@ -180,11 +186,7 @@ def test_a_forward_a_layer_chose_when_built_is_no_hook():
 
 
 def test_the_caffe_face_runs_a_layer_given_a_forward(tmp_path):
-    proto = tmp_path / "net.prototxt"
-    proto.write_text(NET)
-    net = torchcaffe.Net(str(proto), torchcaffe.TEST)
-    net.blobs["data"].data[...] = np.random.default_rng(0).random((2, 3, 8, 8))
-    net.forward()
+    net = caffe_face_after_a_forward(tmp_path)
     scale = net.module.layer("sc")
     built = scale.forward
     calls: list[int] = []

@@ -24,7 +24,7 @@ from torchcaffe.proto import caffe_pb2
 
 from ..helpers.params import centered_weights, fill_params
 from ..helpers.programs import off_cpu_programs
-from .test_hooks import NET  # conv+bn+sc folded, both ReLUs fused
+from .test_hooks import NET, caffe_face_after_a_forward  # conv+bn+sc folded, ReLUs fused
 
 
 def _net(phase: str = "test") -> torchcaffe.TorchNet:
@@ -237,10 +237,7 @@ def test_the_passes_leave_a_module_put_in_as_it_is(slot, program, record, monkey
 def test_the_caffe_face_refuses_a_net_whose_layers_were_swapped(tmp_path):
     """The Caffe face's blobs and params views follow the layers it was built from: a forward
     after a swap in ``net.module.layers`` is a UsageError, not params showing the old layer."""
-    proto = tmp_path / "net.prototxt"
-    proto.write_text(NET)
-    net = torchcaffe.Net(str(proto), torchcaffe.TEST)
-    net.forward()
+    net = caffe_face_after_a_forward(tmp_path)
     net.module.layers["ip"] = _head()
     with pytest.raises(UsageError, match="after this Caffe-face Net was built"):
         net.forward()
