@@ -75,6 +75,9 @@ class LRNLayer(CaffeLayer):
                 and x.requires_grad
                 and x.is_cpu
                 and not torch.jit.is_tracing()
+                # torch.export inlines a Function's forward and keeps no backward: the out=
+                # power then fails under autograd when the exported program runs
+                and not torch.compiler.is_exporting()
                 and not under_func_transform()  # its forward writes out= and in place
             ):
                 return with_jvp(AcrossChannelsLRN).apply(x, n, self.alpha, self.beta, self.k)
