@@ -539,6 +539,19 @@ def test_torch_jit_script_is_refused_plainly():
         torch.jit.script(build(POOL_LRN))
 
 
+def test_torch_fx_symbolic_trace_is_refused_plainly():
+    """fx's proxies carry no shape, so the tracer failed with a bare RuntimeError at the
+    first ``len``; the refusal names the net's inputs in the export that does trace it, and
+    that export is an fx graph giving the net's values."""
+    net = build(POOL_LRN)
+    with pytest.raises(UnsupportedError, match=r"symbolic_trace.*export\(net, \(\), \{'data': x\}"):
+        torch.fx.symbolic_trace(net)
+    x = torch.randn(2, 3, 9, 9)
+    graph = torch.export.export(net, (), {"data": x}).module()
+    assert isinstance(graph, torch.fx.GraphModule)
+    torch.testing.assert_close(graph(data=x)["ave"], net(data=x)["ave"])
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
 def test_a_jit_trace_is_one_graph_with_or_without_autograd_and_runs_backward():

@@ -266,7 +266,13 @@ class TorchNet(nn.Module):
     def bind_inputs(
         self, args: Sequence[torch.Tensor], kwargs: Mapping[str, torch.Tensor]
     ) -> dict[str, torch.Tensor]:
-        if len(args) > len(self.input_names):
+        try:
+            given = len(args)
+        except RuntimeError:  # torch.fx's symbolic tracer hands ``*args`` over as a Proxy
+            if isinstance(args, torch.fx.Proxy):
+                raise self._symbolic_trace_error() from None
+            raise
+        if given > len(self.input_names):
             raise BlobWiringError(
                 "too many positional inputs",
                 path=self.path,
@@ -318,6 +324,21 @@ class TorchNet(nn.Module):
         integers through."""
         tensors = itertools.chain(self.parameters(), self.buffers())
         return next((t.dtype for t in tensors if t.is_floating_point()), torch.float32)
+
+    def _symbolic_trace_error(self) -> UnsupportedError:
+        """``torch.fx.symbolic_trace(net)`` feeds proxies that carry no shape, and Caffe's
+        layers size their tops from the bottoms' shapes: say what traces a net instead of
+        letting fx fail on the first ``len``."""
+        return UnsupportedError(
+            "torch.fx.symbolic_trace cannot trace a Caffe net (its layers read the bottoms' "
+            "shapes, which fx's proxies do not carry)",
+            path=self.path,
+            expected="a trace that runs the net on example inputs",
+            hint="torch.export.export(net, (), {"
+            + ", ".join(f"{n!r}: x" for n in self.input_names)
+            + "}).module() is an fx GraphModule; torch.jit.trace(net, example_inputs, "
+            "strict=False) also traces it",
+        )
 
     def _not_an_input(self, name: str) -> BlobWiringError:
         """The error for a keyword that names no input blob. A blob a layer computes (a data
