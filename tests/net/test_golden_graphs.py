@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchcaffe.errors import ExportError
+from torchcaffe.errors import ExportError, UnsupportedError
 from torchcaffe.net.export import batch_groups, export_net
 
 from ..helpers.golden import (
@@ -141,6 +141,18 @@ def test_exported_program_backpropagates_the_nets_gradients(case):
         or (g is not None and not torch.allclose(g, w, rtol=1e-4, atol=1e-5, equal_nan=True))
     ]
     assert not differs, f"gradients {differs} of {len(sources)} differ"
+
+
+@pytest.mark.parametrize("case", [p for p in CASES if p.id in DATA_DEPENDENT])
+def test_jit_trace_refuses_a_layer_whose_tops_size_depends_on_the_values(case):
+    """A trace kept the example's loops: traced, a DetectionOutput net gave another input
+    the example's 60 detections where the net gave 59, or failed inside torch (Proposal's
+    NMS: an internal assert in TorchScript's alias analysis)."""
+    with InFolder(case.path):
+        net = case_net(case).eval()
+        inputs = tuple(case_inputs(case)[n] for n in net.input_names)
+        with pytest.raises(UnsupportedError, match="jit.trace cannot record.*depend on the"):
+            torch.jit.trace(net, inputs, strict=False, check_trace=False)
 
 
 COMPILE_CASES = [

@@ -624,6 +624,26 @@ class TorchNet(nn.Module):
                     hint="run the net outside the transform (a loop over samples for vmap)",
                 ).located(path=self.path)
 
+    def _check_traceable(self, steps: Sequence[LayerStep]) -> None:
+        """Raise UnsupportedError, naming the layer, for the first of ``steps`` whose tops'
+        sizes depend on the values (DetectionOutput, Proposal, Filter, DetectionEvaluate):
+        torch.jit.trace would record its loops and sizes as the example ran them, and the
+        traced net would give another input the example's count of detections."""
+        for step in steps:
+            if step.is_input or self.holds_user_module(step):
+                continue
+            layer = self.module_of(step)
+            if layer.shape_depends_on_data:
+                raise layer.error(
+                    "torch.jit.trace cannot record this layer: the sizes of its tops depend on "
+                    "the values, and a trace would keep the example's",
+                    cls=UnsupportedError,
+                    expected="layers whose tops' sizes follow from the bottoms' shapes",
+                    got=f"a {layer.caffe_type} layer",
+                    hint="run the net itself (eager or torch.compile); to export the layers "
+                    "before it, export_onnx(net, path, outputs=[...]) traces up to those blobs",
+                ).located(path=self.path)
+
     def layers_hooked(self) -> bool:
         """Do torch hooks watch any layer (``ops.hook_watch``)? Then ``forward`` runs every
         layer as a module, without the passes, so each hook sees its layer's call. Not read
@@ -700,6 +720,8 @@ class TorchNet(nn.Module):
                     blobs.pop(name, None)
             return blobs
         end = len(self.steps) - 1 if end is None else end
+        if torch.jit.is_tracing():
+            self._check_traceable(self.steps[start : end + 1])
         for step in self.steps[start : end + 1]:
             if step.is_input:
                 continue
