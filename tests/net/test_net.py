@@ -552,6 +552,22 @@ def test_torch_fx_symbolic_trace_is_refused_plainly():
     torch.testing.assert_close(graph(data=x)["ave"], net(data=x)["ave"])
 
 
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_a_jit_trace_keeps_caffes_max_pooling_for_inputs_unlike_its_example():
+    """MAX pooling's CPU form pools first and floors at -FLT_MAX only where the top shows a
+    NaN or a floored window: traced, that test kept the example's answer, so a NaN in a later
+    input won its window (Caffe's strict > never picks one) and spread through the LRN."""
+    net = build(POOL_LRN)
+    x = torch.randn(2, 3, 9, 9)
+    with torch.no_grad():
+        traced = torch.jit.trace(net, (x,), strict=False, check_trace=False)
+        poisoned = x.clone()
+        poisoned[0, :, 0, 0] = float("nan")
+        want, got = net(data=poisoned)["ave"], traced(poisoned)["ave"]
+    torch.testing.assert_close(got, want, equal_nan=True)
+    assert int(want.isnan().sum()) < int(torch.isnan(net.layers["conv"](poisoned)).sum())
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
 def test_a_jit_trace_is_one_graph_with_or_without_autograd_and_runs_backward():

@@ -143,7 +143,10 @@ def _max_pool(x, kernel, stride, pad, out, want_mask, finite=False):
     2 threads. Under a torch.func transform the floor always runs (no branch on a value),
     without ``_FlooredMaxPool2d`` (autograd records the where)."""
     transformed = under_func_transform()
-    if x.is_cpu and not torch.compiler.is_compiling() and not transformed:
+    # not in a jit trace: it would keep the example's answer, and a NaN in a later input
+    # would win its window
+    traced = torch.compiler.is_compiling() or torch.jit.is_tracing()
+    if x.is_cpu and not traced and not transformed:
         y, mask = _max_pool_windows(x, kernel, stride, pad, out, want_mask)
         if finite or y.numel() == 0 or bool(y.amin() > -FLT_MAX):
             return y, mask
