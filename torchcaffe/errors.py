@@ -230,6 +230,12 @@ class PartialWeightsWarning(UserWarning):
     """
 
 
+class TracedStateWarning(UserWarning):
+    """A recurrent layer that carries its hidden state from one forward to the next, traced
+    or exported: the graph cannot carry it, so each call starts from the state held when it
+    was made."""
+
+
 class ExportError(TorchCaffeError):
     """A model that cannot be written in the target format (an op Caffe has no layer for)."""
 

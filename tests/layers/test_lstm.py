@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -9,7 +11,7 @@ import torch
 from tests.helpers.cases import LayerCase
 from tests.helpers.gradcheck import check_layer_gradient
 from tests.helpers.harness import make_layer
-from torchcaffe.errors import BlobWiringError, LayerParamError
+from torchcaffe.errors import BlobWiringError, LayerParamError, TracedStateWarning
 
 FILLERS = (
     "weight_filler { type: 'uniform' min: -0.5 max: 0.5 } "
@@ -233,3 +235,33 @@ def test_forward_rejects_changed_timesteps():
     layer, _ = CASES[0].build()
     with pytest.raises(LayerParamError, match="timesteps changed"):
         layer(torch.randn(5, 2, 5), torch.ones(5, 2))
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "RNN"])
+@pytest.mark.parametrize("how", ["jit.trace", "torch.export"])
+def test_tracing_a_carried_state_warns_that_the_graph_cannot_carry_it(kind, how):
+    """A trace or an export keeps the state held when it was made: called with cont 1 at
+    t = 0, the graph's second call gave what the layer's first did, where the layer went on
+    from its state. An exposed state (inputs and tops) is traced as it is, without a word."""
+    for expose in (False, True):
+        hidden = 1 if kind == "RNN" else 2
+        layer, _ = make_layer(
+            f"recurrent_param {{ num_output: 3 {'expose_hidden: true' if expose else ''} "
+            f"{FILLERS} }}",
+            [(3, 2, 4), (3, 2)] + [(1, 2, 3)] * (hidden if expose else 0),
+            type=kind,
+            n_tops=1 + (hidden if expose else 0),
+        )
+        bottoms = _bottoms((3, 2, 4), hidden=hidden if expose else 0)(torch.Generator())
+        bottoms[1] = torch.ones(3, 2)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            if how == "jit.trace":
+                torch.jit.trace(layer, tuple(bottoms), strict=False, check_trace=False)
+            else:
+                torch.export.export(layer, tuple(bottoms))
+        told = [w for w in seen if issubclass(w.category, TracedStateWarning)]
+        if expose:
+            assert not told
+        else:
+            assert len(told) == 1 and "expose_hidden: true" in str(told[0].message)

@@ -19,12 +19,13 @@ from __future__ import annotations
 import abc
 import contextlib
 import math
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import ClassVar
 
 import torch
 
-from ..errors import BlobWiringError
+from ..errors import BlobWiringError, TracedStateWarning
 from .base import Between, CaffeLayer, Shape
 
 # Caffe's own check asks for 2 axes, but its unrolled net's input InnerProduct (axis 2) then
@@ -167,6 +168,15 @@ class RecurrentLayer(CaffeLayer, metaclass=abc.ABCMeta):
             for name, state in zip(names, held):
                 setattr(self, f"{name}_state", state)
 
+    def _traced_state_message(self) -> str:
+        return (
+            f"layer '{self.name}' ({self.caffe_type}) carries its hidden state from one forward "
+            "to the next, which a traced or exported graph cannot: each call of the graph "
+            "starts from the state held now (zeros after reset()), where Caffe's net goes on "
+            "from the last forward's wherever cont is 1. Set recurrent_param { expose_hidden: "
+            "true } to pass the state in and out"
+        )
+
     def reset(self) -> None:
         """Zero the carried state (Caffe's RecurrentLayer::Reset)."""
         for name in self.state_names if not self.expose_hidden else ():
@@ -187,6 +197,8 @@ class RecurrentLayer(CaffeLayer, metaclass=abc.ABCMeta):
         if self.expose_hidden:
             state = [h.detach() for h in rest[self.static_input :]]
         else:
+            if torch.jit.is_tracing() or torch.compiler.is_exporting():
+                warnings.warn(self._traced_state_message(), TracedStateWarning, stacklevel=2)
             state = []
             for name in self.state_names:
                 held = getattr(self, f"{name}_state")
