@@ -116,6 +116,22 @@ class SqueezeExcite(nn.Module):
         return x * s + s
 
 
+class Elementwise(nn.Module):
+    """The element-wise functions with no torch module: AbsVal, Exp, Log, Power, Eltwise MAX."""
+
+    def forward(self, x):
+        a, b, c = x.abs(), torch.exp(x * 0.5), torch.log(torch.abs(x) + 1.0)
+        d, e, f = x**2, x.pow(3), torch.maximum(x, x * -0.5)
+        return torch.cat([a, b, c, d, e, f, x.exp().log(), torch.max(x, b)], dim=1)
+
+
+class Clamps(nn.Module):
+    """clamp and clip as Clip, ReLU6 and ReLU."""
+
+    def forward(self, x):
+        return torch.cat([torch.clamp(x, -1.0, 0.5), x.clamp(0, 6), x.clip(min=0)], dim=1)
+
+
 class MeanHead(nn.Module):
     def forward(self, x):
         return torch.mean(x, dim=(-2, -1))
@@ -146,6 +162,10 @@ OPS = [
     (nn.Hardtanh(-2.0, 3.0), (2, 3, 4, 5)),
     (nn.Hardswish(), (2, 3, 4, 5)),
     (nn.Hardsigmoid(), (2, 3, 4, 5)),
+    (nn.SiLU(), (2, 3, 4, 5)),
+    (nn.Softplus(), (2, 3, 4, 5)),
+    (Elementwise(), (2, 3, 4, 5)),
+    (Clamps(), (2, 3, 4, 5)),
     (nn.MaxPool2d(3, 2, 1), (2, 3, 14, 13)),
     (nn.MaxPool2d(2), (2, 3, 7, 9)),
     (nn.MaxPool2d(3, 2, ceil_mode=True), (2, 3, 8, 9)),
@@ -261,6 +281,20 @@ def test_unsupported_module_and_geometry(tmp_path):
         _export(tmp_path, nn.ConvTranspose2d(2, 2, 3, 2, output_padding=1), torch.randn(1, 2, 4, 4))
     with pytest.raises(ExportError, match="count_include_pad=False"):
         _export(tmp_path, nn.AvgPool2d(3, 1, 1, count_include_pad=False), torch.randn(1, 2, 4, 4))
+    with pytest.raises(ExportError, match=r"Softplus\(beta=2"):
+        _export(tmp_path, nn.Softplus(beta=2), torch.randn(1, 2, 4, 4))
+
+
+class ClampAbove(nn.Module):
+    def forward(self, x):
+        return x.clamp(min=0.1)
+
+
+def test_a_one_sided_clamp_other_than_relu_is_refused(tmp_path):
+    """Caffe's Clip needs both bounds; FLT_MAX for the open one would make an infinity
+    finite, so only min=0 (a ReLU) is written."""
+    with pytest.raises(ExportError, match=r"clamp\(min=0.1, max=None\) at node 'clamp'"):
+        _export(tmp_path, ClampAbove(), torch.randn(1, 2, 4, 4))
 
 
 class _LSTM(nn.Module):

@@ -66,6 +66,12 @@ FUNCTION_MODULES: dict[Any, Callable[[list, dict], nn.Module | None]] = {
     torch.tanh: lambda a, k: nn.Tanh(),
     F.tanh: lambda a, k: nn.Tanh(),
     F.hardswish: lambda a, k: nn.Hardswish(),
+    F.silu: lambda a, k: nn.SiLU(),
+    F.softplus: lambda a, k: nn.Softplus(
+        _arg(a, k, 0, "beta", 1.0), _arg(a, k, 1, "threshold", 20.0)
+    ),
+    torch.clamp: lambda a, k: _clamp(a, k),
+    torch.clip: lambda a, k: _clamp(a, k),
     F.hardsigmoid: lambda a, k: nn.Hardsigmoid(),
     F.max_pool2d: lambda a, k: nn.MaxPool2d(
         _arg(a, k, 0, "kernel_size", None),
@@ -102,11 +108,39 @@ FUNCTION_MODULES: dict[Any, Callable[[list, dict], nn.Module | None]] = {
 
 METHOD_MODULES: dict[str, Callable[[list, dict], nn.Module]] = {
     "relu": lambda a, k: nn.ReLU(),
+    "clamp": lambda a, k: _clamp(a, k),
+    "clip": lambda a, k: _clamp(a, k),
     "sigmoid": lambda a, k: nn.Sigmoid(),
     "tanh": lambda a, k: nn.Tanh(),
     "flatten": lambda a, k: nn.Flatten(_arg(a, k, 0, "start_dim", 0), _arg(a, k, 1, "end_dim", -1)),
     "softmax": lambda a, k: nn.Softmax(_arg(a, k, 0, "dim", None)),
 }
+
+
+# element-wise functions with no torch module: the parameterless Caffe layer each one is
+# (Exp and Log with their default base -1, e; scale 1 and shift 0 leave x as it is)
+FUNCTION_LAYERS: dict[Any, str] = {torch.abs: "AbsVal", torch.exp: "Exp", torch.log: "Log"}
+METHOD_LAYERS: dict[str, str] = {"abs": "AbsVal", "exp": "Exp", "log": "Log"}
+
+
+def _clamp(args: list, kwargs: dict) -> nn.Module:
+    """clamp/clip with both bounds is a Hardtanh (Clip, or ReLU6 for 0..6), ``min=0`` alone a
+    ReLU; one other bound alone has no Caffe layer (Clip's open side would be FLT_MAX, which
+    turns an infinity finite)."""
+    lo, hi = _arg(args, kwargs, 0, "min", None), _arg(args, kwargs, 1, "max", None)
+    if isinstance(lo, (int, float)) and isinstance(hi, (int, float)):
+        return nn.Hardtanh(float(lo), float(hi))
+    if hi is None and isinstance(lo, (int, float)) and lo == 0:
+        return nn.ReLU()
+    return _Unsupported(f"clamp(min={lo!r}, max={hi!r})")
+
+
+class _Unsupported(nn.Module):
+    """A functional call whose arguments no Caffe layer takes: its handler says which."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__()
+        self.what = what
 
 
 # -- modules ------------------------------------------------------------------------------------
@@ -233,6 +267,20 @@ def _hardsigmoid(ex: _Exporter, node: fx.Node, m: nn.Hardsigmoid, bottom: str) -
     ex.fork_only(node, "HardSigmoid")
     lp = ex.layer(node, "HardSigmoid", [bottom])
     lp.hardsigmoid_param.alpha, lp.hardsigmoid_param.beta = 1.0 / 6.0, 0.5
+
+
+def _softplus(ex: _Exporter, node: fx.Node, m: nn.Softplus, bottom: str) -> None:
+    # Caffe's BNLL is log(1 + e^x) everywhere; torch's Softplus returns x past its threshold,
+    # where the two agree in float32 only from about 17 on
+    if m.beta != 1 or m.threshold < 20:
+        raise ex.unsupported(
+            node, f"Softplus(beta={m.beta}, threshold={m.threshold}) (BNLL is beta 1, no cut)"
+        )
+    ex.layer(node, "BNLL", [bottom])
+
+
+def _unsupported(ex: _Exporter, node: fx.Node, m: _Unsupported, bottom: str) -> None:
+    raise ex.unsupported(node, m.what)
 
 
 def _pool(ex: _Exporter, node: fx.Node, m: Any, bottom: str) -> None:
@@ -397,6 +445,9 @@ _MODULE_HANDLERS: list[tuple[type[nn.Module], Handler]] = [
     (nn.ELU, _elu),
     (nn.Hardtanh, _hardtanh),  # ReLU6 is a Hardtanh(0, 6)
     (nn.Hardswish, _hardswish),
+    (nn.SiLU, _neuron("Swish")),  # BVLC's Swish, x * sigmoid(beta x) at its beta 1
+    (nn.Softplus, _softplus),
+    (_Unsupported, _unsupported),
     (nn.Hardsigmoid, _hardsigmoid),
     (nn.MaxPool2d, _pool),
     (nn.AvgPool2d, _pool),

@@ -27,7 +27,13 @@ from ..formats.caffemodel import save_caffemodel
 from ..formats.prototxt import write_text
 from ..net.net import TorchNet
 from ..proto import caffe_pb2
-from .torch_layers import FUNCTION_MODULES, METHOD_MODULES, module_handler
+from .torch_layers import (
+    FUNCTION_LAYERS,
+    FUNCTION_MODULES,
+    METHOD_LAYERS,
+    METHOD_MODULES,
+    module_handler,
+)
 
 PathLike = str | os.PathLike
 PP = caffe_pb2.PoolingParameter
@@ -371,6 +377,13 @@ class _Exporter:
             return self._binary(node, args, kwargs, "div")
         if fn in (operator.neg, torch.neg):
             return self._binary(node, [args[0], -1.0], {}, "mul")
+        if fn in FUNCTION_LAYERS:
+            self.layer(node, FUNCTION_LAYERS[fn], [self.blob(args[0], node)])
+            return None
+        if fn in (operator.pow, torch.pow):
+            return self._power(node, args[0], args[1] if len(args) > 1 else kwargs.get("exponent"))
+        if fn is torch.maximum or (fn is torch.max and len(args) == 2 and self.is_tensor(args[1])):
+            return self._eltwise_max(node, args[0], args[1])
         if fn in (torch.cat, torch.concat):
             return self._cat(node, args, kwargs)
         if fn is torch.mean:
@@ -390,6 +403,11 @@ class _Exporter:
             return self.alias(node, self.blob(args[0], node))
         if name in ("add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_"):
             return self._binary(node, args, kwargs, name.rstrip("_"))
+        if name in METHOD_LAYERS:
+            self.layer(node, METHOD_LAYERS[name], [self.blob(args[0], node)])
+            return None
+        if name == "pow":
+            return self._power(node, args[0], args[1] if len(args) > 1 else kwargs.get("exponent"))
         maker = METHOD_MODULES.get(name)
         if maker is not None:
             mod = maker(args[1:], kwargs)
@@ -438,6 +456,19 @@ class _Exporter:
         else:
             p.scale = 1.0 / float(b)
         return None
+
+    def _power(self, node: fx.Node, base: Any, exponent: Any) -> None:
+        """A tensor to a number's power: Caffe's Power layer at scale 1, shift 0."""
+        if not self.is_tensor(base) or not isinstance(exponent, (int, float)):
+            raise self.unsupported(node, f"{_describe(node)} other than a tensor to a number")
+        self.layer(node, "Power", [self.blob(base, node)]).power_param.power = float(exponent)
+
+    def _eltwise_max(self, node: fx.Node, a: Any, b: Any) -> None:
+        """The element-wise maximum of two tensors of one shape: Eltwise MAX."""
+        if not (self.is_tensor(a) and self.is_tensor(b)) or self.shape(a) != self.shape(b):
+            raise self.unsupported(node, f"{_describe(node)} other than of two equal shapes")
+        lp = self.layer(node, "Eltwise", [self.blob(a, node), self.blob(b, node)])
+        lp.eltwise_param.operation = EP.MAX
 
     def _channel_broadcast(self, node: fx.Node, a: Any, b: Any, op: str) -> bool:
         """(N, C, H, W) times/plus (N, C, 1, 1), as in squeeze-excitation: Flatten the small
