@@ -132,6 +132,22 @@ class Clamps(nn.Module):
         return torch.cat([torch.clamp(x, -1.0, 0.5), x.clamp(0, 6), x.clip(min=0)], dim=1)
 
 
+class Slices(nn.Module):
+    """``x[:, a:b]`` on one axis as Slice (the parts not kept to Silence layers)."""
+
+    def forward(self, x):
+        return torch.cat([x[:, 1:3] + x[:, :2] * x[:, 2:], x[:, :2][:, :, 2:, :]], dim=2)
+
+
+class Shuffle(nn.Module):
+    """ShuffleNet's channel shuffle and an NHWC head: Reshape, Permute (fork), Reshape."""
+
+    def forward(self, x):
+        n, c, h, w = x.shape
+        y = x.view(n, 2, c // 2, h, w).transpose(1, 2).reshape(n, c, h, w)
+        return y.permute(0, 2, 3, 1).flatten(1) + torch.permute(y, (0, 2, 3, 1)).flatten(1)
+
+
 class MeanHead(nn.Module):
     def forward(self, x):
         return torch.mean(x, dim=(-2, -1))
@@ -166,6 +182,8 @@ OPS = [
     (nn.Softplus(), (2, 3, 4, 5)),
     (Elementwise(), (2, 3, 4, 5)),
     (Clamps(), (2, 3, 4, 5)),
+    (Slices(), (2, 4, 5, 6)),
+    (Shuffle(), (2, 4, 3, 5)),
     (nn.MaxPool2d(3, 2, 1), (2, 3, 14, 13)),
     (nn.MaxPool2d(2), (2, 3, 7, 9)),
     (nn.MaxPool2d(3, 2, ceil_mode=True), (2, 3, 8, 9)),
@@ -241,6 +259,7 @@ def test_floor_rounded_pooling_is_sliced_to_torch_size(tmp_path):
         (nn.Hardsigmoid(), (1, 2, 3, 3), "HardSigmoid"),
         (nn.PixelShuffle(2), (1, 4, 3, 3), "PixelShuffle"),
         (nn.Upsample(scale_factor=2, mode="bilinear", align_corners=True), (1, 2, 3, 3), "Interp"),
+        (Shuffle(), (1, 4, 3, 3), "Permute"),
     ],
 )
 def test_strict_bvlc_refuses_fork_layers(tmp_path, module, shape, fork):
@@ -288,6 +307,23 @@ def test_unsupported_module_and_geometry(tmp_path):
 class ClampAbove(nn.Module):
     def forward(self, x):
         return x.clamp(min=0.1)
+
+
+class Strided(nn.Module):
+    def forward(self, x):
+        return x[:, ::2]
+
+
+class Picked(nn.Module):
+    def forward(self, x):
+        return x[:, 1]
+
+
+def test_indexing_other_than_one_range_is_refused(tmp_path):
+    with pytest.raises(ExportError, match=r"indexing .* with a step at node 'getitem'"):
+        _export(tmp_path, Strided(), torch.randn(1, 4, 3, 3))
+    with pytest.raises(ExportError, match=r"indexing .*one axis sliced by a:b only"):
+        _export(tmp_path, Picked(), torch.randn(1, 4, 3, 3))
 
 
 def test_a_one_sided_clamp_other_than_relu_is_refused(tmp_path):

@@ -384,6 +384,12 @@ class _Exporter:
             return self._power(node, args[0], args[1] if len(args) > 1 else kwargs.get("exponent"))
         if fn is torch.maximum or (fn is torch.max and len(args) == 2 and self.is_tensor(args[1])):
             return self._eltwise_max(node, args[0], args[1])
+        if fn is operator.getitem and self.is_tensor(args[0]):
+            return self._slice(node, args[0], args[1])
+        if fn is torch.transpose:
+            return self._transpose(node, args[0], args[1], args[2])
+        if fn is torch.permute:
+            return self._permute(node, args[0], args[1] if len(args) > 1 else kwargs["dims"])
         if fn in (torch.cat, torch.concat):
             return self._cat(node, args, kwargs)
         if fn is torch.mean:
@@ -406,6 +412,11 @@ class _Exporter:
         if name in METHOD_LAYERS:
             self.layer(node, METHOD_LAYERS[name], [self.blob(args[0], node)])
             return None
+        if name == "transpose":
+            return self._transpose(node, args[0], args[1], args[2])
+        if name == "permute":
+            dims = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list)) else args[1:]
+            return self._permute(node, args[0], dims or kwargs["dims"])
         if name == "pow":
             return self._power(node, args[0], args[1] if len(args) > 1 else kwargs.get("exponent"))
         maker = METHOD_MODULES.get(name)
@@ -462,6 +473,54 @@ class _Exporter:
         if not self.is_tensor(base) or not isinstance(exponent, (int, float)):
             raise self.unsupported(node, f"{_describe(node)} other than a tensor to a number")
         self.layer(node, "Power", [self.blob(base, node)]).power_param.power = float(exponent)
+
+    def _permute(self, node: fx.Node, source: Any, dims: Any) -> None:
+        """An axis permutation: the SSD fork's Permute with the whole order."""
+        order = [int(d) % len(self.shape(source)) for d in dims]
+        if order == sorted(order):
+            return self.alias(node, self.blob(source, node))
+        self.fork_only(node, "Permute")
+        lp = self.layer(node, "Permute", [self.blob(source, node)])
+        lp.permute_param.order.extend(order)
+        return None
+
+    def _transpose(self, node: fx.Node, source: Any, a: int, b: int) -> None:
+        order = list(range(len(self.shape(source))))
+        order[a], order[b] = order[b], order[a]
+        return self._permute(node, source, order)
+
+    def _slice(self, node: fx.Node, source: Any, index: Any) -> None:
+        """``x[:, a:b]`` (one axis, step 1, the others whole): a Slice at a and b, its other
+        parts to a Silence. Steps, integers, None and ellipses have no Caffe form."""
+        shape = self.shape(source)
+        index = index if isinstance(index, tuple) else (index,)
+        full = slice(None, None, None)
+        cut = [(axis, i) for axis, i in enumerate(index) if i != full]
+        if len(index) > len(shape) or len(cut) != 1 or not isinstance(cut[0][1], slice):
+            raise self.unsupported(node, f"indexing {index!r} (one axis sliced by a:b only)")
+        axis, part = cut[0]
+        if part.step not in (None, 1):
+            raise self.unsupported(node, f"indexing {index!r} with a step")
+        start, stop, _ = part.indices(shape[axis])
+        if start >= stop:
+            raise self.unsupported(node, f"indexing {index!r}: an empty slice")
+        points = [p for p in (start, stop) if 0 < p < shape[axis]]
+        if not points:
+            return self.alias(node, self.blob(source, node))
+        lp = self.layer(node, "Slice", [self.blob(source, node)])
+        lp.slice_param.axis = axis
+        lp.slice_param.slice_point.extend(points)
+        kept = lp.top[0]
+        lp.ClearField("top")
+        for n, begin in enumerate([0, *points]):
+            if begin == start:
+                lp.top.append(kept)
+            else:
+                rest = self.unique(f"{kept}/dropped{n}")
+                lp.top.append(rest)
+                silence = self.net.layer.add(name=self.unique(rest + "/silence"), type="Silence")
+                silence.bottom.append(rest)
+        return None
 
     def _eltwise_max(self, node: fx.Node, a: Any, b: Any) -> None:
         """The element-wise maximum of two tensors of one shape: Eltwise MAX."""
