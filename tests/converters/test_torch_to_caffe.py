@@ -148,6 +148,11 @@ class Shuffle(nn.Module):
         return y.permute(0, 2, 3, 1).flatten(1) + torch.permute(y, (0, 2, 3, 1)).flatten(1)
 
 
+class Pads(nn.Module):
+    def forward(self, x):
+        return F.pad(x, (1, 1, 2, 0), value=0.5) + F.pad(x, (1, 1, 2, 0), mode="reflect")
+
+
 class MeanHead(nn.Module):
     def forward(self, x):
         return torch.mean(x, dim=(-2, -1))
@@ -183,6 +188,11 @@ OPS = [
     (Elementwise(), (2, 3, 4, 5)),
     (Clamps(), (2, 3, 4, 5)),
     (Slices(), (2, 4, 5, 6)),
+    (nn.ZeroPad2d((1, 2, 0, 3)), (2, 3, 4, 5)),
+    (nn.ReplicationPad2d((2, 1, 1, 0)), (2, 3, 4, 5)),
+    (Pads(), (2, 3, 4, 5)),
+    (nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect"), (2, 3, 5, 6)),
+    (nn.Conv2d(3, 4, (3, 5), padding=(1, 2), padding_mode="replicate"), (2, 3, 5, 6)),
     (Shuffle(), (2, 4, 3, 5)),
     (nn.MaxPool2d(3, 2, 1), (2, 3, 14, 13)),
     (nn.MaxPool2d(2), (2, 3, 7, 9)),
@@ -260,6 +270,8 @@ def test_floor_rounded_pooling_is_sliced_to_torch_size(tmp_path):
         (nn.PixelShuffle(2), (1, 4, 3, 3), "PixelShuffle"),
         (nn.Upsample(scale_factor=2, mode="bilinear", align_corners=True), (1, 2, 3, 3), "Interp"),
         (Shuffle(), (1, 4, 3, 3), "Permute"),
+        (nn.ReflectionPad2d(1), (1, 2, 3, 3), "Pad"),
+        (nn.Conv2d(2, 2, 3, padding=1, padding_mode="reflect"), (1, 2, 3, 3), "Pad"),
     ],
 )
 def test_strict_bvlc_refuses_fork_layers(tmp_path, module, shape, fork):
@@ -300,6 +312,12 @@ def test_unsupported_module_and_geometry(tmp_path):
         _export(tmp_path, nn.ConvTranspose2d(2, 2, 3, 2, output_padding=1), torch.randn(1, 2, 4, 4))
     with pytest.raises(ExportError, match="count_include_pad=False"):
         _export(tmp_path, nn.AvgPool2d(3, 1, 1, count_include_pad=False), torch.randn(1, 2, 4, 4))
+    with pytest.raises(ExportError, match="padding_mode='circular'"):
+        _export(
+            tmp_path,
+            nn.Conv2d(2, 2, 3, padding=1, padding_mode="circular"),
+            torch.randn(1, 2, 4, 4),
+        )
     with pytest.raises(ExportError, match=r"Softplus\(beta=2"):
         _export(tmp_path, nn.Softplus(beta=2), torch.randn(1, 2, 4, 4))
 
@@ -352,7 +370,8 @@ def test_torchnet_exports_back_without_loss(tmp_path, models_root):
         assert torch.equal(a, b)
 
 
-OPENCV_LACKS = {"Clip", "PixelShuffle", "BilinearInterpolate", "Bias"}  # OpenCV 4.x importer
+# OpenCV 4.x's importer (its padding layer is "Padding", not the fork's "Pad")
+OPENCV_LACKS = {"Clip", "PixelShuffle", "BilinearInterpolate", "Bias", "Pad"}
 
 
 @pytest.mark.parametrize(

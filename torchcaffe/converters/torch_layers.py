@@ -70,6 +70,7 @@ FUNCTION_MODULES: dict[Any, Callable[[list, dict], nn.Module | None]] = {
     F.softplus: lambda a, k: nn.Softplus(
         _arg(a, k, 0, "beta", 1.0), _arg(a, k, 1, "threshold", 20.0)
     ),
+    F.pad: lambda a, k: _pad(a, k),
     torch.clamp: lambda a, k: _clamp(a, k),
     torch.clip: lambda a, k: _clamp(a, k),
     F.hardsigmoid: lambda a, k: nn.Hardsigmoid(),
@@ -135,6 +136,23 @@ def _clamp(args: list, kwargs: dict) -> nn.Module:
     return _Unsupported(f"clamp(min={lo!r}, max={hi!r})")
 
 
+def _pad(args: list, kwargs: dict) -> nn.Module:
+    """F.pad of the last two axes as the padding module of its mode."""
+    pad = tuple(_arg(args, kwargs, 0, "pad", ()))
+    mode = _arg(args, kwargs, 1, "mode", "constant")
+    value = _arg(args, kwargs, 2, "value", None)
+    if len(pad) not in (2, 4):
+        return _Unsupported(f"F.pad of {len(pad) // 2} axes (the fork's Pad takes H and W)")
+    pad4 = pad + (0, 0) if len(pad) == 2 else pad
+    if mode == "constant":
+        return nn.ConstantPad2d(pad4, float(value or 0.0))
+    if mode == "reflect":
+        return nn.ReflectionPad2d(pad4)
+    if mode == "replicate":
+        return nn.ReplicationPad2d(pad4)
+    return _Unsupported(f"F.pad mode {mode!r}")
+
+
 class _Unsupported(nn.Module):
     """A functional call whose arguments no Caffe layer takes: its handler says which."""
 
@@ -148,9 +166,15 @@ Handler = Callable[["_Exporter", fx.Node, Any, str], None]
 
 
 def _conv(ex: _Exporter, node: fx.Node, m: nn.Conv2d, bottom: str) -> None:
-    if m.padding_mode != "zeros":
-        raise ex.unsupported(node, f"Conv2d with padding_mode={m.padding_mode!r}")
     pad = _conv_padding(ex, node, m)
+    if m.padding_mode != "zeros":
+        # torch pads by the mode, then convolves unpadded: the fork's Pad, then the layer
+        if m.padding_mode not in _PAD_TYPES:
+            raise ex.unsupported(node, f"Conv2d with padding_mode={m.padding_mode!r}")
+        ex.fork_only(node, "Pad")
+        lp = ex.layer(node, "Pad", [bottom], suffix="/pad", last=False)
+        _pad_param(lp.pad_param, m.padding_mode, (pad[1], pad[1], pad[0], pad[0]), 0.0)
+        bottom, pad = lp.top[0], (0, 0)
     blobs = [m.weight] + ([m.bias] if m.bias is not None else [])
     lp = ex.layer(node, "Convolution", [bottom], blobs=blobs)
     _conv_param(lp.convolution_param, m, pad)
@@ -277,6 +301,36 @@ def _softplus(ex: _Exporter, node: fx.Node, m: nn.Softplus, bottom: str) -> None
             node, f"Softplus(beta={m.beta}, threshold={m.threshold}) (BNLL is beta 1, no cut)"
         )
     ex.layer(node, "BNLL", [bottom])
+
+
+_PAD_TYPES = {
+    "constant": caffe_pb2.PadParameter.CONSTANT,
+    "zeros": caffe_pb2.PadParameter.CONSTANT,
+    "reflect": caffe_pb2.PadParameter.REFLECT,
+    "replicate": caffe_pb2.PadParameter.REPLICATE,
+}
+
+
+def _pad_param(p: Any, mode: str, pad: tuple[int, ...], value: float) -> None:
+    """torch's (left, right, top, bottom) as the fork's pad_l, pad_r, pad_u, pad_d."""
+    p.pad_type = _PAD_TYPES[mode]
+    p.pad_l, p.pad_r, p.pad_u, p.pad_d = (int(v) for v in pad)
+    if value:
+        p.pad_value = value
+
+
+def _pad_module(ex: _Exporter, node: fx.Node, m: Any, bottom: str) -> None:
+    if len(ex.shape(node.args[0])) != 4:
+        raise ex.unsupported(node, f"{type(m).__name__} of a {len(ex.shape(node.args[0]))}-D input")
+    pad = tuple(int(v) for v in m.padding)
+    if any(v < 0 for v in pad):
+        raise ex.unsupported(node, f"{type(m).__name__} with a negative pad {pad}")
+    mode = {nn.ReflectionPad2d: "reflect", nn.ReplicationPad2d: "replicate"}.get(
+        type(m), "constant"
+    )
+    ex.fork_only(node, "Pad")
+    lp = ex.layer(node, "Pad", [bottom])
+    _pad_param(lp.pad_param, mode, pad, float(getattr(m, "value", 0.0)))
 
 
 def _unsupported(ex: _Exporter, node: fx.Node, m: _Unsupported, bottom: str) -> None:
@@ -448,6 +502,9 @@ _MODULE_HANDLERS: list[tuple[type[nn.Module], Handler]] = [
     (nn.SiLU, _neuron("Swish")),  # BVLC's Swish, x * sigmoid(beta x) at its beta 1
     (nn.Softplus, _softplus),
     (_Unsupported, _unsupported),
+    (nn.ConstantPad2d, _pad_module),  # ZeroPad2d is one
+    (nn.ReflectionPad2d, _pad_module),
+    (nn.ReplicationPad2d, _pad_module),
     (nn.Hardsigmoid, _hardsigmoid),
     (nn.MaxPool2d, _pool),
     (nn.AvgPool2d, _pool),
