@@ -153,6 +153,20 @@ class Pads(nn.Module):
         return F.pad(x, (1, 1, 2, 0), value=0.5) + F.pad(x, (1, 1, 2, 0), mode="reflect")
 
 
+class Reductions(nn.Module):
+    """sum and mean over trailing axes as Reduction (a keepdim one reshaped back)."""
+
+    def forward(self, x):
+        a, b = x.sum(dim=(1, 2, 3)), torch.mean(x, dim=-1, keepdim=True).flatten(1)
+        c, d = x.sum(-1).flatten(1), x.mean(dim=(2, 3, 1), keepdim=True).flatten(1)
+        return torch.cat([a.reshape(-1, 1), b, c, d], dim=1)
+
+
+class SumAll(nn.Module):
+    def forward(self, x):
+        return x.sum()
+
+
 class MeanHead(nn.Module):
     def forward(self, x):
         return torch.mean(x, dim=(-2, -1))
@@ -188,6 +202,8 @@ OPS = [
     (Elementwise(), (2, 3, 4, 5)),
     (Clamps(), (2, 3, 4, 5)),
     (Slices(), (2, 4, 5, 6)),
+    (Reductions(), (2, 3, 4, 5)),
+    (SumAll(), (2, 3, 4)),
     (nn.ZeroPad2d((1, 2, 0, 3)), (2, 3, 4, 5)),
     (nn.ReplicationPad2d((2, 1, 1, 0)), (2, 3, 4, 5)),
     (Pads(), (2, 3, 4, 5)),
@@ -371,7 +387,7 @@ def test_torchnet_exports_back_without_loss(tmp_path, models_root):
 
 
 # OpenCV 4.x's importer (its padding layer is "Padding", not the fork's "Pad")
-OPENCV_LACKS = {"Clip", "PixelShuffle", "BilinearInterpolate", "Bias", "Pad"}
+OPENCV_LACKS = {"Clip", "PixelShuffle", "BilinearInterpolate", "Bias", "Pad", "Reduction"}
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,7 @@ from .torch_layers import (
 PathLike = str | os.PathLike
 PP = caffe_pb2.PoolingParameter
 EP = caffe_pb2.EltwiseParameter
+RP = caffe_pb2.ReductionParameter
 Shape = tuple[int, ...]
 
 
@@ -394,6 +395,8 @@ class _Exporter:
             return self._cat(node, args, kwargs)
         if fn is torch.mean:
             return self._mean(node, args, kwargs)
+        if fn is torch.sum:
+            return self._reduce(node, args, kwargs, RP.SUM)
         if fn in (torch.reshape,):
             return self._reshape(node, args[0])
         if fn is F.dropout or fn is F.dropout2d:
@@ -405,6 +408,8 @@ class _Exporter:
             return self._reshape(node, args[0])
         if name == "mean":
             return self._mean(node, args, kwargs)
+        if name == "sum":
+            return self._reduce(node, args, kwargs, RP.SUM)
         if name in ("contiguous", "clone", "detach"):
             return self.alias(node, self.blob(args[0], node))
         if name in ("add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_"):
@@ -548,14 +553,15 @@ class _Exporter:
         return True
 
     def _mean(self, node: fx.Node, args: list, kwargs: dict) -> None:
-        """mean over both spatial axes of (N, C, H, W): global average pooling."""
+        """mean over both spatial axes of (N, C, H, W): global average pooling; over other
+        trailing axes a Reduction."""
         src = args[0]
         dims = args[1] if len(args) > 1 else kwargs.get("dim")
         keep = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
         shape = self.shape(src)
         dims = [dims] if isinstance(dims, int) else list(dims or [])
         if len(shape) != 4 or sorted(d % 4 for d in dims) != [2, 3]:
-            raise self.unsupported(node, f"{_describe(node)} over dims {dims} of {shape}")
+            return self._reduce(node, args, kwargs, RP.MEAN)
         lp = self.layer(
             node, "Pooling", [self.blob(src, node)], suffix="" if keep else "/pool", last=keep
         )
@@ -563,6 +569,36 @@ class _Exporter:
         lp.pooling_param.global_pooling = True
         if not keep:
             self.layer(node, "Flatten", [lp.top[0]])
+
+    def _reduce(self, node: fx.Node, args: list, kwargs: dict, op: Any) -> None:
+        """sum or mean over the trailing axes from some axis on (all of them without ``dim``):
+        Caffe's Reduction, whose top keeps the axes before it; a ``keepdim`` top adds a
+        Reshape that puts the reduced axes back as 1s."""
+        src = args[0]
+        dims = args[1] if len(args) > 1 else kwargs.get("dim")
+        keep = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+        if kwargs.get("dtype") is not None:
+            raise self.unsupported(node, f"{_describe(node)} with a dtype")
+        shape = self.shape(src)
+        ndim = len(shape)
+        axes = (
+            sorted({d % ndim for d in ([dims] if isinstance(dims, int) else dims)})
+            if (dims is not None)
+            else list(range(ndim))
+        )
+        if not axes or axes != list(range(axes[0], ndim)):
+            raise self.unsupported(
+                node, f"{_describe(node)} over dims {dims} of {shape} (Caffe reduces trailing axes)"
+            )
+        suffix = "/reduce" if keep else ""
+        lp = self.layer(node, "Reduction", [self.blob(src, node)], suffix=suffix, last=not keep)
+        lp.reduction_param.operation = op
+        if axes[0]:
+            lp.reduction_param.axis = axes[0]
+        if keep:
+            rp = self.layer(node, "Reshape", [lp.top[0]])
+            rp.reshape_param.shape.dim.extend([*shape[: axes[0]], *[1] * len(axes)])
+        return None
 
     def _cat(self, node: fx.Node, args: list, kwargs: dict) -> None:
         tensors = args[0]
@@ -578,7 +614,7 @@ class _Exporter:
         src, out = self.shape(source), self.shape(node)
         if src == out:
             return self.alias(node, bottom)
-        if len(out) == 2 and out[0] == src[0]:
+        if len(out) == 2 and len(src) > 2 and out[0] == src[0]:  # (a 1-D one unsqueezes)
             self.layer(node, "Flatten", [bottom])
             return None
         lp = self.layer(node, "Reshape", [bottom])
