@@ -13,12 +13,21 @@ import torchcaffe
 from torchcaffe.errors import ExportError
 from torchcaffe.formats.prototxt import read_net
 
-from .torch_models import VGG11, MobileNetV2, ResNet18, randomize_batch_norm
+from .torch_models import (
+    VGG11,
+    EfficientNetB0,
+    MobileNetV2,
+    ResNet18,
+    ShuffleNetV2,
+    randomize_batch_norm,
+)
 
 MODELS = [
     pytest.param(lambda: ResNet18(num_classes=10, width=4), 64, id="resnet18"),
     pytest.param(lambda: MobileNetV2(num_classes=10, width=4), 64, id="mobilenet_v2"),
     pytest.param(lambda: VGG11(num_classes=10, width=8), 224, id="vgg11"),
+    pytest.param(lambda: ShuffleNetV2(num_classes=10, width=4), 64, id="shufflenet_v2"),
+    pytest.param(lambda: EfficientNetB0(num_classes=10, width=4), 64, id="efficientnet_b0"),
 ]
 
 

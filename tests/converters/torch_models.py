@@ -169,3 +169,143 @@ class VGG11(nn.Module):
         x = self.avgpool(self.features(x))
         x = torch.flatten(x, 1)
         return self.classifier(x)
+
+
+def channel_shuffle(x: torch.Tensor, groups: int) -> torch.Tensor:
+    n, c, h, w = x.size()
+    x = x.view(n, groups, c // groups, h, w).transpose(1, 2).contiguous()
+    return x.view(n, c, h, w)
+
+
+class ShuffleUnit(nn.Module):
+    """ShuffleNetV2's unit. torchvision splits with ``x.chunk(2, dim=1)``, whose unpacking
+    torch.fx cannot trace; the halves are taken by slicing here, the same graph."""
+
+    def __init__(self, inp: int, oup: int, stride: int) -> None:
+        super().__init__()
+        self.stride = stride
+        half = oup // 2
+        if stride > 1:
+            self.branch1 = nn.Sequential(
+                nn.Conv2d(inp, inp, 3, stride, 1, groups=inp, bias=False),
+                nn.BatchNorm2d(inp),
+                nn.Conv2d(inp, half, 1, bias=False),
+                nn.BatchNorm2d(half),
+                nn.ReLU(inplace=True),
+            )
+        cin = inp if stride > 1 else half
+        self.branch2 = nn.Sequential(
+            nn.Conv2d(cin, half, 1, bias=False),
+            nn.BatchNorm2d(half),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(half, half, 3, stride, 1, groups=half, bias=False),
+            nn.BatchNorm2d(half),
+            nn.Conv2d(half, half, 1, bias=False),
+            nn.BatchNorm2d(half),
+            nn.ReLU(inplace=True),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stride == 1:
+            half = x.shape[1] // 2
+            out = torch.cat((x[:, :half], self.branch2(x[:, half:])), dim=1)
+        else:
+            out = torch.cat((self.branch1(x), self.branch2(x)), dim=1)
+        return channel_shuffle(out, 2)
+
+
+class ShuffleNetV2(nn.Module):
+    def __init__(self, num_classes: int = 1000, width: int = 1) -> None:
+        super().__init__()
+        stages = [116 // width, 232 // width, 464 // width]
+        cin = 24
+        self.conv1 = nn.Sequential(
+            nn.Conv2d(3, cin, 3, 2, 1, bias=False), nn.BatchNorm2d(cin), nn.ReLU(inplace=True)
+        )
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        units: list[nn.Module] = []
+        for repeats, cout in zip((4, 8, 4), stages):
+            cout -= cout % 2
+            units.append(ShuffleUnit(cin, cout, 2))
+            units += [ShuffleUnit(cout, cout, 1) for _ in range(repeats - 1)]
+            cin = cout
+        self.stages = nn.Sequential(*units)
+        last = 1024 // width
+        self.conv5 = nn.Sequential(
+            nn.Conv2d(cin, last, 1, bias=False), nn.BatchNorm2d(last), nn.ReLU(inplace=True)
+        )
+        self.fc = nn.Linear(last, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv5(self.stages(self.maxpool(self.conv1(x))))
+        return self.fc(x.mean([2, 3]))
+
+
+class SqueezeExcitation(nn.Module):
+    def __init__(self, channels: int, squeezed: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Conv2d(channels, squeezed, 1)
+        self.fc2 = nn.Conv2d(squeezed, channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = nn.functional.adaptive_avg_pool2d(x, 1)
+        return x * torch.sigmoid(self.fc2(nn.functional.silu(self.fc1(s))))
+
+
+class MBConv(nn.Module):
+    """EfficientNet's block: expand, depthwise, squeeze-excite, project; SiLU throughout."""
+
+    def __init__(self, inp: int, oup: int, kernel: int, stride: int, expand: int) -> None:
+        super().__init__()
+        hidden = inp * expand
+        self.use_res = stride == 1 and inp == oup
+        layers: list[nn.Module] = []
+        if expand != 1:
+            layers += [nn.Conv2d(inp, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.SiLU()]
+        layers += [
+            nn.Conv2d(hidden, hidden, kernel, stride, kernel // 2, groups=hidden, bias=False),
+            nn.BatchNorm2d(hidden),
+            nn.SiLU(),
+            SqueezeExcitation(hidden, max(1, inp // 4)),
+            nn.Conv2d(hidden, oup, 1, bias=False),
+            nn.BatchNorm2d(oup),
+        ]
+        self.block = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.block(x)
+        return out + x if self.use_res else out
+
+
+class EfficientNetB0(nn.Module):
+    SETTINGS = [  # expand, kernel, stride, channels, repeats
+        (1, 3, 1, 16, 1),
+        (6, 3, 2, 24, 2),
+        (6, 5, 2, 40, 2),
+        (6, 3, 2, 80, 3),
+        (6, 5, 1, 112, 3),
+        (6, 5, 2, 192, 4),
+        (6, 3, 1, 320, 1),
+    ]
+
+    def __init__(self, num_classes: int = 1000, width: int = 1) -> None:
+        super().__init__()
+        cin = 32 // width
+        layers: list[nn.Module] = [
+            nn.Conv2d(3, cin, 3, 2, 1, bias=False),
+            nn.BatchNorm2d(cin),
+            nn.SiLU(),
+        ]
+        for expand, kernel, stride, c, repeats in self.SETTINGS:
+            cout = max(8, c // width)
+            for i in range(repeats):
+                layers.append(MBConv(cin, cout, kernel, stride if i == 0 else 1, expand))
+                cin = cout
+        last = 1280 // width
+        layers += [nn.Conv2d(cin, last, 1, bias=False), nn.BatchNorm2d(last), nn.SiLU()]
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(nn.Dropout(0.2), nn.Linear(last, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = nn.functional.adaptive_avg_pool2d(self.features(x), 1)
+        return self.classifier(torch.flatten(x, 1))

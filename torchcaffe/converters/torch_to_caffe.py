@@ -187,7 +187,7 @@ class _Exporter:
             ) from None
         try:
             with torch.no_grad():
-                ShapeProp(gm).propagate(*self.inputs)
+                _ValueProp(gm).propagate(*self.inputs)
         except Exception as err:  # the module's own error, e.g. an input of the wrong shape
             shapes = [tuple(x.shape) for x in self.inputs if isinstance(x, torch.Tensor)]
             raise ExportError(
@@ -489,6 +489,12 @@ class _Exporter:
         lp.permute_param.order.extend(order)
         return None
 
+    def _value(self, value: Any) -> Any:
+        """``value``, or what the example run computed for it where it is a node."""
+        if isinstance(value, fx.Node):
+            return value.meta.get("value", value)
+        return value
+
     def _transpose(self, node: fx.Node, source: Any, a: int, b: int) -> None:
         order = list(range(len(self.shape(source))))
         order[a], order[b] = order[b], order[a]
@@ -498,7 +504,12 @@ class _Exporter:
         """``x[:, a:b]`` (one axis, step 1, the others whole): a Slice at a and b, its other
         parts to a Silence. Steps, integers, None and ellipses have no Caffe form."""
         shape = self.shape(source)
-        index = index if isinstance(index, tuple) else (index,)
+        index = tuple(
+            slice(*(self._value(v) for v in (i.start, i.stop, i.step)))
+            if isinstance(i, slice)
+            else i
+            for i in (index if isinstance(index, tuple) else (index,))
+        )
         full = slice(None, None, None)
         cut = [(axis, i) for axis, i in enumerate(index) if i != full]
         if len(index) > len(shape) or len(cut) != 1 or not isinstance(cut[0][1], slice):
@@ -624,6 +635,17 @@ class _Exporter:
 
 
 _IN_PLACE_OPERATORS = (operator.iadd, operator.isub, operator.imul, operator.itruediv)
+
+
+class _ValueProp(ShapeProp):
+    """fx's ShapeProp that also keeps each node's plain Python value (``x.shape[1] // 2``
+    as a slice bound), under ``meta["value"]``."""
+
+    def run_node(self, n: fx.Node) -> Any:
+        result = super().run_node(n)
+        if isinstance(result, (int, float, bool)):
+            n.meta["value"] = result
+        return result
 
 
 def _flat_nodes(value: Any) -> list[Any]:
