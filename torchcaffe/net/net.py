@@ -608,10 +608,7 @@ class TorchNet(nn.Module):
     def _check_func_transformable(self) -> None:
         """Raise UnsupportedError, naming the layer, for the first layer a torch.func transform
         cannot run, before torch fails inside it with an error that names no layer."""
-        for step in self.steps:
-            if step.is_input or self.holds_user_module(step):
-                continue  # (a user's module in a layer's place: torch.func runs it as it is)
-            layer = self.module_of(step)
+        for layer in self._caffe_layers(self.steps):  # a user's module runs as it is
             why = layer.host_forward or (
                 "the sizes of its tops depend on the values" if layer.shape_depends_on_data else ""
             )
@@ -624,15 +621,18 @@ class TorchNet(nn.Module):
                     hint="run the net outside the transform (a loop over samples for vmap)",
                 ).located(path=self.path)
 
+    def _caffe_layers(self, steps: Sequence[LayerStep]) -> Iterator[CaffeLayer]:
+        """The Caffe layers of ``steps``: no input, no user's module in a layer's place."""
+        for step in steps:
+            if not step.is_input and not self.holds_user_module(step):
+                yield self.module_of(step)
+
     def _check_traceable(self, steps: Sequence[LayerStep]) -> None:
         """Raise UnsupportedError, naming the layer, for the first of ``steps`` whose tops'
         sizes depend on the values (DetectionOutput, Proposal, Filter, DetectionEvaluate):
         torch.jit.trace would record its loops and sizes as the example ran them, and the
         traced net would give another input the example's count of detections."""
-        for step in steps:
-            if step.is_input or self.holds_user_module(step):
-                continue
-            layer = self.module_of(step)
+        for layer in self._caffe_layers(steps):
             if layer.shape_depends_on_data:
                 raise layer.error(
                     "torch.jit.trace cannot record this layer: the sizes of its tops depend on "
