@@ -244,8 +244,7 @@ def test_a_non_finite_param_keeps_caffes_relus(relu_epilogues):
         net.layer("a").bias[2] = 0.0
     _assert_caffes(net, _x())
     assert relu_epilogues[0] == 6
-    net.layer("c").weight.data[0, 0] = float("inf")  # a write no version shows
-    net.params_changed()
+    net.layer("c").weight.data[0, 0] = float("inf")  # a write no version shows (data_watch)
     _assert_caffes(net, _x())
     assert relu_epilogues[0] == 6
 

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from ..ops import data_watch
+from ..ops._derived import Key
 from ..ops.base import blob_slots, read_slots
 from .passes import FoldedAffine, OptimizedProgram
 
@@ -62,12 +64,12 @@ class _ProgramCheck:
     def __init__(self, program: OptimizedProgram) -> None:
         self.program = program
         self.slots = blob_slots(unfolded_layers(program))  # read on each check
-        self.entry: tuple[list[tuple[int, int]], bool] | None = None
+        self.entry: tuple[Key, bool] | None = None
 
     def check(self) -> bool:
         blobs = read_slots(self.slots)
         try:
-            key = [(t._version, t.data_ptr()) for t in blobs]
+            key = (data_watch.touches, [(t._version, t.data_ptr()) for t in blobs])
         except RuntimeError:
             return False  # inference tensors (a net built under inference_mode): no versions
         entry = self.entry

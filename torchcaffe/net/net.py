@@ -472,9 +472,10 @@ class TorchNet(nn.Module):
     def params_changed(self) -> None:
         """Forget what was derived from the params and cached on their tensor versions: folded
         weights, packed convolution weights, a BatchNorm's scaled statistics (off the CPU).
-        Writes by torch ops bump those versions; call this after a write that does not:
-        through ``.data``, ``.numpy()`` or ``.detach()``. The Caffe face calls it for writes
-        through its param blobs."""
+        Writes by torch ops bump those versions, and a learnable param's ``.data`` is watched
+        (``ops.data_watch``); call this after a write that neither shows: through a numpy
+        view (``.detach().numpy()``), a buffer's ``.data``, or a tensor kept from ``.data``.
+        The Caffe face calls it for writes through its param blobs."""
         self._finite_params.forget()
         for module in self.layers.values():
             for name in ("weight_cache", "stats_cache"):

@@ -2,9 +2,10 @@
 
 Folded weights and a BatchNorm's scaled statistics are recomputed only when a source changes,
 as its version counter (every in-place torch op bumps it) or its storage's address shows (a
-move to another dtype or device allocates new storage while the old is still held). A write
-that bypasses the counter (through ``.data``, ``.numpy()`` or ``.detach()``) must be followed
-by ``forget``: ``TorchNet.params_changed`` does it for the net's caches.
+move to another dtype or device allocates new storage while the old is still held), or a
+param's ``.data`` was touched since (``data_watch``). A write that bypasses both (a numpy
+view) must be followed by ``forget``: ``TorchNet.params_changed`` does it for the net's
+caches.
 
 The check runs on every call of a folded layer: on a GPU, whose runs are bound by the host's
 work per layer, it is kept to one pass over the sources (7 sources: 3.1 -> 1.2 us).
@@ -17,7 +18,10 @@ from typing import Generic, TypeVar
 
 import torch
 
+from . import data_watch
+
 T = TypeVar("T")
+Key = tuple[int, list[tuple[int, int]]]  # (data_watch.touches, each source's version and address)
 
 
 class DerivedCache(Generic[T]):
@@ -30,11 +34,12 @@ class DerivedCache(Generic[T]):
         # consistent entry. The sources are held so that no new tensor can take the address
         # (and version 0) of one the key names: a source that is itself derived (a fold's
         # weights, which a group stacks) is freed and made again when it changes.
-        self._entry: tuple[list[tuple[int, int]], tuple[torch.Tensor, ...], T] | None = None
+        self._entry: tuple[Key, tuple[torch.Tensor, ...], T] | None = None
 
     def get(self, sources: Sequence[torch.Tensor], compute: Callable[[], T]) -> T:
         try:
-            key = [(t._version, t.data_ptr()) for t in sources]
+            # and the count of params' ``.data`` touches, which versions do not show
+            key = (data_watch.touches, [(t._version, t.data_ptr()) for t in sources])
         except RuntimeError:
             # made under inference_mode (a net built there): no version counter tells a
             # change, so nothing is kept

@@ -21,9 +21,10 @@ from .. import limits
 from ..errors import BlobWiringError, LayerParamError, TorchCaffeError
 from ..formats import user_schema
 from ..proto import caffe_pb2
-from . import hook_watch, mode_watch, opaque_conv
+from . import data_watch, hook_watch, mode_watch, opaque_conv
 from ._fill_skip import will_be_loaded
 from ._zero_blobs import zero_blob
+from .data_watch import CaffeParameter
 from .fillers import check_filler, fill_
 
 Shape = tuple[int, ...]
@@ -157,9 +158,21 @@ class CaffeLayer(nn.Module):
             mode_watch.layer_switched()  # the nets' program keys (``TorchNet.layers_off_mode``)
         return out
 
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Any:
+        """``.to()`` and kin. A packed weight is dropped first: it holds a weak reference to
+        the weight, and torch's ``swap_module_params_on_conversion`` refuses to swap a tensor
+        that has one. A param that comes back a plain ``nn.Parameter`` is watched again."""
+        cache = getattr(self, "weight_cache", None)
+        if cache is not None:
+            cache.forget()
+        out = super()._apply(fn, recurse)
+        data_watch.watch(self)
+        return out
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         """A copy (``copy.deepcopy``, unpickling) is a layer of its own for compiled graphs."""
         super().__setstate__(state)
+        data_watch.watch(self)  # pickled as plain nn.Parameters
         self.graph_handle = opaque_conv.register(self)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -169,7 +182,9 @@ class CaffeLayer(nn.Module):
         run in Python (~1 us a call, ~10 calls a layer: ~8% of a ResNet-152 build). An
         instance made without ``__init__`` (dynamo's proxy of a module under inductor's
         ``freezing`` sets its ``__dict__``) has none of the three dicts yet. A ``forward`` set
-        on the instance tells the nets to look again (``hook_watch``)."""
+        on the instance tells the nets to look again (``hook_watch``). A plain ``nn.Parameter``
+        becomes a CaffeParameter, in place, so writes through its ``.data`` reach the caches
+        (``data_watch``)."""
         d = self.__dict__
         if name == "forward":
             hook_watch.hooks_changed()  # a net runs it, not its passes' steps (hook_watch)
@@ -181,6 +196,8 @@ class CaffeLayer(nn.Module):
         ):
             object.__setattr__(self, name, value)
         else:
+            if type(value) is nn.Parameter:  # a param put in a blob's place: watched too
+                value.__class__ = CaffeParameter
             super().__setattr__(name, value)
 
     # -- construction ---------------------------------------------------------------------
@@ -298,7 +315,7 @@ class CaffeLayer(nn.Module):
         elif value is not None:
             tensor.fill_(value)
         if learnable:
-            tensor = nn.Parameter(tensor)
+            tensor = CaffeParameter(tensor)  # its ``.data`` writes reach the caches (data_watch)
             self.register_parameter(name, tensor)
         else:
             self.register_buffer(name, tensor)

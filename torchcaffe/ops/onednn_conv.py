@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from . import fused_relu
+from . import data_watch, fused_relu
 from ._transforms import under_func_transform
 
 
@@ -168,7 +168,7 @@ class _PackedCall:
         # weakly: a weight replaced (a fold after an optimizer step) is not kept alive by an
         # entry that waits for the layer's next inference call
         self.weight = weakref.ref(weight)
-        self.weight_key = (weight._version, weight.data_ptr())
+        self.weight_key = (weight._version, weight.data_ptr(), data_watch.touches)
         self.shape = shape
         self.geometry = geometry
         self.packed = packed
@@ -190,7 +190,7 @@ class _PackedCall:
         """Was this packed from ``weight`` as it is now, for this input shape and geometry?"""
         return (
             weight is self.weight()
-            and (weight._version, weight.data_ptr()) == self.weight_key
+            and (weight._version, weight.data_ptr(), data_watch.touches) == self.weight_key
             and shape == self.shape
             and geometry == self.geometry
         )

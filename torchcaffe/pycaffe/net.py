@@ -37,6 +37,7 @@ from ..errors import (
 from ..formats.caffemodel import check_weights_file, is_hdf5
 from ..net.net import TorchNet
 from ..ops.base import CaffeLayer
+from ..ops.data_watch import CaffeParameter
 from ..ops.dummy_data import DummyDataLayer, holding_tops
 from ..ops.python_layer import PythonLayer
 from ..precision import caffe_float32, on_cuda
@@ -1331,7 +1332,7 @@ class Net:
             new = made.get(id(current))
             if new is None:
                 if isinstance(source, nn.Parameter):
-                    new = nn.Parameter(source.detach(), requires_grad=current.requires_grad)
+                    new = CaffeParameter(source.detach(), requires_grad=current.requires_grad)
                     if current.grad is not None and current.grad.device == new.device:
                         new.grad = current.grad  # the target keeps its diff
                 else:

@@ -261,7 +261,7 @@ class FoldedAffine:
 
     def forget(self) -> None:
         """Drop the folded weights: a source was written where its version does not show it
-        (a numpy view, ``.data``); the next call folds again."""
+        (a numpy view); the next call folds again."""
         self._folded.forget()
         if self.weight_cache is not None:
             self.weight_cache.forget()
