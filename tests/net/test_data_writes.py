@@ -47,9 +47,13 @@ def _net() -> torchcaffe.TorchNet:
 
 
 def _fresh_run(net: torchcaffe.TorchNet) -> torch.Tensor:
-    """What a net holding ``net``'s params now computes, with nothing cached yet."""
+    """What a net holding ``net``'s blobs now (as a caffemodel would) computes, with nothing
+    cached yet."""
     other = _net()
-    other.load_state_dict(net.state_dict())
+    with torch.no_grad():
+        for name in net.layer_names:
+            for mine, theirs in zip(other.layer(name).param_blobs(), net.layer(name).param_blobs()):
+                mine.copy_(theirs)
     with torch.inference_mode():
         return other(data=X)["fc"]
 
@@ -150,3 +154,34 @@ def test_a_parameter_put_in_a_blobs_place_is_watched_too():
     with torch.inference_mode():
         got = net(data=X)["fc"]
     torch.testing.assert_close(got, _fresh_run(net), rtol=1e-5, atol=1e-5)
+
+
+def test_a_parameter_made_from_a_param_blob_is_one_too():
+    """``nn.Parameter(p)`` builds a subclass's Parameter from its ``detach()`` and refuses
+    another type: weight tying and ``parametrize``'s weight_norm go through it."""
+    net = _net()
+    weight = net.layer("conv2").weight
+    tied = nn.Parameter(weight)
+    assert type(tied) is CaffeParameter and tied.requires_grad
+    assert tied.data_ptr() == weight.data_ptr()
+    assert type(weight.detach()) is torch.Tensor  # elsewhere, torch's detach
+
+
+def test_weight_norm_on_a_layer_keeps_its_values_and_follows_its_g(tmp_path):
+    net = _net()
+    with torch.inference_mode():
+        before = net(data=X)["fc"]
+    conv = net.layer("conv2")
+    torch.nn.utils.parametrizations.weight_norm(conv, "weight")
+    with torch.inference_mode():
+        torch.testing.assert_close(net(data=X)["fc"], before, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        conv.parametrizations.weight.original0.mul_(1.5)  # g
+    with torch.inference_mode():
+        got = net(data=X)["fc"]
+    torch.testing.assert_close(got, _fresh_run(net), rtol=1e-5, atol=1e-5)
+    torchcaffe.save_weights(net, tmp_path / "w.caffemodel")  # the weights it computes
+    reloaded = _net()
+    torchcaffe.load_weights(reloaded, tmp_path / "w.caffemodel")
+    with torch.inference_mode():
+        torch.testing.assert_close(reloaded(data=X)["fc"], got, rtol=1e-5, atol=1e-5)

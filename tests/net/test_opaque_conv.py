@@ -189,3 +189,22 @@ def test_the_op_shares_the_eager_programs_fold():
     with torch.inference_mode():
         torch.compile(net)(data=x)
     assert list(net.layers["conv1"].graph_folds.values()) == [eager_fold]
+
+
+def test_a_parametrized_convolution_runs_in_the_op():
+    """A parametrized weight (torch.nn.utils.parametrize) is computed anew on each read, so
+    the graph hands the op a tensor that is not the layer's: the op computes it the same way
+    (it raised before)."""
+
+    class Doubled(torch.nn.Module):
+        def forward(self, w):
+            return 2 * w
+
+    net, x = _net(), _input()
+    torch.nn.utils.parametrize.register_parametrization(net.layer("conv2"), "weight", Doubled())
+    with torch.inference_mode():
+        want = net(data=x)
+    torch._dynamo.reset()
+    assert _op_calls(net, x) == 2
+    with torch.inference_mode():
+        _close(torch.compile(net)(data=x), want)

@@ -18,12 +18,14 @@ custom ops (``opaque_conv``) refuse one. ``TorchNet.params_changed`` is for thes
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
 from torch import nn
 
 _TENSOR_DATA = torch._C.TensorBase.__dict__["data"]  # torch's own getter and setter
+_PARAMETER_NEW = nn.Parameter.__new__.__code__  # where ``detach`` keeps the type (below)
 touches = 0  # how many times a CaffeParameter's ``.data`` was read or set, ever
 
 
@@ -47,6 +49,16 @@ class CaffeParameter(nn.Parameter):
     def data(self, value: torch.Tensor) -> None:
         _touched()
         _TENSOR_DATA.__set__(self, value)
+
+    def detach(self) -> torch.Tensor:  # type: ignore[override]
+        """Torch's, but in ``nn.Parameter(p)``: torch makes a Parameter from a subclass as
+        that subclass's ``detach()`` and refuses another type, so there (and only there) the
+        detached tensor is a CaffeParameter, the new param (watched too). ``parametrize``'s
+        weight_norm and weight tying (``layer.weight = nn.Parameter(other.weight)``) do it."""
+        out = torch.Tensor.detach(self)
+        if not torch.compiler.is_compiling() and sys._getframe(1).f_code is _PARAMETER_NEW:
+            out.__class__ = CaffeParameter
+        return out
 
     def __repr__(self, *, tensor_contents: Any = None) -> Any:  # type: ignore[override]
         """As an ``nn.Parameter`` prints (torch would name the subclass inside it)."""

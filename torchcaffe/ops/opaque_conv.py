@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch.nn.utils import parametrize
 
 from ..errors import TorchCaffeError
 from . import onednn_conv, onednn_linear
@@ -82,6 +83,10 @@ def _step(handles: list[int], sources: list[torch.Tensor]) -> Any:
     if len(mine) != len(sources) or any(
         a is not b and a.data_ptr() != b.data_ptr() for a, b in zip(mine, sources)
     ):
+        if any(parametrize.is_parametrized(layer) for layer in layers):
+            # a parametrized blob (torch.nn.utils.parametrize: weight_norm, ...) is computed
+            # anew on each read, in the graph and here alike, from the same originals
+            return step
         raise TorchCaffeError(
             "a compiled graph passes a convolution weights that are not its layers'",
             layer=producer.name,
