@@ -13,37 +13,17 @@ import pickle
 
 import pytest
 import torch
-from google.protobuf import text_format
 from torch import nn
 
 import torchcaffe
 from torchcaffe.ops.data_watch import CaffeParameter
-from torchcaffe.proto import caffe_pb2
 
-from ..helpers.params import centered_weights, fill_params
+from .test_opaque_conv import _input, _net
 
-# conv1 folds BatchNorm + Scale and runs on a packed weight; conv2 (1x1, inside conv1's
-# channels_last region) runs unfolded on its own packed weight; fc is a plain product.
-NET = """
-input: "data" input_shape { dim: 2 dim: 64 dim: 6 dim: 6 }
-layer { name: "conv1" type: "Convolution" bottom: "data" top: "c1"
-  convolution_param { num_output: 512 kernel_size: 3 pad: 1 bias_term: false } }
-layer { name: "bn1" type: "BatchNorm" bottom: "c1" top: "c1" }
-layer { name: "sc1" type: "Scale" bottom: "c1" top: "c1" scale_param { bias_term: true } }
-layer { name: "relu1" type: "ReLU" bottom: "c1" top: "c1" }
-layer { name: "conv2" type: "Convolution" bottom: "c1" top: "c2"
-  convolution_param { num_output: 512 kernel_size: 1 } }
-layer { name: "relu2" type: "ReLU" bottom: "c2" top: "c2" }
-layer { name: "fc" type: "InnerProduct" bottom: "c2" top: "fc"
-  inner_product_param { num_output: 10 } }
-"""
-X = torch.randn(2, 64, 6, 6, generator=torch.Generator().manual_seed(3))
-
-
-def _net() -> torchcaffe.TorchNet:
-    net = torchcaffe.load(text_format.Parse(NET, caffe_pb2.NetParameter()), phase="test")
-    fill_params(net, centered_weights(0.1))
-    return net.eval()
+# test_opaque_conv's net: conv1 folds BatchNorm + Scale and runs on a packed weight; conv2
+# (1x1, inside conv1's channels_last region) runs unfolded on its own packed weight; fc is a
+# product over pooled features.
+X = _input()
 
 
 def _fresh_run(net: torchcaffe.TorchNet) -> torch.Tensor:
