@@ -117,6 +117,42 @@ def test_dynamic_compile_matches_eager_at_two_batch_sizes():
             _close(compiled(data=x), net(data=x))
 
 
+# A square channels_last image through a strided convolution and ceil-mode pooling, then a
+# dense 1x1 convolution: in eager mode a GEMM over its pixel rows, in a graph torch's own.
+SQUARE = """
+name: "square"
+input: "data" input_shape { dim: 2 dim: 3 dim: 64 dim: 64 }
+layer { name: "c1" type: "Convolution" bottom: "data" top: "c1"
+  convolution_param { num_output: 16 kernel_size: 7 stride: 2 pad: 3
+    weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "pool" type: "Pooling" bottom: "c1" top: "pool"
+  pooling_param { pool: MAX kernel_size: 3 stride: 2 } }
+layer { name: "c2" type: "Convolution" bottom: "pool" top: "c2"
+  convolution_param { num_output: 16 kernel_size: 1 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "r2" type: "ReLU" bottom: "c2" top: "c2" }
+layer { name: "c3" type: "Convolution" bottom: "c2" top: "c3"
+  convolution_param { num_output: 24 kernel_size: 3 pad: 1
+    weight_filler { type: "gaussian" std: 0.1 } } }
+"""
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
+def test_a_channels_last_image_compiles_at_two_sizes(dynamic):
+    """With sizes symbolic (from the start, or once a second size recompiles), the pixel-rows
+    views made inductor's lowering of the 3x3 convolution after them raise."""
+    from google.protobuf import text_format
+
+    torch.manual_seed(0)
+    param = text_format.Parse(SQUARE, caffe_pb2.NetParameter())
+    net = torchcaffe.load(param, phase="test").eval()
+    compiled = torch.compile(net, dynamic=dynamic)
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        for size in (64, 80):
+            x = torch.randn(2, 3, size, size).contiguous(memory_format=torch.channels_last)
+            _close(compiled(data=x), net(data=x))
+
+
 @pytest.mark.parametrize("example_batch", [2, 1])  # a batch-1 example is traced as 2
 def test_export_with_a_dynamic_batch_runs_at_two_batch_sizes(example_batch):
     net = _small_net()

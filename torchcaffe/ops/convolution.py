@@ -151,10 +151,15 @@ def conv2d(
     - over a 1x1 bottom (MobileNetV2's classifier), in any layout: torch sends it to its
       im2col kernel, 0.41 ms in-net for 1280 -> 1000 at batch 1;
     - over a channels_last bottom where the packed weight cannot serve (no cache, autograd
-      recording): the (N*H*W, C) matrix is a free view and the product channels_last too.
-      Where it can, the packed convolution is faster than the GEMM on oneDNN's plain weight
-      (2 threads, in-net, median of per-round ratios: ResNet-50 1.08x at batch 1, 1.05x at
-      batch 8; MobileNetV2 1.06x / 1.04x; GoogLeNet 1.04x / 1.03x).
+      recording), in eager mode: the (N*H*W, C) matrix is a free view and the product
+      channels_last too. Where it can, the packed convolution is faster than the GEMM on
+      oneDNN's plain weight (2 threads, in-net, median of per-round ratios: ResNet-50 1.08x
+      at batch 1, 1.05x at batch 8; MobileNetV2 1.06x / 1.04x; GoogLeNet 1.04x / 1.03x).
+      A traced graph gets ``F.conv2d``: over a channels_last input (inductor, 2 threads,
+      batch 1) it ran MobileNetV2 in 16.5 ms against 27.3 ms for the view, product and view
+      back, ResNet-50 in 47 against 50 ms; and those views broke inductor (torch 2.13) on
+      GoogLeNet: a static graph's fused convolution after them failed its stride assertion,
+      and a dynamic graph's lowering raised ``ValueRangeError``.
 
     In a compiled graph, a batch-1 convolution that aten would send to its im2col kernel,
     with enough work for oneDNN to be faster, runs there (``small_bottom_conv``).
@@ -179,7 +184,12 @@ def conv2d(
         return y.reshape(*y.shape, 1, 1)
     can_pack = weight_cache is not None and onednn_conv.can_take(x, weight, bias)
     packed = weight_cache if can_pack else None
-    if pointwise and packed is None and onednn_conv.is_channels_last(x):
+    if (
+        pointwise
+        and packed is None
+        and onednn_conv.is_channels_last(x)
+        and not torch.compiler.is_compiling()
+    ):
         n, c, h, w = x.shape
         rows = x.permute(0, 2, 3, 1).reshape(n * h * w, c)
         y = onednn_linear.pixel_rows_product(rows, weight.reshape(weight.shape[0], c), bias, relu)
