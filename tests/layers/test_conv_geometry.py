@@ -82,3 +82,25 @@ def test_geometry_pickles_and_reads_a_pickle_from_before_its_slots():
         {"channel_axis": 1, "kernel": (3, 3), "stride": (2, 1), "pad": (1, 0), "dilation": (2, 1)}
     )
     assert old == geom and old.extent == (5, 3)
+
+
+@pytest.mark.parametrize("hint, want", [(10, 3), (2, 0)])  # (10 - 3) / 2 and (2 - 3) / 2
+def test_c_div_of_a_symbolic_size_guards_its_sign_and_stays_a_floor_division(hint, want):
+    """A Max per division nested through every later size, in the shapes the opaque
+    convolution op reports (compiling ResNet-50 with a dynamic channels_last input: > 15 min)."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+    size = env.create_symintnode(env.create_symbol(hint, ConstantSource("h")), hint=hint)
+    got = c_div(size - 3, 2)
+    assert "Max" not in str(got) and len(env.guards) == 1
+    assert got.node.hint == want
+
+
+def test_c_div_of_a_data_dependent_size_divides_without_a_guard():
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+    got = c_div(env.create_unbacked_symint() - 3, 2)
+    assert "Max" in str(got) and not env.guards

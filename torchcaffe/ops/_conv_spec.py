@@ -13,23 +13,34 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.fx.experimental import symbolic_shapes
 
 
 def c_div(a: int, b: int) -> int:
     """C integer division (truncates toward zero), as Caffe's output-size formulas use.
 
-    A symbolic size (a SymInt under ``torch.compile(dynamic=True)`` or ``torch.export``) is
-    divided without branching on its sign, so that it stays symbolic: the positive part floors
-    down and the negative part floors toward zero. Plain ints take builtin ``max``: dynamo
-    before torch 2.13 breaks the graph on ``torch.sym_max`` of two ints. Under jit tracing (the
-    legacy ONNX exporter) sizes arrive as 0-d tensors and are read as ints."""
+    A size under ``torch.compile(dynamic=True)`` or ``torch.export`` is symbolic. Its sign
+    is then a guard, and the quotient a plain floor division, which the sizes after it and
+    inductor's indexing can simplify. A division that stays symbolic in the sign (``Max(a, 0)
+    // b - Max(-a, 0) // b``) nested one more ``Max`` a convolution, through the shapes that
+    the opaque convolution op reports: compiling ResNet-50 with a dynamic channels_last input
+    took over 15 minutes. Only a data-dependent size, whose sign cannot be guarded, keeps that
+    form. Dynamo shows a symbolic size as an int: ``a >= 0`` is the guard there. Under jit
+    tracing (the legacy ONNX exporter) sizes arrive as 0-d tensors and are read as ints."""
     if isinstance(a, torch.Tensor):
         a = int(a)
     if b < 0:
         return -c_div(a, -b)
-    if isinstance(a, torch.SymInt):
+    if isinstance(a, torch.SymInt) and not _sign_known(a):
         return torch.sym_max(a, 0) // b - torch.sym_max(-a, 0) // b
-    return max(a, 0) // b - max(-a, 0) // b
+    return a // b if a >= 0 else -(-a // b)
+
+
+def _sign_known(a: torch.SymInt) -> bool:
+    """Whether ``a >= 0`` can be decided, with a guard where needed (``guard_or_false``:
+    torch >= 2.7; before it every symbolic size keeps the form without a guard)."""
+    guard = getattr(symbolic_shapes, "guard_or_false", None)
+    return guard is not None and (guard(a >= 0) or guard(a < 0))
 
 
 Spec = tuple[Any, ...]  # (channel_axis, kernel, stride, pad, dilation, extent)
