@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.fx.experimental import symbolic_shapes
 
 
 def c_div(a: int, b: int) -> int:
@@ -38,7 +37,10 @@ def c_div(a: int, b: int) -> int:
 
 def _sign_known(a: torch.SymInt) -> bool:
     """Whether ``a >= 0`` can be decided, with a guard where needed (``guard_or_false``:
-    torch >= 2.7; before it every symbolic size keeps the form without a guard)."""
+    torch >= 2.7; before it every symbolic size keeps the form without a guard). Imported
+    here: building a net must not load sympy (``test_arithmetic_output_shapes``)."""
+    from torch.fx.experimental import symbolic_shapes
+
     guard = getattr(symbolic_shapes, "guard_or_false", None)
     return guard is not None and (guard(a >= 0) or guard(a < 0))
 
