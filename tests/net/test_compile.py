@@ -434,7 +434,10 @@ def test_each_net_compiles_against_a_recompile_budget_of_its_own():
     assert type(first).forward.__code__ is not type(second).forward.__code__
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    with torch._dynamo.config.patch(recompile_limit=1), torch.inference_mode():
+    with (
+        torch._dynamo.config.patch(recompile_limit=1, fail_on_recompile_limit_hit=True),
+        torch.inference_mode(),
+    ):
         torch.compile(first)(data=torch.randn(2, 3, 13, 11))
         torch.compile(second)(data=torch.randn(1, 4, 8, 8))
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
@@ -458,7 +461,10 @@ def test_nets_of_one_architecture_share_a_class_and_a_compiled_graph():
     x = torch.randn(2, 3, 13, 11)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    with torch._dynamo.config.patch(recompile_limit=1), torch.inference_mode():
+    with (
+        torch._dynamo.config.patch(recompile_limit=1, fail_on_recompile_limit_hit=True),
+        torch.inference_mode(),
+    ):
         for net in (first, second):
             _close(torch.compile(net)(data=x), net(data=x))
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1

@@ -45,6 +45,7 @@ from .passes import (
 )
 from .program import LayerStep, ParamInfo
 from .state import make_state, stage_list
+from .untraced_build import build_untraced, dynamo_is_tracing, new_token
 
 PathLike = str | os.PathLike
 # (observable blobs, net.training, autograd, on the CPU, layers whose mode is not the net's)
@@ -123,6 +124,7 @@ class TorchNet(nn.Module):
         # layers whose own mode differs from the net's.
         self.optimize = True
         self._programs: dict[ProgramKey, OptimizedProgram] = {}
+        self._trace_token = new_token(self)  # how dynamo's trace reaches it (untraced_build)
         self._literal_programs: dict[frozenset[str], OptimizedProgram] = {}
         self._finite_params = FiniteParams()
         # every layer's blobs, read as they are on each call (``_records_autograd``)
@@ -165,6 +167,7 @@ class TorchNet(nn.Module):
 
     def __setstate__(self, state: dict[str, object]) -> None:
         super().__setstate__(state)
+        self._trace_token = new_token(self)  # a copy's own (the pickled one names the original)
         self.__dict__.setdefault("_hooks_seen", (-1, False))  # a pickle from before 363eaaf
         self.__dict__.setdefault("_finite_params", FiniteParams())  # and from before this
         self.__dict__.setdefault("_literal_programs", {})  # and from before literal ones
@@ -498,8 +501,16 @@ class TorchNet(nn.Module):
             device = next((p.device for p in self.parameters()), None)
         on_cpu = device is None or device.type == "cpu"
         key = (tuple(sorted(seen)), self.training, autograd, on_cpu, self.layers_off_mode())
+        if dynamo_is_tracing():  # the passes run as Python, not traced (``untraced_build``)
+            build_untraced(self._trace_token, key)
+        return self.program_for_key(key)
+
+    def program_for_key(self, key: ProgramKey) -> OptimizedProgram:
+        """The cached program for ``key`` (``_cached_program``), built on first use."""
         program = self._programs.get(key)
         if program is None:
+            names, _, autograd, on_cpu, _ = key
+            seen = frozenset(names)
             if autograd:
                 program = optimize_for_training(self.steps, self.layers, seen, on_cpu)
             else:

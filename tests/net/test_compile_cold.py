@@ -1,0 +1,114 @@
+"""torch.compile of a net that never ran eagerly: its program is built outside dynamo's trace
+(``net/untraced_build.py``), and the net compiles once.
+
+Dynamo once traced the whole pass pipeline for such a net (GoogLeNet: 35 s of tracing against
+5 s), and the trace saw the program cache without the program, so the second call compiled
+the net again. No timings here: the tests count graphs and see where the passes ran.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import sys
+
+import pytest
+import torch
+
+import torchcaffe.net.net as net_module
+
+from .test_compile import _small_net
+
+
+@pytest.fixture
+def one_compile_only():
+    """Dynamo with a budget of one graph per frame, and an error past it (not an eager run)."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with torch._dynamo.config.patch(recompile_limit=1, fail_on_recompile_limit_hit=True):
+        yield torch._dynamo.utils.counters
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def pass_calls(monkeypatch):
+    """The stack depth each time the inference passes ran: where dynamo traces them, a
+    frame of its own is not there to read (``sys._getframe`` is refused in a trace)."""
+    calls: list[str] = []
+    optimize = net_module.optimize_for_inference
+
+    def watched(*args, **kwargs):
+        calls.append(sys._getframe(1).f_code.co_name)
+        return optimize(*args, **kwargs)
+
+    monkeypatch.setattr(net_module, "optimize_for_inference", watched)
+    return calls
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_a_fresh_net_compiles_once_and_builds_its_program_untraced(
+    one_compile_only, pass_calls, dynamic
+):
+    net = _small_net()
+    assert not net._programs
+    compiled = torch.compile(net, dynamic=dynamic)
+    x = torch.randn(2, 3, 13, 11)
+    with torch.no_grad():
+        first = compiled(data=x)
+        second = compiled(data=x)
+        want = net(data=x)
+    assert one_compile_only["stats"]["unique_graphs"] == 1
+    assert pass_calls == ["program_for_key"]  # once, called as Python
+    for name in want:
+        torch.testing.assert_close(first[name], want[name], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(second[name], want[name], rtol=1e-5, atol=1e-6)
+
+
+def test_fresh_nets_of_one_architecture_share_the_graph_with_their_own_weights(
+    one_compile_only,
+):
+    first, second = _small_net(), _small_net()
+    with torch.no_grad():
+        for p in second.parameters():
+            p.add_(torch.randn_like(p))
+    x = torch.randn(2, 3, 13, 11)
+    with torch.inference_mode():
+        got = [torch.compile(net)(data=x) for net in (first, second, first)]
+        want = [net(data=x) for net in (first, second, first)]
+    assert one_compile_only["stats"]["unique_graphs"] == 1
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g["prob"], w["prob"], rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(want[0]["prob"], want[1]["prob"])
+
+
+def test_a_copy_compiles_after_its_original_is_gone(one_compile_only):
+    """A copy's token names the copy (a pickled token would name the original, gone here)."""
+    net = _small_net()
+    twin = copy.deepcopy(net)
+    with torch.no_grad():
+        twin.layer("ip").weight.mul_(2)
+    del net
+    gc.collect()
+    x = torch.randn(2, 3, 13, 11)
+    with torch.inference_mode():
+        got = torch.compile(twin)(data=x)
+        want = twin(data=x)
+    torch.testing.assert_close(got["prob"], want["prob"], rtol=1e-5, atol=1e-6)
+    assert len(twin._programs) == 1
+
+
+def test_a_fresh_net_inside_a_compiled_model_builds_untraced_without_graph_breaks(pass_calls):
+    class Head(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = _small_net()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.net(data=x)["prob"] * 2
+
+    model = Head()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        report = torch._dynamo.explain(model)(torch.randn(2, 3, 13, 11))
+    assert report.graph_break_count == 0 and report.graph_count == 1
+    assert pass_calls == ["program_for_key"]
