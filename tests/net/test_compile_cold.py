@@ -112,3 +112,29 @@ def test_a_fresh_net_inside_a_compiled_model_builds_untraced_without_graph_break
         report = torch._dynamo.explain(model)(torch.randn(2, 3, 13, 11))
     assert report.graph_break_count == 0 and report.graph_count == 1
     assert pass_calls == ["program_for_key"]
+
+
+def test_a_fresh_net_compiled_for_training_builds_its_training_program_untraced(
+    one_compile_only, monkeypatch
+):
+    calls: list[str] = []
+    optimize = net_module.optimize_for_training
+
+    def watched(*args, **kwargs):
+        calls.append(sys._getframe(1).f_code.co_name)
+        return optimize(*args, **kwargs)
+
+    monkeypatch.setattr(net_module, "optimize_for_training", watched)
+    net = _small_net()
+    compiled = torch.compile(net)
+    x = torch.randn(2, 3, 13, 11)
+    for _ in range(2):
+        net.zero_grad()
+        compiled(data=x)["prob"].square().sum().backward()
+    got = [p.grad.clone() for p in net.parameters()]
+    net.zero_grad()
+    net(data=x)["prob"].square().sum().backward()
+    assert one_compile_only["stats"]["unique_graphs"] == 1
+    assert calls == ["program_for_key"]
+    for g, p in zip(got, net.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-6)
