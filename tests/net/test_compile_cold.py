@@ -138,3 +138,16 @@ def test_a_fresh_net_compiled_for_training_builds_its_training_program_untraced(
     assert calls == ["program_for_key"]
     for g, p in zip(got, net.parameters()):
         torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_the_untraced_build_carries_the_mark_of_assume_constant_result():
+    """``untraced_build`` sets the decorator's marker itself (the decorator would import dynamo
+    into every net build); this torch's decorator must still set just that."""
+    from torchcaffe.net import untraced_build
+
+    def probe() -> None:
+        pass
+
+    torch.compiler.assume_constant_result(probe)
+    assert getattr(probe, untraced_build.CONSTANT_MARKER) is True
+    assert getattr(untraced_build.build_untraced, untraced_build.CONSTANT_MARKER) is True

@@ -34,7 +34,6 @@ def new_token(net: Any) -> torch.Tensor:
     return torch.tensor(token)
 
 
-@torch.compiler.assume_constant_result
 def build_untraced(token: torch.Tensor, key: Any) -> bool:
     """Build the program for ``key`` of the net ``token`` names, unless it has one, and of
     every other live net of its architecture (its class): the graph traced now serves those
@@ -46,6 +45,13 @@ def build_untraced(token: torch.Tensor, key: Any) -> bool:
             other.program_for_key(key)
     return True
 
+
+# ``torch.compiler.assume_constant_result(build_untraced)``, whose whole effect is this marker,
+# which dynamo reads when it meets the function; set here without importing dynamo, and sympy
+# with it, which building a net does not need (tests/net/test_compile_cold.py checks that the
+# decorator still sets it).
+CONSTANT_MARKER = "_dynamo_marked_constant"
+setattr(build_untraced, CONSTANT_MARKER, True)
 
 # Is dynamo tracing? Not torch.export's non-strict tracer, which runs the passes as Python
 # itself (torch < 2.3 has no such tracer, nor this function).
