@@ -30,19 +30,24 @@ def one_compile_only():
     torch._dynamo.reset()
 
 
-@pytest.fixture
-def pass_calls(monkeypatch):
-    """The stack depth each time the inference passes ran: where dynamo traces them, a
-    frame of its own is not there to read (``sys._getframe`` is refused in a trace)."""
+def watch(monkeypatch, passes: str) -> list[str]:
+    """The caller's function name each time the passes ``passes`` of ``net.net`` run: where
+    dynamo traces them, their caller is not a frame to read (``sys._getframe`` is refused in
+    a trace)."""
     calls: list[str] = []
-    optimize = net_module.optimize_for_inference
+    optimize = getattr(net_module, passes)
 
     def watched(*args, **kwargs):
         calls.append(sys._getframe(1).f_code.co_name)
         return optimize(*args, **kwargs)
 
-    monkeypatch.setattr(net_module, "optimize_for_inference", watched)
+    monkeypatch.setattr(net_module, passes, watched)
     return calls
+
+
+@pytest.fixture
+def pass_calls(monkeypatch):
+    return watch(monkeypatch, "optimize_for_inference")
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
@@ -117,14 +122,7 @@ def test_a_fresh_net_inside_a_compiled_model_builds_untraced_without_graph_break
 def test_a_fresh_net_compiled_for_training_builds_its_training_program_untraced(
     one_compile_only, monkeypatch
 ):
-    calls: list[str] = []
-    optimize = net_module.optimize_for_training
-
-    def watched(*args, **kwargs):
-        calls.append(sys._getframe(1).f_code.co_name)
-        return optimize(*args, **kwargs)
-
-    monkeypatch.setattr(net_module, "optimize_for_training", watched)
+    calls = watch(monkeypatch, "optimize_for_training")
     net = _small_net()
     compiled = torch.compile(net)
     x = torch.randn(2, 3, 13, 11)
