@@ -44,7 +44,26 @@ def build_untraced(token: torch.Tensor, key: Any) -> bool:
     for other in list(_NETS.values()):
         if type(other) is type(net):
             other.program_for_key(key)
+            mark_static_shapes(other)
     return True
+
+
+def mark_static_shapes(net: Any) -> None:
+    """Mark every param and buffer of ``net`` as of static shape, as ``torch._dynamo.mark_static``
+    does outside a trace (that function, called inside one, would specialize symbols already
+    made). Dynamo gives static shapes to exact ``nn.Parameter``s and to blobs read as module
+    attributes, but the passes read a layer's blobs from its dicts (``folding._blob``), and a
+    learnable blob is a ``CaffeParameter``: with ``dynamic=True`` each of its sizes became a
+    symbol, duck-sized with the image's (Inception-v3: 470 of 564 blobs; a 3x3 kernel's 3 made
+    a convolution's output size ``-s40 + ((-s40 + s82)//8) + 1``, which inductor failed to
+    lower). Marked here, while the trace is made and before it reads a blob, so a blob that
+    ``.to()``, a copy or a load replaced is marked too. A user's own marks are kept."""
+    for tensor in itertools.chain(net.parameters(), net.buffers()):
+        if tensor.dim() and not any(hasattr(tensor, m) for m in _DYNAMIC_MARKS):
+            indices = getattr(tensor, STATIC_MARK, None)
+            if indices is None or len(indices) < tensor.dim():
+                setattr(tensor, STATIC_MARK, set(range(tensor.dim())))
+                tensor._has_dynamo_dim_marking = True  # type: ignore[attr-defined]
 
 
 # ``torch.compiler.assume_constant_result(build_untraced)``, whose whole effect is this marker,
@@ -53,6 +72,16 @@ def build_untraced(token: torch.Tensor, key: Any) -> bool:
 # decorator still sets it).
 CONSTANT_MARKER = "_dynamo_marked_constant"
 setattr(build_untraced, CONSTANT_MARKER, True)
+
+# ``torch._dynamo.mark_static(t)``'s marks (the same test checks them); a tensor that has one
+# of dynamo's dynamic marks is the user's to decide.
+STATIC_MARK = "_dynamo_static_indices"
+_DYNAMIC_MARKS = (
+    "_dynamo_dynamic_indices",
+    "_dynamo_weak_dynamic_indices",
+    "_dynamo_unbacked_indices",
+    "_dynamo_strict_unbacked_indices",
+)
 
 # Is dynamo tracing? Not torch.export's non-strict tracer, which runs the passes as Python
 # itself (torch < 2.3 has no such tracer, nor this function).
