@@ -120,6 +120,18 @@ def test_a_net_inside_a_model_gets_static_blob_shapes():
     _only_the_input_is_symbolic(_graph_inputs(Head(), torch.randn(2, 3, 15, 13)))
 
 
+def test_a_static_compile_leaves_the_blobs_unmarked():
+    """Without ``dynamic=True`` a blob's shape is static anyway, and a mark would cost each
+    call's guard check an attribute compare per blob."""
+    net = _net()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(net, backend="eager")(data=torch.randn(2, 3, 15, 13))
+    torch._dynamo.reset()
+    blobs = [*net.parameters(), *net.buffers()]
+    assert blobs and not any(hasattr(t, untraced_build.STATIC_MARK) for t in blobs)
+
+
 def test_a_users_dynamic_mark_is_kept():
     net = _net()
     mean = net.layers["bn"].mean
