@@ -104,16 +104,19 @@ def test_a_copy_compiles_after_its_original_is_gone(one_compile_only):
     assert len(twin._programs) == 1
 
 
+class Head(torch.nn.Module):
+    """A user's model that holds a net and doubles one of its outputs."""
+
+    def __init__(self, net: torch.nn.Module, output: str) -> None:
+        super().__init__()
+        self.net, self.output = net, output
+
+    def forward(self, data: torch.Tensor) -> torch.Tensor:
+        return self.net(data=data)[self.output] * 2
+
+
 def test_a_fresh_net_inside_a_compiled_model_builds_untraced_without_graph_breaks(pass_calls):
-    class Head(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = _small_net()
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.net(data=x)["prob"] * 2
-
-    model = Head()
+    model = Head(_small_net(), "prob")
     torch._dynamo.reset()
     with torch.no_grad():
         report = torch._dynamo.explain(model)(torch.randn(2, 3, 13, 11))

@@ -20,6 +20,8 @@ import torchcaffe
 from torchcaffe.net import untraced_build
 from torchcaffe.proto import caffe_pb2
 
+from .test_compile_cold import Head
+
 # A convolution with BatchNorm, Scale and ReLU folded in (its blobs read from the layers'
 # dicts), then one whose 3x3 kernel has the input's 3 channels: a duck-sized symbol for both.
 FOLDED = """
@@ -109,15 +111,8 @@ def test_blobs_that_a_conversion_or_a_copy_replaced_are_marked_too(remake):
 
 
 def test_a_net_inside_a_model_gets_static_blob_shapes():
-    class Head(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = _net()
-
-        def forward(self, data: torch.Tensor) -> torch.Tensor:
-            return self.net(data=data)["pool"] * 2
-
-    _only_the_input_is_symbolic(_graph_inputs(Head(), torch.randn(2, 3, 15, 13)))
+    model = Head(_net(), "pool")
+    _only_the_input_is_symbolic(_graph_inputs(model, torch.randn(2, 3, 15, 13)))
 
 
 def test_a_static_compile_leaves_the_blobs_unmarked():
