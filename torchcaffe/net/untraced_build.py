@@ -80,8 +80,8 @@ def mark_static_shapes(net: Any) -> None:
 CONSTANT_MARKER = "_dynamo_marked_constant"
 setattr(build_untraced, CONSTANT_MARKER, True)
 
-# ``torch._dynamo.mark_static(t)``'s marks (the same test checks them); a tensor that has one
-# of dynamo's dynamic marks is the user's to decide.
+# ``torch._dynamo.mark_static(t)``'s marks (test_compile_static_params.py checks them); a
+# tensor with one of dynamo's dynamic marks is the user's to decide.
 STATIC_MARK = "_dynamo_static_indices"
 _DYNAMIC_MARKS = (
     "_dynamo_dynamic_indices",
