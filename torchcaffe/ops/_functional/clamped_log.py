@@ -34,7 +34,13 @@ class LogSoftmaxClamped(torch.autograd.Function):
             x = x.float()
         prob = torch.softmax(x, dim=axis)  # exp(x - max) / sum, as SoftmaxLayer
         log_prob = torch.log(torch.clamp(prob, min=threshold))
-        return log_prob.to(dtype), prob.to(dtype)
+        if dtype == torch.float16:
+            return log_prob.to(dtype), prob.to(dtype)
+        # not ``.to(dtype)`` at the same dtype: it returns its input, and dynamo before torch
+        # 2.13 traced such an output so that the backward got no gradient (torch 2.11 on an
+        # H200 machine: every compiled SoftmaxWithLoss net, LeNet's among them, trained on
+        # zero gradients; backend "eager" too)
+        return log_prob, prob
 
     @staticmethod
     def setup_context(ctx, inputs, output):
