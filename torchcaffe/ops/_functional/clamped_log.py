@@ -34,12 +34,14 @@ class LogSoftmaxClamped(torch.autograd.Function):
             x = x.float()
         prob = torch.softmax(x, dim=axis)  # exp(x - max) / sum, as SoftmaxLayer
         log_prob = torch.log(torch.clamp(prob, min=threshold))
-        if dtype == torch.float16:
+        if dtype == torch.float16 or torch.jit.is_tracing():
+            # in a jit trace, ops of their own: without them the TorchScript ONNX exporter
+            # wired the Function's outputs wrongly (LeNet's loss read -0.0008 for 7.49)
             return log_prob.to(dtype), prob.to(dtype)
-        # not ``.to(dtype)`` at the same dtype: it returns its input, and dynamo before torch
-        # 2.13 traced such an output so that the backward got no gradient (torch 2.11 on an
-        # H200 machine: every compiled SoftmaxWithLoss net, LeNet's among them, trained on
-        # zero gradients; backend "eager" too)
+        # elsewhere not ``.to(dtype)`` at the same dtype, which returns its input: dynamo
+        # before torch 2.13 traced such an output so that the backward got no gradient
+        # (torch 2.11 on an H200 machine: every compiled SoftmaxWithLoss net, LeNet's among
+        # them, trained on zero gradients; backend "eager" too)
         return log_prob, prob
 
     @staticmethod
