@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from ..registry import register_layer
+from ._functional.function import CaffeFunction
 from ._functional.power import caffe_power
 from ._transforms import with_jvp
 from .base import CaffeLayer, Shape
@@ -71,7 +72,7 @@ class NeuronLayer(CaffeLayer):
         return [tuple(int(d) for d in bottom_shapes[0])]
 
 
-class SlopeAtOutput(torch.autograd.Function):
+class SlopeAtOutput(CaffeFunction):
     """An in-place neuron layer: Caffe's Backward reads the overwritten blob, so the slope
     is ``layer.caffe_slope`` at the output."""
 

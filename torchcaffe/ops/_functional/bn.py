@@ -12,9 +12,10 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .._transforms import with_jvp
+from .function import CaffeFunction
 
 
-class StoredStatsBatchGrad(torch.autograd.Function):
+class StoredStatsBatchGrad(CaffeFunction):
     """x of shape (N, C, S), mean and inv_std of shape (C, 1): x_hat = (x - mean) * inv_std;
     means in the backward run over axes 0 and 2; mean and inv_std get no gradient."""
 

@@ -11,9 +11,10 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .._transforms import with_jvp
+from .function import CaffeFunction
 
 
-class LogSoftmaxClamped(torch.autograd.Function):
+class LogSoftmaxClamped(CaffeFunction):
     """(log(max(softmax(x), threshold)), softmax(x)) along ``axis``; backward as log_softmax.
 
     Caffe's gradient differs from the mathematical one where the clamp is active: it is the
@@ -65,7 +66,7 @@ class LogSoftmaxClamped(torch.autograd.Function):
         return x_t - (prob * x_t).sum(dim=ctx.axis, keepdim=True), None
 
 
-class LogClamped(torch.autograd.Function):
+class LogClamped(CaffeFunction):
     """log(max(p, threshold)) with gradient 1 / max(p, threshold) (Caffe keeps it below the
     threshold, where the mathematical gradient is 0)."""
 

@@ -10,12 +10,13 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .._transforms import with_jvp
+from .function import CaffeFunction
 
 # ContrastiveLossLayer::Backward_cpu adds this to the distance it divides by.
 DIST_EPS = 1e-4
 
 
-class CaffePairDistance(torch.autograd.Function):
+class CaffePairDistance(CaffeFunction):
     """sqrt(dist_sq) whose backward is grad / (2 (sqrt(dist_sq) + 1e-4))."""
 
     generate_vmap_rule = True  # torch.func batches it (ops/_transforms.py)

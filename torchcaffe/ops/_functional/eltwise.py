@@ -11,9 +11,10 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .._transforms import with_jvp
+from .function import CaffeFunction
 
 
-class CaffeUnstableProd(torch.autograd.Function):
+class CaffeUnstableProd(CaffeFunction):
     """b0 * b1 * ... (left to right) with EltwiseLayer's unstable PROD backward."""
 
     generate_vmap_rule = True  # torch.func batches it (ops/_transforms.py)
@@ -61,7 +62,7 @@ def caffe_unstable_prod(*bottoms: torch.Tensor) -> torch.Tensor:
 FLT_MAX = 3.4028234663852886e38
 
 
-class CaffeEltwiseInPlace(torch.autograd.Function):
+class CaffeEltwiseInPlace(CaffeFunction):
     """Eltwise whose top is bottom 0's blob (the one in-place form Caffe's Net accepts), as
     EltwiseLayer's CPU code runs it: it writes the top while it reads bottom 0.
 

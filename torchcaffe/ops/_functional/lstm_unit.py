@@ -11,9 +11,10 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .._transforms import with_jvp
+from .function import CaffeFunction
 
 
-class LSTMUnitStep(torch.autograd.Function):
+class LSTMUnitStep(CaffeFunction):
     """c_prev (..., H), x (..., 4H), cont (...) -> (c, h, and the gates i, f, o, g and
     tanh(c) that the backward reads, which take no gradient)."""
 

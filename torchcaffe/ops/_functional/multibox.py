@@ -11,9 +11,10 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .._transforms import with_jvp
+from .function import CaffeFunction
 
 
-class DivideForwardOnly(torch.autograd.Function):
+class DivideForwardOnly(CaffeFunction):
     """``x / divisor`` in the forward; the incoming gradient passes to ``x`` unchanged."""
 
     generate_vmap_rule = True  # torch.func batches it (ops/_transforms.py)

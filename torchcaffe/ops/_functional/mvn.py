@@ -12,9 +12,10 @@ from torch.autograd.function import once_differentiable
 
 from .._narrow import is_narrow
 from .._transforms import with_jvp
+from .function import CaffeFunction
 
 
-class CaffeMVN(torch.autograd.Function):
+class CaffeMVN(CaffeFunction):
     """Rows of a (groups, dim) tensor: y = (x - mean) / (sqrt(mean((x - mean)^2)) + eps).
 
     Backward (MVNLayer::Backward_cpu): (g - mean(g) - y * mean(g * y)) / (sqrt(var) + eps).

@@ -13,9 +13,10 @@ from torch.autograd.function import once_differentiable
 
 from .._narrow import is_narrow
 from .._transforms import with_jvp
+from .function import CaffeFunction
 
 
-class CaffeNormalize(torch.autograd.Function):
+class CaffeNormalize(CaffeFunction):
     """x of shape (N, C, S): y = x / norm * scale, norm = sqrt(sum x^2 + eps) over ``dims``
     ((1, 2) across_spatial, else (1,)); scale is a 0-D or (C,) tensor.
     One output: torch.onnx's TorchScript exporter wires a Function's second output in place

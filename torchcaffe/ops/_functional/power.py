@@ -11,6 +11,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .._transforms import with_jvp
+from .function import CaffeFunction
 
 
 def _base(x: torch.Tensor, scale: float, shift: float) -> torch.Tensor:
@@ -22,7 +23,7 @@ def _base(x: torch.Tensor, scale: float, shift: float) -> torch.Tensor:
     return x
 
 
-class CaffePower(torch.autograd.Function):
+class CaffePower(CaffeFunction):
     """(shift + scale * x) ^ power with Caffe's PowerLayer::Backward_cpu, and the forward-mode
     derivative that is its transpose (``jvp``: the same slope per element)."""
 

@@ -11,9 +11,10 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .._transforms import with_jvp
+from .function import CaffeFunction
 
 
-class CaffeReLU6(torch.autograd.Function):
+class CaffeReLU6(CaffeFunction):
     """min(x > 0 ? x : negative_slope * x, threshold) with the fork's ReLU6 Backward_cpu."""
 
     generate_vmap_rule = True  # torch.func batches it (ops/_transforms.py)

@@ -10,6 +10,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .._transforms import with_jvp
+from .function import CaffeFunction
 
 
 def smooth_l1(d: torch.Tensor, sigma2: float) -> torch.Tensor:
@@ -20,7 +21,7 @@ def smooth_l1(d: torch.Tensor, sigma2: float) -> torch.Tensor:
     return torch.where(quad, 0.5 * d * d * sigma2, torch.abs(d) - 0.5 / sigma2)
 
 
-class WeightedSmoothL1Fork(torch.autograd.Function):
+class WeightedSmoothL1Fork(CaffeFunction):
     """smooth_l1(w * d) with backward grad * smooth_l1'(w * d) to d; w gets no gradient."""
 
     generate_vmap_rule = True  # torch.func batches it (ops/_transforms.py)

@@ -13,6 +13,7 @@ from torch.autograd.function import once_differentiable
 
 from .._loss_normalization import index_checks_wanted
 from .._transforms import with_jvp
+from .function import CaffeFunction
 
 
 def check_mask_range(mask: torch.Tensor, size: int, error) -> torch.Tensor:
@@ -42,7 +43,7 @@ def unpool_forward(x: torch.Tensor, index: torch.Tensor, out_hw: tuple[int, int]
     return top.reshape(n, c, *out_hw)
 
 
-class SegNetUnpool(torch.autograd.Function):
+class SegNetUnpool(CaffeFunction):
     """``unpool_forward`` with SegNet's Backward_cpu: bottom_diff[i] = top_diff[mask[i]]."""
 
     generate_vmap_rule = True  # torch.func batches it (ops/_transforms.py)
