@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -45,39 +46,47 @@ def caffe_face(name: str, batch: int) -> tuple[Net, torch.Tensor, str]:
     return net, torch.randn(batch, 3, size, size), out
 
 
+def face_calls(
+    net: Net, x: torch.Tensor, device: torch.device
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """(the Caffe face's ``blobs['data'].data[...] = x; forward()``, the torch face's call
+    it is measured against). On a CUDA ``device`` the Caffe face runs in GPU mode (the caller
+    sets it; its forward returns host arrays, as pycaffe's does), so the torch face's call
+    makes the copies that needs too (issue 14: "the torch face plus the copies its numpy
+    views need"): the numpy input to the device, the outputs back to the host."""
+    torch_net = net.module
+    array = x.numpy()
+
+    def run_caffe() -> None:
+        net.blobs["data"].data[...] = array
+        net.forward()
+
+    def run_torch() -> None:
+        with torch.inference_mode():
+            if device.type == "cpu":
+                torch_net(data=x)
+                return
+            outputs = torch_net(data=torch.from_numpy(array).to(device))
+            for top in outputs.values():
+                top.cpu()
+
+    return run_caffe, run_torch
+
+
 def measure(
     name: str, batch: int, repeat: int, device: torch.device | str = "cpu"
 ) -> tuple[list[float], list[float]]:
-    """Caffe-face and torch-face seconds per forward. On a CUDA ``device`` the Caffe face runs
-    in GPU mode (its forward returns host arrays, as pycaffe's does), so the torch face's
-    timed call makes the copies that needs too (issue 14: "the torch face plus the copies its
-    numpy views need"): the numpy input to the device, the outputs back to the host."""
+    """Caffe-face and torch-face seconds per forward (``face_calls``), alternated."""
     device = torch.device(device)
     net, x, out = caffe_face(name, batch)
-    torch_net = net.module
-    array = x.numpy()
     if device.type == "cuda":
         torchcaffe.set_mode_gpu()
         torchcaffe.set_device(device.index or 0)
-        x = x.to(device)
     try:
-
-        def run_caffe() -> None:
-            net.blobs["data"].data[...] = array
-            net.forward()
-
-        def run_torch() -> None:
-            with torch.inference_mode():
-                if device.type == "cpu":
-                    torch_net(data=x)
-                    return
-                outputs = torch_net(data=torch.from_numpy(array).to(device))
-                for top in outputs.values():
-                    top.cpu()
-
+        run_caffe, run_torch = face_calls(net, x, device)
         run_caffe()  # in GPU mode, this moves the module to the device
         with torch.inference_mode():
-            want = torch_net(data=x)[out].cpu()
+            want = net.module(data=x.to(device))[out].cpu()
         gap = float((torch.from_numpy(net.blobs[out].data) - want).abs().max())
         if gap > 1e-5:
             raise SystemExit(f"{name}: Caffe face and torch face disagree ({gap:.2e})")

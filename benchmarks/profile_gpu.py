@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import torchcaffe  # noqa: E402
-from benchmarks.bench_caffe_face import caffe_face  # noqa: E402
+from benchmarks.bench_caffe_face import caffe_face, face_calls  # noqa: E402
 from benchmarks.handwritten import NETS  # noqa: E402
 from benchmarks.run import prepare  # noqa: E402
 
@@ -126,22 +126,10 @@ def profile_caffe_face(name: str, rounds: int, tops: int) -> None:
     """GPU mode's ``blobs['data'].data[...] = x; forward()`` against the torch face with the
     copies pycaffe's forward makes (the input to the device, the outputs back)."""
     net, x, _ = caffe_face(name, 1)
-    array = x.numpy()
     torchcaffe.set_mode_gpu()
     torchcaffe.set_device(0)
-    module = net.module
     try:
-
-        def run_caffe() -> None:
-            net.blobs["data"].data[...] = array
-            net.forward()
-
-        def run_torch() -> None:
-            with torch.inference_mode():
-                outputs = module(data=torch.from_numpy(array).to("cuda"))
-                for top in outputs.values():
-                    top.cpu()
-
+        run_caffe, run_torch = face_calls(net, x, torch.device("cuda"))
         print(f"== {name} Caffe face b1: {call_times(run_caffe, rounds, True)}")
         print(f"== {name} torch face + copies b1: {call_times(run_torch, rounds, True)}")
         if tops:
