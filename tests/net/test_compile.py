@@ -8,11 +8,13 @@ Concat); TORCHCAFFE_COMPILE_ALL=1 checks every deploy net in ../shared/models. N
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import pytest
 import torch
 
 import torchcaffe
+from torchcaffe.formats.prototxt import read_net
 from torchcaffe.net.export import export_net
 from torchcaffe.net.passes.finite_pooling import FiniteMaxPool
 from torchcaffe.proto import caffe_pb2
@@ -497,6 +499,67 @@ def test_an_architecture_is_the_net_text_without_its_weights(tmp_path):
     other.CopyFrom(state)
     other.stage.append("other")
     assert architecture(bare, other) != architecture(bare, state)
+
+
+def _recording_backend(graphs: list) -> Callable:
+    """A dynamo backend that keeps each graph's input example values, then runs it."""
+
+    def backend(gm, example_inputs):
+        graphs.append(
+            [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+        )
+        return gm
+
+    return backend
+
+
+def _conv_net(channels: int) -> torchcaffe.TorchNet:
+    text = f"""
+    input: "data" input_shape {{ dim: 1 dim: 3 dim: 8 dim: 8 }}
+    layer {{ name: "conv" type: "Convolution" bottom: "data" top: "conv"
+      convolution_param {{ num_output: {channels} kernel_size: 3 }} }}
+    """
+    return torchcaffe.load(read_net(text), phase="test")
+
+
+def _eltwise_net(coeffs: tuple[float, float]) -> torchcaffe.TorchNet:
+    text = f"""
+    layer {{ name: "a" type: "Input" top: "a" input_param {{ shape {{ dim: 2 dim: 3 }} }} }}
+    layer {{ name: "b" type: "Input" top: "b" input_param {{ shape {{ dim: 2 dim: 3 }} }} }}
+    layer {{ name: "sum" type: "Eltwise" bottom: "a" bottom: "b" top: "y"
+      eltwise_param {{ operation: SUM coeff: {coeffs[0]} coeff: {coeffs[1]} }} }}
+    """
+    return torchcaffe.load(read_net(text), phase="test")
+
+
+def test_a_net_of_another_architecture_compiles_as_if_first():
+    """Dynamo learns which of a frame's sizes and floats change between calls (automatic
+    dynamic) per code file, line and name: with one ``forward`` name for every net, a second
+    net compiled in the process had symbolic image sizes from its first call, and its
+    Eltwise coefficients became graph inputs. Each architecture's forward is named its own."""
+    torch._dynamo.reset()
+    graphs: list = []
+    with torch.no_grad():
+        for hw, channels in ((8, 4), (10, 5), (12, 6)):
+            net = _conv_net(channels)
+            torch.compile(net, backend=_recording_backend(graphs))(data=torch.randn(1, 3, hw, hw))
+        for coeffs in ((0.5, -2.0), (1.0, 3.0), (2.0, 5.0)):
+            net = _eltwise_net(coeffs)
+            compiled = torch.compile(net, backend=_recording_backend(graphs))
+            y = compiled(a=torch.ones(2, 3), b=torch.ones(2, 3))["y"]
+            torch.testing.assert_close(y, torch.full((2, 3), sum(coeffs)))
+    sizes = [[tuple(v.shape) for v in g if isinstance(v, torch.Tensor)] for g in graphs]
+    assert [s[0] for s in sizes[:3]] == [(1, 3, 8, 8), (1, 3, 10, 10), (1, 3, 12, 12)]
+    assert sizes[3:] == [[(2, 3), (2, 3)]] * 3  # the inputs alone: no coefficient among them
+
+
+def test_each_architecture_names_its_forward_code():
+    first, second = _conv_net(4), _conv_net(5)
+    again = _conv_net(4)
+    code = type(first).forward.__code__
+    assert code.co_name.startswith("forward_") and type(first).forward.__name__ == "forward"
+    assert type(again).forward.__code__ is code
+    assert type(second).forward.__code__.co_name != code.co_name
 
 
 # conv and ip have the weights (>= 2**18) for which a compiled graph calls our opaque ops;

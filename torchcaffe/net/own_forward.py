@@ -8,7 +8,14 @@ input shapes) compiled in a process used up that budget, and the ninth net ran e
 only dynamo's warning. A hand-written model does not meet this: each class has its own
 ``forward``. Here each architecture (``architecture`` below: the net's text and state) gets a
 class of its own, a subclass of its class whose ``forward`` is a copy with a fresh code object;
-the subclass keeps the name, and pickles as its base. Nets of one architecture (loaded twice, a
+the subclass keeps the name, and pickles as its base.
+
+The copy's code is also named for its architecture (``forward_<8 hex digits>``, as
+tracebacks and profiles show it): dynamo keeps what it learns about a frame's inputs between
+calls (automatic dynamic) by the code's file, first line and name, and with one name every
+net shared it. A second net compiled in a process then had its image sizes symbolic from its
+first call, because the first net's sizes differed, and its Eltwise coefficients became graph
+inputs where they differed, as a second instance of one hand-written class would have them. Nets of one architecture (loaded twice, a
 copy, an ensemble) share it as instances of one hand-written class do: a graph compiled for
 one serves the others, and ``torch.func.stack_module_state``, which wants one class, stacks
 them.
@@ -69,7 +76,11 @@ def with_own_forward(cls: type[M], arch: Hashable) -> type[M]:
     if made is not None:
         return cast("type[M]", made)
     shared = base.forward
-    code = shared.__code__.replace()  # an equal copy: dynamo's cache lives on the object
+    # dynamo keeps its graphs on the code object, and what it learnt of the frame (which
+    # sizes and floats changed between calls: automatic dynamic) under the code's file,
+    # first line and name, so the name differs per architecture too
+    tag = hashlib.blake2b(repr(arch).encode(), digest_size=4).hexdigest()
+    code = shared.__code__.replace(co_name=f"{shared.__name__}_{tag}")
     own = types.FunctionType(
         code, shared.__globals__, shared.__name__, shared.__defaults__, shared.__closure__
     )
