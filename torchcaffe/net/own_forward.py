@@ -8,17 +8,17 @@ input shapes) compiled in a process used up that budget, and the ninth net ran e
 only dynamo's warning. A hand-written model does not meet this: each class has its own
 ``forward``. Here each architecture (``architecture`` below: the net's text and state) gets a
 class of its own, a subclass of its class whose ``forward`` is a copy with a fresh code object;
-the subclass keeps the name, and pickles as its base.
+the subclass keeps the name, and pickles as its base. Nets of one architecture (loaded twice, a
+copy, an ensemble) share it as instances of one hand-written class do: a graph compiled for
+one serves the others, and ``torch.func.stack_module_state``, which wants one class, stacks
+them.
 
 The copy's code is also named for its architecture (``forward_<8 hex digits>``, as
 tracebacks and profiles show it): dynamo keeps what it learns about a frame's inputs between
 calls (automatic dynamic) by the code's file, first line and name, and with one name every
 net shared it. A second net compiled in a process then had its image sizes symbolic from its
 first call, because the first net's sizes differed, and its Eltwise coefficients became graph
-inputs where they differed, as a second instance of one hand-written class would have them. Nets of one architecture (loaded twice, a
-copy, an ensemble) share it as instances of one hand-written class do: a graph compiled for
-one serves the others, and ``torch.func.stack_module_state``, which wants one class, stacks
-them.
+inputs where they differed, as a second instance of one hand-written class would have them.
 """
 
 from __future__ import annotations
