@@ -8,8 +8,8 @@ before ``setup_context`` sees them: 30 us of host time a call where the call its
 positional and without defaults binds every call to its arguments as given, so for those
 calls the binding is skipped; under a torch.func transform, or for any other call, torch's
 ``apply`` runs as it is. An LSTM makes one such call per time step, an in-place neuron
-layer or a oneDNN InnerProduct one per training forward; on a GPU eager run is bound by
-this host work.
+layer (``SlopeAtOutput``) one per training forward; a GPU's eager run is bound by such host
+work.
 """
 
 from __future__ import annotations
