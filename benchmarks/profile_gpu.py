@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -66,7 +67,14 @@ def kernel_profile(fn: Callable[[], object], calls: int, tops: int) -> str:
             fn()
         torch.cuda.synchronize()
     events = prof.key_averages()
-    kernel_ms = sum(e.self_device_time_total for e in events) / calls / 1e3
+    # the kernels' own events, as the profiler's table totals them: an op's event carries its
+    # kernels' time too, so summing every event counts each kernel twice
+    kernels = [
+        e
+        for e in events
+        if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+    ]
+    kernel_ms = sum(e.self_device_time_total for e in kernels) / calls / 1e3
     launches = sum(e.count for e in events if e.key in LAUNCHES) / calls
     text = f"kernels {kernel_ms:.3f} ms a call, {launches:.0f} launches a call"
     if tops:
