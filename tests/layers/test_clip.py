@@ -33,6 +33,19 @@ def test_forward_backward_match_caffe_at_bounds(lo, hi):
     np.testing.assert_array_equal(xt.grad.numpy(), top_diff * ((x >= lo) & (x <= hi)))
 
 
+def test_gradient_is_caffes_mask_not_torch_clamps():
+    """torch.clamp's gradient at a bound changed between releases (2.13 passed it, 2.14 passes
+    none): a Clip that autograd records runs Caffe's own mask, whatever the torch."""
+    layer, _ = make_layer("clip_param { min: -0.5 max: 0.8 }", [(2, 3)], type="Clip")
+    x = torch.tensor([[-0.5, 0.8, 0.0], [-1.0, 2.0, float("nan")]], requires_grad=True)
+    y = layer(x)
+    assert "CaffeClip" in type(y.grad_fn).__name__
+    y.backward(torch.full_like(y, 3.0))
+    assert x.grad.tolist() == [[3.0, 3.0, 3.0], [0.0, 0.0, 0.0]]
+    with torch.no_grad():  # inference: torch's clamp alone
+        assert layer(x).grad_fn is None
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_gradient(case):
     layer, bottoms = case.build()

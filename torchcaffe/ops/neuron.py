@@ -25,9 +25,10 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from ..registry import register_layer
+from ._functional.clip import caffe_clip, inside
 from ._functional.function import CaffeFunction
 from ._functional.power import caffe_power
-from ._transforms import with_jvp
+from ._transforms import under_func_transform, with_jvp
 from .base import CaffeLayer, Shape
 
 # Caffe's BNLL backward clamps its exp argument here (exp(50) / (exp(50) + 1) == 1 in float).
@@ -379,7 +380,9 @@ class ClipLayer(NeuronLayer):
 
     The gradient passes where min <= x <= max (bounds included). With min > max the output is
     min everywhere and the gradient 0, as in Caffe.
-    Differs from torch: torch.clamp gives max everywhere when min > max.
+    Differs from torch: torch.clamp gives max everywhere when min > max, and its gradient at a
+    bound depends on the torch release (``CaffeClip``). Differs from Caffe: NaN stays NaN,
+    where Caffe's CPU gives min and its GPU max.
     """
 
     param_field = "clip_param"
@@ -401,9 +404,12 @@ class ClipLayer(NeuronLayer):
         return True
 
     def caffe_slope(self, x: torch.Tensor) -> torch.Tensor:
-        return ((x >= self.min) & (x <= self.max)).to(x.dtype)
+        return inside(x, self.min, self.max)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.min <= self.max:
-            return torch.clamp(x, self.min, self.max)
-        return torch.clamp(torch.clamp(x, max=self.max), min=self.min)
+        if self.min > self.max:  # no x is inside: no gradient on any torch
+            return torch.clamp(torch.clamp(x, max=self.max), min=self.min)
+        recorded = x.requires_grad and torch.is_grad_enabled()
+        if (recorded or under_func_transform()) and not torch.jit.is_tracing():
+            return caffe_clip(x, self.min, self.max)
+        return torch.clamp(x, self.min, self.max)  # no gradient taken (or a jit trace's)
