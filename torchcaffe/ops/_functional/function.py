@@ -1,15 +1,19 @@
 """The base of torch.func-form autograd.Functions (``forward`` without ctx, ``setup_context``):
-their ``apply`` leaves out torch's binding of the arguments to ``forward``'s signature.
+outside a torch.func transform their ``apply`` leaves out torch's binding of the arguments to
+``forward``'s signature.
 
-For a Function that defines ``setup_context``, torch's ``Function.apply`` runs
+For a Function that defines ``setup_context``, torch's ``apply`` runs
 ``inspect.signature(cls.forward).bind(...)`` on every call, to fill in default arguments
 before ``setup_context`` sees them: 30 us of host time a call where the call itself takes
-11-17 (torch 2.13, a one-op Function on a 4-element tensor). A forward whose parameters are
-positional and without defaults binds every call to its arguments as given, so for those
-calls the binding is skipped; under a torch.func transform, or for any other call, torch's
-``apply`` runs as it is. An LSTM makes one such call per time step, an in-place neuron
-layer (``SlopeAtOutput``) one per training forward; a GPU's eager run is bound by such host
-work.
+11-17 (torch 2.13, a one-op Function on a 4-element tensor; torch 2.14 moved ``apply`` into
+C++, which still calls that Python binding). A forward whose parameters are positional and
+without defaults binds every call to its arguments as given, so for those calls the class
+runs as its ctx-form twin (``forward(ctx, *args)`` calling ``forward`` and then
+``setup_context``), which torch applies without binding anything. Under a torch.func
+transform, which needs the torch.func form, or while dynamo traces, or for any other call,
+torch's ``apply`` runs as it is. An LSTM makes one such call per time step, an in-place
+neuron layer (``SlopeAtOutput``) one per training forward; a GPU's eager run is bound by such
+host work.
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ import inspect
 from typing import Any
 
 import torch
-from torch._functorch.utils import unwrap_dead_wrappers
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 # per class: (fixed positional parameters, whether *args follows), or None where binding
@@ -50,9 +53,39 @@ class CaffeFunction(torch.autograd.Function):
             kwargs
             or arity is None
             or torch._C._are_functorch_transforms_active()
+            or torch.compiler.is_compiling()
             or len(args) < arity[0]
             or (len(args) > arity[0] and not arity[1])
         ):
             return super().apply(*args, **kwargs)
-        # what torch's apply does after the binding, outside a transform
-        return super(torch.autograd.Function, cls).apply(*unwrap_dead_wrappers(args))  # type: ignore[misc]
+        return _ctx_form(cls).apply(*args)
+
+
+# per class: its ctx-form twin (``_ctx_form``)
+_CTX_FORMS: dict[type, type[torch.autograd.Function]] = {}
+
+
+def _ctx_form(cls: type[CaffeFunction]) -> type[torch.autograd.Function]:
+    """``cls`` as a ctx-form Function of the same name: ``forward(ctx, *args)`` runs
+    ``cls.forward(*args)`` and then ``cls.setup_context`` on what it returned, as torch's
+    apply does for ``cls`` itself; backward, and jvp where ``cls`` has one, are ``cls``'s."""
+    made = _CTX_FORMS.get(cls)
+    if made is not None:
+        return made
+    forward, setup_context = cls.forward, cls.setup_context
+
+    def forward_and_setup(ctx: Any, *args: Any) -> Any:
+        output = forward(*args)
+        setup_context(ctx, args, output)
+        return output
+
+    namespace: dict[str, Any] = {
+        "forward": staticmethod(forward_and_setup),
+        "backward": staticmethod(cls.backward),
+        "__module__": cls.__module__,
+        "__qualname__": cls.__qualname__,
+    }
+    if cls.jvp is not torch.autograd.Function.jvp:  # ``with_jvp``'s subclass
+        namespace["jvp"] = staticmethod(cls.jvp)
+    made = _CTX_FORMS[cls] = type(cls.__name__, (torch.autograd.Function,), namespace)
+    return made
