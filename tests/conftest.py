@@ -88,3 +88,31 @@ def pytest_terminal_summary(terminalreporter):
     for group in sorted(counts):
         row = ", ".join(f"{k} {v}" for k, v in sorted(counts[group].items()))
         terminalreporter.write_line(f"{group:8s} {row}")
+
+
+@pytest.fixture
+def meta_gpu_mode(monkeypatch):
+    """The Caffe face computing on meta, as in GPU mode on CUDA; host reads of meta values
+    answer zeros. (Device discipline without a GPU: any host tensor mixed into the
+    computation fails there, as it would on CUDA.)"""
+    from torchcaffe import runtime, syncedmem
+
+    meta = torch.device("meta")
+    monkeypatch.setattr(runtime, "compute_device", lambda: meta)
+    monkeypatch.setattr(syncedmem, "default_gpu_device", lambda: meta)
+    to_float, item, equal, copy = (
+        torch.Tensor.__float__,
+        torch.Tensor.item,
+        torch.equal,
+        torch.Tensor.copy_,
+    )
+    monkeypatch.setattr(torch.Tensor, "__float__", lambda t: 0.0 if t.is_meta else to_float(t))
+    monkeypatch.setattr(torch.Tensor, "item", lambda t: 0.0 if t.is_meta else item(t))
+    monkeypatch.setattr(torch, "equal", lambda a, b: (a.is_meta or b.is_meta) or equal(a, b))
+
+    def copy_(dst, src, non_blocking=False):
+        if isinstance(src, torch.Tensor) and src.is_meta and not dst.is_meta:
+            return dst  # meta holds no values to copy to the host
+        return copy(dst, src, non_blocking)
+
+    monkeypatch.setattr(torch.Tensor, "copy_", copy_)

@@ -19,7 +19,6 @@ from google.protobuf import text_format
 
 import torchcaffe
 import torchcaffe as caffe
-from torchcaffe import runtime, syncedmem
 from torchcaffe.proto import caffe_pb2
 
 from .random_nets import random_net, random_training_net
@@ -59,30 +58,6 @@ def test_zoo_deploy_net_runs_on_meta(models_root, proto):
         with torch.no_grad():
             out = net(**inputs)
         assert all(t.device == META for t in out.values())
-
-
-@pytest.fixture
-def meta_gpu_mode(monkeypatch):
-    """The Caffe face computing on meta, as in GPU mode on CUDA; host reads of meta values
-    answer zeros."""
-    monkeypatch.setattr(runtime, "compute_device", lambda: META)
-    monkeypatch.setattr(syncedmem, "default_gpu_device", lambda: META)
-    to_float, item, equal, copy = (
-        torch.Tensor.__float__,
-        torch.Tensor.item,
-        torch.equal,
-        torch.Tensor.copy_,
-    )
-    monkeypatch.setattr(torch.Tensor, "__float__", lambda t: 0.0 if t.is_meta else to_float(t))
-    monkeypatch.setattr(torch.Tensor, "item", lambda t: 0.0 if t.is_meta else item(t))
-    monkeypatch.setattr(torch, "equal", lambda a, b: (a.is_meta or b.is_meta) or equal(a, b))
-
-    def copy_(dst, src, non_blocking=False):
-        if isinstance(src, torch.Tensor) and src.is_meta and not dst.is_meta:
-            return dst  # meta holds no values to copy to the host
-        return copy(dst, src, non_blocking)
-
-    monkeypatch.setattr(torch.Tensor, "copy_", copy_)
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import torchcaffe as caffe
+from torchcaffe.syncedmem import Head
 
 PROTO = """
 input: "x" input_shape { dim: 4 dim: 3 dim: 5 dim: 5 }
@@ -57,3 +58,28 @@ def test_statistics_a_gpu_forward_updates_reach_the_host_view(train_net):
     again = _expected_stats(x, [want[0], want[1], np.array([2.0], np.float32)])
     for blob, expected in zip(train_net.params["bn"], again):
         np.testing.assert_allclose(blob.data, expected, rtol=1e-5, atol=1e-6)
+
+
+class _Untouchable(list):
+    def __iter__(self):
+        raise AssertionError("the buffer watch was walked")
+
+
+@pytest.mark.parametrize("phase", [caffe.TRAIN, caffe.TEST])
+def test_only_a_net_whose_layers_may_update_their_blobs_watches_them(
+    tmp_path, meta_gpu_mode, phase
+):
+    """In GPU mode a TRAIN BatchNorm's forward moves its statistics' heads to the device; a
+    TEST net, which the lazy forward serves and whose layers update nothing, is not walked."""
+    path = tmp_path / "bn.prototxt"
+    path.write_text(PROTO)
+    net = caffe.Net(str(path), phase)
+    net.blobs["x"].data[...] = 1.0
+    net.forward()  # moves the module to the device side
+    for blob in net.params["bn"]:
+        blob.cpu_data()  # host sides current again
+    if phase == caffe.TEST:
+        net._buffer_watch = _Untouchable(net._buffer_watch)
+    net.forward()
+    heads = {blob.data_memory.head for blob in net.params["bn"]}
+    assert heads == ({Head.HEAD_AT_GPU} if phase == caffe.TRAIN else {Head.SYNCED})

@@ -323,8 +323,10 @@ class Net:
         TRAIN) writes the module's tensor in place. On the CPU that tensor is the blob's host
         memory; on a GPU the host copy is then stale, as in Caffe, whose layer writes
         mutable_gpu_data: move the head to the device so the next host read copies back, and
-        a host edit is not synced over the update."""
-        if self._device.type == "cpu":
+        a host edit is not synced over the update. A net the lazy forward serves updates
+        nothing in forward (``replayable``): then no buffer is looked at (ResNet-50's 159 took
+        30-80 us a forward)."""
+        if self._device.type == "cpu" or self._lazy.applies:
             return
         versions = self._buffer_versions
         for k, (tensor, blob) in enumerate(self._buffer_watch):
