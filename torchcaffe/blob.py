@@ -235,6 +235,16 @@ class Blob:
             return self.mutable_cpu_data() if mutable else self.cpu_data()
         return self.mutable_gpu_data() if mutable else self.gpu_data()
 
+    def data_copy_at(self, device: torch.device) -> torch.Tensor:
+        """A new tensor on ``device``'s side holding this blob's data, which nothing else
+        holds. On a device, data a script just wrote on the host is copied straight into it:
+        one copy, where syncing the device side first and cloning it made two."""
+        if device.type != "cpu":
+            host = self._data.host_alone_current()
+            if host is not None:
+                return self._view(host).to(device)
+        return self.data_at(device).clone()
+
     def diff_at(self, device: torch.device, mutable: bool = False) -> torch.Tensor:
         if device.type == "cpu":
             return self.mutable_cpu_diff() if mutable else self.cpu_diff()

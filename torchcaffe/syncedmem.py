@@ -282,6 +282,15 @@ class SyncedMemory:
         assert self._gpu is not None
         return self._gpu
 
+    def host_alone_current(self) -> torch.Tensor | None:
+        """The host buffer when it alone holds the current value (a script just wrote it),
+        else None. Reading it moves nothing: a caller that copies it to the device itself
+        leaves the device side stale, as the head says."""
+        self._catch_up()
+        if self._deferred is None and self._head is Head.HEAD_AT_CPU:
+            return self._cpu
+        return None
+
     def mutable_cpu_data(self) -> torch.Tensor:
         self._to_cpu()
         self._move_head(Head.HEAD_AT_CPU)

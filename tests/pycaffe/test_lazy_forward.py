@@ -463,3 +463,24 @@ def test_a_recurrent_layers_carried_state_advances_once_per_forward(tmp_path):
         np.testing.assert_allclose(got, want["sc"], rtol=1e-5, atol=1e-6)
         if step == 2:  # a folded blob, read after the forward
             np.testing.assert_allclose(net.blobs["ip"].data, want["ip"], rtol=1e-5, atol=1e-6)
+
+
+def test_on_a_device_the_input_a_script_wrote_is_copied_there_once(net, meta_gpu_mode):
+    """GPU mode: the host data a script just wrote goes to the device in one copy, a tensor
+    of the run's own; the blob's device side is left stale (its head says so) instead of
+    being synced and then cloned."""
+    copies: list[tuple[syncedmem.SyncedMemory, str]] = []
+    syncedmem.copy_hooks.append(lambda memory, direction: copies.append((memory, direction)))
+    try:
+        for seed in range(2):
+            net.blobs["data"].data[...] = _x(seed)
+            memory = net.blobs["data"].data_memory
+            copies.clear()
+            out = net.forward()
+            assert [d for m, d in copies if m is memory] == []
+            assert memory.head is syncedmem.Head.HEAD_AT_CPU  # the host side is current
+            assert out["prob"].shape == (2, 3)
+        assert net._lazy._run is not None
+        assert net._lazy._run.inputs["data"].device.type == "meta"
+    finally:
+        syncedmem.copy_hooks.pop()

@@ -179,7 +179,7 @@ class LazyForward:
         reshapes a blob (with its loss diff). Returns the loss."""
         net, blobs = self.net, self.blobs
         with torch.inference_mode():
-            inputs = {n: blobs[n].data_at(device).clone() for n in net.input_names}
+            inputs = {n: blobs[n].data_copy_at(device) for n in net.input_names}
         shapes = self._shapes_for(inputs)
         written = self._written_blobs()
         on_gpu = device.type != "cpu"
