@@ -39,7 +39,7 @@ def test_gradient_is_caffes_mask_not_torch_clamps():
     layer, _ = make_layer("clip_param { min: -0.5 max: 0.8 }", [(2, 3)], type="Clip")
     x = torch.tensor([[-0.5, 0.8, 0.0], [-1.0, 2.0, float("nan")]], requires_grad=True)
     y = layer(x)
-    assert "CaffeClip" in type(y.grad_fn).__name__
+    assert "SlopeAtInput" in type(y.grad_fn).__name__
     y.backward(torch.full_like(y, 3.0))
     assert x.grad.tolist() == [[3.0, 3.0, 3.0], [0.0, 0.0, 0.0]]
     with torch.no_grad():  # inference: torch's clamp alone

@@ -25,7 +25,6 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from ..registry import register_layer
-from ._functional.clip import caffe_clip, inside
 from ._functional.function import CaffeFunction
 from ._functional.power import caffe_power
 from ._transforms import under_func_transform, with_jvp
@@ -101,6 +100,36 @@ class SlopeAtOutput(CaffeFunction):
         the top diff, writing the slope squared, there is no linear map to transpose)."""
         (y,) = ctx.saved_tensors
         return x_t * ctx.layer.caffe_slope(y)
+
+
+class SlopeAtInput(CaffeFunction):
+    """A neuron layer whose torch gradient is not Caffe's at some inputs: the layer's
+    ``values``, and ``layer.caffe_slope`` at the input for the backward. (Clip: torch.clamp's
+    gradient at a bound is a convention torch changed, passing it up to 2.13 and none from
+    2.14, where Caffe's mask includes the bounds.)"""
+
+    generate_vmap_rule = True  # torch.func batches it (ops/_transforms.py)
+
+    @staticmethod
+    def forward(x, layer):
+        return layer.values(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.layer = inputs[1]
+        ctx.save_for_backward(inputs[0])
+        ctx.save_for_forward(inputs[0])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * ctx.layer.caffe_slope(x), None
+
+    @staticmethod
+    def tangent(ctx, x_t, _):  # the backward's transpose: the same slope per element
+        (x,) = ctx.saved_tensors
+        return x_t * ctx.layer.caffe_slope(x)
 
 
 def _log_base(layer: CaffeLayer, base: float) -> float:
@@ -381,7 +410,7 @@ class ClipLayer(NeuronLayer):
     The gradient passes where min <= x <= max (bounds included). With min > max the output is
     min everywhere and the gradient 0, as in Caffe.
     Differs from torch: torch.clamp gives max everywhere when min > max, and its gradient at a
-    bound depends on the torch release (``CaffeClip``). Differs from Caffe: NaN stays NaN,
+    bound depends on the torch release (``SlopeAtInput``). Differs from Caffe: NaN stays NaN,
     where Caffe's CPU gives min and its GPU max.
     """
 
@@ -404,12 +433,15 @@ class ClipLayer(NeuronLayer):
         return True
 
     def caffe_slope(self, x: torch.Tensor) -> torch.Tensor:
-        return inside(x, self.min, self.max)
+        return ((x >= self.min) & (x <= self.max)).to(x.dtype)
+
+    def values(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.clamp(x, self.min, self.max)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.min > self.max:  # no x is inside: no gradient on any torch
             return torch.clamp(torch.clamp(x, max=self.max), min=self.min)
         recorded = x.requires_grad and torch.is_grad_enabled()
         if (recorded or under_func_transform()) and not torch.jit.is_tracing():
-            return caffe_clip(x, self.min, self.max)
-        return torch.clamp(x, self.min, self.max)  # no gradient taken (or a jit trace's)
+            return with_jvp(SlopeAtInput).apply(x, self)
+        return self.values(x)  # no gradient taken (or a jit trace's)
