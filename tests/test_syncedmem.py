@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from torchcaffe import syncedmem
-from torchcaffe.blob import Blob
+from torchcaffe.blob import Blob, watch_memories
 from torchcaffe.errors import DeviceError
 from torchcaffe.syncedmem import Head, SyncedMemory
 
@@ -345,6 +345,77 @@ def test_every_move_to_the_device_side_is_counted(op):
     since = _to_device_side_ops()[op](mem)  # None, or the count before the last step
     assert mem.head is Head.HEAD_AT_GPU
     assert SyncedMemory.device_heads > (before if since is None else since)
+
+
+def _to_host_side_ops():
+    def deferred_then_dropped(mem):
+        mem.mutable_cpu_data()
+        mem.defer(lambda: torch.zeros(2), on_gpu=True)
+        before = SyncedMemory.watched_host_heads
+        mem.drop_deferred()  # back to the host side
+        return before
+
+    def deferred_then_written(mem):
+        mem.defer(lambda: torch.zeros(2))
+        before = SyncedMemory.watched_host_heads
+        mem.cpu_data()  # the deferred value is written to the host side
+        return before
+
+    def device_then_mutable_host(mem):
+        mem.mutable_gpu_data()
+        before = SyncedMemory.watched_host_heads
+        mem.mutable_cpu_data()  # synced first (not a move), then the host side alone
+        return before
+
+    return {
+        "head setter": lambda m: setattr(m, "head", Head.HEAD_AT_CPU),
+        "defer on the host": lambda m: m.defer(lambda: torch.zeros(2)),
+        "drop_deferred": deferred_then_dropped,
+        "deferred write": deferred_then_written,
+        "first cpu_data": lambda m: [m.cpu_data()] and None,
+        "mutable_cpu_data": device_then_mutable_host,
+        "set_cpu_data": lambda m: m.set_cpu_data(torch.zeros(2)),
+        "take on the host": lambda m: [m.take(torch.zeros(2))] and None,
+    }
+
+
+@pytest.mark.parametrize("op", list(_to_host_side_ops()))
+def test_every_move_of_a_watched_memory_to_the_host_side_is_counted(op):
+    """``watched_host_heads`` lets a GPU-mode reader of its params' device sides skip looking
+    while it stays the same: each way a watched head becomes HEAD_AT_CPU must count, and an
+    unwatched memory (an input a script writes each run) must not."""
+    watched, unwatched = (SyncedMemory(2, gpu_device="cpu") for _ in range(2))
+    watched.watched = True
+    before = SyncedMemory.watched_host_heads
+    _to_host_side_ops()[op](unwatched)
+    assert unwatched.head is Head.HEAD_AT_CPU
+    assert SyncedMemory.watched_host_heads == before
+    since = _to_host_side_ops()[op](watched)  # None, or the count before the last step
+    assert watched.head is Head.HEAD_AT_CPU
+    assert SyncedMemory.watched_host_heads > (before if since is None else since)
+
+
+@pytest.mark.parametrize(
+    "swap",
+    ["reshape larger", "set_cpu_data of a new size", "share_data", "share_diff"],
+)
+def test_a_watched_memory_leaving_its_blob_is_counted(swap):
+    """A param blob given new memory: its watcher must look at the new one, which nobody
+    watches yet."""
+    blob, other = Blob((2,)), Blob((2,))
+    watch_memories([blob])
+    before = SyncedMemory.watched_host_heads
+    if swap == "reshape larger":
+        blob.reshape(3)
+    elif swap == "set_cpu_data of a new size":
+        blob.reshape(1)  # capacity kept: the memory's count is 2
+        blob.set_cpu_data(torch.zeros(1))
+    else:
+        getattr(blob, swap)(other)
+    assert SyncedMemory.watched_host_heads == before + 1
+    moved = SyncedMemory.watched_host_heads
+    other.reshape(5)  # nothing watched leaves
+    assert SyncedMemory.watched_host_heads == moved
 
 
 def test_host_side_work_leaves_the_device_count():

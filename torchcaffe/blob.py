@@ -95,9 +95,21 @@ class Blob:
         # a memory shared from a smaller blob (share_data) cannot hold more than its count
         if count > self.capacity or count > min(self._data.count, self._diff.count):
             self.capacity = count
-            self._data = SyncedMemory(count, self.dtype, self.gpu_device)
-            self._diff = SyncedMemory(count, self.dtype, self.gpu_device)
+            self._new_memories(count)
         self._layout_changed()
+
+    def _new_memories(self, count: int) -> None:
+        self._replace_memories(
+            SyncedMemory(count, self.dtype, self.gpu_device),
+            SyncedMemory(count, self.dtype, self.gpu_device),
+        )
+
+    def _replace_memories(self, data: SyncedMemory, diff: SyncedMemory) -> None:
+        """Every change of memory comes here: a watched memory that leaves is counted
+        (``SyncedMemory.watched_host_heads``), so that its watcher looks at the new one."""
+        if self._data.watched or self._diff.watched:
+            SyncedMemory.watched_host_heads += 1
+        self._data, self._diff = data, diff
 
     def _layout_changed(self) -> None:
         if self.on_layout_change is not None:
@@ -288,8 +300,7 @@ class Blob:
                 "set_cpu_data with a tensor of another size", expected=self._count, got=flat.numel()
             )
         if self._data.count != self._count:
-            self._data = SyncedMemory(self._count, self.dtype, self.gpu_device)
-            self._diff = SyncedMemory(self._count, self.dtype, self.gpu_device)
+            self._new_memories(self._count)
             self._layout_changed()
         self._data.set_cpu_data(flat)
 
@@ -301,7 +312,7 @@ class Blob:
                 expected=self._count,
                 got=other.count(),
             )
-        self._data = other._data
+        self._replace_memories(other._data, self._diff)
         self._layout_changed()
 
     def share_diff(self, other: Blob) -> None:
@@ -311,7 +322,7 @@ class Blob:
                 expected=self._count,
                 got=other.count(),
             )
-        self._diff = other._diff
+        self._replace_memories(self._data, other._diff)
         self._layout_changed()
 
     def copy_from(self, source: Blob, copy_diff: bool = False, reshape: bool = False) -> None:
@@ -454,6 +465,14 @@ def memories_at(blobs: Iterable[Blob], head: Head) -> list[SyncedMemory]:
         if (diff._head if diff._bulk is None else diff.head) is head:
             found.append(diff)
     return found
+
+
+def watch_memories(blobs: Iterable[Blob]) -> None:
+    """Count moves of these blobs' memories to the host side alone, and their replacement
+    (``SyncedMemory.watched_host_heads``): in GPU mode the Caffe face then looks at its
+    params' host sides only when that count moved."""
+    for blob in blobs:
+        blob._data.watched = blob._diff.watched = True
 
 
 def _proto_diff(proto: caffe_pb2.BlobProto) -> np.ndarray | None:

@@ -96,6 +96,11 @@ class SyncedMemory:
     # current), over all memories: while it stays the same, no host side went stale, so a
     # caller that synced the host sides it reads can skip looking at them again.
     device_heads = 0
+    # How many times a watched memory's head moved to HEAD_AT_CPU (the host side alone
+    # current), or a watched memory left its blob (``Blob``'s memory swaps): the mirror of
+    # ``device_heads`` for a reader of the device sides, counting only the memories it
+    # watches (a net's params), since a script writes some input's host side on every run.
+    watched_host_heads = 0
 
     def __init__(
         self,
@@ -114,6 +119,7 @@ class SyncedMemory:
         self._bulk: BulkDeferral | None = None  # ``link``
         self._bulk_key = ""
         self._bulk_seen = 0  # the generation of ``_bulk`` whose value this memory took
+        self.watched = False  # counted in ``watched_host_heads``
 
     @property
     def head(self) -> Head:
@@ -128,10 +134,13 @@ class SyncedMemory:
 
     def _move_head(self, head: Head) -> None:
         """Every change of head after construction comes here, so that each move to the
-        device side alone is counted (``device_heads``)."""
+        device side alone is counted (``device_heads``), and each watched memory's move to
+        the host side alone (``watched_host_heads``)."""
         self._head = head
         if head is Head.HEAD_AT_GPU:
             SyncedMemory.device_heads += 1
+        elif head is Head.HEAD_AT_CPU and self.watched:
+            SyncedMemory.watched_host_heads += 1
 
     def link(self, bulk: BulkDeferral, key: str) -> None:
         """Follow ``bulk``: its current generation's value under ``key`` is this memory's

@@ -1,6 +1,7 @@
 """Before each run the Caffe face pulls params edited on the other side into the module's
 tensors; on the CPU it looks at the params only when some memory's device side may have
-become current since it last did (``SyncedMemory.device_heads``)."""
+become current since it last did (``SyncedMemory.device_heads``); in GPU mode, only when
+some param's host side may have (``SyncedMemory.watched_host_heads``)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import pytest
 import torch
 
 import torchcaffe as caffe
+from torchcaffe import syncedmem
 from torchcaffe.errors import UsageError
 from torchcaffe.pycaffe import net as pycaffe_net
+from torchcaffe.syncedmem import Head
 
 NET = """
 input: "data" input_shape { dim: 2 dim: 3 }
@@ -52,6 +55,35 @@ def test_params_are_looked_at_only_after_a_device_side_write(net, scans):
     assert len(scans) == scanned + 1
     np.testing.assert_allclose(out, _want(net, x), rtol=1e-6)
     assert (net.params["ip"][0].data == 0.5).all()
+
+
+def test_in_gpu_mode_params_are_looked_at_only_after_a_host_side_write(net, scans, meta_gpu_mode):
+    """The GPU-mode mirror: a script writes the input's host side on every run, which does
+    not make the params looked at; a param's host-side write does, once, and reaches the
+    module's device tensor (``SyncedMemory.watched_host_heads``)."""
+    copies = []
+    hook = lambda memory, direction: copies.append((memory, direction))  # noqa: E731
+    syncedmem.copy_hooks.append(hook)
+    try:
+        x = np.arange(6, dtype=np.float32).reshape(2, 3)
+        net.forward(data=x)
+        scanned = len(scans)
+        net.blobs["data"].data[...] = x
+        net.forward()
+        assert len(scans) == scanned
+        weight, bias = net.params["ip"]
+        weight.data[...] = 0.5
+        bias.set_cpu_data(torch.zeros(2))
+        del copies[:]
+        net.forward(data=x)
+        assert len(scans) == scanned + 1
+        to_device = {id(memory) for memory, direction in copies if direction == "cpu->gpu"}
+        assert {id(weight.data_memory), id(bias.data_memory)} <= to_device
+        assert weight.data_memory.head is bias.data_memory.head is Head.SYNCED
+        net.forward(data=x)
+        assert len(scans) == scanned + 1
+    finally:
+        syncedmem.copy_hooks.remove(hook)
 
 
 def test_param_blobs_follow_a_module_the_script_converted(tmp_path):

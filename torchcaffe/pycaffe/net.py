@@ -25,7 +25,7 @@ from torch import nn
 
 from .. import runtime
 from ..api import load, load_weights, save_weights
-from ..blob import Blob, memories_at
+from ..blob import Blob, memories_at, watch_memories
 from ..errors import (
     BlobWiringError,
     InputArrayError,
@@ -147,6 +147,13 @@ class BlobLossWeights(list):
 def _slope_rule(module: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """An in-place neuron layer's Caffe Backward from the blob it shares with its bottom."""
     return module.in_place_backward
+
+
+def _params_stale_count(on_cpu: bool) -> int:
+    """A count that moves whenever a param's module side may go stale: on the CPU any
+    memory's move to the device side alone (a param's host buffer is the module's
+    tensor), in GPU mode a watched memory's move to the host side alone."""
+    return SyncedMemory.device_heads if on_cpu else SyncedMemory.watched_host_heads
 
 
 class Net:
@@ -302,8 +309,9 @@ class Net:
         self._param_blob_of = by_tensor
         # handed out writable since the last run: blob -> (blob, references to it when bare)
         self._written_params: dict[int, tuple[Blob, int]] = {}
-        # SyncedMemory.device_heads when every param's host side was last found current
-        self._host_synced_at = -1
+        # the counter that says whether a param's module side may have gone stale
+        # (``_params_stale_count``) when every param was last found current there
+        self._params_synced_at = -1
         for blob in by_tensor.values():
             self._param_users[id(blob)] = blob.data_memory.cpu_users()
         # the blobs a layer may update in its own forward (buffers: BatchNorm's running
@@ -554,15 +562,17 @@ class Net:
         # module's side (or SYNCED) is current there: its buffer is the module's tensor.
         # Synced through the flat buffers: no per-blob view is made (see SyncedMemory.take).
         on_cpu = device.type == "cpu"
-        if on_cpu and self._host_synced_at == SyncedMemory.device_heads:
-            return device  # no device side became current since: no host side went stale
-        heads = SyncedMemory.device_heads
+        count = _params_stale_count(on_cpu)
+        if self._params_synced_at == count:
+            return device  # no param's module side can have gone stale since
+        blobs = self._param_blob_of.values()
+        if not on_cpu:
+            watch_memories(blobs)
         stale = Head.HEAD_AT_GPU if on_cpu else Head.HEAD_AT_CPU
         sync = SyncedMemory.cpu_data if on_cpu else SyncedMemory.gpu_data
-        for memory in memories_at(self._param_blob_of.values(), stale):
+        for memory in memories_at(blobs, stale):
             sync(memory)
-        if on_cpu:
-            self._host_synced_at = heads
+        self._params_synced_at = count
         return device
 
     def _params_written_on_device(self, diff: bool = False) -> None:
