@@ -24,3 +24,30 @@ def calls_of(net: torch.nn.Module, target: str, grad: bool = False, **inputs: to
     """How many times dynamo's graphs of ``net(**inputs)`` call the op named ``target``
     (``str`` of an FX node's target, e.g. "torchcaffe.cached_conv2d.default")."""
     return sum(str(node.target) == target for node in traced_calls(net, grad, **inputs))
+
+
+def _written_in_place(node: object) -> bool:
+    """Is ``node`` an FX node whose op writes its result in place (``x.mul_(y)``) or into an
+    ``out=`` tensor?"""
+    if not isinstance(node, torch.fx.Node) or node.op not in ("call_method", "call_function"):
+        return False
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    return "out" in node.kwargs or (name.endswith("_") and not name.startswith("_"))
+
+
+def functions_returning_writes(graphs: list[torch.fx.GraphModule]) -> list[str]:
+    """The autograd.Function forwards in dynamo's ``graphs`` (their ``fwd_body`` subgraphs)
+    that return a tensor an in-place or ``out=`` op wrote. Torch 2.11's dynamo gave such a
+    Function no gradient in the compiled backward, silently."""
+    found = []
+    for gm in graphs:
+        for name, sub in gm.named_modules():
+            if not (name.startswith("fwd_body") and isinstance(sub, torch.fx.GraphModule)):
+                continue
+            (output,) = [n for n in sub.graph.nodes if n.op == "output"]
+            returned: list = []
+            torch.fx.node.map_arg(output.args[0][0], returned.append)
+            found += [
+                f"{name}: {node.format_node()}" for node in returned if _written_in_place(node)
+            ]
+    return found

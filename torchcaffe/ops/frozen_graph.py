@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from ._exporting import exporting
+
 
 def _inductor_freezes() -> bool:
     """Inductor's ``freezing`` setting, read in the trace: dynamo guards the value, so the
@@ -28,6 +30,6 @@ def _inductor_freezes() -> bool:
 def params_frozen() -> bool:
     """Under torch.compile (not torch.export), with no autograd recording, and inductor's
     ``freezing`` on: the graph's params are constants to inductor."""
-    if not torch.compiler.is_compiling() or torch.compiler.is_exporting():
+    if not torch.compiler.is_compiling() or exporting():
         return False
     return not torch.is_grad_enabled() and _inductor_freezes()

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from .. import limits
 from ..proto import caffe_pb2
 from ..registry import register_layer
+from ._exporting import exporting
 from ._launches import launch_bound
 from ._narrow import computed_in_float32
 from ._transforms import under_func_transform, with_jvp
@@ -77,7 +78,7 @@ class LRNLayer(CaffeLayer):
                 and not torch.jit.is_tracing()
                 # torch.export inlines a Function's forward and keeps no backward: the out=
                 # power then fails under autograd when the exported program runs
-                and not torch.compiler.is_exporting()
+                and not exporting()
                 and not under_func_transform()  # its forward writes out= and in place
             ):
                 return with_jvp(AcrossChannelsLRN).apply(x, n, self.alpha, self.beta, self.k)
@@ -119,6 +120,11 @@ class AcrossChannelsLRN(torch.autograd.Function):
         ctx.save_for_backward(x)
         ctx.save_for_forward(x)
         ctx.lrn = (n, alpha, beta, k)
+        if torch.compiler.is_compiling():
+            # a fresh top: torch 2.11's dynamo traced a Function whose forward returns a
+            # tensor written in place (out=, mul_) so that the compiled backward got no
+            # gradient; inductor fuses the two forms alike
+            return x * neg_power(scale, beta)
         return neg_power(scale, beta, out=sq).mul_(x)
 
     @staticmethod

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from . import frozen_graph, fused_relu
+from ._exporting import exporting
 from ._transforms import under_func_transform, with_jvp
 
 # Weights (N * K) from which oneDNN's matmul is faster than MKL's at every batch measured.
@@ -84,7 +85,7 @@ def graph_can_take(tensors: Sequence[torch.Tensor]) -> bool:
     not exporting (torch.export also turns oneDNN off while it traces), CPU float32 tensors,
     no CPU autocast, oneDNN on, and inductor not freezing the params (``frozen_graph``: it
     then packs and fuses the plain ops itself)."""
-    if not torch.compiler.is_compiling() or torch.compiler.is_exporting():
+    if not torch.compiler.is_compiling() or exporting():
         return False
     if frozen_graph.params_frozen():
         return False

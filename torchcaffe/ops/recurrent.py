@@ -26,6 +26,7 @@ from typing import ClassVar
 import torch
 
 from ..errors import BlobWiringError, TracedStateWarning
+from ._exporting import exporting
 from .base import Between, CaffeLayer, Shape
 
 # Caffe's own check asks for 2 axes, but its unrolled net's input InnerProduct (axis 2) then
@@ -197,7 +198,7 @@ class RecurrentLayer(CaffeLayer, metaclass=abc.ABCMeta):
         if self.expose_hidden:
             state = [h.detach() for h in rest[self.static_input :]]
         else:
-            if torch.jit.is_tracing() or torch.compiler.is_exporting():
+            if torch.jit.is_tracing() or exporting():
                 warnings.warn(self._traced_state_message(), TracedStateWarning, stacklevel=2)
             state = []
             for name in self.state_names:
