@@ -44,3 +44,31 @@ def test_the_package_asks_exporting_not_torch():
         if re.search(r"\bis_exporting\(\)", line)
     ]
     assert not direct, direct
+
+
+def test_a_failed_export_leaves_no_buffer_registration_hook(monkeypatch):
+    """Torch 2.11 and 2.12 left their non-strict trace's buffer-assignment hook registered
+    after a failed export; a later compile of a recurrent net (which sets its carried state
+    in forward) then broke its graph. ``export_net`` removes what the export left."""
+    from google.protobuf import text_format
+
+    from torchcaffe.errors import ExportError
+    from torchcaffe.net.export import export_net
+    from torchcaffe.proto import caffe_pb2
+
+    hooks = torch.nn.modules.module._global_buffer_registration_hooks
+    before = dict(hooks)
+
+    def failing_export(*args, **kwargs):  # as torch 2.12's: registers, then the trace fails
+        torch.nn.modules.module.register_module_buffer_registration_hook(lambda m, n, b: b)
+        raise RuntimeError("could not guard on a data-dependent expression")
+
+    monkeypatch.setattr(torch.export, "export", failing_export)
+    text = (
+        'input: "data" input_shape { dim: 2 dim: 3 }\n'
+        'layer { name: "r" type: "ReLU" bottom: "data" top: "y" }'
+    )
+    net = torchcaffe.load(text_format.Parse(text, caffe_pb2.NetParameter()), phase="test")
+    with pytest.raises(ExportError, match="data-dependent"):
+        export_net(net, {"data": torch.zeros(2, 3)})
+    assert dict(hooks) == before

@@ -78,6 +78,23 @@ def state_kept(net: TorchNet) -> Iterator[None]:
                 param.copy_(value)
 
 
+@contextlib.contextmanager
+def registration_hooks_kept() -> Iterator[None]:
+    """Within: a global buffer-registration hook that torch.export leaves behind is removed
+    on the way out. Torch 2.11 and 2.12 remove the one their non-strict trace registers only
+    when the trace succeeds; left after a failed export, it made every later torch.compile
+    of a net that sets a buffer in its forward (a recurrent layer's carried state) fail
+    with ``fullgraph=True``, and break its graph otherwise."""
+    hooks = getattr(torch.nn.modules.module, "_global_buffer_registration_hooks", None)
+    before = set(hooks) if hooks is not None else set()
+    try:
+        yield
+    finally:
+        if hooks is not None:
+            for key in set(hooks) - before:
+                del hooks[key]
+
+
 def batch_axis_names(groups: Mapping[str, int]) -> dict[str, str]:
     """Each symbolic input's name for its axis 0 (``batch_groups``): ``batch`` for the first
     input's group, ``batch1``, ``batch2``... for the others."""
@@ -118,7 +135,7 @@ def export_net(
         dims = {name: torch.export.Dim(name, min=1, max=max_batch) for name in names.values()}
         shapes = {"args": tuple({0: dims[names[n]]} if n in names else {} for n in net.input_names)}
     try:
-        with state_kept(net):
+        with state_kept(net), registration_hooks_kept():
             return torch.export.export(net, args, dynamic_shapes=shapes)
     except TorchCaffeError:
         raise
