@@ -583,6 +583,12 @@ layer { name: "ip" type: "InnerProduct" bottom: "cls" top: "ip"
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN (CPU)")
+@pytest.mark.xfail(
+    torch.torch_version.TorchVersion(torch.__version__) < "2.13",
+    reason="inductor's freezing before torch 2.13 fails on an nn.Parameter subclass "
+    "(CaffeParameter): BackendCompilerFailed in its constant folding (seen on 2.11, 2.12)",
+    strict=True,
+)
 def test_a_frozen_graph_folds_and_packs_every_weight():
     """With inductor's ``freezing`` the params are constants: it folds the BatchNorm/Scale
     arithmetic into the weights once and packs them for oneDNN, fusing the ReLU, as it does
