@@ -688,3 +688,29 @@ def _check_random_net(tmp_path, dynamo: bool, spec, seed: int) -> None:
     path = tmp_path / "random.onnx"
     export_onnx(net, path, dynamo=dynamo)
     _check(net, path, list(net.output_names), batch=3)
+
+
+def test_a_failed_dynamo_export_leaves_no_buffer_registration_hook(tmp_path, monkeypatch):
+    """Torch 2.11 and 2.12 left torch.export's buffer-assignment hook registered when the
+    trace failed (a golden net's DetectionOutput in the dynamo exporter did); every later
+    compile of a recurrent net in that process then broke its graph. ``export_onnx`` removes
+    what the exporter left."""
+    pytest.importorskip("onnxscript")
+    hooks = torch.nn.modules.module._global_buffer_registration_hooks
+    before = dict(hooks)
+
+    def failing_export(*args, **kwargs):  # as torch 2.12's: registers, then the trace fails
+        torch.nn.modules.module.register_module_buffer_registration_hook(lambda m, n, b: b)
+        raise RuntimeError("could not guard on a data-dependent expression")
+
+    monkeypatch.setattr(torch.onnx, "export", failing_export)
+    net = torchcaffe.load(
+        torchcaffe.formats.prototxt.read_net(
+            'input: "data" input_shape { dim: 2 dim: 3 }\n'
+            'layer { name: "r" type: "ReLU" bottom: "data" top: "y" }'
+        )
+    )
+    with pytest.raises(ExportError, match="data-dependent"):
+        export_onnx(net, tmp_path / "x.onnx")
+    assert dict(hooks) == before
+    assert not (tmp_path / "x.onnx").exists()

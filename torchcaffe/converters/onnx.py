@@ -19,7 +19,13 @@ from torch import nn
 
 from ..errors import ExportError, MissingPackageError
 from ..formats.atomic import atomic_write
-from ..net.export import batch_axis_names, batch_groups, first_line, state_kept
+from ..net.export import (
+    batch_axis_names,
+    batch_groups,
+    first_line,
+    registration_hooks_kept,
+    state_kept,
+)
 from ..net.net import TorchNet
 from ..proto import caffe_pb2
 
@@ -136,7 +142,11 @@ def export_onnx(
                 kw["f"] = buffer = io.BytesIO()  # the file is written below, whole or not at all
             # dynamo: without autograd recording (an AVE pooling that overhangs would take its
             # explicit-sums form for compiled training, which this exporter divides again)
-            with torch.no_grad() if dynamo else contextlib.nullcontext(), state_kept(net):
+            with (
+                torch.no_grad() if dynamo else contextlib.nullcontext(),
+                state_kept(net),
+                registration_hooks_kept(),
+            ):
                 result = torch.onnx.export(wrapper, example, **kw)
         if dynamo:
             assert result is not None
