@@ -26,6 +26,11 @@ def calls_of(net: torch.nn.Module, target: str, grad: bool = False, **inputs: to
     return sum(str(node.target) == target for node in traced_calls(net, grad, **inputs))
 
 
+# dynamo before torch 2.13 returns every intermediate of a Function's forward after its
+# outputs, in the same tuple
+_RETURNS_INTERMEDIATES = torch.torch_version.TorchVersion(torch.__version__) < "2.13"
+
+
 def _written_in_place(node: object) -> bool:
     """Is ``node`` an FX node whose op writes its result in place (``x.mul_(y)``) or into an
     ``out=`` tensor?"""
@@ -47,6 +52,8 @@ def functions_returning_writes(graphs: list[torch.fx.GraphModule]) -> list[str]:
             (output,) = [n for n in sub.graph.nodes if n.op == "output"]
             returned: list = []
             torch.fx.node.map_arg(output.args[0][0], returned.append)
+            if _RETURNS_INTERMEDIATES:  # read only what nothing in the forward reads again
+                returned = [n for n in returned if set(n.users) == {output}]
             found += [
                 f"{name}: {node.format_node()}" for node in returned if _written_in_place(node)
             ]
