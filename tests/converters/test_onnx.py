@@ -17,6 +17,7 @@ import torchcaffe
 from torchcaffe.converters.onnx import export_onnx
 from torchcaffe.errors import ExportError
 
+from ..helpers.exports import leaking_failed_export
 from ..helpers.params import centered_weights, fill_params
 from ..net.random_nets import random_net
 
@@ -696,21 +697,13 @@ def test_a_failed_dynamo_export_leaves_no_buffer_registration_hook(tmp_path, mon
     compile of a recurrent net in that process then broke its graph. ``export_onnx`` removes
     what the exporter left."""
     pytest.importorskip("onnxscript")
-    hooks = torch.nn.modules.module._global_buffer_registration_hooks
-    before = dict(hooks)
-
-    def failing_export(*args, **kwargs):  # as torch 2.12's: registers, then the trace fails
-        torch.nn.modules.module.register_module_buffer_registration_hook(lambda m, n, b: b)
-        raise RuntimeError("could not guard on a data-dependent expression")
-
-    monkeypatch.setattr(torch.onnx, "export", failing_export)
     net = torchcaffe.load(
         torchcaffe.formats.prototxt.read_net(
             'input: "data" input_shape { dim: 2 dim: 3 }\n'
             'layer { name: "r" type: "ReLU" bottom: "data" top: "y" }'
         )
     )
-    with pytest.raises(ExportError, match="data-dependent"):
-        export_onnx(net, tmp_path / "x.onnx")
-    assert dict(hooks) == before
+    with leaking_failed_export(monkeypatch, torch.onnx):
+        with pytest.raises(ExportError, match="data-dependent"):
+            export_onnx(net, tmp_path / "x.onnx")
     assert not (tmp_path / "x.onnx").exists()

@@ -14,6 +14,8 @@ import torch
 import torchcaffe
 from torchcaffe.ops._exporting import exporting
 
+from ..helpers.exports import leaking_failed_export
+
 
 class _Flag(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -56,19 +58,11 @@ def test_a_failed_export_leaves_no_buffer_registration_hook(monkeypatch):
     from torchcaffe.net.export import export_net
     from torchcaffe.proto import caffe_pb2
 
-    hooks = torch.nn.modules.module._global_buffer_registration_hooks
-    before = dict(hooks)
-
-    def failing_export(*args, **kwargs):  # as torch 2.12's: registers, then the trace fails
-        torch.nn.modules.module.register_module_buffer_registration_hook(lambda m, n, b: b)
-        raise RuntimeError("could not guard on a data-dependent expression")
-
-    monkeypatch.setattr(torch.export, "export", failing_export)
     text = (
         'input: "data" input_shape { dim: 2 dim: 3 }\n'
         'layer { name: "r" type: "ReLU" bottom: "data" top: "y" }'
     )
     net = torchcaffe.load(text_format.Parse(text, caffe_pb2.NetParameter()), phase="test")
-    with pytest.raises(ExportError, match="data-dependent"):
-        export_net(net, {"data": torch.zeros(2, 3)})
-    assert dict(hooks) == before
+    with leaking_failed_export(monkeypatch, torch.export):
+        with pytest.raises(ExportError, match="data-dependent"):
+            export_net(net, {"data": torch.zeros(2, 3)})
