@@ -98,7 +98,8 @@ def graph_can_take(tensors: Sequence[torch.Tensor]) -> bool:
 
 def graph_ops_definable() -> bool:
     """Whether this torch build can define our opaque graph ops (``torch.library.custom_op``)
-    and tell torch.export from torch.compile (both from torch 2.4): the pin allows older."""
+    and tell torch.export from torch.compile (both from torch 2.4; every torch the pin
+    admits, 2.10 on, has them, but a custom build may lack ``custom_op``)."""
     return hasattr(torch.library, "custom_op") and hasattr(torch.compiler, "is_exporting")
 
 
