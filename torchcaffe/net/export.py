@@ -81,7 +81,7 @@ def state_kept(net: TorchNet) -> Iterator[None]:
 @contextlib.contextmanager
 def registration_hooks_kept() -> Iterator[None]:
     """Within: a global buffer-registration hook that torch.export leaves behind is removed
-    on the way out. Torch 2.11 and 2.12 remove the one their non-strict trace registers only
+    on the way out. Torch 2.10 to 2.12 remove the one their non-strict trace registers only
     when the trace succeeds; left after a failed export, it made every later torch.compile
     of a net that sets a buffer in its forward (a recurrent layer's carried state) fail
     with ``fullgraph=True``, and break its graph otherwise."""

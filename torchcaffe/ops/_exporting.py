@@ -1,8 +1,8 @@
 """Whether torch.export (not torch.compile) is tracing the current call.
 
-``torch.compiler.is_exporting()`` is the public question, but the dynamo of torch 2.11 (and
-2.12) answers True in every trace it makes, torch.compile's too (its table of tracing-state
-functions held the constant True; torch 2.13 reads the flag there instead). Under such a
+``torch.compiler.is_exporting()`` is the public question, but the dynamo of torch 2.11
+answers True in every trace it makes, torch.compile's too (its table of tracing-state
+functions held the constant True; 2.12 and later read the flag there instead). Under such a
 torch every compiled graph took its export form: no opaque oneDNN ops, and LRN's autograd
 backward instead of Caffe's. The flag that function returns is read directly where torch
 has it, which dynamo reads as the value it holds while it traces.

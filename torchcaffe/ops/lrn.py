@@ -123,7 +123,7 @@ class AcrossChannelsLRN(torch.autograd.Function):
         if torch.compiler.is_compiling():
             # a fresh top: torch 2.11's dynamo traced a Function whose forward returns a
             # tensor written in place (out=, mul_) so that the compiled backward got no
-            # gradient; inductor fuses the two forms alike
+            # gradient; the in-place form only saves eager allocations
             return x * neg_power(scale, beta)
         return neg_power(scale, beta, out=sq).mul_(x)
 
