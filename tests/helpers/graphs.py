@@ -40,10 +40,26 @@ def _written_in_place(node: object) -> bool:
     return "out" in node.kwargs or (name.endswith("_") and not name.startswith("_"))
 
 
+def _returns_its_source(node: object) -> bool:
+    """Is ``node`` a ``.to()`` that changes neither dtype nor device (so it returns its
+    source tensor itself), or dynamo's ``view_as`` of one?"""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_method":
+        return False
+    if node.target == "view_as":
+        return _returns_its_source(node.args[0])
+    if node.target != "to" or not isinstance(node.args[0], torch.fx.Node):
+        return False
+    value, source = node.meta.get("example_value"), node.args[0].meta.get("example_value")
+    if not (isinstance(value, torch.Tensor) and isinstance(source, torch.Tensor)):
+        return False
+    return value.dtype == source.dtype and value.device == source.device
+
+
 def functions_returning_writes(graphs: list[torch.fx.GraphModule]) -> list[str]:
     """The autograd.Function forwards in dynamo's ``graphs`` (their ``fwd_body`` subgraphs)
-    that return a tensor an in-place or ``out=`` op wrote. Torch 2.11's dynamo gave such a
-    Function no gradient in the compiled backward, silently."""
+    that return a tensor an in-place or ``out=`` op wrote, or a tensor of their own forward
+    through a same-dtype ``.to()``. Torch 2.11's dynamo gave such a Function no gradient
+    in the compiled backward, silently (LRN's ``mul_``; SoftmaxWithLoss's ``.to()``)."""
     found = []
     for gm in graphs:
         for name, sub in gm.named_modules():
@@ -55,6 +71,8 @@ def functions_returning_writes(graphs: list[torch.fx.GraphModule]) -> list[str]:
             if _RETURNS_INTERMEDIATES:  # read only what nothing in the forward reads again
                 returned = [n for n in returned if set(n.users) == {output}]
             found += [
-                f"{name}: {node.format_node()}" for node in returned if _written_in_place(node)
+                f"{name}: {node.format_node()}"
+                for node in returned
+                if _written_in_place(node) or _returns_its_source(node)
             ]
     return found
