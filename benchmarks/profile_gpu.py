@@ -1,7 +1,7 @@
 """Where a GPU eager run's time goes, ours against the hand-written model (issue 14: where a
 target is missed, show the profile).
 
-    python benchmarks/profile_gpu.py [--nets GoogLeNet,...] [--rounds 30] [--tops 14]
+    python benchmarks/profile_gpu.py [--nets GoogLeNet,...] [--rounds 30] [--tops 14] [--compiled]
 
 For each net, inference at batch 1 and forward+backward at batch 8, both sides in IEEE
 float32 (``caffe_float32``), printed per side:
@@ -59,8 +59,10 @@ def call_times(fn: Callable[[], object], rounds: int, sync: bool) -> str:
     return f"{statistics.median(ms):.3f} ms [{min(ms):.3f}-{max(ms):.3f}]"
 
 
-def kernel_profile(fn: Callable[[], object], calls: int, tops: int) -> str:
-    """Kernel time and launches per call, and (``tops`` > 0) the ops by self CPU time."""
+def kernel_profile(
+    fn: Callable[[], object], calls: int, tops: int, sort_by: str = "self_cpu_time_total"
+) -> str:
+    """Kernel time and launches per call, and (``tops`` > 0) the ops by ``sort_by``."""
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
         for _ in range(calls):
@@ -78,7 +80,7 @@ def kernel_profile(fn: Callable[[], object], calls: int, tops: int) -> str:
     launches = sum(e.count for e in events if e.key in LAUNCHES) / calls
     text = f"kernels {kernel_ms:.3f} ms a call, {launches:.0f} launches a call"
     if tops:
-        table = events.table(sort_by="self_cpu_time_total", row_limit=tops)
+        table = events.table(sort_by=sort_by, row_limit=tops)
         text += "\n" + table
     return text
 
@@ -94,6 +96,67 @@ def python_profile(fn: Callable[[], object], calls: int, tops: int) -> str:
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(tops)
     return out.getvalue()
+
+
+def profile_compiled(name: str, rounds: int, tops: int) -> None:
+    """``torch.compile`` of both sides at inference batch 1 (the compiled fwd+bwd's compile
+    does not fit a device call): dynamo's graphs and breaks on the device, then per side the
+    synced and host-only times, the kernels, and with ``tops`` the kernels by device time."""
+    device = torch.device("cuda")
+    net, hand, out, size, _ = prepare(name, device)
+    x1 = torch.randn(1, 3, size, size, device=device)
+    with torch.inference_mode():
+        report = torch._dynamo.explain(net)(data=x1)
+    print(f"== {name} compiled: {report.graph_count} graph(s), {report.graph_break_count} breaks")
+    for reason in report.break_reasons[:5]:
+        print("  ", str(reason.reason)[:200])
+    torch._dynamo.reset()
+    ours, base = torch.compile(net), torch.compile(hand)
+
+    def infer_ours() -> None:
+        with torch.inference_mode():
+            ours(data=x1)
+
+    def infer_hand() -> None:
+        with torch.inference_mode():
+            base(x1)
+
+    for side, fn in (("ours", infer_ours), ("hand-written", infer_hand)):
+        print(f"== {name} compiled inference b1, {side}")
+        print(f"synced {call_times(fn, rounds, True)}, host {call_times(fn, rounds, False)}")
+        print(kernel_profile(fn, 5, tops, sort_by="self_cuda_time_total"))
+        if tops:
+            print(python_profile(fn, 10, tops))
+        sys.stdout.flush()
+    # run.py times the sides alternated, after eager fwd+bwd steps of the same modules (the
+    # H200 reading of 2026-11-30: ours 6.6 ms there, 4.0 ms back to back above)
+    both = alternated(infer_ours, infer_hand, rounds)
+    print(f"== {name} compiled inference b1, alternated: {both}")
+    x8 = torch.randn(8, 3, size, size, device=device)
+    weights = torch.randn(8, 1000, device=device)
+    for module, call in ((net, lambda: net(data=x8)[out]), (hand, lambda: hand(x8))):
+        for _ in range(2):
+            module.zero_grad(set_to_none=True)
+            (call().reshape(8, -1) * weights).sum().backward()
+    print(
+        f"== {name} compiled inference b1, alternated after eager fwd+bwd steps: "
+        f"{alternated(infer_ours, infer_hand, rounds)}"
+    )
+
+
+def alternated(a: Callable[[], object], b: Callable[[], object], rounds: int) -> str:
+    """Synced median [min-max] ms of ``a`` and of ``b``, called in turn (as ``run.py``)."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for i in range(rounds + 2):
+        for fn, got in ((a, times[0]), (b, times[1])):
+            start = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            if i >= 2:
+                got.append((time.perf_counter() - start) * 1e3)
+    return " against ".join(
+        f"{statistics.median(ms):.3f} ms [{min(ms):.3f}-{max(ms):.3f}]" for ms in times
+    )
 
 
 def profile_net(name: str, rounds: int, tops: int) -> None:
@@ -151,11 +214,18 @@ def main() -> None:
     parser.add_argument("--nets", default=",".join(NETS))
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--tops", type=int, default=0, help="rows of each profile (0: none)")
+    parser.add_argument(
+        "--compiled", action="store_true", help="torch.compile'd inference b1 alone"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("profile_gpu.py needs a CUDA device")
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     with torchcaffe.caffe_float32(True):
+        if args.compiled:
+            for name in args.nets.split(","):
+                profile_compiled(name, args.rounds, args.tops)
+            return
         for name in args.nets.split(","):
             profile_net(name, args.rounds, args.tops)
         for name in args.nets.split(","):
