@@ -154,6 +154,18 @@ def test_compiled_folds_are_an_epilogue_or_a_fold_in_the_graph():
     assert _calls(graphs).count("stack") == 2
 
 
+def test_compiled_folds_off_the_cpu_are_epilogues_at_batch_1_too():
+    """Off the CPU (meta stands in for a GPU here) no weight is scaled in the graph at batch 1,
+    and no (a, c) is stacked: a GPU's inference call is bound by its launches, and the scaled
+    weight and the stack are a kernel more each. The epilogues compute (a, c) themselves."""
+    net = _folds_net().to("meta")
+    for batch in (1, 2):
+        graphs = _graphs(net, torch.empty(batch, 8, 2, 2, device="meta"))
+        assert _conv_weights(graphs) == ["placeholder", "placeholder"]
+        calls = _calls(graphs)
+        assert "stack" not in calls and calls.count("addcmul") >= 2, calls
+
+
 def test_compiled_epilogue_reads_the_affine_computed_once():
     """Inductor inlines small pointwise inputs into their consumers; stacked, the chain's
     per-channel (a, c) are computed in a kernel of their own (the rsqrt, BatchNorm's

@@ -344,10 +344,10 @@ class FoldedAffine:
 
         - A large Convolution on the CPU is ``opaque_conv``'s op (folded, packed, cached).
         - A chain without producer is one multiply-add with its (a, c).
-        - A Convolution at batch 1 whose weight has fewer elements than its top gets folded
-          weights. The fold adds a bias, which torch's im2col convolution copies into its top
-          first: MobileNetV2 b1, one thread, kernels 5.4 -> 0.9 ms for 0.8 ms of copies, but
-          at b8 26.7 ms of copies for 10.6 ms of kernels saved.
+        - A Convolution at batch 1 on the CPU whose weight has fewer elements than its top
+          gets folded weights. The fold adds a bias, which torch's im2col convolution copies
+          into its top first: MobileNetV2 b1, one thread, kernels 5.4 -> 0.9 ms for 0.8 ms
+          of copies, but at b8 26.7 ms of copies for 10.6 ms of kernels saved.
         - A Convolution in a graph whose params inductor freezes gets folded weights, which
           it computes once and packs (``frozen_graph``).
         - Else the producer runs as it is, then the chain as one multiply-add, which inductor
@@ -399,7 +399,11 @@ class FoldedAffine:
             # where a stack would add a buffer and its aliases to each call (MobileNetV2
             # batch 1: 121 -> 39 ``reinterpret_tensor`` calls, 0.95-0.96x -> 0.97x)
             return self.run_folded(x, *_scaled_weights(own[0], own_bias, a, c))
-        a, c = one_buffer(a, c)
+        if x.is_cpu:
+            # a GPU's inference call is bound by its launches, where the stack's kernel is one
+            # more (an H200, compiled ResNet-50 b1: 12 a call); its epilogues then compute the
+            # chain's (a, c) themselves, as nn.BatchNorm2d's do
+            a, c = one_buffer(a, c)
         if p is None:
             return self.run_folded(x, a, c)
         y = self.run_folded(x, own[0], own_bias) if conv else p(x)
@@ -517,9 +521,14 @@ class FoldedAffine:
 def _folding_pays_at_batch_1(
     spec: Spec | None, x: torch.Tensor, weight: torch.Tensor, num_output: int
 ) -> bool:
-    """At batch 1, a Convolution (of geometry ``spec``) whose weight has fewer elements than
-    its top: scaling the weight costs less than scaling the top (see ``FoldedAffine._traced``)."""
-    if x.shape[0] != 1:
+    """At batch 1 on the CPU, a Convolution (of geometry ``spec``) whose weight has fewer
+    elements than its top: scaling the weight costs less than scaling the top (see
+    ``FoldedAffine._traced``). Not on a GPU, where a batch-1 call is bound by the host's
+    launches: the scaled weight is one kernel more per convolution, and the epilogue's
+    multiply-add is fused into a kernel that runs anyway (an H200, torch 2.11, compiled
+    ResNet-50 b1: 311 launches a call against the hand-written model's 242, MobileNetV2 241
+    against 146, host time 3.8 against 3.3 and 5.3 against 4.5 ms)."""
+    if x.shape[0] != 1 or not x.is_cpu:
         return False
     assert spec is not None
     top = num_output * math.prod(spec_conv_output(spec, tuple(x.shape[2:])))
