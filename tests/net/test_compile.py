@@ -243,6 +243,12 @@ def test_an_axpy_gate_keeps_the_batch_dynamic():
     _exported_runs_at_other_batches(SE_GATE, (4, 5, 3))
 
 
+@pytest.mark.xfail(
+    torch.torch_version.TorchVersion(torch.__version__) < "2.11",
+    reason="torch 2.10's dynamo guards the fold's `producer is None` with a Python-evaluated "
+    "LAMBDA_GUARD (a cost on each compiled call, not a value)",
+    strict=True,
+)
 def test_a_compiled_fold_adds_no_python_evaluated_guards():
     """Dynamo checks a compiled forward's guards on every call. Reading a fold's layers
     through a list kept beside its attributes made it guard each entry against its
