@@ -92,3 +92,27 @@ def test_caffe_face_in_gpu_mode_keeps_every_tensor_on_the_device(meta_gpu_mode, 
     next(iter(net.params.values()))[0].data[...] += 1  # an edit on the host side
     solver.step(1)
     assert all(p.device == META for p in net.module.parameters())
+
+
+FOLDED_TRAINING = """
+input: "data" input_shape { dim: 2 dim: 3 dim: 8 dim: 8 }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "c"
+  convolution_param { num_output: 4 kernel_size: 3 bias_term: false } }
+layer { name: "bn" type: "BatchNorm" bottom: "c" top: "c"
+  batch_norm_param { use_global_stats: true } }
+layer { name: "sc" type: "Scale" bottom: "c" top: "c" scale_param { bias_term: true } }
+layer { name: "relu" type: "ReLU" bottom: "c" top: "c" }
+"""
+
+
+def test_compiled_training_with_a_frozen_batchnorm_fold_traces_on_meta():
+    """A compiled forward that autograd records, off the CPU: the frozen BatchNorm's fold
+    asks whether autocast is on for the input's device, which torch refuses to answer for
+    meta (the GPU's stand-in here) instead of saying no."""
+    net = _net(FOLDED_TRAINING, "test").to(META)
+    assert net.training_program().report["fold_frozen_batchnorm_for_training"] == 1
+    x = torch.empty(2, 3, 8, 8, device=META)
+    torch._dynamo.reset()
+    out = torch.compile(net, backend="eager", fullgraph=True)(data=x)
+    out["c"].sum().backward()
+    assert all(p.grad is not None and p.grad.device == META for p in net.parameters())
