@@ -105,14 +105,32 @@ layer { name: "relu" type: "ReLU" bottom: "c" top: "c" }
 """
 
 
-def test_compiled_training_with_a_frozen_batchnorm_fold_traces_on_meta():
-    """A compiled forward that autograd records, off the CPU: the frozen BatchNorm's fold
-    asks whether autocast is on for the input's device, which torch refuses to answer for
-    meta (the GPU's stand-in here) instead of saying no."""
-    net = _net(FOLDED_TRAINING, "test").to(META)
-    assert net.training_program().report["fold_frozen_batchnorm_for_training"] == 1
-    x = torch.empty(2, 3, 8, 8, device=META)
+def _compiled_training_graphs(net: torchcaffe.TorchNet) -> list[torch.fx.GraphModule]:
+    """Dynamo's graphs of a compiled forward+backward of ``net`` on meta, run whole."""
+    graphs: list[torch.fx.GraphModule] = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
     torch._dynamo.reset()
-    out = torch.compile(net, backend="eager", fullgraph=True)(data=x)
+    out = torch.compile(net, backend=record, fullgraph=True)(
+        data=torch.empty(2, 3, 8, 8, device=META)
+    )
     out["c"].sum().backward()
     assert all(p.grad is not None and p.grad.device == META for p in net.parameters())
+    return graphs
+
+
+def test_compiled_training_off_the_cpu_runs_batch_norm_after_the_convolution():
+    """Off the CPU a frozen BatchNorm fold traced for training is the convolution with its
+    weight as it is, then one batch norm, as in a hand-written model: the differentiable
+    fold's weight and per-channel arithmetic would be kernels of their own each way."""
+    net = _net(FOLDED_TRAINING, "test").to(META)
+    assert net.training_program().report["fold_frozen_batchnorm_for_training"] == 1
+    (graph,) = _compiled_training_graphs(net)
+    calls = [n for n in graph.graph.nodes if n.op == "call_function"]
+    convs = [n for n in calls if n.target is torch.conv2d]
+    assert len(convs) == 1 and convs[0].args[1].op == "placeholder"  # the weight unscaled
+    assert [n for n in calls if n.target is torch.nn.functional.batch_norm]
+    assert not [n for n in calls if n.target is torch.stack]
