@@ -440,6 +440,23 @@ def test_frozen_fold_off_the_cpu_runs_the_convolution_then_one_batch_norm(monkey
     assert sum(with_scale) == 1
 
 
+def test_frozen_fold_off_the_cpu_runs_under_autocast(monkeypatch):
+    """The GPU's form of a frozen fold (the convolution, then one F.batch_norm) under
+    autocast, here the CPU's (bfloat16): the convolution's top is bfloat16 and the Scale's
+    params float32, so the statistics go to F.batch_norm in float32 (in bfloat16 torch
+    refuses the mix). Gradients stay within bfloat16's error of float32's."""
+    net = _frozen()
+    monkeypatch.setattr(FrozenBatchNormFold, "launch_bound", lambda self, x: True)
+    calls = count_calls(monkeypatch, FrozenBatchNormFold, "producer_then_batch_norm")
+    x = torch.randn(4, 3, 6, 5)
+    _, want, _ = _step(copy.deepcopy(net), x, optimize=False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, got, _ = _step(net, x, optimize=True)
+    assert calls[0]
+    for name, g in want.items():
+        assert (got[name] - g).abs().max() <= 0.05 * g.abs().max(), name
+
+
 def test_fused_batchnorm_scale_runs_under_cpu_autocast():
     """Under ``torch.autocast('cpu', bfloat16)`` the convolution's top is bfloat16 and the
     Scale's params float32: the fused ``F.batch_norm`` takes its statistics in float32 (in

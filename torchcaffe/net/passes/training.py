@@ -187,7 +187,10 @@ class FrozenBatchNormFold(FoldedAffine):
         if scale is not None:
             weight = scale.weight
             bias = scale.bias if self.scale_has_bias else None
-        y = F.batch_norm(y, mean.to(y.dtype), var.to(y.dtype), weight, bias, eps=self.bn.eps)
+        # the statistics in the Scale's dtype: under autocast a bfloat16 top meets float32
+        # params, a mix torch's batch_norm takes only with every param float32
+        dtype = y.dtype if weight is None else weight.dtype
+        y = F.batch_norm(y, mean.to(dtype), var.to(dtype), weight, bias, eps=self.bn.eps)
         return self.bias(y) if self.bias is not None else y
 
     def folded_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
