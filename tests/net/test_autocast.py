@@ -70,3 +70,31 @@ def test_autocast_bfloat16_reaches_a_compiled_graphs_cpu_routes():
     for name in ("expand", "conv3", "ip"):
         assert got[name].dtype == torch.bfloat16, name
         torch.testing.assert_close(got[name].float(), want[name], rtol=2e-2, atol=3e-2)
+
+
+FOLDED_NET = """
+input: "data" input_shape { dim: 2 dim: 3 dim: 8 dim: 8 }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "c"
+        convolution_param { num_output: 4 kernel_size: 3 bias_term: false
+                            weight_filler { type: "xavier" } } }
+layer { name: "bn" type: "BatchNorm" bottom: "c" top: "c" }
+layer { name: "sc" type: "Scale" bottom: "c" top: "c" scale_param { bias_term: true } }
+layer { name: "relu" type: "ReLU" bottom: "c" top: "c" }
+"""
+
+
+def test_autocast_keeps_a_compiled_folds_top_in_the_autocast_dtype():
+    """A compiled fold that runs the convolution, then the chain as one multiply-add (a small
+    convolution at batch 2), applies the chain's float32 (a, c) in the top's bfloat16, as the
+    eager fold's convolution gives it: type promotion made the compiled top float32."""
+    net = torchcaffe.load(read_net(FOLDED_NET), phase="test").eval()
+    with torch.no_grad():
+        net.layer("bn").variance.uniform_(0.5, 1.5)
+        net.layer("bn").scale_factor.fill_(1.0)
+    x = torch.rand(2, 3, 8, 8)
+    torch._dynamo.reset()
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = net(data=x)["c"]
+        got = torch.compile(net)(data=x)["c"]
+    assert want.dtype == got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)

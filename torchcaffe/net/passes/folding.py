@@ -407,6 +407,8 @@ class FoldedAffine:
         if p is None:
             return self.run_folded(x, a, c)
         y = self.run_folded(x, own[0], own_bias) if conv else p(x)
+        if y.dtype != a.dtype:  # autocast's 16-bit top: stay in its dtype, as eagerly
+            a, c = a.to(y.dtype), c.to(y.dtype)
         view = (1, -1) + (1,) * (y.dim() - 2)
         return torch.addcmul(c.reshape(view), y, a.reshape(view))
 
