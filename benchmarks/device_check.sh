@@ -107,7 +107,8 @@ run)
     done
     echo "== done at $(( $(date +%s) - t0 )) s"
     # the device tool brings back only so many files: one archive of them all
-    (cd "$OUT" && tar czf logs.tgz --remove-files -- *.log *.md) || true
+    (cd "$OUT" && shopt -s nullglob && logs=(*.log *.md) && ((${#logs[@]})) \
+        && tar czf logs.tgz --remove-files -- "${logs[@]}") || true
     ;;
 *)
     echo "usage: bash benchmarks/device_check.sh prep|run" >&2
