@@ -777,7 +777,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[s
         if any(s in COMPILED_SECTIONS for s in sections):
             args.vector_isa = check_inductor_vectorizes(parser)
     torch.manual_seed(0)
-    rows: list[Row] = []
+    failed: list[str] = []
+    rows: list[Row] = RowLog(lambda done: write_results(args, argv, done, failed))
     run = {
         "handwritten": bench_handwritten,
         "frozen": bench_frozen,
@@ -790,7 +791,6 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[s
         "memory": bench_memory,
         "dispatch": bench_dispatch,
     }
-    failed: list[str] = []
     for section in sections:
         start = time.perf_counter()
         try:
@@ -808,14 +808,30 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[s
         raise SystemExit("failed sections:\n  " + "\n  ".join(failed))
 
 
+class RowLog(list[Row]):
+    """The table's rows, with ``written(rows)`` called on each new one: a run stopped part
+    way (a device call's time limit killing a compile) keeps every row it had timed."""
+
+    def __init__(self, written: Callable[[list[Row]], None]) -> None:
+        super().__init__()
+        self.written = written
+
+    def append(self, row: Row) -> None:
+        super().append(row)
+        self.written(self)
+
+
 def write_results(args, argv: list[str] | None, rows: list[Row], failed: list[str]) -> None:
-    """(Re)write the results file: after every section, so a late failure loses nothing."""
+    """(Re)write the results file: after every row and section, so a late failure or a kill
+    loses nothing."""
     command = "python benchmarks/run.py " + " ".join(argv if argv is not None else sys.argv[1:])
     quick = " (quick mode: a smoke run, not the table of record)" if args.quick else ""
     text = table(rows)
     if failed:
         text += "\n\nFailed sections:\n" + "\n".join(f"- {f}" for f in failed)
-    args.out.write_text(
+    # whole or not at all: a kill during the write leaves the last table, not half of one
+    partial = args.out.with_name(f".{args.out.name}.partial")
+    partial.write_text(
         "# Benchmark results\n\n"
         f"Machine: {machine(args.vector_isa)}.\n\n"
         f"Command: `{command.strip()}`{quick}.\n\n"
@@ -826,6 +842,7 @@ def write_results(args, argv: list[str] | None, rows: list[Row], failed: list[st
         "1.00x torchcaffe is better. Build rows compare with the issue's target instead of a "
         "baseline run.\n\n" + text + "\n"
     )
+    os.replace(partial, args.out)
 
 
 if __name__ == "__main__":

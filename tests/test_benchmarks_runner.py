@@ -50,6 +50,22 @@ def test_runner_writes_one_table_naming_the_machine(models_root, tmp_path):
     assert all(r.rstrip(" |").endswith("x") for r in rows)
 
 
+def test_runner_keeps_each_row_of_a_section_stopped_part_way(models_root, tmp_path, monkeypatch):
+    """A device call's time limit kills a run inside a section (a compile): the results file
+    already holds every row timed before, written whole, with nothing left beside it."""
+    out = tmp_path / "results.md"
+
+    def stopped(args, rows):
+        rows.append(run.Row("build", "first row", [0.001], "target", [0.002]))
+        raise KeyboardInterrupt  # as a kill: no end of the section, no final write
+
+    monkeypatch.setattr(run, "bench_build", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        run.main(["--only", "build", "--repeat", "1", "--out", str(out)])
+    assert "| build | first row | 1 ms " in out.read_text()
+    assert [p.name for p in tmp_path.iterdir()] == ["results.md"]
+
+
 def test_runner_rejects_an_unknown_section(capsys):
     with pytest.raises(SystemExit):
         run.main(["--only", "speed"])
