@@ -96,7 +96,7 @@ run)
         grep -E "^== |^synced|^kernels" "$OUT/compiled_profile.log"
     fi
     # compiled rows: each net's own call, so a net whose compile runs out of time costs only
-    # its own rows (run.py writes its table after each section)
+    # its own rows (run.py rewrites its table after each row)
     for net in $(tr , " " <<< "${COMPILED_NETS:-}"); do
         echo "== compiled $net at $(( $(date +%s) - t0 )) s"
         timeout "$(budget 600)" python3 benchmarks/run.py --device cuda --only handwritten \

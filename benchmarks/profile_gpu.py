@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 import torchcaffe  # noqa: E402
 from benchmarks.bench_caffe_face import caffe_face, face_calls  # noqa: E402
 from benchmarks.handwritten import NETS  # noqa: E402
-from benchmarks.run import prepare  # noqa: E402
+from benchmarks.run import interleaved, prepare, synced  # noqa: E402
 
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel")
 
@@ -145,17 +145,13 @@ def profile_compiled(name: str, rounds: int, tops: int) -> None:
 
 
 def alternated(a: Callable[[], object], b: Callable[[], object], rounds: int) -> str:
-    """Synced median [min-max] ms of ``a`` and of ``b``, called in turn (as ``run.py``)."""
-    times: tuple[list[float], list[float]] = ([], [])
-    for i in range(rounds + 2):
-        for fn, got in ((a, times[0]), (b, times[1])):
-            start = time.perf_counter()
-            fn()
-            torch.cuda.synchronize()
-            if i >= 2:
-                got.append((time.perf_counter() - start) * 1e3)
+    """Synced median [min-max] ms of ``a`` and of ``b``, called in turn as ``run.py`` times
+    its rows (``interleaved``)."""
+    device = torch.device("cuda")
+    times = interleaved(synced(a, device), synced(b, device), rounds)
     return " against ".join(
-        f"{statistics.median(ms):.3f} ms [{min(ms):.3f}-{max(ms):.3f}]" for ms in times
+        f"{statistics.median(s) * 1e3:.3f} ms [{min(s) * 1e3:.3f}-{max(s) * 1e3:.3f}]"
+        for s in times
     )
 
 
