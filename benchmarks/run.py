@@ -36,7 +36,9 @@ Caffe face in GPU mode), both sides in IEEE float32 (``caffe_float32``: no TF32)
 call then ends with a device synchronize. The opencv, load and build sections measure the
 host and run as on the CPU.
 Compiled rows use a fresh inductor cache unless ``--inductor-cache`` names one, and the run stops
-where inductor found no vector instruction set on a CPU that has one (scalar kernels).
+where inductor found no vector instruction set on a CPU that has one (scalar kernels). A
+compiled row's name says so where a side did not run one compiled graph a call, or dynamo
+compiled again while the row was timed (``compiled_timings``).
 It writes benchmarks/results.md (``--out``) naming the machine. ``--quick`` runs a small
 subset with few repeats to show the runner works; its figures are not the table of record.
 """
@@ -252,9 +254,11 @@ def inference_rows(
     base,
     size: int,
     baseline_name: str = "hand-written torch",
+    compiled: bool = False,
 ) -> None:
     """One row per batch size: ``ours(data=x)`` against ``base(x)`` under inference_mode,
-    interleaved; ``where`` is (section, the row's name before " inference b<batch>")."""
+    interleaved; ``where`` is (section, the row's name before " inference b<batch>").
+    ``compiled``: both are ``torch.compile``d, timed through ``compiled_timings``."""
     section, what = where
     for batch in args.batches:
         x = torch.randn(batch, 3, size, size, device=args.device)
@@ -267,10 +271,62 @@ def inference_rows(
             with torch.inference_mode():
                 m(x)
 
-        t_ours, t_base = interleaved(
-            synced(run_ours, args.device), synced(run_base, args.device), args.repeat
-        )
-        rows.append(Row(section, f"{what} inference b{batch}", t_ours, baseline_name, t_base))
+        name = f"{what} inference b{batch}"
+        calls = synced(run_ours, args.device), synced(run_base, args.device)
+        if compiled:
+            t_ours, t_base, name = compiled_timings(name, *calls, args.repeat)
+        else:
+            t_ours, t_base = interleaved(*calls, args.repeat)
+        rows.append(Row(section, name, t_ours, baseline_name, t_base))
+
+
+COMPILED_EVENT = "Torch-Compiled Region"  # the profiler's record of one compiled frame's run
+
+
+def compiled_frames_per_call(call: Callable[[], object], calls: int = 3) -> float:
+    """How many compiled frames one call of ``call`` runs, by the profiler's
+    ``COMPILED_EVENT`` records over ``calls`` calls: 1 for a whole graph, more past graph
+    breaks, 0 where dynamo runs the code eagerly (past ``recompile_limit``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            call()
+    runs = sum(e.count for e in prof.key_averages() if e.key.startswith(COMPILED_EVENT))
+    return runs / calls
+
+
+def compiled_timings(
+    what: str, ours: Callable[[], object], base: Callable[[], object], repeat: int
+) -> tuple[list[float], list[float], str]:
+    """``interleaved(ours, base)`` for two compiled calls, each called once first (its
+    compile), and ``what`` with a note where a side did not run as one compiled graph: it
+    ran more or fewer compiled frames a call, or dynamo compiled again while it was timed
+    (its guards failed). Such a row times something else than the compiled graph; the note
+    says what (an H200's compiled ResNet-50 ran 2.5 ms a call slower in this runner than
+    alone, which such a note would have named or ruled out). Each side's counts go to
+    stderr either way."""
+    from torch._dynamo.utils import counters
+
+    notes, seen = [], []
+    ours()
+    base()
+    compiles_before = counters["frames"]["total"]
+    t_ours, t_base = interleaved(ours, base, repeat)
+    compiles = counters["frames"]["total"] - compiles_before
+    for side, call in (("ours", ours), ("hand-written", base)):
+        frames = compiled_frames_per_call(call)
+        seen.append(f"{side} {frames:g} compiled frame(s) a call")
+        if frames != 1:
+            notes.append(f"{side}: {frames:g} compiled frames a call")
+    if compiles:
+        notes.append(f"{compiles} compile(s) while timed")
+    print(
+        f"[dynamo, {what}: {', '.join(seen)}; {compiles} compile(s) while timed]",
+        file=sys.stderr,
+        flush=True,
+    )
+    return t_ours, t_base, f"{what} ({'; '.join(notes)})" if notes else what
 
 
 def bench_handwritten(args, rows: list[Row]) -> None:
@@ -281,7 +337,9 @@ def bench_handwritten(args, rows: list[Row]) -> None:
             torch._dynamo.reset()
             modes.append(("compiled", torch.compile(net), torch.compile(hand)))
         for mode, ours, base in modes:
-            inference_rows(args, rows, ("handwritten", f"{name} {mode}"), ours, base, size)
+            compiled = mode == "compiled"
+            where = ("handwritten", f"{name} {mode}")
+            inference_rows(args, rows, where, ours, base, size, compiled=compiled)
             batch = args.train_batch
             x = torch.randn(batch, 3, size, size, device=args.device)
             w = torch.randn(batch, 1000, device=args.device)
@@ -294,18 +352,13 @@ def bench_handwritten(args, rows: list[Row]) -> None:
                 hand.zero_grad(set_to_none=True)
                 (m(x).reshape(len(x), -1) * w).sum().backward()
 
-            t_ours, t_base = interleaved(
-                synced(step_ours, args.device), synced(step_base, args.device), args.repeat
-            )
-            rows.append(
-                Row(
-                    "handwritten",
-                    f"{name} {mode} fwd+bwd b{batch}",
-                    t_ours,
-                    "hand-written torch",
-                    t_base,
-                )
-            )
+            what = f"{name} {mode} fwd+bwd b{batch}"
+            steps = synced(step_ours, args.device), synced(step_base, args.device)
+            if compiled:
+                t_ours, t_base, what = compiled_timings(what, *steps, args.repeat)
+            else:
+                t_ours, t_base = interleaved(*steps, args.repeat)
+            rows.append(Row("handwritten", what, t_ours, "hand-written torch", t_base))
 
 
 def compiled_pairs(args) -> Iterator[tuple[str, Callable, Callable, int]]:
@@ -327,7 +380,8 @@ def bench_frozen(args, rows: list[Row]) -> None:
     for name, ours, base, size in compiled_pairs(args):
         with inductor_config.patch(freezing=True):  # read when each graph compiles
             where = ("frozen", f"{name} frozen")
-            inference_rows(args, rows, where, ours, base, size, "hand-written torch, frozen")
+            base_name = "hand-written torch, frozen"
+            inference_rows(args, rows, where, ours, base, size, base_name, compiled=True)
 
 
 LOOKUP_EVENT = "TorchDynamo Cache Lookup"  # the profiler's record of dynamo's cache lookup

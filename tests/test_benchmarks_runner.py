@@ -160,6 +160,41 @@ def test_guard_lookup_times_each_compiled_call_per_round(monkeypatch):
         run.guard_lookup_seconds([lambda: step(x)], rounds=1, block=1)
 
 
+def test_compiled_rows_name_a_side_that_did_not_run_as_one_graph():
+    """compiled_timings leaves the row's name alone where both sides run one compiled graph
+    a call, and names a side with a graph break, a side that runs eagerly, and the compiles
+    of guards that fail while the row is timed."""
+    torch._dynamo.reset()
+
+    @torch.compile(backend="eager")
+    def whole(x):
+        return x + 1
+
+    @torch.compile(backend="eager")
+    def broken(x):
+        y = x + 1
+        torch._dynamo.graph_break()
+        return y * 2
+
+    @torch.compile(backend="eager", dynamic=False)
+    def reshaped(x):
+        return x - 1
+
+    x = torch.zeros(3)
+    sizes = iter(range(2, 100))
+    ours, base, what = run.compiled_timings("row", lambda: whole(x), lambda: whole(x), 2)
+    assert what == "row" and len(ours) == len(base) == 2
+    _, _, what = run.compiled_timings("row", lambda: broken(x), lambda: whole(x), 2)
+    assert what == "row (ours: 2 compiled frames a call)"
+    _, _, what = run.compiled_timings("row", lambda: whole(x), lambda: x + 1, 2)
+    assert what == "row (hand-written: 0 compiled frames a call)"
+    _, _, what = run.compiled_timings(
+        "row", lambda: reshaped(torch.zeros(next(sizes))), lambda: whole(x), 2
+    )
+    assert what == "row (4 compile(s) while timed)"  # 2 warm-up and 2 timed calls
+    torch._dynamo.reset()
+
+
 def test_guards_section_has_no_rows_without_compile():
     rows: list = []
     run.bench_guards(argparse.Namespace(no_compile=True, nets=["CaffeNet"]), rows)
