@@ -272,12 +272,21 @@ def inference_rows(
                 m(x)
 
         name = f"{what} inference b{batch}"
-        calls = synced(run_ours, args.device), synced(run_base, args.device)
-        if compiled:
-            t_ours, t_base, name = compiled_timings(name, *calls, args.repeat)
-        else:
-            t_ours, t_base = interleaved(*calls, args.repeat)
+        t_ours, t_base, name = timed_pair(args, name, run_ours, run_base, compiled)
         rows.append(Row(section, name, t_ours, baseline_name, t_base))
+
+
+def timed_pair(
+    args, what: str, ours: Callable[[], object], base: Callable[[], object], compiled: bool
+) -> tuple[list[float], list[float], str]:
+    """(ours's seconds, base's, the row's name) for ``ours`` against ``base``, each waiting
+    for the device, interleaved; compiled calls through ``compiled_timings``, whose notes
+    the name may carry."""
+    calls = synced(ours, args.device), synced(base, args.device)
+    if compiled:
+        return compiled_timings(what, *calls, args.repeat)
+    t_ours, t_base = interleaved(*calls, args.repeat)
+    return t_ours, t_base, what
 
 
 COMPILED_EVENT = "Torch-Compiled Region"  # the profiler's record of one compiled frame's run
@@ -353,11 +362,7 @@ def bench_handwritten(args, rows: list[Row]) -> None:
                 (m(x).reshape(len(x), -1) * w).sum().backward()
 
             what = f"{name} {mode} fwd+bwd b{batch}"
-            steps = synced(step_ours, args.device), synced(step_base, args.device)
-            if compiled:
-                t_ours, t_base, what = compiled_timings(what, *steps, args.repeat)
-            else:
-                t_ours, t_base = interleaved(*steps, args.repeat)
+            t_ours, t_base, what = timed_pair(args, what, step_ours, step_base, compiled)
             rows.append(Row("handwritten", what, t_ours, "hand-written torch", t_base))
 
 

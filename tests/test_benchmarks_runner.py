@@ -160,10 +160,9 @@ def test_guard_lookup_times_each_compiled_call_per_round(monkeypatch):
         run.guard_lookup_seconds([lambda: step(x)], rounds=1, block=1)
 
 
-def test_compiled_rows_name_a_side_that_did_not_run_as_one_graph():
-    """compiled_timings leaves the row's name alone where both sides run one compiled graph
-    a call, and names a side with a graph break, a side that runs eagerly, and the compiles
-    of guards that fail while the row is timed."""
+def _whole_and_broken():
+    """Two functions compiled afresh: one whole graph, and one with a graph break (two
+    compiled frames a call)."""
     torch._dynamo.reset()
 
     @torch.compile(backend="eager")
@@ -175,6 +174,15 @@ def test_compiled_rows_name_a_side_that_did_not_run_as_one_graph():
         y = x + 1
         torch._dynamo.graph_break()
         return y * 2
+
+    return whole, broken
+
+
+def test_compiled_rows_name_a_side_that_did_not_run_as_one_graph():
+    """compiled_timings leaves the row's name alone where both sides run one compiled graph
+    a call, and names a side with a graph break, a side that runs eagerly, and the compiles
+    of guards that fail while the row is timed."""
+    whole, broken = _whole_and_broken()
 
     @torch.compile(backend="eager", dynamic=False)
     def reshaped(x):
@@ -192,6 +200,24 @@ def test_compiled_rows_name_a_side_that_did_not_run_as_one_graph():
         "row", lambda: reshaped(torch.zeros(next(sizes))), lambda: whole(x), 2
     )
     assert what == "row (4 compile(s) while timed)"  # 2 warm-up and 2 timed calls
+    torch._dynamo.reset()
+
+
+def test_compiled_inference_rows_carry_the_notes():
+    """inference_rows(compiled=True) times through compiled_timings: a baseline with a graph
+    break is named in its row; eager rows keep their names."""
+    whole, broken = _whole_and_broken()
+    args = argparse.Namespace(batches=(1,), device=torch.device("cpu"), repeat=2)
+    rows: list = []
+    for mode, compiled in (("compiled", True), ("eager", False)):
+        where = ("s", f"net {mode}")
+        run.inference_rows(
+            args, rows, where, lambda data: whole(data), broken, 4, compiled=compiled
+        )
+    assert [r.what for r in rows] == [
+        "net compiled inference b1 (hand-written: 2 compiled frames a call)",
+        "net eager inference b1",
+    ]
     torch._dynamo.reset()
 
 
