@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 import torchcaffe  # noqa: E402
 from benchmarks.bench_caffe_face import caffe_face, face_calls  # noqa: E402
 from benchmarks.handwritten import NETS  # noqa: E402
-from benchmarks.run import interleaved, prepare, synced  # noqa: E402
+from benchmarks.run import inference_calls, interleaved, prepare, synced  # noqa: E402
 
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel")
 
@@ -111,16 +111,7 @@ def profile_compiled(name: str, rounds: int, tops: int) -> None:
     for reason in report.break_reasons[:5]:
         print("  ", str(reason.reason)[:200])
     torch._dynamo.reset()
-    ours, base = torch.compile(net), torch.compile(hand)
-
-    def infer_ours() -> None:
-        with torch.inference_mode():
-            ours(data=x1)
-
-    def infer_hand() -> None:
-        with torch.inference_mode():
-            base(x1)
-
+    infer_ours, infer_hand = inference_calls(torch.compile(net), torch.compile(hand), x1)
     for side, fn in (("ours", infer_ours), ("hand-written", infer_hand)):
         print(f"== {name} compiled inference b1, {side}")
         print(f"synced {call_times(fn, rounds, True)}, host {call_times(fn, rounds, False)}")
@@ -161,14 +152,7 @@ def profile_net(name: str, rounds: int, tops: int) -> None:
     x1 = torch.randn(1, 3, size, size, device=device)
     x8 = torch.randn(8, 3, size, size, device=device)
     weights = torch.randn(8, 1000, device=device)
-
-    def infer_ours() -> None:
-        with torch.inference_mode():
-            net(data=x1)
-
-    def infer_hand() -> None:
-        with torch.inference_mode():
-            hand(x1)
+    infer_ours, infer_hand = inference_calls(net, hand, x1)
 
     def step_ours() -> None:
         net.zero_grad(set_to_none=True)

@@ -262,18 +262,25 @@ def inference_rows(
     section, what = where
     for batch in args.batches:
         x = torch.randn(batch, 3, size, size, device=args.device)
-
-        def run_ours(m=ours, x=x):
-            with torch.inference_mode():
-                m(data=x)
-
-        def run_base(m=base, x=x):
-            with torch.inference_mode():
-                m(x)
-
         name = f"{what} inference b{batch}"
-        t_ours, t_base, name = timed_pair(args, name, run_ours, run_base, compiled)
+        t_ours, t_base, name = timed_pair(args, name, *inference_calls(ours, base, x), compiled)
         rows.append(Row(section, name, t_ours, baseline_name, t_base))
+
+
+def inference_calls(
+    ours: Callable[..., object], base: Callable[..., object], x: torch.Tensor
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """``ours(data=x)`` and ``base(x)``, each a call under inference_mode."""
+
+    def run_ours() -> None:
+        with torch.inference_mode():
+            ours(data=x)
+
+    def run_base() -> None:
+        with torch.inference_mode():
+            base(x)
+
+    return run_ours, run_base
 
 
 def timed_pair(
@@ -430,15 +437,7 @@ def bench_guards(args, rows: list[Row]) -> None:
     take the same time (MobileNetV2)."""
     for name, ours, base, size in compiled_pairs(args):
         x = torch.randn(1, 3, size, size, device=args.device)
-
-        def run_ours(m=ours, x=x) -> None:
-            with torch.inference_mode():
-                m(data=x)
-
-        def run_base(m=base, x=x) -> None:
-            with torch.inference_mode():
-                m(x)
-
+        run_ours, run_base = inference_calls(ours, base, x)
         t_ours, t_base = guard_lookup_seconds(
             [synced(run_ours, args.device), synced(run_base, args.device)], args.repeat
         )
