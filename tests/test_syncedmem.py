@@ -128,6 +128,52 @@ def test_dropped_or_replaced_deferred_value_is_never_computed():
     assert torch.equal(mem.cpu_data(), torch.full((2,), 2.0))
 
 
+@pytest.mark.parametrize("gpu", SECOND_DEVICES)
+def test_a_whole_overwrite_copies_nothing_from_the_stale_side(gpu, copies):
+    """A writer of every element takes its side's buffer without the other side's value
+    copied in first (``mutable_*_data`` would copy it)."""
+    mem = SyncedMemory(3, gpu_device=gpu)
+    mem.mutable_cpu_data().fill_(1.0)  # the host side alone current
+    mem.overwrite(on_gpu=True).fill_(2.0)
+    assert copies == [] and mem.head is Head.HEAD_AT_GPU
+    mem.overwrite(on_gpu=False).fill_(3.0)
+    assert copies == [] and mem.head is Head.HEAD_AT_CPU
+    assert mem.cpu_data().tolist() == [3.0] * 3
+    mem.defer(lambda: torch.full((3,), 4.0), on_gpu=True)
+    mem.overwrite(on_gpu=False)
+    assert copies == [] and not mem.deferred  # the deferred value is dropped unwritten
+
+
+@pytest.mark.parametrize("gpu", [d for d in SECOND_DEVICES if d != "cpu"])
+def test_a_blob_overwrites_the_side_its_device_names_keeping_a_larger_capacity(gpu, copies):
+    """``Blob.data_to_overwrite``/``diff_to_overwrite`` on the device's side; a blob whose
+    memory is larger than its count keeps the rest, so it gets the synced buffer."""
+    device = torch.device(gpu)
+    blob = Blob((2, 3), gpu_device=gpu)
+    blob.mutable_cpu_data().fill_(1.0)
+    blob.data_to_overwrite(device).fill_(2.0)
+    blob.mutable_cpu_diff()
+    blob.diff_to_overwrite(device)
+    assert copies == [] and blob.data_memory.head is blob.diff_memory.head is Head.HEAD_AT_GPU
+    blob.reshape(1, 3)  # capacity 6 kept: the other 3 elements must survive
+    blob.mutable_cpu_data()
+    del copies[:]
+    blob.data_to_overwrite(device)
+    assert copies == ["cpu->gpu"]
+
+
+def test_take_into_a_viewed_buffer_does_not_sync_the_other_side_first(copies):
+    """``take`` copying into a held buffer writes all of it: the other side's older value
+    is not copied over first."""
+    mem = SyncedMemory(4, gpu_device="meta")
+    mem.mutable_gpu_data()
+    held = mem.mutable_cpu_data().numpy()  # viewed, and synced from the device
+    mem.mutable_gpu_data()  # the device side alone current again
+    del copies[:]
+    assert not mem.take(torch.full((4,), 7.0))
+    assert copies == [] and mem.head is Head.HEAD_AT_CPU and held.tolist() == [7.0] * 4
+
+
 def test_take_adopts_an_unviewed_buffer_and_copies_into_a_viewed_one():
     """``take`` replaces the host buffer when nothing views it; a held numpy view (as from
     ``Blob.data``) keeps its buffer, which then receives the value."""

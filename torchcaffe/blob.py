@@ -247,6 +247,23 @@ class Blob:
             return self.mutable_cpu_data() if mutable else self.cpu_data()
         return self.mutable_gpu_data() if mutable else self.gpu_data()
 
+    def data_to_overwrite(self, device: torch.device) -> torch.Tensor:
+        """``data_at(device, mutable=True)`` for a caller that writes every element next:
+        the other side's value is not synced over first (``SyncedMemory.overwrite``)."""
+        if self.before_write is not None:
+            self.before_write()
+        return self._to_overwrite(self._data, device)
+
+    def diff_to_overwrite(self, device: torch.device) -> torch.Tensor:
+        """``data_to_overwrite`` for the diff."""
+        return self._to_overwrite(self._diff, device)
+
+    def _to_overwrite(self, memory: SyncedMemory, device: torch.device) -> torch.Tensor:
+        on_gpu = device.type != "cpu"
+        if memory.count != self._count:  # a larger capacity: the rest keeps its value
+            return self._view(memory.mutable_gpu_data() if on_gpu else memory.mutable_cpu_data())
+        return self._view(memory.overwrite(on_gpu))
+
     def data_copy_at(self, device: torch.device) -> torch.Tensor:
         """A new tensor on ``device``'s side holding this blob's data, which nothing else
         holds. On a device, data a script just wrote on the host is copied straight into it:

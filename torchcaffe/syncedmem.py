@@ -312,6 +312,24 @@ class SyncedMemory:
         assert self._gpu is not None
         return self._gpu
 
+    def overwrite(self, on_gpu: bool) -> torch.Tensor:
+        """One side's buffer (the device's with ``on_gpu``), made the current value, for a
+        caller that writes every element of it next. Unlike ``mutable_*_data``, the other
+        side's value is not copied in first (a copy the write makes moot: on a GPU a
+        synchronizing transfer, paid by a blob a script read on the host since it was last
+        written), and a deferred value is dropped unwritten."""
+        self._catch_up()
+        self._deferred = None
+        if on_gpu:
+            if self._gpu is None:
+                self._gpu = self._device_buffer(zero=False)
+            self._move_head(Head.HEAD_AT_GPU)
+            return self._gpu
+        if self._cpu is None:
+            self._cpu = self._host_buffer()
+        self._move_head(Head.HEAD_AT_CPU)
+        return self._cpu
+
     def set_cpu_data(self, tensor: torch.Tensor) -> None:
         """Adopt ``tensor`` (flat, host) as the host side, as Caffe's set_cpu_data."""
         tensor = self._check_external(tensor, torch.device("cpu"))
@@ -352,8 +370,7 @@ class SyncedMemory:
             else:
                 self.set_gpu_data(tensor.view(-1))
             return True
-        side = self.mutable_cpu_data() if cpu else self.mutable_gpu_data()
-        side.view(tensor.shape).copy_(tensor)
+        self.overwrite(on_gpu=not cpu).view(tensor.shape).copy_(tensor)
         return False
 
     def release(self) -> bool:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import torchcaffe as caffe
+from torchcaffe import syncedmem
 from torchcaffe.syncedmem import Head
 
 PROTO = """
@@ -83,3 +84,38 @@ def test_only_a_net_whose_layers_may_update_their_blobs_watches_them(
     net.forward()
     heads = {blob.data_memory.head for blob in net.params["bn"]}
     assert heads == ({Head.HEAD_AT_GPU} if phase == caffe.TRAIN else {Head.SYNCED})
+
+
+@pytest.mark.parametrize("backward", [True, False])
+def test_blobs_a_script_read_on_the_host_are_rewritten_on_the_device_without_a_copy_back(
+    tmp_path, meta_gpu_mode, backward
+):
+    """GPU mode, a training forward (and backward, where some layer needs one) while a
+    script holds host views of tops and diffs it read: the pass writes every element of
+    them on the device, so their host values (stale once it runs) are not copied there
+    first, as ``mutable_gpu_data`` would."""
+    path = tmp_path / "bn.prototxt"
+    path.write_text("force_backward: true\n" * backward + PROTO)
+    net = caffe.Net(str(path), caffe.TRAIN)
+    blobs = net.blobs
+    copies: list[tuple[syncedmem.SyncedMemory, str]] = []
+    syncedmem.copy_hooks.append(lambda memory, direction: copies.append((memory, direction)))
+    try:
+        for _ in range(2):
+            blobs["x"].data[...] = 1.0
+            net.forward()
+            blobs["z"].diff[...] = 1.0
+            net.backward()
+            read = [blobs["y"].data, blobs["z"].data, blobs["y"].diff, blobs["x"].diff]
+            written = {blobs["y"].data_memory, blobs["z"].data_memory}
+            written |= {blobs["y"].diff_memory, blobs["x"].diff_memory}
+            copies.clear()
+            net.forward()  # ``read`` holds the host views meanwhile
+            blobs["z"].diff[...] = 1.0
+            net.backward()
+            del read
+            assert [d for m, d in copies if m in written and d == "cpu->gpu"] == []
+            if backward:
+                assert blobs["y"].diff_memory.head is Head.HEAD_AT_GPU
+    finally:
+        syncedmem.copy_hooks.pop()

@@ -484,3 +484,23 @@ def test_on_a_device_the_input_a_script_wrote_is_copied_there_once(net, meta_gpu
         assert net._lazy._run.inputs["data"].device.type == "meta"
     finally:
         syncedmem.copy_hooks.pop()
+
+
+def test_on_a_device_a_held_output_gets_the_next_value_in_one_copy(net, meta_gpu_mode):
+    """GPU mode, the loop ``out = net.forward()`` holding the last outputs: each forward
+    writes the held blob once on the device (its view waits for the sync, as pycaffe's
+    does), not after first writing its deferred value or its host side there, and
+    returning it takes one copy to the host."""
+    copies: list[tuple[syncedmem.SyncedMemory, str]] = []
+    syncedmem.copy_hooks.append(lambda memory, direction: copies.append((memory, direction)))
+    try:
+        out = net.forward()
+        for seed in range(3):
+            net.blobs["data"].data[...] = _x(seed)
+            memory = net.blobs["prob"].data_memory
+            copies.clear()
+            out = net.forward()  # the last forward's arrays are alive meanwhile
+            assert [d for m, d in copies if m is memory] == ["gpu->cpu"]
+            assert out["prob"].shape == (2, 3)
+    finally:
+        syncedmem.copy_hooks.pop()

@@ -284,9 +284,8 @@ class LazyForward:
         self._link = None
 
     def _write_now(self, name: str, run: _Run, device: torch.device) -> None:
-        blob = self.blobs[name]
-        blob.data_memory.drop_deferred()
-        blob.data_at(device, mutable=True).copy_(run.at(name))
+        value = run.at(name)
+        self.blobs[name].data_to_overwrite(device).copy_(value)
 
     def _shapes_for(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
         """Every blob's shape, inferred once per input shapes (Caffe's Net::Reshape)."""

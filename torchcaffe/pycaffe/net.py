@@ -692,8 +692,7 @@ class Net:
                 if blob.shape != tuple(t.shape):
                     self._reshape_blob(name, tuple(t.shape))
                 if not self._holds_shared(i, name):
-                    blob.data_memory.drop_deferred()
-                    blob.data_at(device, mutable=True).copy_(t.detach())
+                    blob.data_to_overwrite(device).copy_(t.detach())
                 if w:
                     loss += w * float(t.detach().sum())
             if step.need_backward:
@@ -873,8 +872,7 @@ class Net:
         if adopt:
             blob.take_data(t)  # replaces a deferred value too
             return
-        blob.data_memory.drop_deferred()
-        dest = blob.data_at(device, mutable=True)
+        dest = blob.data_to_overwrite(device)
         if dest.data_ptr() != t.data_ptr() or dest.stride() != t.stride():
             dest.copy_(t)
 
@@ -918,7 +916,7 @@ class Net:
         if step.type == "Silence":  # SilenceLayer::Backward zeroes each bottom's diff
             for j, name in enumerate(step.bottoms):
                 if step.bottom_need_backward[j]:
-                    self._blob_of[name].diff_at(device, mutable=True).zero_()
+                    self._blob_of[name].diff_to_overwrite(device).zero_()
             return
         record = self._records.get(i)
         if getattr(module, "in_place_slope", False):
@@ -963,7 +961,7 @@ class Net:
             return
         got = torch.autograd.grad(outs, inputs, grads, allow_unused=True, retain_graph=True)
         for j, g in zip(wanted, got[: len(wanted)]):
-            diff = self._blob_of[step.bottoms[j]].diff_at(device, mutable=True)
+            diff = self._blob_of[step.bottoms[j]].diff_to_overwrite(device)
             if g is None:
                 diff.zero_()
             else:
@@ -985,7 +983,7 @@ class Net:
         param diff is the top diff its consumers wrote (overwritten, not added to)."""
         (param,) = module.param_blobs()
         top = self._blob_of[self._net.steps[i].tops[0]].diff_at(device)
-        self._param_blob_of[id(param)].diff_at(device, mutable=True).copy_(top.view(param.shape))
+        self._param_blob_of[id(param)].diff_to_overwrite(device).copy_(top.view(param.shape))
 
     def _replay(self, i: int, device: torch.device) -> _Record:
         """Layer ``i``'s forward recomputed from its bottoms' current data, for a backward
@@ -1010,7 +1008,7 @@ class Net:
             return
         top = self._current_data(step.tops[0], device)
         grad = rule(top, self._blob_of[step.tops[0]].diff_at(device))
-        diff = self._blob_of[step.bottoms[0]].diff_at(device, mutable=True)
+        diff = self._blob_of[step.bottoms[0]].diff_to_overwrite(device)
         diff.copy_(grad.reshape(diff.shape))  # MVN's top is 4-D whatever its bottom's axes
 
     def _current_data(self, name: str, device: torch.device) -> torch.Tensor:
@@ -1266,7 +1264,7 @@ class Net:
     def _set_param_diff(self, tensor: torch.Tensor, values: np.ndarray) -> None:
         """A diff the caffemodel stores (snapshot_diff) goes into the param blob's diff, as
         Caffe's Blob::FromProto copies it: a later backward accumulates onto it."""
-        diff = self._param_blob_of[id(tensor)].diff_at(self._device, mutable=True)
+        diff = self._param_blob_of[id(tensor)].diff_to_overwrite(self._device)
         diff.copy_(torch.from_numpy(values).view(diff.shape))
 
     def load_hdf5(self, path: str | os.PathLike) -> None:

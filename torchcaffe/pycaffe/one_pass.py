@@ -277,11 +277,11 @@ def _backward(
     for name, e in sorted(last.items(), key=lambda item: (-edges[item[1]][0], item[1])):
         blob, g = net._blob_of[name], got[e]
         if g is None:
-            blob.diff_at(device, mutable=True).zero_()
+            blob.diff_to_overwrite(device).zero_()
         elif _sole(g, taken, views=True):
             blob.take_diff(g.reshape(blob.shape))
         else:
-            blob.diff_at(device, mutable=True).copy_(g.view(blob.shape))
+            blob.diff_to_overwrite(device).copy_(g.view(blob.shape))
     return list(got[len(edges) :]), taken
 
 
@@ -315,7 +315,7 @@ def _write_param_diffs(
             # not a view: a later take counts the views of this buffer (_viewed)
             adopt.append((p, g if g._base is None else g.detach()))
         else:
-            torch.add(g.view(p.shape), 0.0, out=blobs[id(p)].diff_at(device, mutable=True))
+            torch.add(g.view(p.shape), 0.0, out=blobs[id(p)].diff_to_overwrite(device))
     if adopt:
         torch._foreach_add_([g for _, g in adopt], 0.0)  # Caffe's 0 + grad, -0 included
     for p, g in adopt:
@@ -323,7 +323,7 @@ def _write_param_diffs(
             p.grad = g
     for key, blob in blobs.items():
         if key not in written:
-            blob.diff_at(device, mutable=True).zero_()
+            blob.diff_to_overwrite(device).zero_()
 
 
 def _sole(t: torch.Tensor, taken: set[int], views: bool = False) -> bool:
