@@ -98,3 +98,31 @@ class PhaseKeyedLayer(caffe.Layer):
 
     def forward(self, bottom, top):
         top[0].data[...] = bottom[0].data * self._scale
+
+
+class DoubleTopInPlaceLayer(caffe.Layer):
+    """Doubles its blob in place, through the top, relying on Caffe's in-place wiring: the
+    top is the bottom's Blob, so ``reshape`` leaves it alone and the backward finds the top
+    diff in the bottom's."""
+
+    def reshape(self, bottom, top):
+        pass
+
+    def forward(self, bottom, top):
+        top[0].data[...] *= 2
+
+    def backward(self, top, propagate_down, bottom):
+        bottom[0].diff[...] = top[0].diff * 2
+
+
+class DoubleBottomInPlaceLayer(caffe.Layer):
+    """``DoubleTopInPlaceLayer`` written through the bottom."""
+
+    def reshape(self, bottom, top):
+        top[0].reshape(*bottom[0].data.shape)
+
+    def forward(self, bottom, top):
+        bottom[0].data[...] *= 2
+
+    def backward(self, top, propagate_down, bottom):
+        bottom[0].diff[...] *= 2

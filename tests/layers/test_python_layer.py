@@ -116,6 +116,37 @@ def test_pycaffe_net_forward_backward(monkeypatch, tmp_path):
     np.testing.assert_allclose(net.blobs["x"].diff, 0)  # Input tops need no backward
 
 
+IN_PLACE = """force_backward: true
+layer {{ name: "data" type: "Input" top: "x" input_param {{ shape {{ dim: 2 dim: 3 }} }} }}
+layer {{ name: "double" type: "Python" bottom: "x" top: "x"
+        python_param {{ module: "tests.helpers.python_layers" layer: "{}" }} }}
+"""
+
+
+@pytest.mark.parametrize("cls", ["DoubleTopInPlaceLayer", "DoubleBottomInPlaceLayer"])
+def test_an_in_place_layers_top_is_its_bottoms_blob(monkeypatch, tmp_path, cls):
+    """In place, Caffe hands the layer one Blob as its bottom and its top (Net::AppendTop):
+    a class may compute through either, leave the top's shape to the bottom, and find the
+    top diff in the bottom's in backward. Both faces."""
+    monkeypatch.setenv(ENV_VAR, "1")
+    path = tmp_path / "net.prototxt"
+    path.write_text(IN_PLACE.format(cls))
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    g = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
+    net = caffe.Net(str(path), caffe.TRAIN)
+    net.blobs["x"].data[...] = x
+    np.testing.assert_array_equal(net.forward()["x"], 2 * x)
+    net.blobs["x"].diff[...] = g
+    net.backward()
+    np.testing.assert_array_equal(net.blobs["x"].diff, 2 * g)
+    module = caffe.load(path, phase="train")
+    xt = torch.from_numpy(x).requires_grad_()
+    out = module(x=xt)["x"]
+    np.testing.assert_array_equal(out.detach().numpy(), 2 * x)
+    out.backward(torch.from_numpy(g))
+    np.testing.assert_array_equal(xt.grad.numpy(), 2 * g)
+
+
 def test_params_save_and_load(monkeypatch, tmp_path):
     monkeypatch.setenv(ENV_VAR, "1")
     path = tmp_path / "net.prototxt"

@@ -249,7 +249,7 @@ class PythonLayer(CaffeLayer):
             # An int as in BVLC; named as caffe-fast-rcnn's enum, which py-faster-rcnn reads.
             self.py.phase = Phase(layer_param.phase)
             self._bottoms = [Blob(s) for s in self.bottom_shapes]
-            self._tops = [Blob() for _ in range(self.num_tops)]
+            self._tops = [self._own_top(i) for i in range(self.num_tops)]
             self.py.setup(self._bottoms, self._tops)
             self.py.reshape(self._bottoms, self._tops)
         except TorchCaffeError:
@@ -260,6 +260,16 @@ class PythonLayer(CaffeLayer):
         self._adopt_blobs()
         # follows .to(): the device and dtype of a bottomless layer's tops (a data layer)
         self.register_buffer("_like", torch.zeros(0), persistent=False)
+
+    def _own_top(self, i: int) -> Blob:
+        """Top ``i``'s Blob: in place (the same name as bottom ``i``), the bottom's Blob
+        itself, as Caffe's Net::AppendTop gives an in-place layer its bottom blob as the top;
+        the class may then compute in either, and its backward finds the top diff in the
+        bottom's."""
+        bottoms, tops = self.layer_param.bottom, self.layer_param.top
+        if i < len(bottoms) and tops[i] == bottoms[i]:
+            return self._bottoms[i]
+        return Blob()
 
     # The prototxt the layer came from, for error notes (set by the pycaffe Net).
     source_path: str | None = None
@@ -355,7 +365,8 @@ class PythonLayer(CaffeLayer):
         for top, grad in zip(self._tops, grads):
             top.diff[...] = _host(grad).numpy()
         for blob in self._bottoms:
-            blob.diff[...] = 0
+            if not any(blob is top for top in self._tops):  # an in-place one holds the top diff
+                blob.diff[...] = 0
         blobs = getattr(self.py, "blobs", [])
         in_place = self._net_param_blobs is not None
         if in_place:
