@@ -266,6 +266,28 @@ def test_time_prints_a_per_layer_table_and_totals(case, capsys):
     assert out.count("forward-backward time: ") == 2
 
 
+def test_time_takes_an_empty_phase_as_train(tmp_path, capsys):
+    """caffe.cpp's get_phase_from_flags: ``-phase=`` (a wrapper's unset $PHASE) is time's
+    default, TRAIN; a phase Caffe does not know is refused."""
+    model = tmp_path / "net.prototxt"
+    model.write_text(
+        'layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }\n'
+        'layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y"\n'
+        "        inner_product_param { num_output: 2 } }\n"
+        'layer { name: "train_only" type: "Sigmoid" bottom: "y" top: "s"\n'
+        "        include { phase: TRAIN } }\n"
+    )
+
+    def timed_layers(*flags):
+        assert main(["time", "-model", str(model), "-iterations", "1", *flags]) == 0
+        return [line.split("\t")[0].strip() for line in _logged(capsys) if "\tforward: " in line]
+
+    assert timed_layers("-phase=") == timed_layers("-phase", "TRAIN") == ["x", "ip", "train_only"]
+    assert timed_layers("-phase=TEST") == ["x", "ip"]
+    with pytest.raises(SystemExit):
+        main(["time", "-model", str(model), "-phase=VAL"])
+
+
 def test_time_on_the_cpu_reads_times_as_caffes_cpu_timer(case, capsys):
     """Caffe's CPU Timer is boost's microsecond clock: the per-iteration and total lines are
     whole milliseconds (total_milliseconds), the per-layer and pass averages whole
@@ -302,10 +324,21 @@ def test_time_prints_a_per_layer_table_for_googlenet(models_root, tmp_path, caps
     assert "Average Forward-Backward: " in "\n".join(out) and "Total Time: " in out[-2]
 
 
-def test_device_query_without_cuda_is_an_error(capsys, monkeypatch):
+def test_device_query_queries_what_gpu_names(capsys, monkeypatch):
+    """caffe.cpp's device_query loops over get_gpus: without -gpu none, which succeeds with
+    or without CUDA (a pipeline's sanity step); -gpu on a machine without CUDA is an error.
+    Its lines are glog's, on stderr; nothing on stdout."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert main(["device_query"]) == 2
-    assert "no CUDA device" in capsys.readouterr().err
+    assert main(["device_query"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "" and err.endswith("] Querying GPUs \n")
+    assert main(["device_query", "-gpu", "0"]) == 2
+    assert "CUDA is not available" in capsys.readouterr().err
+    if torch.cuda.device_count():
+        monkeypatch.undo()
+        assert main(["device_query", "-gpu", "0"]) == 0
+        out, err = capsys.readouterr()
+        assert out == "" and "] Device id:                     0" in err
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP on this platform")

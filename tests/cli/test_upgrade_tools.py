@@ -53,10 +53,11 @@ def test_upgrade_net_proto_text(tmp_path, models_root, capsys):
     types = [lp.type for lp in net.layer]
     assert {"Convolution", "Pooling", "InnerProduct", "ReLU"} <= set(types), types
     assert not len(net.layers)
-    capsys.readouterr()
+    logged = capsys.readouterr()  # Caffe's tool LOGs (glog, stderr), printing nothing
+    assert logged.out == "" and f"] Wrote upgraded NetParameter text proto to {out}\n" in logged.err
     again = tmp_path / "again.prototxt"
     assert main(["upgrade_net_proto_text", str(out), str(again)]) == 0
-    assert f"File already in latest proto format: {out}\n" in capsys.readouterr().err
+    assert f"] File already in latest proto format: {out}\n" in capsys.readouterr().err
     assert read_net_text(again) == net
 
 

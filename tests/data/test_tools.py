@@ -130,15 +130,37 @@ def test_existing_target_is_refused(tmp_path):
         )
 
 
-def test_unreadable_images_are_skipped_as_caffe_does(tmp_path):
+def test_unreadable_images_are_skipped_as_caffe_does(tmp_path, caplog):
+    """Skipped with io.cpp's ERROR line, which scripts grep for the bad images."""
     image_folder(tmp_path, [(4, 4)] * 2)
-    (tmp_path / "list.txt").write_text("img_0.png 0\nmissing.png 1\nimg_1.png 2\n")
-    n = convert_imageset(
-        str(tmp_path / "images") + "/", str(tmp_path / "list.txt"), str(tmp_path / "db")
-    )
+    (tmp_path / "images" / "broken.png").write_bytes(b"not a png")
+    (tmp_path / "list.txt").write_text("img_0.png 0\nmissing.png 1\nbroken.png 3\nimg_1.png 2\n")
+    root = str(tmp_path / "images") + "/"
+    with caplog.at_level("INFO", logger="torchcaffe.data"):
+        n = convert_imageset(root, str(tmp_path / "list.txt"), str(tmp_path / "db"))
     assert n == 2
     with open_db(tmp_path / "db") as db:
-        assert db.keys() == [b"00000000_img_0.png", b"00000002_img_1.png"]
+        assert db.keys() == [b"00000000_img_0.png", b"00000003_img_1.png"]
+    errors = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelname != "INFO"]
+    assert errors == [
+        ("ERROR", f"Could not open or find file {root}missing.png"),
+        ("ERROR", f"Could not open or find file {root}broken.png"),
+    ]
+
+
+@pytest.mark.parametrize("text", ["", "\n\n"])
+def test_a_list_without_images_makes_an_empty_database_as_caffes_tool_does(tmp_path, text):
+    """convert_imageset.cpp never checks its list: an empty one (or one of empty lines, each
+    an image that fails to load) gives an empty database and success."""
+    (tmp_path / "list.txt").write_text(text)
+    db_path = tmp_path / "db"
+    assert (
+        cli(["convert_imageset", str(tmp_path) + "/", str(tmp_path / "list.txt"), str(db_path)])
+        == 0
+    )
+    with open_db(db_path) as db:
+        assert db.keys() == []
+    assert cli(["convert_imageset", "/", str(tmp_path / "absent.txt"), str(tmp_path / "b")]) == 2
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):

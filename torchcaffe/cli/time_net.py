@@ -36,7 +36,8 @@ from .flags import add_net_state_flags, require
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="net prototxt")
     p.add_argument("--iterations", type=int, default=50, help="timed iterations")
-    p.add_argument("--phase", default="TRAIN", choices=["TRAIN", "TEST"], help="net phase")
+    # caffe.cpp's get_phase_from_flags: an empty -phase (its default) is time's TRAIN
+    p.add_argument("--phase", default="", choices=["", "TRAIN", "TEST"], help="net phase")
     p.add_argument("--gpu", default="", help="device id (the first of a list is used)")
     add_net_state_flags(p)
 
@@ -79,7 +80,7 @@ def _time(args: argparse.Namespace) -> int:
     log.info("Use CPU." if not gpus else f"Use GPU with device ID {gpus[0]}")
     net_param = read_net(args.model)
     options = dict(
-        phase=caffe_pb2.Phase.Value(args.phase),
+        phase=caffe_pb2.Phase.Value(args.phase or "TRAIN"),
         level=args.level,
         stages=[s for s in args.stage.split(",") if s],
         allow_python_layers=args.allow_python_layers,

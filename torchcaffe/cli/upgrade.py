@@ -8,8 +8,8 @@ torchcaffe upgrade OLD NEW   (the form follows the input; see also upgrade_net_p
 from __future__ import annotations
 
 import argparse
+import logging
 import os
-import sys
 import warnings
 
 from ..errors import PrototxtError
@@ -20,6 +20,10 @@ from ..formats.upgrade import (
     net_needs_upgrade,
     upgrade_net_as_needed,
 )
+from ..glog import on_stderr
+
+# Caffe's upgrade tools LOG their lines (glog, stderr): ``on_stderr(log)`` around a tool's run
+log = logging.getLogger("torchcaffe.upgrade")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -54,7 +58,7 @@ def upgrade_file(source: str, target: str, form: str | None = None) -> tuple[str
         compatible = not any(issubclass(w.category, IncompatibleUpgradeWarning) for w in caught)
     else:
         # Caffe logs it (at ERROR) and writes the net unchanged, exit status 0
-        print(f"File already in latest proto format: {source}", file=sys.stderr)
+        log.error("File already in latest proto format: %s", source)
     (write_binary if binary else write_text)(net, target)
     return found, compatible
 
@@ -62,11 +66,13 @@ def upgrade_file(source: str, target: str, form: str | None = None) -> tuple[str
 def status(compatible: bool) -> int:
     """The exit status of Caffe's upgrade tools: 1 when the upgrade logged errors."""
     if not compatible:
-        print("Encountered error(s) while upgrading prototxt; see details above.", file=sys.stderr)
+        log.error("Encountered error(s) while upgrading prototxt; see details above.")
     return 0 if compatible else 1
 
 
 def main(args: argparse.Namespace) -> int:
-    form, compatible = upgrade_file(args.source, args.target)
-    print(f"upgraded {args.source} -> {args.target} ({form}, {os.path.getsize(args.target)} bytes)")
-    return status(compatible)
+    with on_stderr(log):
+        form, compatible = upgrade_file(args.source, args.target)
+        size = os.path.getsize(args.target)
+        print(f"upgraded {args.source} -> {args.target} ({form}, {size} bytes)")
+        return status(compatible)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import argparse
 
-from .upgrade import status, upgrade_file
+from ..glog import on_stderr
+from .upgrade import log, status, upgrade_file
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -16,6 +17,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    _, compatible = upgrade_file(args.input_file, args.output_file, form="text")
-    print(f"Wrote upgraded NetParameter text proto to {args.output_file}")
-    return status(compatible)
+    """Caffe's tool: its lines logged to stderr with glog's prefix, nothing on stdout."""
+    with on_stderr(log):
+        _, compatible = upgrade_file(args.input_file, args.output_file, form="text")
+        log.info("Wrote upgraded NetParameter text proto to %s", args.output_file)
+        return status(compatible)

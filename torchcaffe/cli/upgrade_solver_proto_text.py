@@ -11,11 +11,12 @@ it and written atomically.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from ..formats.prototxt import read_text_proto, write_text
 from ..formats.upgrade import solver_needs_type_upgrade, upgrade_solver_as_needed
+from ..glog import on_stderr
 from ..proto import caffe_pb2 as pb
+from .upgrade import log
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,21 +25,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    solver = read_text_proto(args.input_file, pb.SolverParameter)
-    if solver_needs_type_upgrade(solver):
-        print(
-            "Attempting to upgrade input file specified using deprecated 'solver_type' field "
-            f"(enum): {args.input_file}",
-            file=sys.stderr,
-        )
-        solver = upgrade_solver_as_needed(solver, args.input_file)
-        print(
-            "Successfully upgraded file specified using deprecated 'solver_type' field (enum) "
-            "to 'type' field (string).",
-            file=sys.stderr,
-        )
-    else:
-        print(f"File already in latest proto format: {args.input_file}", file=sys.stderr)
-    write_text(solver, args.output_file)
-    print(f"Wrote upgraded SolverParameter text proto to {args.output_file}")
+    """Caffe's tool: its lines logged to stderr with glog's prefix, nothing on stdout."""
+    with on_stderr(log):
+        solver = read_text_proto(args.input_file, pb.SolverParameter)
+        if solver_needs_type_upgrade(solver):
+            log.info(
+                "Attempting to upgrade input file specified using deprecated 'solver_type' "
+                "field (enum): %s",
+                args.input_file,
+            )
+            solver = upgrade_solver_as_needed(solver, args.input_file)
+            log.info(
+                "Successfully upgraded file specified using deprecated 'solver_type' field "
+                "(enum) to 'type' field (string)."
+            )
+        else:
+            log.error("File already in latest proto format: %s", args.input_file)
+        write_text(solver, args.output_file)
+        log.info("Wrote upgraded SolverParameter text proto to %s", args.output_file)
     return 0

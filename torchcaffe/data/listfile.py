@@ -22,13 +22,15 @@ def read_text(path: str, what: str) -> str:
 
 
 def read_list(
-    path: str, *, what: str = "image list", keep_empty: bool = False
+    path: str, *, what: str = "image list", keep_empty: bool = False, allow_empty: bool = False
 ) -> list[tuple[str, int]]:
     """(name, label) pairs, as image_data_layer.cpp / convert_imageset read them: the label
     is ``atoi`` of what follows the last space; a line without one is all name, and its label
     ``atoi`` of the whole line (C's pointer arithmetic on ``npos + 1``). ``keep_empty``: an
     empty line is an entry ("", 0), as convert_imageset's getline loop makes it (its image
-    then fails to load, but it takes a line number, which the database keys carry)."""
+    then fails to load, but it takes a line number, which the database keys carry).
+    ``allow_empty``: a list with no names is no error (convert_imageset writes an empty
+    database from it; the image layers CHECK "File is empty")."""
     lines = read_text(path, what).splitlines()
     out = []
     for line in lines:
@@ -38,7 +40,7 @@ def read_list(
         if not sep:
             name, label = line, line
         out.append((name, _atoi(label)))
-    if not any(name for name, _ in out):
+    if not allow_empty and not any(name for name, _ in out):
         raise DataError(f"the {what} is empty", path=path, expected="'name label' lines")
     return out
 

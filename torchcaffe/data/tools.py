@@ -50,8 +50,8 @@ def image_datum(
     flag = cv.IMREAD_COLOR if is_color else cv.IMREAD_GRAYSCALE
     try:
         img = cv.read(filename, flag)
-    except DataError as err:
-        log.warning("skipping %s: %s", filename, err)
+    except DataError:
+        log.error("Could not open or find file %s", filename)  # io.cpp's words, grepped for
         return None
     if resize_height > 0 and resize_width > 0:
         img = cv.resize(img, resize_height, resize_width)
@@ -86,7 +86,7 @@ def convert_imageset(
 ) -> int:
     """Write the images of ``list_file`` (``name label`` lines) into a new database; returns
     the number of records written."""
-    lines = read_list(list_file, what="list file", keep_empty=True)
+    lines = read_list(list_file, what="list file", keep_empty=True, allow_empty=True)
     if shuffle:
         log.info("Shuffling data")
         CaffeRNG().shuffle(lines)
