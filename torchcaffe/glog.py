@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
+import getpass
 import logging
 import os
+import socket
 import sys
 import threading
 from collections.abc import Iterator
+from typing import TextIO
 
 # glog's severities 0..3 (INFO, WARNING, ERROR, FATAL) as logging's levels
 _SEVERITY_LEVELS = (logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL)
@@ -81,3 +85,104 @@ def on_stderr(log: logging.Logger, quiet: bool = False) -> Iterator[None]:
     finally:
         log.removeHandler(handler)
         log.setLevel(level)
+
+
+# glog's severities by name, for its log file names
+_SEVERITY_NAMES = ("INFO", "WARNING", "ERROR")
+
+
+class _SeverityFile(logging.Handler):
+    """One of glog's log files: every line of ``severity`` or above, in
+    ``<dir>/<program>.<host>.<user>.log.<SEVERITY>.<yyyymmdd-hhmmss>.<pid>``, created at its
+    first line with glog's header, and the link ``<dir>/<program>.<SEVERITY>`` to it (glog
+    replaces that link with each new file: ``caffe.INFO`` is always the latest run's log)."""
+
+    def __init__(self, directory: str, program: str, severity: int) -> None:
+        super().__init__(max(_SEVERITY_LEVELS[severity], _threshold()))
+        self.directory, self.program = directory, program
+        self.severity = _SEVERITY_NAMES[severity]
+        self.stream: TextIO | None = None
+        self.failed = False
+        self.setFormatter(GlogFormatter())
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.stream is None and not self.failed:
+            self.stream = self._create()
+        if self.stream is not None:
+            self.stream.write(self.format(record) + "\n")
+            self.stream.flush()
+
+    def _create(self) -> TextIO | None:
+        now = datetime.datetime.now()
+        user = os.environ.get("USER") or _user()
+        name = (
+            f"{self.program}.{socket.gethostname()}.{user}.log.{self.severity}."
+            f"{now:%Y%m%d-%H%M%S}.{os.getpid()}"
+        )
+        try:
+            stream, name = _new_file(self.directory, name)
+        except OSError as err:  # glog says so on stderr and goes on logging there
+            self.failed = True
+            print(f"Could not create log file: {err.strerror}: {err.filename}", file=sys.stderr)
+            return None
+        stream.write(
+            f"Log file created at: {now:%Y/%m/%d %H:%M:%S}\n"
+            f"Running on machine: {socket.gethostname()}\n"
+            "Log line format: [IWEF]mmdd hh:mm:ss.uuuuuu threadid file:line] msg\n"
+        )
+        link = os.path.join(self.directory, f"{self.program}.{self.severity}")
+        with contextlib.suppress(OSError):  # no links here (some filesystems): the file stays
+            staging = f"{link}.{os.getpid()}.tmp"
+            os.symlink(name, staging)
+            os.replace(staging, link)
+        return stream
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
+            self.stream = None
+        super().close()
+
+
+def _new_file(directory: str, name: str) -> tuple[TextIO, str]:
+    """A new file ``name`` in ``directory``, opened for writing, and its name: a run of this
+    process in the same second as an earlier one (glog's names are per second and process)
+    gets ``name.1``, ``name.2``, ..., not the earlier run's file."""
+    for n in range(1000):
+        candidate = name if n == 0 else f"{name}.{n}"
+        try:
+            return open(os.path.join(directory, candidate), "x", encoding="utf-8"), candidate
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "too many log files this second", name)
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container)
+        return "invalid-user"
+
+
+@contextlib.contextmanager
+def log_files(directory: str | None, program: str) -> Iterator[None]:
+    """glog's log files for the block, when there is a log ``directory`` (``-log_dir``; None
+    or "": none, as with ``-logtostderr``): the lines of every ``torchcaffe`` logger at or
+    above INFO, WARNING and ERROR go to one file each (``_SeverityFile``), as Caffe's tools
+    log to files besides stderr. Pipelines read ``<dir>/caffe.INFO`` with parse_log.py."""
+    if not directory:
+        yield
+        return
+    root = logging.getLogger("torchcaffe")
+    handlers = [_SeverityFile(directory, program, s) for s in range(len(_SEVERITY_NAMES))]
+    level = root.level
+    for handler in handlers:
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+        for handler in handlers:
+            root.removeHandler(handler)
+            handler.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 import shutil
 import signal
@@ -386,11 +387,63 @@ def test_signals_are_flags_read_sighup_first(case, sigint, sighup, raised, stops
     assert written == snapshots
 
 
+def test_gflags_flagfile_and_fromenv_give_their_flags(case, capsys, monkeypatch):
+    """gflags' --flagfile (comments, blank lines, a program-name line scoping the flags after
+    it, a nested flagfile; later flags override earlier ones) and --fromenv/--tryfromenv,
+    which every Caffe tool takes."""
+    (case / "inner.flags").write_text("-iterations=2\n")
+    (case / "test.flags").write_text(
+        "# the caffe tool's test\n\n--model=train.prototxt\n--flagfile=inner.flags\n"
+        "convert_imageset\n--iterations=7\ncaff*\n-weights=final.caffemodel\n"
+    )
+    assert main(["test", "--flagfile=test.flags"]) == 0
+    assert "] Running for 2 iterations." in capsys.readouterr().err
+    assert main(["test", "-flagfile", "test.flags", "-iterations", "3"]) == 0
+    assert "] Running for 3 iterations." in capsys.readouterr().err
+    monkeypatch.setenv("FLAGS_iterations", "4")
+    assert main(["test", "--flagfile=test.flags", "--fromenv=iterations"]) == 0
+    assert "] Running for 4 iterations." in capsys.readouterr().err
+    assert main(["test", "--flagfile=test.flags", "--tryfromenv=iterations,gpu"]) == 0
+    assert "] Running for 4 iterations." in capsys.readouterr().err
+    assert main(["test", "--flagfile=test.flags", "--fromenv=gpu"]) == 2
+    assert "FLAGS_gpu not found in the environment" in capsys.readouterr().err
+    assert main(["test", "--flagfile=absent.flags"]) == 2
+    assert "--flagfile: cannot read 'absent.flags'" in capsys.readouterr().err
+
+
 def test_a_glog_flag_is_taken_with_a_note_that_it_has_no_effect(case, capsys):
-    code = main(["time", "-model", "train.prototxt", "-iterations", "1", "-log_dir", "/tmp"])
+    code = main(["time", "-model", "train.prototxt", "-iterations", "1", "-v", "2"])
     assert code == 0
     err = capsys.readouterr().err
-    assert "torchcaffe time: note: glog's -log_dir has no effect" in err
+    assert "torchcaffe time: note: glog's -v has no effect" in err
+
+
+def test_log_dir_gets_glogs_files_as_caffes_tools_write_them(case, capsys, monkeypatch):
+    """-log_dir (or GLOG_log_dir): each severity's lines in glog's file, linked as
+    ``caffe.INFO`` & co. (what pipelines hand parse_log.py), besides stderr; a second run
+    moves the links to its own files. -logtostderr writes none."""
+    monkeypatch.delenv("GLOG_log_dir", raising=False)
+    argv = ["test", "-model", "train.prototxt", "-weights", "final.caffemodel"]
+    logs = case / "logs"
+    logs.mkdir()
+    assert main([*argv, "-iterations", "2", "-log_dir", str(logs)]) == 0
+    err = capsys.readouterr().err
+    info = (logs / "caffe.INFO").read_text()
+    header, lines = info.splitlines()[:3], info.splitlines()[3:]
+    assert header[0].startswith("Log file created at: ") and header[1].startswith("Running on")
+    assert lines == [line for line in err.splitlines() if re.match(r"[IWE]\d{4} ", line)]
+    assert any(line.endswith("] Batch 1, loss = " + line.rsplit(" = ", 1)[-1]) for line in lines)
+    target = os.readlink(logs / "caffe.INFO")
+    assert re.fullmatch(r"caffe\..+\.log\.INFO\.\d{8}-\d{6}\.\d+(\.\d)?", target)
+    assert not (logs / "caffe.ERROR").exists()  # created at its first line
+    monkeypatch.setenv("GLOG_log_dir", str(logs))
+    assert main([*argv, "-iterations", "1"]) == 0
+    assert (logs / "caffe.INFO").read_text().count("] Batch ") == 1  # the newest run's file
+    assert main([*argv, "-iterations", "1", "-logtostderr"]) == 0
+    assert main([*argv, "-iterations", "1", "-log_dir", str(case / "absent")]) == 0
+    assert "Could not create log file: " in capsys.readouterr().err
+    names = sorted(p.name for p in logs.iterdir())  # no warning: no WARNING file
+    assert names[0] == "caffe.INFO" and len(names) == 3 and ".log.INFO." in names[2]
 
 
 @pytest.mark.parametrize(

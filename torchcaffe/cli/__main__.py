@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -34,7 +35,16 @@ from . import (
     upgrade_net_proto_text,
     upgrade_solver_proto_text,
 )
-from .flags import CAFFE_VALUED, GLOG_VALUED, FlagParser, gflags_argv, glog_minloglevel
+from .flags import (
+    CAFFE_VALUED,
+    GLOG_ACTED_ON,
+    GLOG_VALUED,
+    FlagParser,
+    expand_flag_sources,
+    gflags_argv,
+    glog_log_dir,
+    glog_minloglevel,
+)
 
 Action = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
 # One line per action: name -> (add_arguments, main).
@@ -139,12 +149,18 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         return _no_action(argv)
     else:
+        program = "caffe" if action in CAFFE_ACTIONS else action  # glog's and gflags' name
+        try:
+            rest = expand_flag_sources(rest, program, os.environ)
+        except TorchCaffeError as err:
+            print(f"torchcaffe {action}: error: {err}", file=sys.stderr)
+            return 2
         ignored = CAFFE_VALUED if action in CAFFE_ACTIONS else frozenset()
         dropped: list[str] = []
         args = actions[action].parse_args(gflags_argv(actions[action], rest, ignored, dropped))
         for name in dropped:  # accepted as Caffe's tools accept them, but not acted on
-            if name == "minloglevel":
-                continue  # acted on: see ``glog_minloglevel``
+            if name in GLOG_ACTED_ON:
+                continue
             print(
                 f"torchcaffe {action}: note: glog's -{name} has no effect "
                 "(torchcaffe logs through Python's logging, to stderr)",
@@ -155,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         with (
             use_schema(getattr(args, "caffe_proto", None)),
             glog.minloglevel(glog_minloglevel(rest)),
+            # caffe.cpp's files are caffe.INFO & co., each other tool's its own name's
+            glog.log_files(glog_log_dir(rest, os.environ), program),
             warnings.catch_warnings(),
         ):
             warnings.showwarning = functools.partial(_show_warning, args.action)

@@ -14,9 +14,10 @@ flag the way Caffe's image tools spell booleans (bare ``-shuffle``, or ``-shuffl
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
 from ..errors import DeviceError, UsageError
@@ -107,22 +108,119 @@ def gflags_argv(
     return out
 
 
+# glog's flags acted on: -minloglevel (lines below it are dropped), -log_dir and
+# -logtostderr (log files, or none); the others are taken and ignored
+GLOG_ACTED_ON = frozenset({"minloglevel", "log_dir", "logtostderr"})
+
+
+def expand_flag_sources(argv: Sequence[str], program: str, environ: Mapping[str, str]) -> list[str]:
+    """``argv`` with gflags' own flags replaced by the flags they stand for, in place (later
+    flags override earlier ones, as gflags reads them in order):
+
+    - ``--flagfile=F`` (``-flagfile F``): F's lines, each a flag (``--solver=s.prototxt``),
+      ``#`` comments and blank lines skipped. A line not starting with ``-`` lists program
+      names (globs); the flags after it apply only if one matches ``program`` (``caffe`` for
+      the caffe tool's actions). A flagfile may name another.
+    - ``--fromenv=a,b``: ``--a=$FLAGS_a`` for each (an error where one is not set);
+      ``--tryfromenv=a,b`` the same, skipping those not set.
+    """
+    out: list[str] = []
+    tokens = list(argv)
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        match = _LONG.match(token)
+        name = match.group(1) if match else None
+        if token == "--":  # gflags stops at it: what follows is positional
+            out.extend(tokens[i:])
+            break
+        if match is None or name not in ("flagfile", "fromenv", "tryfromenv"):
+            out.append(token)
+            i += 1
+            continue
+        if match.group(2):
+            value, i = match.group(2)[1:], i + 1
+        elif i + 1 < len(tokens):
+            value, i = tokens[i + 1], i + 2
+        else:
+            raise UsageError(f"flag '--{name}' is missing its argument")
+        if name == "flagfile":
+            out.extend(expand_flag_sources(_flagfile_flags(value, program), program, environ))
+            continue
+        for flag in (n.strip() for n in value.split(",") if n.strip()):
+            if f"FLAGS_{flag}" in environ:
+                out.append(f"--{flag}={environ[f'FLAGS_{flag}']}")
+            elif name == "fromenv":
+                raise UsageError(
+                    f"--fromenv: FLAGS_{flag} not found in the environment",
+                    hint=f"export FLAGS_{flag}=..., or use --tryfromenv",
+                )
+    return out
+
+
+def _flagfile_flags(path: str, program: str) -> list[str]:
+    """The flags a gflags flagfile gives ``program`` (``expand_flag_sources``)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as err:
+        raise UsageError(
+            f"--flagfile: cannot read {path!r} ({err.strerror})", expected="a file of flags"
+        ) from None
+    flags: list[str] = []
+    applies = True
+    for line in (raw.strip() for raw in lines):
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("-"):
+            if applies:
+                flags.append(line)
+            continue
+        applies = any(fnmatch.fnmatchcase(program, glob) for glob in line.split())
+    return flags
+
+
 def glog_minloglevel(argv: Sequence[str]) -> int | None:
     """glog's -minloglevel in ``argv`` (``-minloglevel=2``, ``--minloglevel 2``; the last
-    wins), or None. It is the one glog flag acted on: lines below it are dropped."""
-    level = None
+    wins), or None."""
+    value = _glog_value(argv, "minloglevel")
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise UsageError(
+            "illegal value for glog's -minloglevel", expected="an integer 0-3", got=value
+        ) from None
+
+
+def glog_log_dir(argv: Sequence[str], environ: Mapping[str, str]) -> str | None:
+    """Where glog writes its log files: ``-log_dir`` in ``argv`` (the last wins), else the
+    environment's GLOG_log_dir (glog takes a flag's default from GLOG_<flag>); None with
+    ``-logtostderr`` (or GLOG_logtostderr true), which logs to stderr only, or no directory
+    given (glog would write to /tmp; torchcaffe leaves no files nobody asked for)."""
+    to_stderr = environ.get("GLOG_logtostderr", "").lower() in ("1", "t", "true", "y", "yes")
+    for token in argv:
+        match = _LONG.match(token)
+        if match and match.group(1) in ("logtostderr", "nologtostderr"):
+            value = (match.group(2) or "=true")[1:].lower()
+            to_stderr = (_TRUTH.get(value) == "true") == (match.group(1) == "logtostderr")
+    if to_stderr:
+        return None
+    value = _glog_value(argv, "log_dir")
+    return value if value is not None else environ.get("GLOG_log_dir")
+
+
+def _glog_value(argv: Sequence[str], name: str) -> str | None:
+    """The value of glog's valued flag ``name`` in ``argv`` (``-name=v``, ``--name v``; the
+    last wins), or None."""
+    value = None
     for i, token in enumerate(argv):
         match = _LONG.match(token)
-        if not match or match.group(1) != "minloglevel":
-            continue
-        value = match.group(2)[1:] if match.group(2) else (argv[i + 1] if i + 1 < len(argv) else "")
-        try:
-            level = int(value)
-        except ValueError:
-            raise UsageError(
-                "illegal value for glog's -minloglevel", expected="an integer 0-3", got=value
-            ) from None
-    return level
+        if match and match.group(1) == name:
+            given = match.group(2)
+            value = given[1:] if given else (argv[i + 1] if i + 1 < len(argv) else "")
+    return value
 
 
 def _declared(known: dict[str, str], name: str) -> str | None:
