@@ -132,8 +132,19 @@ def test_resize_past_the_blob_limit_is_refused_before_opencv_allocates(tmp_path,
         image_layer(tmp_path, 1, extra)
 
 
-def test_shard_takes_every_world_size_th_line(tmp_path):
+def test_every_rank_reads_the_whole_list_as_caffes_image_data_has_no_skip(tmp_path):
+    """A multi-process run: ImageDataLayer (unlike Data and HDF5Data) does not skip to its
+    rank's records; each rank reads every line, a shuffling one in its own order."""
     image_folder(tmp_path, [(3, 3)] * 6)
-    layer = image_layer(tmp_path, 3)
+    (tmp_path / "list.txt").write_text("".join(f"img_{i}.png {i}\n" for i in range(6)))
+    layer = image_layer(tmp_path, 3, "rand_skip: 1")  # a draw below 1: from the first line
     layer.set_shard(1, 3)
-    assert layer()[1].tolist() == [1, 4, 1]
+    assert layer()[1].tolist() + layer()[1].tolist() == [0, 1, 2, 3, 4, 5]
+    torch.manual_seed(0)
+    orders = []
+    for rank in range(3):
+        layer = image_layer(tmp_path, 6, "shuffle: true", phase="TRAIN")
+        layer.set_shard(rank, 3)
+        orders.append(layer()[1].tolist())
+    assert all(sorted(order) == [0, 1, 2, 3, 4, 5] for order in orders)
+    assert len({tuple(order) for order in orders}) == 3

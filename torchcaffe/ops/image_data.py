@@ -20,6 +20,7 @@ class ImageListLoader(BatchLoader):
     each image read as ReadImageToCVMat(root + name, new_height, new_width, is_color)."""
 
     def __init__(self, lines, root, new_hw, is_color, transformer, batch_size, shuffle, source):
+        self.listed = list(lines)  # the list file's order
         self.lines, self.root, self.new_hw = list(lines), root, new_hw
         self.flag = cv.IMREAD_COLOR if is_color else cv.IMREAD_GRAYSCALE
         self.transformer, self.batch_size, self.source = transformer, batch_size, source
@@ -30,11 +31,13 @@ class ImageListLoader(BatchLoader):
         self.rank, self.world_size = 0, 1
 
     def set_shard(self, rank: int, world_size: int) -> None:
-        self.lines = self.lines[rank::world_size]
-        if not self.lines:
-            raise TorchCaffeError("shard holds no lines", path=self.source)
-        self.pos = 0
-        self.rng = for_rank(self.rng, rank)
+        """Caffe's ImageDataLayer has no Skip: every rank reads the whole list, from where
+        rand_skip put it. Only the random streams are the rank's own: a shuffling rank reads
+        the list in its own order (Caffe's solver r seeds with random_seed + r)."""
+        if self.rng is not None and rank:
+            self.rng = for_rank(self.rng, rank)
+            self.lines = list(self.listed)
+            self.rng.shuffle(self.lines)
         self.transformer.rng = for_rank(self.transformer.rng, rank)
 
     def image(self, i: int) -> np.ndarray:
