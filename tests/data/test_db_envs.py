@@ -5,6 +5,8 @@ opened with, whatever the working directory is by then."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -58,3 +60,31 @@ def test_closing_a_net_after_a_chdir_leaves_another_nets_database_open(tmp_path,
     gc.collect()
     b.forward()
     np.testing.assert_array_equal(b.blobs["data"].data.ravel(), [7, 7])
+
+
+def test_a_truncated_database_is_a_clear_error_not_a_crash(tmp_path):
+    """LMDB maps its file: a data.mdb cut short (a copy interrupted) made a read touch a page
+    past its end, and the process died of SIGBUS. Checked against the file's own header when
+    opened; run in a child process, which such a regression would kill."""
+    db = tmp_path / "db"
+    env = lmdb.open(str(db), map_size=1 << 22)
+    with env.begin(write=True) as txn:
+        for i in range(200):
+            txn.put(b"%08d" % i, caffe_pb2.Datum(channels=1, height=8, width=8).SerializeToString())
+    env.close()
+    data = (db / "data.mdb").read_bytes()
+    code = (
+        "import sys\n"
+        "from torchcaffe.data.db import open_db\n"
+        "from torchcaffe.errors import DataError\n"
+        "try:\n"
+        "    print(sum(1 for _ in open_db(sys.argv[1]).items()))\n"
+        "except DataError as err:\n"
+        "    print('DataError', err)\n"
+    )
+    for size in (len(data), len(data) - 1, len(data) // 2, 3 * 4096 + 10):
+        (db / "data.mdb").write_bytes(data[:size])
+        run = subprocess.run([sys.executable, "-c", code, str(db)], capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        want = "200" if size == len(data) else "DataError"
+        assert run.stdout.startswith(want) and ("truncated" in run.stdout) == (want != "200")

@@ -195,6 +195,25 @@ class LMDBReader(DBReader):
         except lmdb.Error as err:
             raise DataError(f"cannot open LMDB database ({err})", path=path) from None
         self._open, self._pid = True, os.getpid()
+        try:
+            self._check_whole()
+        except BaseException:
+            self.close()
+            raise
+
+    def _check_whole(self) -> None:
+        """A data file shorter than its own meta page says (a copy cut short): LMDB maps the
+        file and would touch a page past its end, which kills the process (SIGBUS)."""
+        data = os.path.join(self.path, "data.mdb") if os.path.isdir(self.path) else self.path
+        needed = (int(self.env.info()["last_pgno"]) + 1) * int(self.env.stat()["psize"])
+        size = os.path.getsize(data)
+        if size < needed:
+            raise DataError(
+                "LMDB database is truncated (a copy cut short?)",
+                path=data,
+                expected=f"at least {needed} bytes, as its header says",
+                got=f"{size} bytes",
+            )
 
     def items(self, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         import lmdb
