@@ -7,6 +7,8 @@ Format: ``"{path}: layer '{name}' ({type}): {what}; expected {x}, got {y}. {hint
 
 from __future__ import annotations
 
+import errno
+import os
 from typing import Any
 
 
@@ -212,6 +214,24 @@ class DataError(TorchCaffeError):
 class InputArrayError(DataError, RuntimeError):
     """Arrays ``net.set_input_arrays`` cannot serve. Also a RuntimeError, as pycaffe's
     binding throws for each of its checks."""
+
+
+class FileWriteError(TorchCaffeError, OSError):
+    """A file that cannot be written (its folder missing, a full disk, no permission), named
+    as the caller asked for it. Also an OSError with the ``errno``, ``strerror`` and
+    ``filename`` that open() or write() gave, so code catching OSError keeps working."""
+
+    @classmethod
+    def of(cls, err: OSError, path: str) -> FileWriteError:
+        folder = os.path.dirname(os.path.abspath(path))
+        hint = None
+        if err.errno == errno.ENOENT and not os.path.isdir(folder):
+            hint = f"its folder {folder!r} does not exist"
+        elif err.errno == errno.ENOTDIR:
+            hint = "a part of its folder path is a file"
+        made = cls(err.strerror or str(err), path=path, hint=hint)
+        made.errno, made.strerror, made.filename = err.errno, err.strerror, path
+        return made
 
 
 class DeviceError(TorchCaffeError):

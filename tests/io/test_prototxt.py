@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
 import pytest
 
-from torchcaffe.errors import PrototxtError, SolverError
+from torchcaffe.errors import FileWriteError, PrototxtError, SolverError
 from torchcaffe.formats import atomic as atomic_mod
 from torchcaffe.formats import prototxt as ptx
 from torchcaffe.formats.atomic import atomic_write
@@ -252,10 +253,10 @@ def test_atomic_write_to_a_directory_names_it_and_writes_nothing(tmp_path):
     """The error names the path asked for (not the temporary file), before any byte."""
     target = tmp_path / "out"
     target.mkdir()
-    with pytest.raises(IsADirectoryError) as err:
+    with pytest.raises(FileWriteError) as err:  # a TorchCaffeError, and an OSError
         with atomic_write(target) as f:
             f.write(b"x")
-    assert err.value.filename == str(target)
+    assert err.value.filename == str(target) and err.value.errno == errno.EISDIR
     assert listing(tmp_path) == ["out"] and listing(target) == []
 
 

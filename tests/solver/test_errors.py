@@ -111,6 +111,20 @@ def test_unwritable_snapshot_prefix(setup):
         caffe.get_solver(name)
 
 
+def test_an_unwritable_prefix_for_the_snapshot_after_train_fails_solve_before_training(setup):
+    """snapshot_after_train (true by default) writes after the last step: solve() checks the
+    prefix first instead of failing after the whole run; a script that only steps, which
+    never writes it, is not stopped (Caffe checks only for ``snapshot`` at construction)."""
+    name = setup.solver(f"{OK} max_iter: 3 snapshot_prefix: 'no/such/dir/x'")
+    text = (setup.root / name).read_text().replace("snapshot_after_train: false", "")
+    (setup.root / name).write_text(text)  # Caffe's default: true
+    solver = caffe.get_solver(name)
+    solver.step(1)
+    with pytest.raises(SolverError, match="field 'snapshot_prefix'.*no/such/dir"):
+        solver.solve()
+    assert solver.iter == 1
+
+
 def test_restore_checks_the_history_count_and_shapes(setup):
     solver = caffe.get_solver(setup.solver('type: "Adam" base_lr: 0.01 lr_policy: "fixed"'))
     write_solverstate("sgd.solverstate", SolverSnapshot(3, 0, None, [np.zeros(1)] * 4))

@@ -23,6 +23,8 @@ import time
 from collections.abc import Iterator
 from typing import IO, Any
 
+from ..errors import FileWriteError
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows
@@ -113,14 +115,14 @@ def atomic_write(path: PathLike, mode: str = "wb", **open_kw: Any) -> Iterator[I
     target = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(target))
     if os.path.isdir(target):  # the rename would fail after all the bytes were written
-        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), target)
+        raise FileWriteError.of(IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR)), target)
     remove_stale_temp_files(target)
     try:
         fd, tmp = tempfile.mkstemp(
             prefix=os.path.basename(target) + TEMP_MARK, suffix="", dir=directory
         )
     except OSError as err:  # named after the file asked for, not the temporary one
-        raise OSError(err.errno, err.strerror, target) from None
+        raise FileWriteError.of(err, target) from None
     try:
         if fcntl is not None:
             fcntl.flock(fd, fcntl.LOCK_EX)  # held until the fd closes (or the process dies)
@@ -136,11 +138,18 @@ def atomic_write(path: PathLike, mode: str = "wb", **open_kw: Any) -> Iterator[I
                 os.fsync(f.fileno())
                 if fcntl is not None:
                     _publish(tmp, target)  # still locked: no cleaner can take it for litter
+        except FileWriteError:
+            raise
         except OSError as err:
-            if err.filename is not None or err.errno is None:
+            if err.errno is None:
                 raise
-            # a failed write (a full disk, a file size limit) names no file: name the target
-            raise OSError(err.errno, err.strerror, target) from None
+            # a failed write (a full disk, a file size limit): named as the target
+            raise FileWriteError.of(err, target) from None
+        except SystemError as err:  # h5py's file driver wraps the write's OSError in one
+            cause = err.__cause__ or err.__context__
+            if not isinstance(cause, OSError) or cause.errno is None:
+                raise
+            raise FileWriteError.of(cause, target) from None
         if fcntl is None:
             _publish(tmp, target)  # Windows cannot rename an open file
     except BaseException:
@@ -155,7 +164,7 @@ def _publish(tmp: str, target: str) -> None:
     try:
         os.replace(tmp, target)
     except OSError as err:  # named after the file asked for, not the temporary one
-        raise OSError(err.errno, err.strerror, target) from None
+        raise FileWriteError.of(err, target) from None
 
 
 def _fsync_directory(directory: str) -> None:

@@ -270,6 +270,8 @@ class Solver:
             log.info("Restoring previous solver status from %s", os.fspath(resume_file))
             self.restore(resume_file)
         start_iter = self._iter
+        if p.snapshot_after_train:  # written after the last step: fail before the first
+            self._check_snapshot_prefix(after_train=True)
         self.step(p.max_iter - self._iter)
         if not self.root:  # Caffe's workers only Step; the root finishes the run
             return
@@ -335,9 +337,11 @@ class Solver:
     def _filename(self, extension: str) -> str:
         return f"{self.param.snapshot_prefix}_iter_{self._iter}{extension}"
 
-    def _check_snapshot_prefix(self) -> None:
-        """Caffe's CheckSnapshotWritePermissions: fail now, not after hours of training."""
-        if not self.param.snapshot or not self.root:
+    def _check_snapshot_prefix(self, after_train: bool = False) -> None:
+        """Caffe's CheckSnapshotWritePermissions: fail now, not after hours of training. Caffe
+        checks at construction for ``snapshot`` only; ``solve`` checks again (``after_train``)
+        for the snapshot_after_train one (a script that only steps never writes it)."""
+        if not (self.param.snapshot or after_train) or not self.root:
             return
         probe = self._filename(".tempfile")
         try:
