@@ -109,8 +109,9 @@ _check_labels = os.environ.get("TORCHCAFFE_CHECK_LABELS", "") not in ("", "0")
 def set_label_range_checks(enabled: bool) -> None:
     """Turn on (or off) the label-range checks of the loss and accuracy layers, and the
     index-range checks of Embed, BatchReindex and the unpooling masks (MaxUnPool, SegNet's
-    Upsample) off the CPU (all threads). On the CPU those index checks always run, but in
-    a trace (torch.compile, torch.export) none does."""
+    Upsample) off the CPU (all threads), where reading their result syncs with the device.
+    On the CPU all of them always run, but in a trace (torch.compile, torch.export) none
+    does."""
     global _check_labels
     _check_labels = bool(enabled)
 

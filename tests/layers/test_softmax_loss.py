@@ -215,19 +215,29 @@ def test_gradient(case):
     check_layer_gradient(layer, bottoms, bottom_indices=[0], top_index=(0, 0), max_points=60)
 
 
-def test_label_range_check_is_opt_in():
+@pytest.mark.parametrize(
+    "loss_type,shapes",
+    [
+        ("SoftmaxWithLoss", [(2, 3), (2,)]),
+        ("Accuracy", [(2, 3), (2,)]),
+        ("InfogainLoss", [(2, 3), (2,), (3, 3)]),
+        ("MultinomialLogisticLoss", [(2, 3), (2,)]),
+        ("HingeLoss", [(2, 3), (2,)]),
+    ],
+)
+@pytest.mark.parametrize("bad", [3.0, -1.0, float("nan")])
+def test_a_label_out_of_range_is_a_clear_error_on_the_cpu(loss_type, shapes, bad):
+    """On the CPU the check is a compare, no sync: it always runs (torch's indexing would
+    raise its own bare error, or HingeLoss read another sample's score). Off the CPU it is
+    opt-in (``check_labels`` on meta, where it would sync on a device, checks nothing)."""
+    layer, (scores, _, *infogain) = make_layer("", shapes, type=loss_type)
+    labels = torch.tensor([0.0, bad])
+    with pytest.raises(DataError, match=r"label value out of range; expected integers in \[0, 3\)"):
+        layer(scores, labels, *infogain)
     from torchcaffe.ops._loss_normalization import check_labels
 
-    layer, _ = make_layer("", [(2, 3), (2,)], type="SoftmaxWithLoss")
-    labels = torch.tensor([[0], [3]])
-    assert not runtime.label_range_checks()  # default: no host sync in forward
-    check_labels(layer, labels, None, 3)
-    runtime.set_label_range_checks(True)
-    try:
-        with pytest.raises(DataError, match="label value out of range"):
-            check_labels(layer, labels, None, 3)
-    finally:
-        runtime.set_label_range_checks(False)
+    assert not runtime.label_range_checks()  # default: no host sync off the CPU
+    check_labels(layer, labels.to("meta"), None, 3)
 
 
 @pytest.mark.parametrize("loss_type", ["SoftmaxWithLoss", "InfogainLoss"])

@@ -165,22 +165,24 @@ def index_checks_wanted(index: torch.Tensor) -> bool:
 def check_labels(
     layer: CaffeLayer, labels: torch.Tensor, valid: torch.Tensor | None, num_labels: int
 ) -> None:
-    """Raise DataError for a counted label outside [0, num_labels) (Caffe only DCHECKs).
+    """Raise DataError for a counted label outside [0, num_labels), or NaN (Caffe only
+    DCHECKs; torch's indexing would raise its own bare error, or read garbage).
 
-    Opt-in (``torchcaffe.runtime.set_label_range_checks``): the check syncs with the device.
+    Where ``index_checks_wanted``: always on the CPU (a compare, no sync); on a device only
+    with ``torchcaffe.runtime.set_label_range_checks`` (the check syncs with it).
     """
-    if labels.is_meta or not runtime.label_range_checks():
+    if not index_checks_wanted(labels):
         return
-    bad = (labels < 0) | (labels >= num_labels)
+    bad = ~(labels >= 0) | (labels >= num_labels)  # NaN is neither
     if valid is not None:
         bad = bad & valid
     if bool(bad.any()):
-        first = labels[bad].reshape(-1)[0]
+        first = float(labels[bad].reshape(-1)[0])
         raise layer.error(
             "label value out of range",
             cls=DataError,
             expected=f"integers in [0, {num_labels})",
-            got=int(first),
+            got=int(first) if first.is_integer() else first,
         )
 
 
