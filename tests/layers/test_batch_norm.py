@@ -90,28 +90,30 @@ def _blobs(rng, c, factor):
     return [rng.standard_normal(c), rng.uniform(0.5, 2.0, c), np.array([factor])]
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # 0 / 0, as Caffe
+@pytest.mark.parametrize("eps", [1e-3, 0.0])  # Caffe takes eps 0; torch's kernel refuses it
 @pytest.mark.parametrize("shape", [(4, 3, 5, 2), (5, 3), (2, 3, 4), (1, 3)])
-def test_train_forward_backward_and_blob_update(shape):
+def test_train_forward_backward_and_blob_update(shape, eps):
     rng = np.random.default_rng(11)
     blobs = _blobs(rng, shape[1], 2.5)
     layer = _layer(
-        "batch_norm_param { moving_average_fraction: 0.9 eps: 0.001 }", shape, "TRAIN", blobs
+        f"batch_norm_param {{ moving_average_fraction: 0.9 eps: {eps} }}", shape, "TRAIN", blobs
     )
     x = rng.standard_normal(shape) * 3 + 1
     xt = torch.tensor(x, requires_grad=True)
     top = layer(xt)
-    want_top, want_blobs = ref_bn_train(x, blobs, 0.9, 1e-3)
+    want_top, want_blobs = ref_bn_train(x, blobs, 0.9, eps)
     np.testing.assert_allclose(top.detach().numpy(), want_top, rtol=1e-10, atol=1e-12)
     for got, want in zip(layer.param_blobs(), want_blobs):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-12)
     top_diff = rng.standard_normal(shape)
     top.backward(torch.tensor(top_diff))
     np.testing.assert_allclose(
-        xt.grad.numpy(), ref_bn_train_diff(x, top_diff, 1e-3), rtol=1e-8, atol=1e-10
+        xt.grad.numpy(), ref_bn_train_diff(x, top_diff, eps), rtol=1e-8, atol=1e-10
     )
     # a second forward accumulates again from the updated blobs
     layer(torch.tensor(x))
-    _, twice = ref_bn_train(x, want_blobs, 0.9, 1e-3)
+    _, twice = ref_bn_train(x, want_blobs, 0.9, eps)
     for got, want in zip(layer.param_blobs(), twice):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-12)
 

@@ -66,6 +66,15 @@ def test_forward_matches_reference(dims, axis, num_axes, shape):
     np.testing.assert_array_equal(top.numpy().ravel(), x.numpy().ravel())
 
 
+@pytest.mark.parametrize("snippet", ["", "reshape_param { }", "reshape_param { shape { } }"])
+def test_no_shape_makes_a_one_element_bottom_a_scalar(snippet):
+    """Caffe's Reshape with no dims replaces every axis with none: a bottom of one element
+    becomes a 0-axis top (count 1), at set-up and in forward alike."""
+    layer, (x,) = make_layer(snippet, [(1, 1)], type="Reshape")
+    assert layer.output_shapes([(1, 1)]) == [()]
+    assert layer(x).shape == () and layer(x).item() == x.item()
+
+
 def test_forward_new_bottom_shape_reinfers():
     layer, _ = make_layer("reshape_param { shape { dim: 0 dim: -1 } }", [(2, 3, 4)], type="Reshape")
     assert layer(torch.zeros(5, 2, 3)).shape == (5, 6)

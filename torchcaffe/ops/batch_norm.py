@@ -161,6 +161,10 @@ class BatchNormLayer(CaffeLayer):
         m = x.numel() // x.shape[1]
         if m <= 1:  # torch's unbiased variance divides by m - 1; Caffe's factor is then 1
             return self._normalize_single(x)
+        if self.eps <= 0:  # Caffe takes eps 0 (sqrt(var)); torch's kernel refuses it
+            mean, var = self._batch_stats(x)
+            self._update_stats(mean.detach(), var.detach() * (m / (m - 1)))
+            return self._caffe_normalize(x, mean, var)
         # momentum 1 makes the kernel store the batch mean and unbiased variance (m / (m - 1)
         # times the biased one) in these buffers: exactly Caffe's update terms.
         batch_mean = torch.zeros(x.shape[1], dtype=x.dtype, device=x.device)

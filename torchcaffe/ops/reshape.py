@@ -108,4 +108,6 @@ class ReshapeLayer(CaffeLayer):
         # sizes stay symbolic under torch.compile / torch.export)
         start, end = self._range(x.dim())
         new = [x.shape[start + i] if d == 0 else d for i, d in enumerate(self.dims)]
-        return x.reshape(*x.shape[:start], *new, *x.shape[end:])
+        # a tuple: a shape of no axes (an empty reshape_param of a one-element bottom, as
+        # Caffe allows) is a 0-d top, where torch's reshape(*()) would take no shape at all
+        return x.reshape((*x.shape[:start], *new, *x.shape[end:]))
