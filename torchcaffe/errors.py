@@ -11,6 +11,8 @@ import errno
 import os
 from typing import Any
 
+from google.protobuf import message as protobuf_message
+
 
 class TorchCaffeError(Exception):
     """Root of every error torchcaffe raises on bad input."""
@@ -209,6 +211,23 @@ class SolverError(TorchCaffeError):
 
 class DataError(TorchCaffeError):
     """A data source (DB, image list, HDF5 file, mean file) that cannot be read as asked."""
+
+
+class FileReadError(DataError, OSError):
+    """A file that cannot be read (missing, no permission). Also an OSError with the errno,
+    strerror and filename open() gave: code catching OSError (or IOError, as pycaffe-era
+    scripts do around ``caffe.io.load_image``) keeps working."""
+
+    @classmethod
+    def of(cls, err: OSError, path: str) -> FileReadError:
+        made = cls(f"cannot read the file: {err.strerror or err}", path=path)
+        made.errno, made.strerror, made.filename = err.errno, err.strerror, path
+        return made
+
+
+class ProtoDecodeError(DataError, protobuf_message.DecodeError):
+    """Bytes that do not parse as the proto message asked for. Also protobuf's DecodeError,
+    which pycaffe's ``caffe.io`` lets through."""
 
 
 class InputArrayError(DataError, RuntimeError):

@@ -13,8 +13,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
-from .errors import ArrayShapeError, MissingPackageError, UsageError
+from . import limits
+from .errors import (
+    ArrayShapeError,
+    DataError,
+    FileReadError,
+    MissingPackageError,
+    ProtoDecodeError,
+    UsageError,
+)
 from .proto import caffe_pb2
 
 _EXTRA_HINT = "pip install torchcaffe[pycaffe]"
@@ -54,7 +63,11 @@ def __getattr__(name: str) -> Any:
 def load_image(filename: str, color: bool = True) -> np.ndarray:
     """An image as float32 H x W x K in [0, 1] (K = 3 color RGB, 1 gray), as pycaffe reads it."""
     skimage = _skimage()
-    img = skimage.img_as_float(skimage.io.imread(filename, as_gray=not color)).astype(np.float32)
+    try:
+        raw = skimage.io.imread(filename, as_gray=not color)
+    except OSError as err:  # a missing or unreadable file; an undecodable one is skimage's
+        raise FileReadError.of(err, str(filename)) from None
+    img = skimage.img_as_float(raw).astype(np.float32)
     if img.ndim == 2:
         img = img[:, :, np.newaxis]
         if color:
@@ -73,6 +86,9 @@ def resize_image(
     downsampling) and scaled back; a constant image stays constant. Other channel counts are
     zoomed with ``scipy.ndimage.zoom``, as pycaffe does.
     """
+    problem = limits.shape_problem((int(new_dims[0]), int(new_dims[1]), int(im.shape[-1])))
+    if problem:  # numpy would try to allocate it
+        raise DataError(f"resize_image to {tuple(new_dims)}: {problem}")
     if im.shape[-1] == 1 or im.shape[-1] == 3:
         skimage = _skimage()
         im_min, im_max = im.min(), im.max()
@@ -169,7 +185,10 @@ def arraylist_to_blobprotovector_str(arraylist: Iterable[np.ndarray]) -> bytes:
 def blobprotovector_str_to_arraylist(s: bytes) -> list[np.ndarray]:
     """The arrays of a serialized BlobProtoVector."""
     vec = caffe_pb2.BlobProtoVector()
-    vec.ParseFromString(s)
+    try:
+        vec.ParseFromString(s)
+    except DecodeError as err:
+        raise ProtoDecodeError(f"not a serialized BlobProtoVector ({err})") from None
     return [blobproto_to_array(blob) for blob in vec.blobs]
 
 
@@ -256,7 +275,7 @@ class Transformer:
 
     def __check_input(self, in_: str) -> None:
         if in_ not in self.inputs:
-            raise Exception(f"{in_} is not one of the net inputs: {self.inputs}")
+            raise UsageError(f"{in_} is not one of the net inputs: {self.inputs}")
 
     def preprocess(self, in_: str, data: np.ndarray) -> np.ndarray:
         """``data`` (H' x W' x K image) as input ``in_`` of the net, float32 (``data`` is not
@@ -311,7 +330,7 @@ class Transformer:
         """Axis order to apply, e.g. (2, 0, 1) for H x W x K -> K x H x W."""
         self.__check_input(in_)
         if len(order) != len(self.inputs[in_]) - 1:
-            raise Exception(
+            raise UsageError(
                 "Transpose order needs to have the same number of dimensions as the input."
             )
         self.transpose[in_] = order
@@ -320,7 +339,7 @@ class Transformer:
         """Channel order to take, e.g. (2, 1, 0) for RGB -> BGR (after transpose)."""
         self.__check_input(in_)
         if len(order) != self.inputs[in_][1]:
-            raise Exception(
+            raise UsageError(
                 "Channel swap needs to have the same number of dimensions as the input channels."
             )
         self.channel_swap[in_] = order

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numbers
+import os
 from collections.abc import Iterable
 
-from ..errors import LayerParamError, UsageError
+from ..errors import ConfigError, LayerParamError, UsageError
 from ..proto import caffe_pb2
 
 PHASES = {"train": caffe_pb2.TRAIN, "test": caffe_pb2.TEST}
@@ -49,8 +51,20 @@ def stage_list(stages: Iterable[str]) -> list[str]:
 
 
 def make_state(phase: int | str, level: int = 0, stages: Iterable[str] = ()) -> caffe_pb2.NetState:
-    state = caffe_pb2.NetState(phase=parse_phase(phase), level=level)
-    state.stage.extend(stages)
+    """The NetState a net is built in; ``level`` and ``stages`` are checked here, where the
+    proto would raise its own TypeError or ValueError."""
+    if not isinstance(level, numbers.Integral):
+        path = isinstance(level, (str, os.PathLike))  # caffe.Net(proto, TEST, "w.caffemodel")
+        hint = "weights go in weights=..., or caffe.Net(proto, weights, phase)" if path else None
+        raise UsageError("level (NetState.level) is an integer", got=repr(level), hint=hint)
+    if not -(2**31) <= int(level) < 2**31:
+        raise ConfigError("level out of range", expected="a 32-bit integer", got=int(level))
+    names = stage_list(stages)
+    odd = [s for s in names if not isinstance(s, str)]
+    if odd:
+        raise UsageError("stages are stage names (strings)", got=repr(odd[0]))
+    state = caffe_pb2.NetState(phase=parse_phase(phase), level=int(level))
+    state.stage.extend(names)
     return state
 
 

@@ -31,6 +31,7 @@ from ..errors import (
     InputArrayError,
     LayerIndexError,
     LayerParamError,
+    UnknownNameError,
     UsageError,
     WeightsError,
 )
@@ -1035,7 +1036,7 @@ class Net:
         **kwargs: np.ndarray,
     ) -> dict[str, np.ndarray]:
         """pycaffe's forward: set ``kwargs`` inputs, run ``start..end``, return outputs."""
-        blobs = list(blobs or [])
+        blobs = self._known_blobs(blobs, "blobs")
         start_ind = 0 if start is None else self._layer_index(start)
         if end is None:
             end_ind = len(self._net.steps) - 1
@@ -1064,7 +1065,7 @@ class Net:
         **kwargs: np.ndarray,
     ) -> dict[str, np.ndarray]:
         """pycaffe's backward: set ``kwargs`` top diffs, run ``start..end`` in reverse."""
-        diffs = list(diffs or [])
+        diffs = self._known_blobs(diffs, "diffs")
         start_ind = len(self._net.steps) - 1 if start is None else self._layer_index(start)
         if end is None:
             end_ind = 0
@@ -1082,6 +1083,19 @@ class Net:
             )
         self._backward(start_ind, end_ind)
         return {name: self.blobs[name].diff for name in outputs}
+
+    def _known_blobs(self, names: Sequence[str] | None, argument: str) -> list[str]:
+        """``names`` as a list, each a blob of the net (pycaffe's lookup after the pass
+        raises a KeyError, which UnknownNameError also is; here before the pass runs)."""
+        names = list(names or [])
+        for name in names:
+            if name not in self.blobs:
+                raise UnknownNameError(
+                    f"{argument}=[...] names no blob of the net: {name!r}",
+                    path=self._net.path,
+                    expected="names in net.blobs",
+                )
+        return names
 
     def _assign_batch(
         self,
