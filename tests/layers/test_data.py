@@ -155,6 +155,24 @@ def test_mirror_flips_in_test_too():
     assert all(f or p for f, p in zip(flipped, plain)) and any(flipped)
 
 
+def test_force_color_and_force_gray_together_refuse_only_encoded_datums(tmp_path):
+    """Caffe's DataTransformer CHECKs the pair where it decodes an encoded datum; raw datums
+    ignore both flags (Caffe logs it), so a net setting both reads them as without."""
+    both = "force_color: true force_gray: true"
+    want = data_layer(_DB, 6)()[0]
+    torch.testing.assert_close(data_layer(_DB, 6, both)()[0], want, rtol=0, atol=0)
+    from torchcaffe.data.cv import encode
+    from torchcaffe.data.datum import encoded_datum
+    from torchcaffe.data.db import DBWriter
+
+    encoded = tmp_path / "encoded"
+    with DBWriter(encoded, "lmdb") as db:
+        png = encode(ARRAYS[0].transpose(1, 2, 0), "png", source="test")
+        db.put(b"00000000", encoded_datum(png, 0).SerializeToString())
+    with pytest.raises(DataError, match="cannot set both force_color and force_gray"):
+        data_layer(encoded, 1, both)
+
+
 def test_float_datums_and_single_top(tmp_path):
     arrays = RNG.standard_normal((3, 2, 3, 3)).astype(np.float32)
     db = raw_lmdb(tmp_path / "f", arrays, [0, 1, 2])

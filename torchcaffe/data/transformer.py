@@ -40,9 +40,9 @@ class DataTransformer:
         self.crop = int(param.crop_size)
         self.mirror = bool(param.mirror)
         self.force_color = bool(param.force_color)
+        # both at once is refused only when an encoded datum comes (datum_to_array), as
+        # Caffe's DataTransformer CHECKs it there: raw datums and ImageData ignore the flags
         self.force_gray = bool(param.force_gray)
-        if self.force_color and self.force_gray:
-            raise DataError("cannot set both force_color and force_gray", path=where)
         self.mean: np.ndarray | None = None
         self.mean_values = np.asarray(param.mean_value, np.float32)
         if param.HasField("mean_file"):
