@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..program import LayerStep
-from .program import OptimizedProgram, producer_of, readers_of, step_kind
+from .program import OptimizedProgram, bottom_producers, readers_of, step_kind
 
 PASS_NAME = "inplace_relu"
 # Types whose forward returns a newly computed tensor (never a view of a bottom).
@@ -50,6 +50,7 @@ def rewrite_relus_in_place(
     """Every in-place ReLU whose bottom a step passing ``producer_ok`` wrote fresh, for it
     alone."""
     steps = program.steps
+    producers = bottom_producers(steps)
     new_steps, runners, count = list(steps), {}, 0
     for i, step in enumerate(steps):
         if step.type != "ReLU" or step.bottoms != step.tops or len(step.bottoms) != 1:
@@ -57,7 +58,7 @@ def rewrite_relus_in_place(
         if getattr(program.runners[step.key], "in_place_slope", False):
             continue  # a negative slope: its own Function takes Caffe's slope at the output
         blob = step.bottoms[0]
-        j = producer_of(steps, i, blob)
+        j = producers[i][0]
         if j is None or not producer_ok(steps[j]):
             continue
         if readers_of(steps, j, blob) != [i]:

@@ -178,12 +178,15 @@ def readers_of(steps: tuple[LayerStep, ...], index: int, blob: str) -> list[int]
     return out
 
 
-def producer_of(steps: tuple[LayerStep, ...], index: int, blob: str) -> int | None:
-    """The step whose write of ``blob`` step ``index`` reads (None: an input)."""
-    for j in range(index - 1, -1, -1):
-        if blob in steps[j].tops:
-            return j
-    return None
+def bottom_producers(steps: Sequence[LayerStep]) -> list[tuple[int | None, ...]]:
+    """For each step, the step whose write each of its bottoms reads (None: an input), all in
+    one scan (a backward search per step made a blob with thousands of readers quadratic)."""
+    last: dict[str, int] = {}
+    out: list[tuple[int | None, ...]] = []
+    for i, step in enumerate(steps):
+        out.append(tuple(last.get(b) for b in step.bottoms))
+        last.update((t, i) for t in step.tops)
+    return out
 
 
 class StepMerges:

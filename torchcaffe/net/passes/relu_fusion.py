@@ -22,7 +22,13 @@ import torch
 
 from ...ops import fused_relu
 from .finite import finite_before
-from .program import OptimizedProgram, StepMerges, producer_of, readers_of, step_kind
+from .program import (
+    OptimizedProgram,
+    StepMerges,
+    bottom_producers,
+    readers_of,
+    step_kind,
+)
 
 PASS_NAME = "fuse_relu_into_producer"
 PRODUCERS = ("Convolution", "InnerProduct")  # alone or with a chain folded in
@@ -59,12 +65,13 @@ def fuse_relu_into_producer(
     steps = program.steps
     merges = StepMerges(program)
     finite = finite_before(program)
+    producers = bottom_producers(steps)
     in_epilogue = 0
     for i, step in enumerate(steps):
         if step.type != "ReLU" or len(step.bottoms) != 1 or len(step.tops) != 1:
             continue
         blob = step.bottoms[0]
-        j = producer_of(steps, i, blob)
+        j = producers[i][0]
         if j is None:
             continue
         producer = steps[j]

@@ -39,7 +39,7 @@ from ...ops.convolution import ConvolutionLayer, conv2d
 from ...ops.onednn_conv import PackedConvWeight, is_channels_last
 from ..program import LayerStep
 from .folding import FoldedAffine
-from .program import OptimizedProgram, producer_of, step_kind
+from .program import OptimizedProgram, bottom_producers, step_kind
 from .relu_fusion import ProducerWithReLU
 
 PASS_NAME = "merge_sibling_convolutions"
@@ -59,7 +59,9 @@ class _Sibling:
     key: tuple[Any, ...]
 
 
-def _sibling(program: OptimizedProgram, i: int) -> _Sibling | None:
+def _sibling(
+    program: OptimizedProgram, i: int, producers: list[tuple[int | None, ...]]
+) -> _Sibling | None:
     """Step ``i`` as a possible sibling: a 2-D Convolution (folded or not, a ReLU fused in or
     not) with one bottom and one top."""
     step = program.steps[i]
@@ -81,7 +83,7 @@ def _sibling(program: OptimizedProgram, i: int) -> _Sibling | None:
     if g.channel_axis != 1 or g.num_spatial != 2 or runner.group != 1:
         return None
     bottom = step.bottoms[0]
-    key = (bottom, producer_of(program.steps, i, bottom), g, runner.channels, slope, finite)
+    key = (bottom, producers[i][0], g, runner.channels, slope, finite)
     return _Sibling(i, step, key)
 
 
@@ -89,7 +91,8 @@ def merge_sibling_convolutions(
     program: OptimizedProgram, observable: frozenset[str]
 ) -> OptimizedProgram:
     steps = program.steps
-    candidates = [s for s in (_sibling(program, i) for i in range(len(steps))) if s]
+    producers = bottom_producers(steps)
+    candidates = [s for s in (_sibling(program, i, producers) for i in range(len(steps))) if s]
     merged: dict[int, LayerStep] = {}
     absorbed: set[int] = set()
     runners: dict[str, Any] = {}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..program import LayerStep
-from .program import OptimizedProgram, readers_of
+from .program import OptimizedProgram
 
 PASS_NAME = "bypass_splits"
 
@@ -30,6 +30,21 @@ def _split_ok(step: LayerStep, observable: frozenset[str]) -> bool:
     )
 
 
+def _readers_of_tops(steps: list[LayerStep], index: int) -> dict[str, list[int]]:
+    """``readers_of`` each top of step ``index``, in one scan of the steps after it (a top
+    at a time made a blob with thousands of readers quadratic)."""
+    tops = steps[index].tops
+    readers: dict[str, list[int]] = {top: [] for top in tops}
+    unwritten = set(tops)
+    for j in range(index + 1, len(steps)):
+        if not unwritten:
+            break
+        for top in unwritten.intersection(steps[j].bottoms):
+            readers[top].append(j)
+        unwritten.difference_update(steps[j].tops)
+    return readers
+
+
 def bypass_unobserved_splits(
     program: OptimizedProgram, observable: frozenset[str], pass_name: str
 ) -> OptimizedProgram:
@@ -41,7 +56,7 @@ def bypass_unobserved_splits(
         if not _split_ok(step, observable):
             continue
         source = step.bottoms[0]
-        readers = {top: readers_of(tuple(steps), i, top) for top in step.tops}
+        readers = _readers_of_tops(steps, i)
         # not max(..., default=i): a compiled forward may build this program while dynamo
         # traces it, and dynamo breaks the graph on max's default
         last = max([i, *(j for js in readers.values() for j in js)])
