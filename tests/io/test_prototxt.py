@@ -346,3 +346,16 @@ def test_v1_and_v2_type_spellings_mixed_up_get_a_hint(text, hint):
         parse_net_text(text)
     assert hint in str(err.value)
     assert "Caffe fork" not in str(err.value)
+
+
+def test_a_parse_error_on_a_long_line_quotes_only_its_neighbourhood():
+    """protobuf quotes the whole line it stopped at: a minified prototxt is one line, and
+    its whole text went into the message. The quote keeps 60 characters either side."""
+    text = " ".join(f'layer {{ name: "r{i}" type: "ReLU" }}' for i in range(300))
+    with pytest.raises(PrototxtError) as err:
+        ptx.parse_text_proto(text + " layer { name: ! }", pb.NetParameter)
+    message = str(err.value)
+    assert len(message) < 300 and message.startswith("<prototxt text>:1:")
+    assert '\'... "ReLU" } layer { name: "r299" type: "ReLU" } layer { name: ! }\': Exp' in message
+    with pytest.raises(PrototxtError, match=r"'layer \{ name: ! \}': Expected"):  # short: as is
+        ptx.parse_text_proto("layer { name: ! }", pb.NetParameter)

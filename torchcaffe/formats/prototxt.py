@@ -78,6 +78,21 @@ def _decode(data: bytes) -> str:
     return data.decode("utf-8", errors="surrogateescape")
 
 
+_QUOTED_LINE = re.compile(r"^'(.*)': (.*)$", re.DOTALL)
+
+
+def _around_column(what: str, column: int, keep: int = 60) -> str:
+    """protobuf's ``'<line>': <reason>``, its quoted line cut to ``keep`` characters either
+    side of ``column`` (a minified prototxt is one line: its whole text was quoted)."""
+    match = _QUOTED_LINE.match(what)
+    if match is None or len(match.group(1)) <= 2 * keep:
+        return what
+    line, reason = match.groups()
+    start, end = max(0, column - 1 - keep), column - 1 + keep
+    snippet = ("..." if start else "") + line[start:end] + ("..." if end < len(line) else "")
+    return f"'{snippet}': {reason}"
+
+
 def parse_text_proto(text: str | bytes, message_type: type[M], path: PathLike | None = None) -> M:
     """Parse protobuf text format into a new ``message_type``; errors carry line and column."""
     name = TEXT_NAME if path is None else os.fspath(path)
@@ -101,6 +116,7 @@ def parse_text_proto(text: str | bytes, message_type: type[M], path: PathLike | 
         what = "".join(
             c if c.isprintable() else ascii(c)[1:-1] for c in _LOCATION_PREFIX.sub("", str(e))
         )
+        what = _around_column(what, e.GetColumn())
         layer, hint = None, None
         if "has no field named" in what or "has no value named" in what:
             layer = _layer_at(text, e.GetLine())
