@@ -93,9 +93,10 @@ def read(filename: str, flag: int, *, source: str | None = None) -> np.ndarray:
     try:
         with open(filename, "rb") as f:
             buf = f.read()
-    except OSError as err:
+    except (OSError, ValueError) as err:  # ValueError: a name holding a NUL byte
+        reason = err.strerror if isinstance(err, OSError) else "a file name cannot hold NUL"
         raise DataError(
-            f"cannot open image {filename!r} ({err.strerror})",
+            f"cannot open image {filename!r} ({reason})",
             path=source,
             expected="an image file",
         ) from None

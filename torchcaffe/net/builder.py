@@ -27,7 +27,7 @@ from ..ops.base import CaffeLayer, Shape
 from ..ops.python_layer import from_user_code, note_user_error
 from ..proto import caffe_pb2
 from ..registry import layer_class
-from .feeds import feed_data_layers, feed_hint
+from .feeds import feed_data_layers, feed_hint, partly_fed_hint
 from .layer_dict import LayerDict
 from .program import LayerStep, ParamInfo
 from .splits import insert_splits
@@ -188,8 +188,9 @@ class _Builder:
             raise BlobWiringError(
                 f"input_shapes names {unknown}, which are not input blobs of the net",
                 path=self.path,
-                expected=f"some of {self.out.input_names} (or a data layer's tops)",
+                expected=f"some of {self.out.input_names} (or all of a data layer's tops)",
                 got=unknown,
+                hint=partly_fed_hint(self.param, unknown),
             )
         self._prune_backward(rows)
         if self.param.force_backward:

@@ -51,6 +51,19 @@ def feed_data_layers(
     return out
 
 
+def partly_fed_hint(net: caffe_pb2.NetParameter, names: Sequence[str]) -> str | None:
+    """Why ``names`` fed no layer, where they are some of a source layer's tops: a data
+    layer becomes an Input only when every one of its tops has a shape."""
+    for lp in net.layer:
+        if lp.type in SOURCE_LAYER_TYPES and set(names) & set(lp.top):
+            missing = [t for t in lp.top if t not in names]
+            return (
+                f"layer '{lp.name}' ({lp.type}) becomes an Input only when input_shapes gives "
+                f"every one of its tops: add {missing}"
+            )
+    return None
+
+
 def feed_hint(lp: caffe_pb2.LayerParameter) -> str | None:
     """What to tell a user whose net starts with a source layer we cannot run."""
     if lp.type not in SOURCE_LAYER_TYPES:

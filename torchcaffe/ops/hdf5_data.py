@@ -133,8 +133,9 @@ class HDF5DataLayer(CaffeLayer):
 
     def _dataset(self, h5, filename: str, name: str) -> torch.Tensor:
         if name not in h5 or not hasattr(h5[name], "dtype"):
+            what = "a group, not a dataset" if name in h5 else "missing"
             raise self.error(
-                f"{filename}: no dataset named '{name}' (one per top)",
+                f"{filename}: no dataset named '{name}' (one per top): '{name}' is {what}",
                 expected=f"datasets {self.top_names}",
                 got=sorted(h5.keys()),
                 cls=DataError,

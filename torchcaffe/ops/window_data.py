@@ -4,6 +4,7 @@ WindowDataLayer)."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
@@ -27,7 +28,9 @@ def _round(x: np.float32) -> int:
 def read_window_file(source: str, root: str, fg: float, bg: float):
     """-> (image paths, fg windows, bg windows); a window is (image, label, overlap, x1, y1,
     x2, y2). ``# index path channels height width count`` then ``count`` window lines."""
-    tokens = read_text(source, "window file").split()
+    text = read_text(source, "window file")
+    found = list(re.finditer(r"\S+", text))  # Caffe reads it with >>: any whitespace
+    tokens = [m.group() for m in found]
     if len(tokens) < 2:
         raise DataError("the window file is empty", path=source)
     images: list[str] = []
@@ -75,7 +78,13 @@ def read_window_file(source: str, root: str, fg: float, bg: float):
                 elif overlap < np.float32(bg):
                     bg_windows.append((index, 0, 0.0, *box))
     except (IndexError, ValueError) as err:
-        raise DataError(f"malformed window file ({err})", path=source) from None
+        at = found[min(pos, len(found) - 1)].start()
+        raise DataError(
+            f"malformed window file at line {text.count(chr(10), 0, at) + 1} ({err})",
+            path=source,
+            expected="'# index path channels height width count', then count lines "
+            "'label overlap x1 y1 x2 y2'",
+        ) from None
     return images, fg_windows, bg_windows
 
 
