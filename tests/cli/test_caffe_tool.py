@@ -164,6 +164,11 @@ def test_single_dash_train_writes_the_same_caffemodel_as_double_dash(case):
         (["train", "-solver", "solver.prototxt", "-sigint_effect", "x"], "invalid choice"),
         (["train"], "required: --solver"),
         (["test", "-model", "train.prototxt", "-weights", "nope.caffemodel"], "nope.caffemodel"),
+        # the flag is blamed, not the solver's weights field caffe.cpp puts it in
+        (
+            ["train", "-solver", "solver.prototxt", "-weights", "final.caffemodel,nope.caffemodel"],
+            "-weights: file 'nope.caffemodel' not found",
+        ),
         (["time", "-model", "nope.prototxt"], "nope.prototxt"),
         (["train", "-solver", "solver.prototxt", "-gpu", "0"], "CUDA is not available"),
         (

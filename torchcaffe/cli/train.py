@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 import torch
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from ..errors import DeviceError, SolverError, TorchCaffeError
+from ..errors import DeviceError, SolverError, TorchCaffeError, UsageError
 from ..formats.prototxt import read_solver
 from ..glog import on_stderr
 from ..proto import caffe_pb2
@@ -85,6 +85,7 @@ def main(args: argparse.Namespace) -> int:
     if args.snapshot:
         param.ClearField("weights")
     elif args.weights:
+        _check_weights_flag(args.weights)
         param.ClearField("weights")
         param.weights.append(args.weights)
     root = group is None or group.rank == 0
@@ -125,6 +126,18 @@ def main(args: argparse.Namespace) -> int:
     if group is not None:
         distributed.exit_completed_rank()
     return 0
+
+
+def _check_weights_flag(value: str) -> None:
+    """Each file -weights names exists: caffe.cpp puts the flag into the solver's weights,
+    where a missing file would be blamed on the solver prototxt's field."""
+    for name in (n.strip() for n in value.split(",")):
+        if name and not os.path.isfile(name):
+            raise UsageError(
+                f"-weights: file {name!r} not found",
+                expected="caffemodel files, comma-separated",
+                hint=f"it is opened relative to the working directory {os.getcwd()}",
+            )
 
 
 def _gpus(param: caffe_pb2.SolverParameter, flag: str) -> list[int]:
