@@ -69,21 +69,25 @@ class GlogFormatter(logging.Formatter):
 def on_stderr(log: logging.Logger, quiet: bool = False) -> Iterator[None]:
     """``log``'s INFO lines on stderr in glog's format for the block, as Caffe's tools log
     (``FLAGS_alsologtostderr``), less those below glog's minloglevel (``GLOG_minloglevel=2``
-    keeps errors only); nothing added if ``quiet`` or ``log`` has handlers of its own (an
-    application that set up logging)."""
+    keeps errors only), and in glog's log files where ``log_files`` opened them; nothing
+    added if ``quiet`` or ``log`` has handlers of its own (an application that set up
+    logging)."""
     if quiet or log.handlers:
         yield
         return
     handler = logging.StreamHandler(sys.stderr)
     handler.setLevel(_threshold())
     handler.setFormatter(GlogFormatter())
+    handlers = [handler, *_log_file_handlers]  # glog's files get what stderr gets
     level = log.level
-    log.addHandler(handler)
+    for each in handlers:
+        log.addHandler(each)
     log.setLevel(logging.INFO)
     try:
         yield
     finally:
-        log.removeHandler(handler)
+        for each in handlers:
+            log.removeHandler(each)
         log.setLevel(level)
 
 
@@ -131,10 +135,13 @@ class _SeverityFile(logging.Handler):
             "Log line format: [IWEF]mmdd hh:mm:ss.uuuuuu threadid file:line] msg\n"
         )
         link = os.path.join(self.directory, f"{self.program}.{self.severity}")
-        with contextlib.suppress(OSError):  # no links here (some filesystems): the file stays
-            staging = f"{link}.{os.getpid()}.tmp"
+        staging = f"{link}.{os.getpid()}.tmp"
+        try:
             os.symlink(name, staging)
             os.replace(staging, link)
+        except OSError:  # no links here (some filesystems): the file stays, the link goes
+            with contextlib.suppress(OSError):
+                os.unlink(staging)
         return stream
 
     def close(self) -> None:
@@ -164,25 +171,25 @@ def _user() -> str:
         return "invalid-user"
 
 
+# the handlers of the log files ``log_files`` opened, which ``on_stderr`` adds beside its own
+_log_file_handlers: list[logging.Handler] = []
+
+
 @contextlib.contextmanager
 def log_files(directory: str | None, program: str) -> Iterator[None]:
     """glog's log files for the block, when there is a log ``directory`` (``-log_dir``; None
-    or "": none, as with ``-logtostderr``): the lines of every ``torchcaffe`` logger at or
-    above INFO, WARNING and ERROR go to one file each (``_SeverityFile``), as Caffe's tools
-    log to files besides stderr. Pipelines read ``<dir>/caffe.INFO`` with parse_log.py."""
+    or "": none, as with ``-logtostderr``): what ``on_stderr`` logs goes also to one file per
+    severity, INFO, WARNING and ERROR, each taking its severity and above
+    (``_SeverityFile``), as Caffe's tools log to files besides stderr. Pipelines read
+    ``<dir>/caffe.INFO`` with parse_log.py."""
     if not directory:
         yield
         return
-    root = logging.getLogger("torchcaffe")
     handlers = [_SeverityFile(directory, program, s) for s in range(len(_SEVERITY_NAMES))]
-    level = root.level
-    for handler in handlers:
-        root.addHandler(handler)
-    root.setLevel(logging.INFO)
+    _log_file_handlers.extend(handlers)
     try:
         yield
     finally:
-        root.setLevel(level)
         for handler in handlers:
-            root.removeHandler(handler)
+            _log_file_handlers.remove(handler)
             handler.close()
