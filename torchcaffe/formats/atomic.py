@@ -141,9 +141,9 @@ def atomic_write(path: PathLike, mode: str = "wb", **open_kw: Any) -> Iterator[I
         except FileWriteError:
             raise
         except OSError as err:
-            if err.errno is None:
-                raise
-            # a failed write (a full disk, a file size limit): named as the target
+            if err.filename is not None or err.errno is None:
+                raise  # about another file the block opened: its own name is the right one
+            # a failed write (a full disk, a file size limit) names no file: name the target
             raise FileWriteError.of(err, target) from None
         except SystemError as err:  # h5py's file driver wraps the write's OSError in one
             cause = err.__cause__ or err.__context__
