@@ -399,6 +399,24 @@ def test_torchnet_exports_back_without_loss(tmp_path, models_root):
 OPENCV_LACKS = {"Clip", "PixelShuffle", "BilinearInterpolate", "Bias", "Pad", "Reduction"}
 
 
+class KeptSum(nn.Module):
+    def forward(self, x):
+        return x.sum(dim=-1, keepdim=True) + x.mean(dim=(2, 3), keepdim=True)
+
+
+@pytest.mark.parametrize("module", [KeptSum(), Reductions(), SqueezeExcite()], ids=type)
+def test_a_keepdim_reduction_runs_at_another_batch(tmp_path, module):
+    """The Reshape after a keepdim Reduction copies the kept axes (0), so the net exported
+    at batch 2 runs at batch 3 (literal dims pinned the batch: a count mismatch)."""
+    torch.manual_seed(2)
+    module.eval()
+    proto, weights = _export(tmp_path, module, torch.randn(2, 4, 5, 6))
+    x = torch.randn(3, 4, 5, 6)
+    with torch.no_grad():
+        want = module(x)
+    torch.testing.assert_close(_reload(proto, weights, x), want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     "module, shape", OPS, ids=[f"{i}-{type(m).__name__}" for i, (m, _) in enumerate(OPS)]
 )

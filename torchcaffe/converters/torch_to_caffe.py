@@ -608,7 +608,8 @@ class _Exporter:
             lp.reduction_param.axis = axes[0]
         if keep:
             rp = self.layer(node, "Reshape", [lp.top[0]])
-            rp.reshape_param.shape.dim.extend([*shape[: axes[0]], *[1] * len(axes)])
+            # 0 copies the kept axes from the Reduction's top: any batch, as _reshape writes it
+            rp.reshape_param.shape.dim.extend([0] * axes[0] + [1] * len(axes))
         return None
 
     def _cat(self, node: fx.Node, args: list, kwargs: dict) -> None:
