@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -21,6 +22,7 @@ import torch
 from ..api import load
 from ..errors import LayerParamError, MissingPackageError, UnsupportedError
 from ..net.net import TorchNet
+from ..net.program import LayerStep
 
 PathLike = str | os.PathLike
 # onnxruntime runs the TorchScript exporter's graph, onnxruntime-dynamo the dynamo
@@ -179,11 +181,12 @@ def run_onnxruntime(
 
     from .onnx import export_onnx
 
-    pairs = [(s.name, t) for s in net.steps if not s.is_input for t in s.tops]
+    steps = _traceable_prefix(net)
+    pairs = [(s.name, t) for s in steps if not s.is_input for t in s.tops]
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "net.onnx")
         export_onnx(
-            _EveryTop(net, pairs),  # type: ignore[arg-type]
+            _EveryTop(net, steps, pairs),  # type: ignore[arg-type]
             path,
             dynamo=dynamo,
             dynamic_batch=False,
@@ -194,13 +197,33 @@ def run_onnxruntime(
     return dict(zip(pairs, outs))
 
 
+def _traceable_prefix(net: TorchNet) -> list[LayerStep]:
+    """The steps before the first layer whose tops' sizes depend on the values (an SSD's
+    DetectionOutput): a trace would keep the example's sizes, so onnxruntime is compared
+    on the layers before it, and the warning says where it stopped."""
+    steps = list(net.steps)
+    for i, step in enumerate(steps):
+        if step.is_input or net.holds_user_module(step):
+            continue
+        if getattr(net.module_of(step), "shape_depends_on_data", False):
+            warnings.warn(
+                f"onnxruntime compared up to layer {step.name!r} ({step.type}), whose tops' "
+                "sizes depend on the values: an ONNX trace cannot record it",
+                stacklevel=2,
+            )
+            return steps[:i]
+    return steps
+
+
 class _EveryTop(torch.nn.Module):
     """A TorchNet look-alike for export_onnx whose outputs are every layer's tops, each as
     it was right after its layer ran (in-place layers would otherwise show the last value)."""
 
-    def __init__(self, net: TorchNet, pairs: Sequence[tuple[str, str]]) -> None:
+    def __init__(
+        self, net: TorchNet, steps: Sequence[LayerStep], pairs: Sequence[tuple[str, str]]
+    ) -> None:
         super().__init__()
-        self.inner = net
+        self.inner, self.steps = net, list(steps)
         self.pairs = list(pairs)
         self.path, self.name, self.phase = net.path, net.name, net.phase
         self.input_names = net.input_names
@@ -208,7 +231,7 @@ class _EveryTop(torch.nn.Module):
         self.output_names = [f"{a}/{b}" for a, b in self.pairs]
 
     def run(self, blobs: dict) -> dict:
-        for step in self.inner.steps:
+        for step in self.steps:
             if step.is_input:
                 continue
             tops = self.inner.run_step(step, [blobs[b] for b in step.bottoms])
