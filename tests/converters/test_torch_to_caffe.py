@@ -404,10 +404,18 @@ class KeptSum(nn.Module):
         return x.sum(dim=-1, keepdim=True) + x.mean(dim=(2, 3), keepdim=True)
 
 
-@pytest.mark.parametrize("module", [KeptSum(), Reductions(), SqueezeExcite()], ids=type)
+class FoldsTheBatch(nn.Module):
+    def forward(self, x):
+        return torch.cat([x.view(-1) * 2, x.reshape(-1, 6).sum(-1)])
+
+
+@pytest.mark.parametrize(
+    "module", [KeptSum(), Reductions(), SqueezeExcite(), FoldsTheBatch()], ids=type
+)
 def test_a_keepdim_reduction_runs_at_another_batch(tmp_path, module):
-    """The Reshape after a keepdim Reduction copies the kept axes (0), so the net exported
-    at batch 2 runs at batch 3 (literal dims pinned the batch: a count mismatch)."""
+    """The Reshape after a keepdim Reduction copies the kept axes (0), and one that folds
+    the batch in infers it (-1), so the net exported at batch 2 runs at batch 3 (literal
+    dims pinned the batch: a count mismatch)."""
     torch.manual_seed(2)
     module.eval()
     proto, weights = _export(tmp_path, module, torch.randn(2, 4, 5, 6))

@@ -630,7 +630,9 @@ class _Exporter:
             self.layer(node, "Flatten", [bottom])
             return None
         lp = self.layer(node, "Reshape", [bottom])
-        dims = [0, *out[1:]] if out[0] == src[0] else list(out)
+        # the batch kept: 0 copies it; folded in (x.view(-1), x.view(-1, k)): -1 infers it,
+        # so the net runs at any batch as the module does
+        dims = [0, *out[1:]] if out[0] == src[0] else [-1, *out[1:]]
         lp.reshape_param.shape.dim.extend(dims)
         return None
 
