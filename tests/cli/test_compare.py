@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import torchcaffe
+from tests.helpers.exports import HEADS_BEFORE_DETECTION
 from torchcaffe.cli.__main__ import main
 from torchcaffe.formats.prototxt import read_net
 
@@ -157,27 +158,13 @@ def test_compare_against_opencv_passes_over_a_silence_layer(tmp_path, capsys):
     assert "all 2 blobs agree with opencv" in capsys.readouterr().out  # OpenCV: first tops
 
 
-SSD_HEADS = """
-layer { name: "data" type: "Input" top: "loc" top: "conf" top: "prior"
-  input_param { shape { dim: 1 dim: 108 } shape { dim: 1 dim: 108 }
-    shape { dim: 1 dim: 2 dim: 108 } } }
-layer { name: "loc_act" type: "TanH" bottom: "loc" top: "loc_act" }
-layer { name: "conf_act" type: "Sigmoid" bottom: "conf" top: "conf_act" }
-layer { name: "det" type: "DetectionOutput" bottom: "loc_act" bottom: "conf_act" bottom: "prior"
-  top: "detection_out"
-  detection_output_param { num_classes: 4 share_location: true background_label_id: 0
-    nms_param { nms_threshold: 0.45 top_k: 20 } code_type: CORNER keep_top_k: 8
-    confidence_threshold: 0.1 } }
-"""
-
-
 def test_compare_against_onnxruntime_stops_before_a_detection_output(tmp_path, capsys):
     """An ONNX trace cannot record a layer whose tops' sizes depend on the values (it keeps
     the example's detections): the layers before it are compared, and a warning says where
     it stopped (it traced DetectionOutput and crashed, or 'agreed' on an empty result)."""
     pytest.importorskip("onnxruntime")
     proto = tmp_path / "ssd.prototxt"
-    proto.write_text(SSD_HEADS)
+    proto.write_text(HEADS_BEFORE_DETECTION.replace("CENTER_SIZE", "CORNER"))  # random priors
     torchcaffe.save_weights(torchcaffe.load(proto), tmp_path / "ssd.caffemodel")
     argv = ["compare", str(proto), str(tmp_path / "ssd.caffemodel"), "--against", "onnxruntime"]
     assert main([*argv, "--json"]) == 0

@@ -17,7 +17,7 @@ import torchcaffe
 from torchcaffe.converters.onnx import export_onnx
 from torchcaffe.errors import ExportError
 
-from ..helpers.exports import leaking_failed_export
+from ..helpers.exports import HEADS_BEFORE_DETECTION, leaking_failed_export
 from ..helpers.params import centered_weights, fill_params
 from ..net.random_nets import random_net
 
@@ -619,21 +619,6 @@ def test_an_input_no_layer_reads_is_not_an_output(tmp_path, dynamo):
     x = torch.rand(3, 3, 4, 4)
     (got,) = sess.run(["act"], {"data": x.numpy(), "data_dim": np.zeros((1, 1, 1, 2), np.float32)})
     np.testing.assert_allclose(got, torch.tanh(x).numpy(), rtol=1e-6)
-
-
-HEADS_BEFORE_DETECTION = """
-name: "heads_before_detection"
-layer { name: "data" type: "Input" top: "loc" top: "conf" top: "prior"
-  input_param { shape { dim: 2 dim: 108 } shape { dim: 2 dim: 108 }
-    shape { dim: 1 dim: 2 dim: 108 } } }
-layer { name: "loc_act" type: "TanH" bottom: "loc" top: "loc_act" }
-layer { name: "conf_act" type: "Sigmoid" bottom: "conf" top: "conf_act" }
-layer { name: "det" type: "DetectionOutput" bottom: "loc_act" bottom: "conf_act" bottom: "prior"
-  top: "detection_out"
-  detection_output_param { num_classes: 4 share_location: true background_label_id: 0
-    nms_param { nms_threshold: 0.45 top_k: 20 } code_type: CENTER_SIZE keep_top_k: 8
-    confidence_threshold: 0.1 } }
-"""
 
 
 @pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])

@@ -25,3 +25,20 @@ def leaking_failed_export(monkeypatch: pytest.MonkeyPatch, module: object) -> It
     monkeypatch.setattr(module, "export", _failing_export)
     yield
     assert dict(hooks) == before
+
+
+# An SSD's heads (two activations) before its DetectionOutput, whose tops' sizes depend on
+# the values: what a trace or an ONNX export must stop before.
+HEADS_BEFORE_DETECTION = """
+name: "heads_before_detection"
+layer { name: "data" type: "Input" top: "loc" top: "conf" top: "prior"
+  input_param { shape { dim: 2 dim: 108 } shape { dim: 2 dim: 108 }
+    shape { dim: 1 dim: 2 dim: 108 } } }
+layer { name: "loc_act" type: "TanH" bottom: "loc" top: "loc_act" }
+layer { name: "conf_act" type: "Sigmoid" bottom: "conf" top: "conf_act" }
+layer { name: "det" type: "DetectionOutput" bottom: "loc_act" bottom: "conf_act" bottom: "prior"
+  top: "detection_out"
+  detection_output_param { num_classes: 4 share_location: true background_label_id: 0
+    nms_param { nms_threshold: 0.45 top_k: 20 } code_type: CENTER_SIZE keep_top_k: 8
+    confidence_threshold: 0.1 } }
+"""
