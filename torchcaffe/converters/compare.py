@@ -202,17 +202,16 @@ def _traceable_prefix(net: TorchNet) -> list[LayerStep]:
     DetectionOutput): a trace would keep the example's sizes, so onnxruntime is compared
     on the layers before it, and the warning says where it stopped."""
     steps = list(net.steps)
-    for i, step in enumerate(steps):
-        if step.is_input or net.holds_user_module(step):
-            continue
-        if getattr(net.module_of(step), "shape_depends_on_data", False):
-            warnings.warn(
-                f"onnxruntime compared up to layer {step.name!r} ({step.type}), whose tops' "
-                "sizes depend on the values: an ONNX trace cannot record it",
-                stacklevel=2,
-            )
-            return steps[:i]
-    return steps
+    found = net.first_value_shaped(steps)
+    if found is None:
+        return steps
+    step = steps[found]
+    warnings.warn(
+        f"onnxruntime compared up to layer {step.name!r} ({step.type}), whose tops' "
+        "sizes depend on the values: an ONNX trace cannot record it",
+        stacklevel=2,
+    )
+    return steps[:found]
 
 
 class _EveryTop(torch.nn.Module):

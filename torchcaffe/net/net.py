@@ -639,22 +639,34 @@ class TorchNet(nn.Module):
             if not step.is_input and not self.holds_user_module(step):
                 yield self.module_of(step)
 
+    def first_value_shaped(self, steps: Sequence[LayerStep]) -> int | None:
+        """The index in ``steps`` of the first Caffe layer whose tops' sizes depend on the
+        values (DetectionOutput, Proposal, Filter, DetectionEvaluate), or None: what a trace
+        cannot record."""
+        for i, step in enumerate(steps):
+            if step.is_input or self.holds_user_module(step):
+                continue
+            if self.module_of(step).shape_depends_on_data:
+                return i
+        return None
+
     def _check_traceable(self, steps: Sequence[LayerStep]) -> None:
         """Raise UnsupportedError, naming the layer, for the first of ``steps`` whose tops'
-        sizes depend on the values (DetectionOutput, Proposal, Filter, DetectionEvaluate):
-        torch.jit.trace would record its loops and sizes as the example ran them, and the
-        traced net would give another input the example's count of detections."""
-        for layer in self._caffe_layers(steps):
-            if layer.shape_depends_on_data:
-                raise layer.error(
-                    "torch.jit.trace cannot record this layer: the sizes of its tops depend on "
-                    "the values, and a trace would keep the example's",
-                    cls=UnsupportedError,
-                    expected="layers whose tops' sizes follow from the bottoms' shapes",
-                    got=f"a {layer.caffe_type} layer",
-                    hint="run the net itself (eager or torch.compile); to export the layers "
-                    "before it, export_onnx(net, path, outputs=[...]) traces up to those blobs",
-                ).located(path=self.path)
+        sizes depend on the values (``first_value_shaped``): torch.jit.trace would record its
+        loops and sizes as the example ran them, and the traced net would give another input
+        the example's count of detections."""
+        found = self.first_value_shaped(steps)
+        if found is not None:
+            layer = self.module_of(steps[found])
+            raise layer.error(
+                "torch.jit.trace cannot record this layer: the sizes of its tops depend on "
+                "the values, and a trace would keep the example's",
+                cls=UnsupportedError,
+                expected="layers whose tops' sizes follow from the bottoms' shapes",
+                got=f"a {layer.caffe_type} layer",
+                hint="run the net itself (eager or torch.compile); to export the layers "
+                "before it, export_onnx(net, path, outputs=[...]) traces up to those blobs",
+            ).located(path=self.path)
 
     def layers_hooked(self) -> bool:
         """Do torch hooks watch any layer (``ops.hook_watch``)? Then ``forward`` runs every
